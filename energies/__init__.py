@@ -1,0 +1,20 @@
+"""Energy functions of token matrices on token graphs.
+
+Every layer of an unfolded transformer is one majorization-minimization step on one of these
+energies (see :mod:`unfold`). Main objects:
+
+* :class:`TokenGraph` and builders :func:`complete`, :func:`window`, :func:`strided`,
+  :func:`dilated`, :func:`star`, :func:`random`, :func:`from_edge_index`, :func:`from_pyg`;
+* penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``cauchy``, ``lp``);
+* terms (:class:`PairwiseAttention`, :class:`Residual`, :class:`FeedForward`,
+  :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`.
+"""
+from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
+from .errors import ConfigError, EnergyError, GraphError, StepError, TokenError, UnfoldError
+from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
+                    graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
+from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, get_rho, register_rho
+from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
+                    Rescaling, Residual)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

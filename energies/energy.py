@@ -1,0 +1,102 @@
+"""Composite energies: a sum of named terms that reports each term separately."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Iterable, Optional, Tuple, Union
+
+import torch
+
+from .errors import EnergyError
+from .graph import TokenGraph, check_tokens
+from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
+                    Rescaling, Residual)
+
+__all__ = ["Energy", "attention_energy", "feedforward_energy", "layernorm_energy", "nonnegativity_energy"]
+
+
+class Energy(torch.nn.Module):
+    """E(Y) = sum_k E_k(Y): named terms, evaluated per example in float64.
+
+    ``Energy(attention=PairwiseAttention(), residual=Residual())`` or ``Energy([(name, term), ...])``.
+    ``a + b`` merges two energies; a term object present in both is counted once, two different
+    terms with the same name are kept apart as ``name`` and ``name@2``.
+    """
+
+    def __init__(self, terms: Union[None, Iterable[Tuple[str, EnergyTerm]], Dict[str, EnergyTerm]] = None,
+                 **named: EnergyTerm):
+        super().__init__()
+        items = list(terms.items()) if isinstance(terms, dict) else list(terms or [])
+        items += list(named.items())
+        self.terms = torch.nn.ModuleDict()
+        for name, term in items:
+            self._add(name, term)
+
+    def _add(self, name: str, term: EnergyTerm) -> None:
+        if not isinstance(term, EnergyTerm):
+            raise EnergyError(f"energy term {name!r} must be an EnergyTerm, got {type(term).__name__}")
+        if any(t is term for t in self.terms.values()):
+            return
+        base, k = name, 1
+        while name in self.terms:
+            k += 1
+            name = f"{base}@{k}"
+        self.terms[name] = term
+
+    def __add__(self, other: "Energy") -> "Energy":
+        out = Energy(list(self.terms.items()))
+        for name, term in other.terms.items():
+            out._add(name, term)
+        return out
+
+    @property
+    def names(self):
+        return list(self.terms.keys())
+
+    def term_values(self, Y: torch.Tensor, graph: TokenGraph) -> "OrderedDict[str, torch.Tensor]":
+        """Each term's value per example, ``{name: (B,)}``, float64."""
+        Y = check_tokens(Y, graph)
+        return OrderedDict((name, term.value(Y, graph)) for name, term in self.terms.items())
+
+    def value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """Total energy per example, ``(B,)``, float64."""
+        vals = self.term_values(Y, graph)
+        total = torch.zeros(graph.batch_size, dtype=ACCUM_DTYPE, device=Y.device)
+        for v in vals.values():
+            total = total + v
+        return total
+
+    forward = value
+
+    def grad(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """Analytic gradient of the smooth terms (indicators contribute their zero subgradient)."""
+        Y = check_tokens(Y, graph)
+        g = torch.zeros_like(Y)
+        for term in self.terms.values():
+            g = g + term.grad(Y, graph)
+        return g
+
+    def describe(self) -> Dict[str, str]:
+        return {name: f"{type(t).__name__}({t.describe()})" for name, t in self.terms.items()}
+
+
+def attention_energy(rho="exp", tau: float = 1.0, B: Optional[torch.Tensor] = None,
+                     kernel: str = "auto") -> Energy:
+    """E1(Y) = sum_{{u,v} in E} tau rho(||y_u - y_v||^2 / (2 tau)) + 1/2 ||Y - B||^2 (supplement eq. 33, F.4)."""
+    return Energy(attention=PairwiseAttention(rho, tau, kernel), residual=Residual(B))
+
+
+def feedforward_energy(W: torch.Tensor, B: Optional[torch.Tensor] = None) -> Energy:
+    """E2(Y) = 1/2 tr(Y W Y^T) + 1/2 ||Y - B||^2, W symmetric (main paper eq. 13, F.4)."""
+    return Energy(ffn=FeedForward(W), residual=Residual(B))
+
+
+def layernorm_energy(radius: Optional[float] = None) -> Energy:
+    """The two LayerNorm terms of supplement F.3: centring and rescaling."""
+    return Energy(center=Centering(), rescale=Rescaling(radius))
+
+
+def nonnegativity_energy() -> Energy:
+    """The ReLU term: indicator of Y >= 0 (main paper Thm 5.1)."""
+    return Energy(relu=NonNegativity())
+
+

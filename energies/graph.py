@@ -1,0 +1,438 @@
+"""Token graphs: one representation for complete and sparse graphs, batched, with padding.
+
+A :class:`TokenGraph` describes ``B`` sequences of ``n`` token slots each. Slot ``i``
+of example ``b`` has the flat id ``b * n + i`` (PyTorch Geometric's batching
+convention). The graph is *undirected by definition*: it holds each undirected
+edge ``{u, v}`` exactly once, canonically as ``u < v`` (supplement B.1 sums over
+the edge set ``E`` once per edge), so every energy counts an edge once whatever
+orientation(s) the user wrote it in.
+
+A padding ``mask`` (``True`` where a token is real) removes padded slots from the
+graph: they are in no edge, and energies skip them in every term.
+
+The complete graph is kept implicit (``edge_index is None``); :meth:`TokenGraph.edges`
+materialises it as all pairs ``u < v`` of real tokens when an edge list is needed.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from .errors import GraphError, TokenError
+
+__all__ = [
+    "TokenGraph",
+    "complete",
+    "window",
+    "strided",
+    "dilated",
+    "star",
+    "random",
+    "from_edge_index",
+    "from_pyg",
+    "mask_from_lengths",
+    "GRAPHS",
+    "register_graph",
+    "graph_from_spec",
+    "check_tokens",
+]
+
+
+def mask_from_lengths(lengths, n: int) -> torch.Tensor:
+    """Padding mask ``(B, n)``, ``True`` on the first ``lengths[b]`` slots of example ``b``."""
+    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    if lengths.ndim != 1:
+        raise GraphError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
+    if (lengths < 0).any() or (lengths > n).any():
+        raise GraphError(f"lengths must lie in [0, {n}], got {lengths.tolist()}")
+    return torch.arange(n)[None, :] < lengths[:, None]
+
+
+def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
+    if mask is None:
+        return torch.ones(batch_size, n, dtype=torch.bool)
+    mask = torch.as_tensor(mask)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.dtype != torch.bool:
+        raise GraphError(f"mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    if tuple(mask.shape) != (batch_size, n):
+        raise GraphError(f"mask has shape {tuple(mask.shape)}, expected (batch_size, n) = ({batch_size}, {n})")
+    return mask
+
+
+def _canonical_edges(edge_index, total: int, n: int) -> torch.Tensor:
+    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``.
+
+    Accepts each edge once (either orientation) or in both orientations (PyG convention).
+    Rejects: wrong shape/dtype, ids out of ``[0, total)``, self loops, an edge repeated
+    in the same orientation, an edge joining two different examples.
+    """
+    ei = torch.as_tensor(edge_index)
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise GraphError(f"edge_index must have shape (2, m), got {tuple(ei.shape)}")
+    if ei.dtype.is_floating_point or ei.dtype == torch.bool or ei.dtype.is_complex:
+        raise GraphError(f"edge_index must hold integers, got dtype {ei.dtype}")
+    ei = ei.to(torch.long).cpu()
+    if ei.numel() == 0:
+        return ei.reshape(2, 0)
+    lo, hi = int(ei.min()), int(ei.max())
+    if lo < 0 or hi >= total:
+        bad = ((ei < 0) | (ei >= total)).any(0).nonzero()[0, 0].item()
+        raise GraphError(
+            f"edge {bad} = ({ei[0, bad].item()}, {ei[1, bad].item()}) is out of range: "
+            f"node ids must lie in [0, {total})"
+        )
+    loops = (ei[0] == ei[1]).nonzero()
+    if loops.numel():
+        k = loops[0, 0].item()
+        raise GraphError(f"edge {k} = ({ei[0, k].item()}, {ei[1, k].item()}) is a self loop; "
+                         "the attention energy has no self terms")
+    cross = (ei[0] // n != ei[1] // n).nonzero()
+    if cross.numel():
+        k = cross[0, 0].item()
+        raise GraphError(f"edge {k} = ({ei[0, k].item()}, {ei[1, k].item()}) joins examples "
+                         f"{ei[0, k].item() // n} and {ei[1, k].item() // n}")
+    key = ei[0] * total + ei[1]
+    uniq, counts = torch.unique(key, return_counts=True)
+    if (counts > 1).any():
+        dup = uniq[counts > 1][0].item()
+        raise GraphError(f"edge ({dup // total}, {dup % total}) is repeated in the same orientation "
+                         f"({counts[counts > 1][0].item()} times)")
+    lo_ids = torch.minimum(ei[0], ei[1])
+    hi_ids = torch.maximum(ei[0], ei[1])
+    canon = torch.unique(lo_ids * total + hi_ids)  # sorted, each undirected edge once
+    return torch.stack([canon // total, canon % total])
+
+
+class TokenGraph:
+    """Undirected graph over ``batch_size`` examples of ``num_nodes`` token slots each.
+
+    Parameters
+    ----------
+    batch_size, num_nodes:
+        ``B`` and ``n``; token tensors are ``(B, n, d)``.
+    mask:
+        ``(B, n)`` bool, ``True`` where the slot holds a real token; ``None`` means all real.
+    edge_index:
+        ``None`` for the complete graph, else a ``(2, m)`` integer tensor of *flat* ids in
+        ``[0, B * n)`` (see :func:`from_edge_index` for per-example ids). Each undirected edge
+        once in either orientation, or in both: the same graph either way.
+    name:
+        a label for reports (``"complete"``, ``"window:2"``, ...).
+
+    Edges touching a padded slot are dropped: padded tokens are in no edge.
+    """
+
+    def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom"):
+        if int(batch_size) < 1 or int(num_nodes) < 1:
+            raise GraphError(f"batch_size and num_nodes must be >= 1, got {batch_size} and {num_nodes}")
+        self.batch_size = int(batch_size)
+        self.num_nodes = int(num_nodes)
+        self.name = name
+        self.mask = _check_mask(mask, self.batch_size, self.num_nodes)
+        self.is_complete = edge_index is None
+        self._edges: Optional[torch.Tensor] = None
+        if edge_index is not None:
+            canon = _canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
+            flat_mask = self.mask.reshape(-1).cpu()
+            keep = flat_mask[canon[0]] & flat_mask[canon[1]]
+            self._edges = canon[:, keep].to(self.mask.device)
+
+    # ------------------------------------------------------------------ basic facts
+    @property
+    def device(self) -> torch.device:
+        return self.mask.device
+
+    @property
+    def total_nodes(self) -> int:
+        return self.batch_size * self.num_nodes
+
+    def to(self, device) -> "TokenGraph":
+        g = object.__new__(TokenGraph)
+        g.__dict__.update(self.__dict__)
+        g.mask = self.mask.to(device)
+        g._edges = None if self._edges is None else self._edges.to(device)
+        return g
+
+    def edges(self) -> torch.Tensor:
+        """``(2, m)`` flat ids ``u < v``, each undirected edge once (materialised if complete)."""
+        if self._edges is None:
+            n = self.num_nodes
+            iu = torch.triu_indices(n, n, offset=1, device=self.device)
+            offs = torch.arange(self.batch_size, device=self.device)[:, None] * n
+            src = (offs + iu[0][None]).reshape(-1)
+            dst = (offs + iu[1][None]).reshape(-1)
+            flat = self.mask.reshape(-1)
+            keep = flat[src] & flat[dst]
+            self._edges = torch.stack([src[keep], dst[keep]])
+        return self._edges
+
+    def to_sparse(self) -> "TokenGraph":
+        """The same graph with an explicit edge list (the complete graph materialised)."""
+        g = TokenGraph(self.batch_size, self.num_nodes, self.mask, self.edges(), name=self.name)
+        return g
+
+    def pair_mask(self) -> torch.Tensor:
+        """Dense ``(B, n, n)`` bool adjacency, symmetric, zero diagonal, padded slots excluded."""
+        B, n = self.batch_size, self.num_nodes
+        if self.is_complete:
+            eye = torch.eye(n, dtype=torch.bool, device=self.device)
+            return self.mask[:, :, None] & self.mask[:, None, :] & ~eye
+        A = torch.zeros(B * n * n, dtype=torch.bool, device=self.device)
+        src, dst = self.edges()
+        b, i, j = src // n, src % n, dst % n
+        A[b * n * n + i * n + j] = True
+        A[b * n * n + j * n + i] = True
+        return A.reshape(B, n, n)
+
+    def num_edges(self) -> torch.Tensor:
+        """Undirected edges per example, ``(B,)``."""
+        src = self.edges()[0]
+        return torch.bincount(src // self.num_nodes, minlength=self.batch_size)
+
+    def degree(self) -> torch.Tensor:
+        """Neighbours per token slot, ``(B, n)``."""
+        src, dst = self.edges()
+        deg = torch.bincount(torch.cat([src, dst]), minlength=self.total_nodes)
+        return deg.reshape(self.batch_size, self.num_nodes)
+
+    def directed_edge_index(self) -> torch.Tensor:
+        """Both orientations, ``(2, 2m)``: PyTorch Geometric's convention for message passing."""
+        src, dst = self.edges()
+        return torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
+
+    def __repr__(self) -> str:
+        m = "implicit" if self.is_complete and self._edges is None else int(self.edges().shape[1])
+        return (f"TokenGraph(name={self.name!r}, batch_size={self.batch_size}, n={self.num_nodes}, "
+                f"complete={self.is_complete}, edges={m}, real_tokens={int(self.mask.sum())})")
+
+
+# ---------------------------------------------------------------------- builders
+GRAPHS: Dict[str, Callable[..., TokenGraph]] = {}
+
+
+def register_graph(name: str):
+    """Register a builder ``f(n, *args, batch_size=1, mask=None, seed=0) -> TokenGraph``."""
+
+    def deco(fn):
+        GRAPHS[name] = fn
+        return fn
+
+    return deco
+
+
+def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str) -> TokenGraph:
+    """Offset a per-example ``(2, m)`` pattern over the batch and build the graph."""
+    offs = torch.arange(batch_size)[:, None] * n
+    src = (offs + pairs[0][None]).reshape(-1)
+    dst = (offs + pairs[1][None]).reshape(-1)
+    return TokenGraph(batch_size, n, mask, torch.stack([src, dst]), name=name)
+
+
+def _pairs_where(n: int, keep: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    iu = torch.triu_indices(n, n, offset=1)
+    sel = keep(iu[0], iu[1])
+    return iu[:, sel]
+
+
+@register_graph("complete")
+def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9)."""
+    return TokenGraph(batch_size, n, mask, None, name="complete")
+
+
+@register_graph("window")
+def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``."""
+    k = _positive_int(k, "window radius k")
+    return _from_pattern(_pairs_where(n, lambda i, j: (j - i) <= k), n, batch_size, mask, f"window:{k}")
+
+
+@register_graph("strided")
+def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Sparse Transformer strided pattern (Child et al. 2019) with stride ``k``.
+
+    The union of its two heads: the local head ``0 < |i - j| < k`` and the strided head
+    ``|i - j| = 0 (mod k)``.
+    """
+    k = _positive_int(k, "stride k")
+    if k < 2:
+        raise GraphError(f"stride k must be >= 2, got {k}")
+    return _from_pattern(_pairs_where(n, lambda i, j: ((j - i) < k) | ((j - i) % k == 0)),
+                         n, batch_size, mask, f"strided:{k}")
+
+
+@register_graph("dilated")
+def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``."""
+    k = _positive_int(k, "dilation k")
+    radius = _positive_int(radius, "dilated radius")
+    return _from_pattern(_pairs_where(n, lambda i, j: ((j - i) % k == 0) & ((j - i) <= k * radius)),
+                         n, batch_size, mask, f"dilated:{k}:{radius}")
+
+
+@register_graph("star")
+def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Star-Transformer graph (Guo et al. 2019): a relay joined to all tokens, plus a ring.
+
+    The relay is the first real token of each example (a [CLS]-like slot); the other real
+    tokens form a ring in sequence order (closed when there are at least three of them).
+    """
+    mask_t = _check_mask(mask, batch_size, n)
+    src, dst = [], []
+    for b in range(batch_size):
+        idx = mask_t[b].nonzero().reshape(-1).cpu() + b * n
+        if idx.numel() < 2:
+            continue
+        relay, sat = idx[0], idx[1:]
+        src.append(relay.repeat(sat.numel()))
+        dst.append(sat)
+        if sat.numel() >= 2:  # a ring of two is one edge, written in both orientations
+            src.append(sat)
+            dst.append(torch.roll(sat, -1))
+    if src:
+        ei = torch.stack([torch.cat(src), torch.cat(dst)])
+    else:
+        ei = torch.zeros(2, 0, dtype=torch.long)
+    return TokenGraph(batch_size, n, mask_t, ei, name="star")
+
+
+@register_graph("random")
+def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``."""
+    p = float(p)
+    if not (0.0 <= p <= 1.0):
+        raise GraphError(f"edge probability p must lie in [0, 1], got {p}")
+    gen = torch.Generator().manual_seed(int(seed))
+    iu = torch.triu_indices(n, n, offset=1)
+    src, dst = [], []
+    for b in range(batch_size):
+        keep = torch.rand(iu.shape[1], generator=gen) < p
+        src.append(iu[0, keep] + b * n)
+        dst.append(iu[1, keep] + b * n)
+    ei = torch.stack([torch.cat(src), torch.cat(dst)])
+    return TokenGraph(batch_size, n, mask, ei, name=f"random:{p:g}")
+
+
+def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: bool = True,
+                    name: str = "edge_index") -> TokenGraph:
+    """Graph from a user edge list.
+
+    ``shared=True``: ids in ``[0, n)``, the same graph for every example of the batch.
+    ``shared=False``: flat ids in ``[0, batch_size * n)`` (PyG batching), one graph per example.
+    """
+    ei = torch.as_tensor(edge_index)
+    if shared:
+        if ei.ndim == 2 and ei.shape[0] == 2 and ei.numel() and not ei.dtype.is_floating_point:
+            lo, hi = int(ei.min()), int(ei.max())
+            if lo < 0 or hi >= n:
+                bad = ((ei < 0) | (ei >= n)).any(0).nonzero()[0, 0].item()
+                raise GraphError(f"edge {bad} = ({ei[0, bad].item()}, {ei[1, bad].item()}) is out of range: "
+                                 f"node ids must lie in [0, {n})")
+        canon = _canonical_edges(ei, n, n)  # validates once, per-example ids
+        return _from_pattern(canon, n, batch_size, mask, name)
+    return TokenGraph(batch_size, n, mask, ei, name=name)
+
+
+def from_pyg(data) -> Tuple[TokenGraph, Optional[torch.Tensor]]:
+    """Graph (and dense tokens) from a ``torch_geometric.data.Data`` or ``Batch``.
+
+    Returns ``(graph, Y)`` where ``Y = data.x`` laid out as ``(B, n_max, d)`` with padding
+    (``torch_geometric.utils.to_dense_batch``), or ``None`` when ``data.x`` is absent.
+    """
+    from torch_geometric.utils import to_dense_batch
+
+    if not hasattr(data, "edge_index") or data.edge_index is None:
+        raise GraphError("the PyG data object has no edge_index")
+    num = int(data.num_nodes)
+    batch = getattr(data, "batch", None)
+    if batch is None:
+        batch = torch.zeros(num, dtype=torch.long)
+    counts = torch.bincount(batch)
+    B, n_max = int(counts.numel()), int(counts.max()) if counts.numel() else 0
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    ei = torch.as_tensor(data.edge_index)
+    if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= num):
+        raise GraphError(f"PyG edge_index holds ids outside [0, {num})")
+    local = torch.arange(num) - ptr[batch]
+    flat = batch * n_max + local
+    mask = torch.zeros(B * n_max, dtype=torch.bool)
+    mask[flat] = True
+    g = TokenGraph(B, n_max, mask.reshape(B, n_max), flat[ei] if ei.numel() else ei.reshape(2, 0).long(),
+                   name="pyg")
+    x = getattr(data, "x", None)
+    Y = None if x is None else to_dense_batch(x, batch, max_num_nodes=n_max)[0]
+    return g, Y
+
+
+def _positive_int(v, what: str) -> int:
+    try:
+        iv = int(v)
+    except (TypeError, ValueError):
+        raise GraphError(f"{what} must be an integer, got {v!r}") from None
+    if iv < 1 or iv != float(v):
+        raise GraphError(f"{what} must be a positive integer, got {v!r}")
+    return iv
+
+
+def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Build a graph from a short spec: ``complete | window:K | strided:K | dilated:K[:R] | star |
+    random:P`` or a path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``)."""
+    spec = str(spec)
+    if spec.endswith(".npy") or os.path.sep in spec:
+        import numpy as np
+
+        if not os.path.isfile(spec):
+            raise GraphError(f"graph file {spec!r} does not exist")
+        try:
+            arr = np.load(spec, allow_pickle=False)
+        except Exception as exc:  # numpy raises several types on a corrupt file
+            raise GraphError(f"graph file {spec!r} could not be read as .npy: {exc}") from None
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
+        return from_edge_index(torch.from_numpy(arr.astype("int64")), n, batch_size, mask, name=spec)
+    name, _, rest = spec.partition(":")
+    if name not in GRAPHS:
+        raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")
+    args = [a for a in rest.split(":") if a] if rest else []
+    try:
+        return GRAPHS[name](n, *args, batch_size=batch_size, mask=mask, seed=seed)
+    except TypeError as exc:
+        raise GraphError(f"bad arguments for graph {name!r} in spec {spec!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------------- tokens
+def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torch.Tensor:
+    """Validate a token tensor and return it as ``(B, n, d)``.
+
+    Accepts ``(n, d)`` (one example) or ``(B, n, d)``. Requires a floating dtype, a shape that
+    matches ``graph``, and finite values on every real token (padded slots are not checked).
+    """
+    if not isinstance(Y, torch.Tensor):
+        raise TokenError(f"{name} must be a torch.Tensor, got {type(Y).__name__}")
+    if not Y.dtype.is_floating_point:
+        raise TokenError(f"{name} must have a floating dtype (float32 or float64), got {Y.dtype}")
+    if Y.ndim == 2:
+        Y = Y[None]
+    if Y.ndim != 3:
+        raise TokenError(f"{name} must have shape (n, d) or (B, n, d), got {tuple(Y.shape)}")
+    if Y.shape[-1] < 1:
+        raise TokenError(f"{name} has no features: shape {tuple(Y.shape)}")
+    if graph is not None:
+        if (Y.shape[0], Y.shape[1]) != (graph.batch_size, graph.num_nodes):
+            raise TokenError(f"{name} has shape {tuple(Y.shape)} but the graph is for "
+                             f"(B, n) = ({graph.batch_size}, {graph.num_nodes})")
+        if Y.device != graph.device:
+            raise TokenError(f"{name} is on {Y.device} but the graph is on {graph.device}")
+        valid = graph.mask
+    else:
+        valid = torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device)
+    bad = ~torch.isfinite(Y).all(-1) & valid
+    if bad.any():
+        b, i = bad.nonzero()[0].tolist()
+        kind = "NaN" if torch.isnan(Y[b, i]).any() else "Inf"
+        raise TokenError(f"{name} holds {kind} at example {b}, token {i}")
+    return Y

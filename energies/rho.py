@@ -1,0 +1,148 @@
+"""Concave, non-decreasing penalties rho and their derivatives (the attention kernels).
+
+The attention energy (supplement eq. 33, with temperature tau) is
+
+    E_att(Y) = sum_{{u,v} in E} tau * rho(z_uv),    z_uv = ||y_u - y_v||^2 / (2 tau).
+
+Because rho is concave, its tangent at z0 majorizes it,
+``rho(z) <= rho(z0) + rho'(z0) (z - z0)`` (Algorithm 3, step 1), so the edge weight of
+the MM step is ``gamma_uv = rho'(z_uv)``: each rho *is* an attention kernel. Validity
+of the MM step needs ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave).
+
+Register new penalties with :func:`register_rho`; build from a spec string with
+:func:`get_rho` (``"exp"``, ``"relu:1.5"``, ``"cauchy"``, ``"lp:1"``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from .errors import EnergyError
+
+__all__ = ["Rho", "ExpRho", "ReluRho", "CauchyRho", "LpRho", "RHOS", "register_rho", "get_rho"]
+
+
+class Rho:
+    """A penalty: ``value(z)`` is rho, ``derivative(z)`` is rho' (the kernel gamma), for z >= 0."""
+
+    name = "rho"
+
+    def value(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def derivative(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def spec(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec()!r})"
+
+
+RHOS: Dict[str, Callable[..., Rho]] = {}
+
+
+def register_rho(name: str):
+    """Register a penalty class under ``name``; its constructor takes the spec's ``:`` arguments."""
+
+    def deco(cls):
+        RHOS[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+@register_rho("exp")
+class ExpRho(Rho):
+    """rho(z) = -exp(-z), rho'(z) = exp(-z): softmax attention (supplement eq. 35)."""
+
+    def value(self, z):
+        return -torch.exp(-z)
+
+    def derivative(self, z):
+        return torch.exp(-z)
+
+
+@register_rho("relu")
+class ReluRho(Rho):
+    """Truncated quadratic: rho(z) = c min(z, c) - min(z, c)^2 / 2, rho'(z) = max(c - z, 0).
+
+    The kernel is ReLU of ``c - z``: on tokens of equal norm, ReLU of a shifted dot product
+    (ReLU attention). Concave and non-decreasing for any ``c > 0``.
+    """
+
+    def __init__(self, c: float = 1.0):
+        self.c = float(c)
+        if not self.c > 0:
+            raise EnergyError(f"relu rho needs c > 0, got c={c}")
+
+    def value(self, z):
+        m = torch.clamp(z, max=self.c)
+        return self.c * m - 0.5 * m * m
+
+    def derivative(self, z):
+        return torch.clamp(self.c - z, min=0.0)
+
+    def spec(self):
+        return f"relu:{self.c:g}"
+
+
+@register_rho("cauchy")
+class CauchyRho(Rho):
+    """Cauchy / log penalty: rho(z) = log(1 + z), rho'(z) = 1 / (1 + z)."""
+
+    def value(self, z):
+        return torch.log1p(z)
+
+    def derivative(self, z):
+        return 1.0 / (1.0 + z)
+
+
+@register_rho("lp")
+class LpRho(Rho):
+    """l_p penalty of TWIRLS: rho(z) = z^(p/2), 0 < p <= 2, made finite-sloped by a floor.
+
+    Below ``z = eps`` rho continues linearly with the slope it has at ``eps``,
+    ``rho(z) = eps^(p/2) + (p/2) eps^(p/2 - 1) (z - eps)``, so rho' = (p/2) max(z, eps)^(p/2 - 1)
+    stays finite; the extension keeps rho concave, non-decreasing and C^1.
+    """
+
+    def __init__(self, p: float = 1.0, eps: float = 1e-3):
+        self.p, self.eps = float(p), float(eps)
+        if not (0.0 < self.p <= 2.0):
+            raise EnergyError(f"lp rho needs 0 < p <= 2, got p={p}")
+        if not self.eps > 0:
+            raise EnergyError(f"lp rho needs a floor eps > 0, got eps={eps}")
+
+    def value(self, z):
+        h = 0.5 * self.p
+        zc = torch.clamp(z, min=self.eps)
+        lin = self.eps ** h + h * self.eps ** (h - 1.0) * (z - self.eps)
+        return torch.where(z >= self.eps, zc ** h, lin)
+
+    def derivative(self, z):
+        h = 0.5 * self.p
+        return h * torch.clamp(z, min=self.eps) ** (h - 1.0)
+
+    def spec(self):
+        return f"lp:{self.p:g}:{self.eps:g}"
+
+
+def get_rho(spec) -> Rho:
+    """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``."""
+    if isinstance(spec, Rho):
+        return spec
+    name, _, rest = str(spec).partition(":")
+    if name not in RHOS:
+        raise EnergyError(f"unknown rho {name!r}; valid: {sorted(RHOS)}")
+    try:
+        args = [float(a) for a in rest.split(":")] if rest else []
+    except ValueError:
+        raise EnergyError(f"rho arguments must be numbers, got {spec!r}") from None
+    try:
+        return RHOS[name](*args)
+    except TypeError:
+        raise EnergyError(f"too many arguments for rho {name!r} in {spec!r}") from None

@@ -1,0 +1,249 @@
+"""Energy terms E(Y) of token matrices on token graphs.
+
+Every term maps tokens ``Y`` ``(B, n, d)`` on a :class:`~energies.graph.TokenGraph` to one value
+per example ``(B,)``, evaluated in float64 (the accumulation dtype of every check), summed over
+real tokens only. ``grad`` is the analytic gradient (zero on padded slots), which the update
+steps use and the tests compare against autograd of ``value``.
+
+Equation numbers refer to Yang, Huang, Wipf (NeurIPS 2022), "Transformers from an
+Optimization Perspective", main paper and supplement.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .errors import EnergyError, TokenError
+from .graph import TokenGraph
+from .pairwise import pairwise_energy, weighted_neighbour_sums
+from .rho import Rho, get_rho
+
+__all__ = [
+    "EnergyTerm",
+    "PairwiseAttention",
+    "Residual",
+    "FeedForward",
+    "NonNegativity",
+    "Centering",
+    "Rescaling",
+    "ACCUM_DTYPE",
+]
+
+ACCUM_DTYPE = torch.float64
+
+
+def _zero_padded(x: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    return torch.where(graph.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+class EnergyTerm(torch.nn.Module):
+    """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`."""
+
+    name = "term"
+    #: True when the term can take the value +inf (indicators); its gradient is then a subgradient.
+    is_indicator = False
+
+    def value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        raise NotImplementedError
+
+    def grad(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        return self.value(Y, graph)
+
+    def extra_repr(self) -> str:
+        return self.describe()
+
+    def describe(self) -> str:
+        return ""
+
+
+class PairwiseAttention(EnergyTerm):
+    """Pairwise part of the attention energy E1 (supplement eq. 33 with temperature tau):
+
+        sum_{{u,v} in E} tau * rho( ||y_u - y_v||^2 / (2 tau) ),
+
+    each undirected edge once. With rho(z) = -exp(-z) and tau = sqrt(d) its MM step is softmax
+    attention with the usual 1/sqrt(d) scale (main paper Thm 3.1). Gradient:
+    ``grad_u = sum_{v in N(u)} gamma_uv (y_u - y_v)``, ``gamma_uv = rho'(z_uv)``.
+    """
+
+    name = "attention"
+
+    def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto"):
+        super().__init__()
+        self.rho: Rho = get_rho(rho)
+        tau = float(tau)
+        if not (tau > 0 and math.isfinite(tau)):
+            raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau}")
+        self.tau = tau
+        self.kernel = kernel
+
+    def value(self, Y, graph):
+        return pairwise_energy(Y.to(ACCUM_DTYPE), graph, self.rho, self.tau, self.kernel)
+
+    def neighbour_sums(self, Y, graph):
+        """``(num, deg)``: ``sum_v gamma_uv y_v`` and ``sum_v gamma_uv`` in Y's dtype."""
+        return weighted_neighbour_sums(Y, graph, self.rho, self.tau, self.kernel)
+
+    def grad(self, Y, graph):
+        num, deg = self.neighbour_sums(Y, graph)
+        return _zero_padded(deg[..., None] * Y - num, graph)
+
+    def describe(self):
+        return f"rho={self.rho.spec()}, tau={self.tau:g}"
+
+
+class Residual(EnergyTerm):
+    """R(Y) = 1/2 ||Y - B||_F^2 (supplement eq. 33 with R of eq. 9; initial residual of F.4).
+
+    ``B = None`` is the plain regulariser 1/2 ||Y||^2; a given ``B`` (``(n, d)`` or ``(B, n, d)``,
+    e.g. f(X) of the input) is the initial residual. Gradient ``Y - B``.
+    """
+
+    name = "residual"
+
+    def __init__(self, B: Optional[torch.Tensor] = None):
+        super().__init__()
+        if B is not None:
+            if not isinstance(B, torch.Tensor) or not B.dtype.is_floating_point:
+                raise EnergyError("residual anchor B must be a floating torch.Tensor")
+            if B.ndim not in (2, 3):
+                raise EnergyError(f"residual anchor B must have shape (n, d) or (B, n, d), got {tuple(B.shape)}")
+            if not torch.isfinite(B).all():
+                raise EnergyError("residual anchor B holds NaN or Inf")
+        self.B = B
+
+    def anchor(self, Y: torch.Tensor) -> torch.Tensor:
+        """B broadcast to Y's shape and dtype (zeros when B is None)."""
+        if self.B is None:
+            return torch.zeros_like(Y)
+        Bt = self.B if self.B.ndim == 3 else self.B[None]
+        if Bt.shape[1:] != Y.shape[1:] or Bt.shape[0] not in (1, Y.shape[0]):
+            raise TokenError(f"residual anchor B has shape {tuple(self.B.shape)}, tokens have {tuple(Y.shape)}")
+        return Bt.to(device=Y.device, dtype=Y.dtype).expand_as(Y)
+
+    def value(self, Y, graph):
+        Y = Y.to(ACCUM_DTYPE)
+        r = _zero_padded(Y - self.anchor(Y), graph)
+        return 0.5 * (r * r).sum((1, 2))
+
+    def grad(self, Y, graph):
+        return _zero_padded(Y - self.anchor(Y), graph)
+
+    def describe(self):
+        return "B=0" if self.B is None else f"B{tuple(self.B.shape)}"
+
+
+class FeedForward(EnergyTerm):
+    """Feed-forward part of E2 (main paper eq. 13): 1/2 tr(Y W Y^T), W symmetric (d x d).
+
+    Gradient ``Y W``; with the residual term, a gradient step of size a2 is the linear layer
+    ``Y (I - a2 (W + I)) + a2 B``.
+    """
+
+    name = "ffn"
+
+    def __init__(self, W: torch.Tensor, sym_tol: float = 1e-6):
+        super().__init__()
+        if not isinstance(W, torch.Tensor) or not W.dtype.is_floating_point:
+            raise EnergyError("feed-forward weight W must be a floating torch.Tensor")
+        if W.ndim != 2 or W.shape[0] != W.shape[1]:
+            raise EnergyError(f"feed-forward weight W must be square (d, d), got {tuple(W.shape)}")
+        if not torch.isfinite(W).all():
+            raise EnergyError("feed-forward weight W holds NaN or Inf")
+        asym = (W - W.T).abs().max().item()
+        scale = max(W.abs().max().item(), 1.0)
+        if asym > sym_tol * scale:
+            raise EnergyError(f"feed-forward weight W must be symmetric: max |W - W^T| = {asym:.3g} "
+                              "(use (W + W.T) / 2; supplement F.1)")
+        self.W = W
+
+    def lipschitz(self) -> float:
+        """Largest eigenvalue of I + W clipped at 0: the gradient's Lipschitz bound of E2 along ascent."""
+        lam = torch.linalg.eigvalsh(self.W.to(ACCUM_DTYPE)).max().item()
+        return max(1.0 + lam, 0.0)
+
+    def value(self, Y, graph):
+        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        W = self.W.to(device=Y.device, dtype=ACCUM_DTYPE)
+        return 0.5 * ((Y @ W) * Y).sum((1, 2))
+
+    def grad(self, Y, graph):
+        return _zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype), graph)
+
+    def describe(self):
+        return f"W{tuple(self.W.shape)}"
+
+
+class NonNegativity(EnergyTerm):
+    """Indicator of the non-negative orthant: 0 if every real entry is >= 0, else +inf.
+
+    Its proximal operator is ReLU (main paper Thm 5.1; supplement eq. 49). ``grad`` returns the
+    zero subgradient, valid where the term is finite.
+    """
+
+    name = "relu"
+    is_indicator = True
+
+    def value(self, Y, graph):
+        neg = ((Y < 0) & graph.mask[..., None]).any(-1).any(-1)
+        out = torch.zeros(Y.shape[0], dtype=ACCUM_DTYPE, device=Y.device)
+        return torch.where(neg, torch.full_like(out, math.inf), out)
+
+    def grad(self, Y, graph):
+        return torch.zeros_like(Y)
+
+
+class Centering(EnergyTerm):
+    """LayerNorm centring as an energy (supplement F.3, step 1): sum_u (1^T y_u)^2 / (2 d).
+
+    Gradient ``(mean_i y_u,i) 1``; a gradient step of size 1 subtracts the token mean exactly.
+    """
+
+    name = "center"
+
+    def value(self, Y, graph):
+        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        s = Y.sum(-1)
+        return (s * s).sum(-1) / (2.0 * Y.shape[-1])
+
+    def grad(self, Y, graph):
+        return _zero_padded(Y.mean(-1, keepdim=True).expand_as(Y), graph)
+
+
+class Rescaling(EnergyTerm):
+    """LayerNorm rescaling as an energy (supplement F.3, step 2):
+
+        sum_u ( 1/2 ||y_u||^2 - r ||y_u|| ),
+
+    minimised on the sphere ||y_u|| = r. ``radius=None`` uses r = sqrt(d), the norm of a
+    LayerNorm output (unit variance); r = 1 is F.3 as printed. Gradient ``y_u - r y_u / ||y_u||``.
+    """
+
+    name = "rescale"
+
+    def __init__(self, radius: Optional[float] = None):
+        super().__init__()
+        if radius is not None and not float(radius) > 0:
+            raise EnergyError(f"rescaling radius must be > 0, got {radius}")
+        self.radius = None if radius is None else float(radius)
+
+    def r(self, d: int) -> float:
+        return math.sqrt(d) if self.radius is None else self.radius
+
+    def value(self, Y, graph):
+        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        norm = torch.linalg.vector_norm(Y, dim=-1)
+        return (0.5 * norm * norm - self.r(Y.shape[-1]) * norm).sum(-1)
+
+    def grad(self, Y, graph):
+        norm = torch.linalg.vector_norm(Y, dim=-1, keepdim=True)
+        unit = Y / torch.clamp(norm, min=torch.finfo(Y.dtype).tiny)
+        return _zero_padded(Y - self.r(Y.shape[-1]) * unit, graph)
+
+    def describe(self):
+        return "r=sqrt(d)" if self.radius is None else f"r={self.radius:g}"

@@ -1,0 +1,19 @@
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        params = [pytest.param("cpu")]
+        params.append(pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                     reason="no CUDA device")))
+        metafunc.parametrize("device", params)

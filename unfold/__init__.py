@@ -1,0 +1,14 @@
+"""Update rules that descend the energies of :mod:`energies`, unrolled into layers.
+
+* steps: :class:`AttentionStep` (exact and ``printed``), :class:`FeedForwardStep`,
+  :class:`GradientStep`, :class:`ReLUProxStep`, :class:`CenterStep`, :class:`RescaleStep`,
+  :class:`Sequence` (alternating steps, Thm 4.1), :func:`layernorm_step`;
+* :func:`unroll` (an unrolled model is an iterator over steps) and :func:`trace_descent`
+  (per-example, per-layer, per-term energy trace with a dtype-aware tolerance);
+* ``python -m unfold.check``: the descent checker.
+"""
+from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, GradientStep, ReLUProxStep,
+                    RescaleStep, Sequence, Step, layernorm_step, register_step, theorem41_bound)
+from .trace import DEFAULT_TOL_FACTOR, DescentReport, tolerance, trace_descent, unroll
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,183 @@
+"""Descent checker: ``python -m unfold.check [options]``.
+
+Unrolls attention MM steps on random token matrices (or one given matrix) over a chosen graph
+and penalty, traces the energy at every layer per example and per term, and reports every
+step whose energy went up by more than the stated tolerance. Exits 0 whether or not increases
+occur (the output says), and 2 with a message on bad options or bad files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from energies.errors import UnfoldError
+from energies.graph import graph_from_spec
+from energies.rho import get_rho
+
+from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
+from .trace import DEFAULT_TOL_FACTOR, trace_descent
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class CheckError(UnfoldError):
+    """Bad option or bad input file for the checker (exit status 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m unfold.check", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--graph", default="complete",
+                   help="complete | window:K | strided:K | dilated:K[:R] | star | random:P | path to a .npy 2 x m edge list")
+    p.add_argument("--rho", default="exp", help="exp | relu[:C] | cauchy | lp:P[:EPS]")
+    p.add_argument("--alpha", type=float, default=1.0, help="residual weight, 0 < alpha <= 1")
+    p.add_argument("--tau", type=float, default=None, help="temperature (default sqrt(d))")
+    p.add_argument("--update", choices=UPDATES, default="exact",
+                   help="exact MM step, or 'printed' (supplement eq. 38, the negative control)")
+    p.add_argument("--kernel", choices=["auto", "edges", "dense", "softmax"], default="auto")
+    p.add_argument("--relu", action="store_true", help="follow each attention step by the ReLU prox step")
+    p.add_argument("--residual", choices=["none", "input"], default="none",
+                   help="R(Y) = |Y|^2/2 (none) or the initial residual |Y - Y_0|^2/2 (input)")
+    p.add_argument("--layers", type=int, default=8, help="unrolled layers T (weights shared)")
+    p.add_argument("--samples", type=int, default=16, help="random token matrices S")
+    p.add_argument("--n", type=int, default=None, help="tokens per matrix (default 32)")
+    p.add_argument("--d", type=int, default=None, help="features per token (default 16)")
+    p.add_argument("--scale", type=float, default=1.0, help="std of the random tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K")
+    p.add_argument("--input", default=None, help="one n x d token matrix (.npy) instead of random samples")
+    p.add_argument("--tol-factor", type=float, default=DEFAULT_TOL_FACTOR,
+                   help="tol = factor * eps(dtype) * sum_k |E_k|")
+    p.add_argument("--plot", default=None, help="write an energy-descent plot (PNG) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    return p
+
+
+def _load_input(path: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise CheckError(f"--input file {path!r} does not exist")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise CheckError(f"--input file {path!r} could not be read as .npy: {exc}") from None
+    if arr.ndim != 2:
+        raise CheckError(f"--input must hold one n x d matrix, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise CheckError(f"--input must hold floating-point numbers, got dtype {arr.dtype}")
+    if not np.isfinite(arr).all():
+        i, j = np.argwhere(~np.isfinite(arr))[0]
+        raise CheckError(f"--input holds a non-finite value at token {i}, feature {j}")
+    return arr
+
+
+def _validate(args) -> None:
+    if not (0.0 < args.alpha <= 1.0):
+        raise CheckError(f"--alpha must lie in (0, 1], got {args.alpha}")
+    if args.tau is not None and not (args.tau > 0 and math.isfinite(args.tau)):
+        raise CheckError(f"--tau must be > 0, got {args.tau}")
+    for name in ("layers", "samples"):
+        if getattr(args, name) < 1:
+            raise CheckError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("n", "d"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise CheckError(f"--{name} must be >= 1, got {v}")
+    if not args.tol_factor > 0:
+        raise CheckError(f"--tol-factor must be > 0, got {args.tol_factor}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CheckError(f"--device {args.device}: CUDA is not available on this machine")
+    if args.update == "printed" and args.residual != "none":
+        raise CheckError("--update printed (eq. 38) has no initial residual: use --residual none")
+
+
+def run(args) -> dict:
+    """Run the check described by parsed ``args``; returns the JSON-ready result."""
+    _validate(args)
+    dtype = DTYPES[args.dtype]
+    device = torch.device(args.device)
+    if args.input is not None:
+        arr = _load_input(args.input)
+        n, d = arr.shape
+        for name, v in (("n", args.n), ("d", args.d)):
+            if v is not None and v != {"n": n, "d": d}[name]:
+                raise CheckError(f"--{name} {v} does not match --input of shape {arr.shape}")
+        Y = torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)[None]
+        samples = 1
+    else:
+        n, d = args.n or 32, args.d or 16
+        gen = torch.Generator().manual_seed(args.seed)
+        samples = args.samples
+        Y = args.scale * torch.randn(samples, n, d, generator=gen, dtype=torch.float64).to(dtype)
+    Y = Y.to(device)
+    tau = args.tau if args.tau is not None else math.sqrt(d)
+    graph = graph_from_spec(args.graph, n, batch_size=samples, seed=args.seed).to(device)
+    get_rho(args.rho)  # validates the spec before any work
+    B = Y.clone() if args.residual == "input" else None
+    step = AttentionStep(args.rho, tau=tau, alpha=args.alpha, B=B, update=args.update, kernel=args.kernel)
+    if args.relu:
+        step = Sequence([step, ReLUProxStep()])
+    _, report = trace_descent(step, Y, graph, layers=args.layers, tol_factor=args.tol_factor)
+    out = {
+        "config": {"graph": graph.name, "rho": step.energy.terms["attention"].rho.spec(), "alpha": args.alpha,
+                   "tau": tau, "update": args.update, "kernel": args.kernel, "relu": args.relu,
+                   "residual": args.residual, "layers": args.layers, "samples": samples, "n": n, "d": d,
+                   "dtype": args.dtype, "device": str(device), "seed": args.seed,
+                   "input": args.input, "edges_per_sample": graph.num_edges().tolist()},
+        "guarantee": step.guarantee if not args.relu else "exact attention (alpha <= 1/2) + ReLU: proximal MM step",
+    }
+    out.update(report.summary())
+    if args.plot:
+        from .plot import plot_report
+
+        plot_report(report, args.plot, title=f"{graph.name}, rho={out['config']['rho']}, "
+                                            f"update={args.update}, alpha={args.alpha:g}")
+        out["plot"] = args.plot
+    return out
+
+
+def _print_human(out: dict) -> None:
+    c = out["config"]
+    print(f"graph={c['graph']} rho={c['rho']} update={c['update']} alpha={c['alpha']:g} tau={c['tau']:.4g} "
+          f"n={c['n']} d={c['d']} samples={c['samples']} layers={c['layers']} dtype={c['dtype']} device={c['device']}")
+    print(f"guarantee: {out['guarantee']}  (holds for these parameters: {out['guaranteed']})")
+    energies = np.array(out["energies"], dtype=float)
+    print("layer  mean energy        min step change")
+    for t in range(energies.shape[1]):
+        change = "" if t == 0 else f"{np.min(energies[:, t] - energies[:, t - 1]): .3e}"
+        print(f"{t:5d}  {energies[:, t].mean(): .10e}  {change}")
+    for name, term in out["terms"].items():
+        print(f"term {name:10s} increases={term['increases']} max_increase={term['max_increase']}")
+    print(f"tolerance: {out['tol_rule']}")
+    verdict = "monotone descent" if out["increases"] == 0 else "ENERGY INCREASED"
+    print(f"{verdict}: {out['increases']} increases in {out['steps']} layer-steps, "
+          f"max relative increase {out['max_rel_increase']:.3e}")
+    for v in out["violations"][:5]:
+        print(f"  sample {v['sample']} layer {v['layer']} ({v['level']} {v['step']}): "
+              f"{v['before']:.12e} -> {v['after']:.12e} (+{v['increase']:.3e}, tol {v['tol']:.3e}); "
+              f"terms up: {v['terms_up']}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse exits 2 on unknown options
+    try:
+        out = run(args)
+    except UnfoldError as exc:
+        print(f"python -m unfold.check: error: {exc}", file=sys.stderr)
+        return 2
+    _print_human(out)
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

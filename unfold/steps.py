@@ -1,0 +1,399 @@
+"""Update steps that descend the energies of :mod:`energies`, one layer each.
+
+Every step holds the energy it descends (``step.energy``, built from the *same* term objects the
+update reads its parameters from, so what is traced is what is descended), states the condition
+under which descent is guaranteed (``step.guarantee``) and checks it for its current parameters
+(``step.guaranteed()``). ``STEPS`` is the registry of step types.
+
+Equation numbers: Yang, Huang, Wipf (NeurIPS 2022) main paper and supplement.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, List, Optional
+
+import torch
+
+from energies.energy import Energy, attention_energy, feedforward_energy
+from energies.errors import StepError
+from energies.graph import TokenGraph, check_tokens
+from energies.rho import ExpRho
+from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
+
+__all__ = [
+    "Step",
+    "AttentionStep",
+    "FeedForwardStep",
+    "GradientStep",
+    "ReLUProxStep",
+    "CenterStep",
+    "RescaleStep",
+    "Sequence",
+    "layernorm_step",
+    "theorem41_bound",
+    "STEPS",
+    "register_step",
+    "UPDATES",
+]
+
+STEPS: Dict[str, type] = {}
+UPDATES = ("exact", "printed")
+
+
+def register_step(name: str):
+    def deco(cls):
+        STEPS[name] = cls
+        cls.kind = name
+        return cls
+
+    return deco
+
+
+def _keep_padded(new: torch.Tensor, old: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """Padded slots are carried through every step unchanged."""
+    return torch.where(graph.mask[..., None], new, old)
+
+
+def _check_alpha(alpha, what: str = "alpha") -> float:
+    a = float(alpha)
+    if not (0.0 < a <= 1.0):
+        raise StepError(f"residual weight {what} must lie in (0, 1], got {what}={alpha}")
+    return a
+
+
+class Step(torch.nn.Module):
+    """One update ``Y -> Y'`` descending ``self.energy`` under ``self.guarantee``."""
+
+    kind = "step"
+    energy: Energy
+    guarantee: str = ""
+
+    def guaranteed(self) -> bool:
+        """Whether the stated descent condition holds for the current parameters."""
+        return False
+
+    def update(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        Y = check_tokens(Y, graph)
+        return _keep_padded(self.update(Y, graph), Y, graph)
+
+    def substeps(self) -> List["Step"]:
+        return [self]
+
+
+@register_step("attention")
+class AttentionStep(Step):
+    """One MM step on the attention energy E1 (supplement eq. 33, Algorithm 3, Theorem B.2).
+
+    Step 1 majorizes each concave rho by its tangent: ``gamma_uv = rho'(z_uv)``. Step 2 takes one
+    Jacobi-preconditioned gradient step of size ``alpha`` on the quadratic surrogate
+    ``E~(Y) = sum_E gamma_uv ||y_u - y_v||^2 / 2 + ||Y - B||^2 / 2`` (eq. 36-37), whose Jacobi
+    diagonal is ``D_u = 1 + sum_v gamma_uv``:
+
+        ``exact``:   y_u <- (1 - alpha) y_u + alpha (sum_{v in N(u)} gamma_uv y_v + b_u) / (1 + sum_{v in N(u)} gamma_uv)
+
+    The self term is not in the numerator. Guarantee: E1 does not increase for any
+    0 < alpha <= 1 (the surrogate's Hessian L_gamma + I <= 2 D and it majorizes E1).
+
+        ``printed``: y_u <- (1 - alpha) y_u + alpha sum_{v in N~(u)} gamma_uv y_v / sum_{v in N~(u)} gamma_uv
+
+    with N~(u) = N(u) + {u} and gamma_uu = rho'(0): eq. 38/39 as printed in the supplement. It is
+    not the Jacobi step of E~ and can raise E1 (the negative control); B must be None.
+
+    Kernels: ``edges`` (any graph), ``dense`` (n x n weights), ``softmax`` (complete graph, rho=exp:
+    softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self included, then the self
+    contribution p_uu (y_u - b_u) removed from the output), ``auto`` (softmax when it applies).
+    """
+
+    guarantee = "E1 never increases for 0 < alpha <= 1 with update='exact' (Theorem B.2 + Prop. B.1)"
+
+    def __init__(self, rho="exp", tau: float = 1.0, alpha: float = 1.0, B: Optional[torch.Tensor] = None,
+                 update: str = "exact", kernel: str = "auto"):
+        super().__init__()
+        if update not in UPDATES:
+            raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
+        if update == "printed" and B is not None:
+            raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
+        if kernel not in ("auto", "edges", "dense", "softmax"):
+            raise StepError(f"unknown attention kernel {kernel!r}; valid: ['auto', 'dense', 'edges', 'softmax']")
+        self.alpha = _check_alpha(alpha)
+        self.update_rule = update
+        self.kernel = kernel
+        pair_kernel = kernel if kernel in ("edges", "dense") else "auto"
+        self.energy = attention_energy(rho, tau, B, kernel=pair_kernel)
+        self.pairwise = self.energy.terms["attention"]
+        self.residual = self.energy.terms["residual"]
+
+    @property
+    def rho(self):
+        return self.pairwise.rho
+
+    @property
+    def tau(self) -> float:
+        return self.pairwise.tau
+
+    def guaranteed(self) -> bool:
+        return self.update_rule == "exact" and 0.0 < self.alpha <= 1.0
+
+    def _use_softmax(self, graph: TokenGraph) -> bool:
+        ok = graph.is_complete and isinstance(self.rho, ExpRho)
+        if self.kernel == "softmax" and not ok:
+            raise StepError("the softmax kernel needs the complete graph and rho='exp'; "
+                            f"got graph {graph.name!r}, rho {self.rho.spec()!r}")
+        return ok and self.kernel in ("softmax", "auto")
+
+    def target(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """The alpha = 1 point of the step (the per-token minimiser of E~ for ``exact``)."""
+        if self._use_softmax(graph):
+            return self._softmax_target(Y, graph)
+        num, deg = self.pairwise.neighbour_sums(Y, graph)
+        if self.update_rule == "exact":
+            return (num + self.residual.anchor(Y)) / (1.0 + deg)[..., None]
+        c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
+        return (num + c0 * Y) / (deg + c0)[..., None]
+
+    def _softmax_target(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """Complete graph, rho = exp: gamma_uv = exp(y_u.y_v / tau) beta_u beta_v (supplement eq. 35)."""
+        tau = self.tau
+        Yz = torch.where(graph.mask[..., None], Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
+        sq = (Yz * Yz).sum(-1)
+        logits = Yz @ Yz.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]  # key bias log beta_v
+        logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
+        p = torch.softmax(logits, dim=-1)
+        attn = p @ Yz
+        if self.update_rule == "printed":
+            return attn
+        # p_uu = gamma_uu / S_u = 1 / (1 + sum_{v != u} gamma_uv): the exact step's 1 / D_u
+        p_self = torch.diagonal(p, dim1=1, dim2=2)[..., None]
+        return attn + p_self * (self.residual.anchor(Y) - Yz)
+
+    def update(self, Y, graph):
+        return (1.0 - self.alpha) * Y + self.alpha * self.target(Y, graph)
+
+    # ---------------------------------------------------------------- the MM surrogate, for tests
+    def jacobi_diagonal(self, Y0: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """``D_u = 1 + sum_v gamma_uv(Y0)`` ``(B, n)``: the surrogate Hessian's diagonal (eq. 37)."""
+        return 1.0 + self.pairwise.neighbour_sums(Y0, graph)[1]
+
+    def surrogate(self, Y0: torch.Tensor, graph: TokenGraph):
+        """``E~(.; Y0)`` as a function, shifted so that ``E~(Y0; Y0) = E1(Y0)``; it majorizes E1.
+
+        E~(Y) = sum_{{u,v} in E} [tau rho(z0_uv) + gamma0_uv (||y_u - y_v||^2 / 2 - tau z0_uv)] + R(Y).
+        """
+        Y0 = check_tokens(Y0, graph).detach().to(ACCUM_DTYPE)
+        src, dst = graph.edges()
+        B, n, d = Y0.shape
+        Y0f = Y0.reshape(B * n, d)
+        z0 = ((Y0f[src] - Y0f[dst]) ** 2).sum(-1) / (2 * self.tau)
+        g0 = self.rho.derivative(z0)
+        const = self.tau * self.rho.value(z0) - g0 * self.tau * z0
+        residual = self.residual
+
+        def E_tilde(Y):
+            Y = Y.to(ACCUM_DTYPE)
+            Yf = Y.reshape(B * n, d)
+            quad = 0.5 * g0 * ((Yf[src] - Yf[dst]) ** 2).sum(-1) + const
+            pair = torch.zeros(B, dtype=ACCUM_DTYPE, device=Y.device).index_add(0, src // n, quad)
+            return pair + residual.value(Y, graph)
+
+        return E_tilde
+
+
+@register_step("gradient")
+class GradientStep(Step):
+    """Plain gradient step ``Y <- Y - a grad E(Y)`` on a smooth energy (main paper eq. 14).
+
+    Guarantee: E does not increase when ``a * L <= 2`` and decreases by at least
+    ``a / 2 ||grad||^2`` when ``a * L <= 1`` (Prop. A.1), L a Lipschitz bound of grad E, if given.
+    """
+
+    guarantee = "E never increases when step_size * L <= 1 (L: Lipschitz constant of grad E)"
+
+    def __init__(self, energy: Energy, step_size: float, lipschitz: Optional[float] = None):
+        super().__init__()
+        self.energy = energy
+        self.step_size = float(step_size)
+        if not self.step_size > 0:
+            raise StepError(f"step_size must be > 0, got {step_size}")
+        self._L = lipschitz
+
+    def lipschitz(self) -> Optional[float]:
+        return self._L
+
+    def guaranteed(self) -> bool:
+        L = self.lipschitz()
+        return L is not None and self.step_size * L <= 1.0 + 1e-12
+
+    def update(self, Y, graph):
+        return Y - self.step_size * self.energy.grad(Y, graph)
+
+
+@register_step("feedforward")
+class FeedForwardStep(GradientStep):
+    """Gradient step of size a2 on E2 = 1/2 tr(Y W Y^T) + 1/2 ||Y - B||^2 (main paper eq. 13-14):
+
+        Y <- Y - a2 (Y W + Y - B) = Y (I - a2 (I + W)) + a2 B,
+
+    a linear layer with a symmetric weight plus residual. L = max |eig(I + W)|; guarantee a2 L <= 1.
+    """
+
+    def __init__(self, W: torch.Tensor, step_size: float = 1.0, B: Optional[torch.Tensor] = None):
+        super().__init__(feedforward_energy(W, B), step_size)
+        self.ffn = self.energy.terms["ffn"]
+
+    def lipschitz(self) -> float:
+        eig = torch.linalg.eigvalsh(self.ffn.W.to(ACCUM_DTYPE))
+        return float((1.0 + eig).abs().max())
+
+
+@register_step("relu")
+class ReLUProxStep(Step):
+    """Proximal step of the non-negativity indicator: ``Y <- ReLU(Y)`` (main paper Thm 5.1, eq. 49).
+
+    Alone it sends the indicator to 0. After a gradient step of size a <= 1/L on a smooth energy f
+    (or an attention step with alpha <= 1/2), it completes a proximal gradient step that does not
+    increase f + indicator (supplement A.2, eq. 27); see :class:`Sequence`.
+    """
+
+    guarantee = "the indicator of Y >= 0 never increases (ReLU is its proximal map)"
+
+    def __init__(self):
+        super().__init__()
+        self.energy = Energy(relu=NonNegativity())
+
+    def guaranteed(self) -> bool:
+        return True
+
+    def update(self, Y, graph):
+        return torch.relu(Y)
+
+
+@register_step("center")
+class CenterStep(Step):
+    """LayerNorm centring (supplement F.3, step 1): a unit gradient step on sum_u (1^T y_u)^2 / (2d),
+
+        y_u <- y_u - mean(y_u) 1,
+
+    which sends that term to its minimum 0."""
+
+    guarantee = "the centring term never increases (the step reaches its minimum)"
+
+    def __init__(self):
+        super().__init__()
+        self.energy = Energy(center=Centering())
+
+    def guaranteed(self) -> bool:
+        return True
+
+    def update(self, Y, graph):
+        return Y - self.energy.grad(Y, graph)
+
+
+@register_step("rescale")
+class RescaleStep(Step):
+    """LayerNorm rescaling (supplement F.3, step 2): a unit gradient step on
+    sum_u (||y_u||^2 / 2 - r ||y_u||),
+
+        y_u <- r y_u / ||y_u||,
+
+    the term's minimiser on every non-zero token (zero tokens stay put)."""
+
+    guarantee = "the rescaling term never increases (each token moves to the term's minimiser)"
+
+    def __init__(self, radius: Optional[float] = None):
+        super().__init__()
+        self.energy = Energy(rescale=Rescaling(radius))
+
+    def guaranteed(self) -> bool:
+        return True
+
+    def update(self, Y, graph):
+        return Y - self.energy.grad(Y, graph)
+
+
+def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
+    """Largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g
+    under the alternating steps y' = y - alpha1 grad f(y), y'' = y' - alpha2 grad g(y'), given
+    alpha2 L_h <= 1 (supplement eq. 46): 1 / b with b = 1 - alpha1 / alpha2 + alpha1 L_g."""
+    b = 1.0 - alpha1 / alpha2 + alpha1 * L_g
+    return math.inf if b <= 0 else 1.0 / b
+
+
+@register_step("sequence")
+class Sequence(Step):
+    """Steps applied in order, one layer: its energy is the sum of theirs (alternating
+    minimisation, main paper Sec. 4, Theorem 4.1).
+
+    Each sub-step descends its own energy; the sum is guaranteed to descend only where a theorem
+    says so, and ``guaranteed()`` only claims these cases:
+
+    * a single guaranteed step;
+    * a gradient step with a L <= 1, or an exact attention step with alpha <= 1/2, followed by
+      ReLU: a proximal gradient step on (its energy + indicator) (supplement A.2, Thm 5.1);
+    * centring then rescaling (LayerNorm) on their own energy: each reaches its term's minimum and
+      rescaling keeps the mean at zero.
+
+    Two gradient steps (Thm 4.1) are guaranteed per input only: see :meth:`theorem41`.
+    """
+
+    guarantee = "see the class docstring: only the listed combinations are claimed"
+
+    def __init__(self, steps: Iterable[Step]):
+        super().__init__()
+        self.steps = torch.nn.ModuleList(list(steps))
+        if not len(self.steps):
+            raise StepError("a Sequence needs at least one step")
+        energy = Energy()
+        for s in self.steps:
+            energy = energy + s.energy
+        self.energy = energy
+
+    def substeps(self) -> List[Step]:
+        out: List[Step] = []
+        for s in self.steps:
+            out.extend(s.substeps())
+        return out
+
+    def guaranteed(self) -> bool:
+        subs = self.substeps()
+        if len(subs) == 1:
+            return subs[0].guaranteed()
+        if len(subs) == 2 and isinstance(subs[1], ReLUProxStep):
+            first = subs[0]
+            if isinstance(first, AttentionStep):
+                return first.update_rule == "exact" and first.alpha <= 0.5
+            return isinstance(first, GradientStep) and first.guaranteed()
+        if len(subs) == 2 and isinstance(subs[0], CenterStep) and isinstance(subs[1], RescaleStep):
+            return True
+        return False
+
+    def update(self, Y, graph):
+        for s in self.steps:
+            Y = _keep_padded(s.update(Y, graph), Y, graph)
+        return Y
+
+    def theorem41(self, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+        """Thm 4.1's sufficient condition at Y for two gradient steps f then g.
+
+        Returns per example ``delta = ||grad f|| / ||grad (f + g)||``, ``bound`` (eq. 46) and
+        ``holds`` (delta <= bound and alpha2 L_h <= 1, with L_h <= L_f + L_g)."""
+        subs = self.substeps()
+        if len(subs) != 2 or not all(isinstance(s, GradientStep) for s in subs):
+            raise StepError("theorem41 applies to a Sequence of exactly two gradient steps")
+        f, g = subs
+        Lf, Lg = f.lipschitz(), g.lipschitz()
+        if Lf is None or Lg is None:
+            raise StepError("theorem41 needs Lipschitz constants of both gradient steps")
+        Y = check_tokens(Y, graph).to(ACCUM_DTYPE)
+        gf, gg = f.energy.grad(Y, graph), g.energy.grad(Y, graph)
+        delta = gf.flatten(1).norm(dim=1) / (gf + gg).flatten(1).norm(dim=1).clamp_min(1e-300)
+        bound = theorem41_bound(f.step_size, g.step_size, Lg)
+        holds = (delta <= bound) & torch.tensor(g.step_size * (Lf + Lg) <= 1.0)
+        return {"delta": delta, "bound": torch.full_like(delta, bound), "holds": holds}
+
+
+def layernorm_step(radius: Optional[float] = None) -> Sequence:
+    """LayerNorm without affine parameters as two energy steps (supplement F.3)."""
+    return Sequence([CenterStep(), RescaleStep(radius)])

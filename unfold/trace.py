@@ -1,0 +1,255 @@
+"""Unrolling steps into layers, and the energy trace that checks monotone descent.
+
+An unrolled model is an iterator over steps (:func:`unroll`). :func:`trace_descent` runs it and
+records, per example, per layer and per energy term, the float64 energy before and after every
+layer (and every sub-step of a :class:`~unfold.steps.Sequence`), then flags each step whose total
+energy went up by more than a tolerance tied to the dtype and the energy's size:
+
+    increase at layer t  <=>  E(Y_{t+1}) > E(Y_t) + tol_t,
+    tol_t = tol_factor * eps(dtype of Y) * max(sum_k |E_k(Y_t)|, 1e-300).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence as Seq, Tuple, Union
+
+import torch
+
+from energies.energy import Energy
+from energies.graph import TokenGraph, check_tokens
+from energies.terms import ACCUM_DTYPE
+
+from .steps import Step, _keep_padded
+
+__all__ = ["unroll", "trace_descent", "DescentReport", "tolerance", "DEFAULT_TOL_FACTOR"]
+
+DEFAULT_TOL_FACTOR = 64.0
+
+Steps = Union[Step, Seq[Step]]
+
+
+def _layers(steps: Steps, layers: Optional[int]) -> List[Step]:
+    if isinstance(steps, Step):
+        if layers is None:
+            raise ValueError("layers is required with a single (weight-shared) step")
+        return [steps] * int(layers)
+    steps = list(steps)
+    if layers is not None and layers != len(steps):
+        raise ValueError(f"got {len(steps)} untied steps but layers={layers}")
+    return steps
+
+
+def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None
+           ) -> Iterator[Tuple[int, torch.Tensor]]:
+    """Yield ``(t, Y_t)`` for t = 0..T: a shared step repeated ``layers`` times, or untied steps."""
+    Y = check_tokens(Y, graph)
+    yield 0, Y
+    for t, step in enumerate(_layers(steps, layers), start=1):
+        Y = step(Y, graph)
+        yield t, Y
+
+
+def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR
+              ) -> torch.Tensor:
+    """``factor * eps(dtype) * sum_k |E_k|`` per example (infinite terms left out of the scale)."""
+    scale = torch.zeros_like(next(iter(values.values())))
+    for v in values.values():
+        scale = scale + torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
+    return factor * torch.finfo(dtype).eps * scale.clamp_min(1e-300)
+
+
+def _increase(before: torch.Tensor, after: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
+    """``after > before + tol``; +inf -> +inf is no increase, finite -> +inf is one."""
+    both_inf = torch.isinf(before) & torch.isinf(after)
+    return (after > before + tol) & ~both_inf
+
+
+def _total(values: Dict[str, torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros_like(next(iter(values.values())))
+    for v in values.values():
+        out = out + v
+    return out
+
+
+@dataclass
+class DescentReport:
+    """What the energy did at every step. Tensors are float64 with a leading example axis S.
+
+    ``terms[name]``: ``(S, T+1)`` term values at every layer boundary (for untied steps with
+    different energies, the value of each layer's energy before it and, last, after the final layer);
+    ``before``/``after``: ``(S, T)`` total energy of layer t's own energy before and after it;
+    ``tol``: ``(S, T)``; ``increases``: ``(S, T)`` bool; ``term_increases[name]``: ``(S, T)`` bool;
+    ``violations``: one dict per flagged layer or sub-step, saying where and by how much.
+    """
+
+    terms: Dict[str, torch.Tensor]
+    before: torch.Tensor
+    after: torch.Tensor
+    tol: torch.Tensor
+    increases: torch.Tensor
+    term_increases: Dict[str, torch.Tensor]
+    term_delta: Dict[str, torch.Tensor]
+    tol_rule: str
+    guaranteed: List[bool]
+    violations: List[dict] = field(default_factory=list)
+    substep_increases: int = 0
+
+    @property
+    def totals(self) -> torch.Tensor:
+        """``(S, T+1)``: E(Y_0), ..., E(Y_T) (each layer's own energy; identical for shared steps)."""
+        return torch.cat([self.before, self.after[:, -1:]], dim=1)
+
+    @property
+    def steps(self) -> int:
+        return int(self.increases.numel())
+
+    @property
+    def num_increases(self) -> int:
+        return int(self.increases.sum())
+
+    def rel_increase(self) -> torch.Tensor:
+        """``max(E_{t+1} - E_t, 0) / max(|E_t|, tiny)`` per step, ``(S, T)``."""
+        diff = torch.where(torch.isinf(self.before) & torch.isinf(self.after),
+                           torch.zeros_like(self.before), self.after - self.before)
+        return diff.clamp_min(0.0) / self.before.abs().clamp_min(1e-300)
+
+    def max_rel_increase(self) -> float:
+        r = self.rel_increase()
+        return float(r.max()) if r.numel() else 0.0
+
+    def summary(self) -> dict:
+        """JSON-ready dict (non-finite numbers as the strings 'inf', '-inf', 'nan')."""
+        tot = self.totals
+        out = {
+            "steps": self.steps,
+            "increases": self.num_increases,
+            "max_rel_increase": self.max_rel_increase(),
+            "tol_rule": self.tol_rule,
+            "max_tol": float(self.tol.max()) if self.tol.numel() else 0.0,
+            "energy_first": tot[:, 0].tolist(),
+            "energy_last": tot[:, -1].tolist(),
+            "energies": tot.tolist(),
+            "guaranteed": all(self.guaranteed),
+            "terms": {
+                name: {
+                    "first": v[:, 0].tolist(),
+                    "last": v[:, -1].tolist(),
+                    "increases": int(self.term_increases[name].sum()) if name in self.term_increases else None,
+                    "max_increase": _max_pos(self.term_delta.get(name)),
+                    "energies": v.tolist(),
+                }
+                for name, v in self.terms.items()
+            },
+            "substep_increases": self.substep_increases,
+            "violations": self.violations[:20],
+        }
+        return _json_safe(out)
+
+
+def _max_pos(x: Optional[torch.Tensor]) -> Optional[float]:
+    if x is None:
+        return None
+    return float(x.clamp_min(0).max()) if x.numel() else 0.0
+
+
+def _json_safe(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return dict(energy.term_values(Y, graph))
+
+
+def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None,
+                  tol_factor: float = DEFAULT_TOL_FACTOR, substeps: bool = True
+                  ) -> Tuple[torch.Tensor, DescentReport]:
+    """Run the unrolled steps from ``Y`` and trace every layer's energy.
+
+    ``steps``: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
+    ``substeps``: also evaluate the layer's energy after each sub-step of a Sequence, so that a
+    violation names the sub-step that raised it (layer-level counts are unaffected).
+    Returns ``(Y_T, report)``.
+    """
+    Y = check_tokens(Y, graph)
+    plan = _layers(steps, layers)
+    dtype = Y.dtype
+    layer_vals: List[Dict[str, torch.Tensor]] = []
+    befores, afters, tols, incs = [], [], [], []
+    term_incs: Dict[str, List[torch.Tensor]] = {}
+    term_deltas: Dict[str, List[torch.Tensor]] = {}
+    violations: List[dict] = []
+    sub_incs = 0
+    cached: Optional[Dict[str, torch.Tensor]] = None
+    prev_energy: Optional[Energy] = None
+    for t, step in enumerate(plan):
+        energy = step.energy
+        vals_before = cached if (cached is not None and energy is prev_energy) else _eval(energy, Y, graph)
+        tol = tolerance(vals_before, dtype, tol_factor)
+        subs = step.substeps() if substeps else [step]
+        Y_cur = Y
+        vals_cur = vals_before
+        with torch.no_grad():
+            if len(subs) > 1:
+                for k, sub in enumerate(subs):
+                    Y_next = _keep_padded(sub.update(Y_cur, graph), Y_cur, graph)
+                    vals_next = _eval(energy, Y_next, graph)
+                    inc = _increase(_total(vals_cur), _total(vals_next), tol)
+                    sub_incs += int(inc.sum())
+                    for s in inc.nonzero().reshape(-1).tolist():
+                        violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep"))
+                    Y_cur, vals_cur = Y_next, vals_next
+                Y_new = Y_cur
+            else:
+                Y_new = step(Y, graph)
+        vals_after = vals_cur if len(subs) > 1 else _eval(energy, Y_new, graph)
+        b, a = _total(vals_before), _total(vals_after)
+        inc = _increase(b, a, tol)
+        for s in inc.nonzero().reshape(-1).tolist():
+            violations.append(_violation(s, t, None, type(step).__name__, vals_before, vals_after, tol, "layer"))
+        befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
+        layer_vals.append(vals_before)
+        for name, v in vals_before.items():
+            term_incs.setdefault(name, []).append(_increase(v, vals_after[name], tol))
+            term_deltas.setdefault(name, []).append(
+                torch.where(torch.isinf(v) & torch.isinf(vals_after[name]), torch.zeros_like(v), vals_after[name] - v))
+        Y, cached, prev_energy = Y_new, vals_after, energy
+    if cached is not None:
+        layer_vals.append(cached)
+    S = graph.batch_size
+
+    def stack(xs):
+        return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=ACCUM_DTYPE, device=Y.device)
+
+    names = list(dict.fromkeys(k for vals in layer_vals for k in vals))
+    nan = torch.full((S,), math.nan, dtype=ACCUM_DTYPE, device=Y.device)
+    report = DescentReport(
+        terms={k: stack([vals.get(k, nan) for vals in layer_vals]) for k in names},
+        before=stack(befores), after=stack(afters), tol=stack(tols),
+        increases=stack(incs) if incs else torch.zeros(S, 0, dtype=torch.bool),
+        term_increases={k: stack(v) for k, v in term_incs.items() if len(v) == len(plan)},
+        term_delta={k: stack(v) for k, v in term_deltas.items() if len(v) == len(plan)},
+        tol_rule=f"E_t+1 > E_t + tol, tol = {tol_factor:g} * eps({str(dtype).replace('torch.', '')}) * sum_k |E_k(Y_t)|"
+                 f" = {tol_factor * torch.finfo(dtype).eps:.3g} * scale",
+        guaranteed=[s.guaranteed() for s in plan],
+        violations=violations,
+        substep_increases=sub_incs,
+    )
+    return Y, report
+
+
+def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, before: Dict[str, torch.Tensor],
+               after: Dict[str, torch.Tensor], tol: torch.Tensor, level: str) -> dict:
+    b, a = float(_total(before)[sample]), float(_total(after)[sample])
+    terms = {k: {"before": float(before[k][sample]), "after": float(after[k][sample])} for k in before}
+    rose = [k for k, v in terms.items() if v["after"] > v["before"]]
+    return {"level": level, "sample": sample, "layer": layer, "substep": sub, "step": step_name,
+            "before": b, "after": a, "increase": a - b, "rel_increase": (a - b) / max(abs(b), 1e-300),
+            "tol": float(tol[sample]), "terms_up": rose, "terms": terms}

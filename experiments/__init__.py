@@ -1,0 +1,1 @@
+"""Experiments: descent sweeps and plots (training, benchmarks and graph variants follow)."""

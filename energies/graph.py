@@ -21,6 +21,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .errors import GraphError, TokenError
+from .registry import registrar
 
 __all__ = [
     "TokenGraph",
@@ -214,14 +215,8 @@ class TokenGraph:
 GRAPHS: Dict[str, Callable[..., TokenGraph]] = {}
 
 
-def register_graph(name: str):
-    """Register a builder ``f(n, *args, batch_size=1, mask=None, seed=0) -> TokenGraph``."""
-
-    def deco(fn):
-        GRAPHS[name] = fn
-        return fn
-
-    return deco
+register_graph = registrar(GRAPHS)
+"""``@register_graph("name")`` registers a builder ``f(n, *args, batch_size=1, mask=None, seed=0)``."""
 
 
 def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str) -> TokenGraph:

@@ -19,6 +19,7 @@ from typing import Callable, Dict
 import torch
 
 from .errors import EnergyError
+from .registry import registrar
 
 __all__ = ["Rho", "ExpRho", "ReluRho", "CauchyRho", "LpRho", "RHOS", "register_rho", "get_rho"]
 
@@ -44,15 +45,8 @@ class Rho:
 RHOS: Dict[str, Callable[..., Rho]] = {}
 
 
-def register_rho(name: str):
-    """Register a penalty class under ``name``; its constructor takes the spec's ``:`` arguments."""
-
-    def deco(cls):
-        RHOS[name] = cls
-        cls.name = name
-        return cls
-
-    return deco
+register_rho = registrar(RHOS, "name")
+"""``@register_rho("name")`` registers a penalty class; its constructor takes the spec's ``:`` arguments."""
 
 
 @register_rho("exp")

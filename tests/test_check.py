@@ -192,3 +192,15 @@ def test_descent_experiment_quick(tmp_path):
     assert totals["negative_control"]["exact_increases"] == 0
     for f in ("summary.json", "summary.md", "descent.png", "negative_control.png"):
         assert (tmp_path / f).stat().st_size > 0
+
+
+def test_unroll_is_an_iterator_over_layers_matching_the_trace():
+    g = E.star(9, 2)
+    Y = torch.randn(2, 9, 3, dtype=torch.float64)
+    step = U.AttentionStep("relu:2", 1.5, 0.9)
+    states = list(U.unroll(step, Y, g, layers=4))
+    assert [t for t, _ in states] == [0, 1, 2, 3, 4]
+    Y_T, rep = U.trace_descent(step, Y, g, layers=4)
+    assert torch.equal(states[-1][1], Y_T)
+    energies = torch.stack([step.energy.value(Yt, g) for _, Yt in states], dim=1)
+    assert torch.allclose(energies, rep.totals, rtol=0, atol=0)

@@ -1,12 +1,11 @@
 import math
 
-import numpy as np
 import pytest
 import torch
 
 import energies as E
 from energies.errors import EnergyError
-from reference import complete_edges, e1_numpy, rho_value, undirected_edges
+from reference import complete_edges, e1_numpy, rho_value
 
 RHOS = ["exp", "relu:1.5", "cauchy", "lp:1", "lp:0.5:0.01", "lp:2"]
 

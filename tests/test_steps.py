@@ -284,3 +284,24 @@ def test_steps_run_on_device_and_keep_dtype(device):
                 assert out.dtype == dtype and out.device.type == device
                 assert rep.num_increases == 0, (dtype, g.name, rho, rep.violations[:1])
                 assert rep.before.device.type == device
+
+
+def test_a_registered_rho_plugs_into_energy_step_and_checker():
+    """Registry: a new concave non-decreasing rho (Geman-McClure) works everywhere by name."""
+    from energies.rho import RHOS, Rho, register_rho
+
+    @register_rho("geman_test")
+    class Geman(Rho):
+        def value(self, z):
+            return z / (1 + z)
+
+        def derivative(self, z):
+            return 1 / (1 + z) ** 2
+
+    try:
+        g = E.random(12, 0.4, 6, seed=2)
+        Y = torch.randn(6, 12, 3, dtype=torch.float64)
+        _, rep = U.trace_descent(U.AttentionStep("geman_test", 1.0, 1.0), Y, g, layers=8)
+        assert rep.num_increases == 0 and rep.terms["attention"][:, 0].gt(0).all()
+    finally:
+        RHOS.pop("geman_test")

@@ -17,6 +17,7 @@ import torch
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
+from energies.registry import registrar
 from energies.rho import ExpRho
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
@@ -40,13 +41,7 @@ STEPS: Dict[str, type] = {}
 UPDATES = ("exact", "printed")
 
 
-def register_step(name: str):
-    def deco(cls):
-        STEPS[name] = cls
-        cls.kind = name
-        return cls
-
-    return deco
+register_step = registrar(STEPS, "kind")
 
 
 def _keep_padded(new: torch.Tensor, old: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -270,19 +265,10 @@ class ReLUProxStep(Step):
         return torch.relu(Y)
 
 
-@register_step("center")
-class CenterStep(Step):
-    """LayerNorm centring (supplement F.3, step 1): a unit gradient step on sum_u (1^T y_u)^2 / (2d),
+class TermMinimisingStep(Step):
+    """A unit gradient step on a single term that lands on that term's minimiser (LayerNorm parts)."""
 
-        y_u <- y_u - mean(y_u) 1,
-
-    which sends that term to its minimum 0."""
-
-    guarantee = "the centring term never increases (the step reaches its minimum)"
-
-    def __init__(self):
-        super().__init__()
-        self.energy = Energy(center=Centering())
+    guarantee = "the step's term never increases (the step reaches its minimum)"
 
     def guaranteed(self) -> bool:
         return True
@@ -291,8 +277,21 @@ class CenterStep(Step):
         return Y - self.energy.grad(Y, graph)
 
 
+@register_step("center")
+class CenterStep(TermMinimisingStep):
+    """LayerNorm centring (supplement F.3, step 1): a unit gradient step on sum_u (1^T y_u)^2 / (2d),
+
+        y_u <- y_u - mean(y_u) 1,
+
+    which sends that term to its minimum 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.energy = Energy(center=Centering())
+
+
 @register_step("rescale")
-class RescaleStep(Step):
+class RescaleStep(TermMinimisingStep):
     """LayerNorm rescaling (supplement F.3, step 2): a unit gradient step on
     sum_u (||y_u||^2 / 2 - r ||y_u||),
 
@@ -300,17 +299,9 @@ class RescaleStep(Step):
 
     the term's minimiser on every non-zero token (zero tokens stay put)."""
 
-    guarantee = "the rescaling term never increases (each token moves to the term's minimiser)"
-
     def __init__(self, radius: Optional[float] = None):
         super().__init__()
         self.energy = Energy(rescale=Rescaling(radius))
-
-    def guaranteed(self) -> bool:
-        return True
-
-    def update(self, Y, graph):
-        return Y - self.energy.grad(Y, graph)
 
 
 def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:

@@ -173,8 +173,7 @@ class TokenGraph:
 
     def to_sparse(self) -> "TokenGraph":
         """The same graph with an explicit edge list (the complete graph materialised)."""
-        g = TokenGraph(self.batch_size, self.num_nodes, self.mask, self.edges(), name=self.name)
-        return g
+        return TokenGraph(self.batch_size, self.num_nodes, self.mask, self.edges(), name=self.name)
 
     def pair_mask(self) -> torch.Tensor:
         """Dense ``(B, n, n)`` bool adjacency, symmetric, zero diagonal, padded slots excluded."""
@@ -319,17 +318,10 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
     ``shared=True``: ids in ``[0, n)``, the same graph for every example of the batch.
     ``shared=False``: flat ids in ``[0, batch_size * n)`` (PyG batching), one graph per example.
     """
-    ei = torch.as_tensor(edge_index)
     if shared:
-        if ei.ndim == 2 and ei.shape[0] == 2 and ei.numel() and not ei.dtype.is_floating_point:
-            lo, hi = int(ei.min()), int(ei.max())
-            if lo < 0 or hi >= n:
-                bad = ((ei < 0) | (ei >= n)).any(0).nonzero()[0, 0].item()
-                raise GraphError(f"edge {bad} = ({ei[0, bad].item()}, {ei[1, bad].item()}) is out of range: "
-                                 f"node ids must lie in [0, {n})")
-        canon = _canonical_edges(ei, n, n)  # validates once, per-example ids
+        canon = _canonical_edges(edge_index, n, n)  # validates once, on per-example ids
         return _from_pattern(canon, n, batch_size, mask, name)
-    return TokenGraph(batch_size, n, mask, ei, name=name)
+    return TokenGraph(batch_size, n, mask, edge_index, name=name)
 
 
 def from_pyg(data) -> Tuple[TokenGraph, Optional[torch.Tensor]]:

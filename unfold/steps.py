@@ -17,6 +17,7 @@ import torch
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
+from energies.pairwise import edge_z
 from energies.registry import registrar
 from energies.rho import ExpRho
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
@@ -181,15 +182,15 @@ class AttentionStep(Step):
         src, dst = graph.edges()
         B, n, d = Y0.shape
         Y0f = Y0.reshape(B * n, d)
-        z0 = ((Y0f[src] - Y0f[dst]) ** 2).sum(-1) / (2 * self.tau)
+        tau = self.tau
+        z0 = edge_z(Y0f, src, dst, tau)
         g0 = self.rho.derivative(z0)
-        const = self.tau * self.rho.value(z0) - g0 * self.tau * z0
+        const = tau * self.rho.value(z0) - g0 * tau * z0
         residual = self.residual
 
         def E_tilde(Y):
             Y = Y.to(ACCUM_DTYPE)
-            Yf = Y.reshape(B * n, d)
-            quad = 0.5 * g0 * ((Yf[src] - Yf[dst]) ** 2).sum(-1) + const
+            quad = g0 * tau * edge_z(Y.reshape(B * n, d), src, dst, tau) + const
             pair = torch.zeros(B, dtype=ACCUM_DTYPE, device=Y.device).index_add(0, src // n, quad)
             return pair + residual.value(Y, graph)
 

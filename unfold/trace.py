@@ -176,7 +176,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     ``steps``: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
     ``substeps``: also evaluate the layer's energy after each sub-step of a Sequence, so that a
     violation names the sub-step that raised it (layer-level counts are unaffected).
-    Returns ``(Y_T, report)``.
+    Returns ``(Y_T, report)``. A diagnostic: it runs without autograd (use :func:`unroll` to train).
     """
     Y = check_tokens(Y, graph)
     plan = _layers(steps, layers)

@@ -1,39 +1,57 @@
 """Pairwise sums over a token graph: the one place where edges meet tensors.
 
-Two kernels compute the same quantities, so that energies and updates share the math
-and only swap the kernel:
+Three kernels compute the same quantities, so that energies and updates share the math and only
+swap the kernel:
 
 * ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory);
-* ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n).
+* ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
+* ``softmax``: complete graph with rho = exp only: softmax over all keys with key bias
+  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39).
 
-For edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = ||y_u - y_v||^2 / (2 tau)``, they return
+For edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = ||y_u - y_v||^2 / (2 tau)``, one pass returns
 
     num_u = sum_{v in N(u)} gamma_uv y_v,     deg_u = sum_{v in N(u)} gamma_uv,
 
-and the pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` per example.
+and, from the same pass, the pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` per example.
+On the softmax kernel the energy comes from the log-sum-exp of the pass itself: with
+``S_u = exp(LSE_u + log beta_u) = sum_v gamma_uv`` (self included, gamma_uu = 1),
+``deg_u = S_u (1 - p_uu)`` and the energy is ``-tau/2 sum_u deg_u`` (../shared/NOTES.md).
 """
 from __future__ import annotations
 
-from typing import Tuple
+import math
+from typing import NamedTuple, Optional
 
 import torch
 
+from .errors import EnergyError
 from .graph import TokenGraph
-from .rho import Rho
+from .rho import ExpRho, Rho
 
-__all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "weighted_neighbour_sums", "pairwise_energy"]
+__all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "PairwisePass", "pairwise_pass",
+           "weighted_neighbour_sums", "pairwise_energy"]
 
-KERNELS = ("edges", "dense")
+KERNELS = ("edges", "dense", "softmax")
 
 
-def pick_kernel(graph: TokenGraph, kernel: str = "auto") -> str:
-    """``auto``: dense for complete graphs, edges otherwise."""
+class PairwisePass(NamedTuple):
+    num: torch.Tensor               # (B, n, d)  sum_v gamma_uv y_v
+    deg: torch.Tensor               # (B, n)     sum_v gamma_uv
+    energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
+
+
+def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
+    """``auto``: softmax for the complete graph with rho = exp, dense for other complete graphs,
+    edges otherwise. An explicit ``softmax`` that does not apply is an error."""
     if kernel == "auto":
-        return "dense" if graph.is_complete else "edges"
+        if graph.is_complete:
+            return "softmax" if isinstance(rho, ExpRho) else "dense"
+        return "edges"
     if kernel not in KERNELS:
-        from .errors import EnergyError
-
         raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {list(KERNELS) + ['auto']}")
+    if kernel == "softmax" and not (graph.is_complete and isinstance(rho, ExpRho)):
+        raise EnergyError("the softmax kernel needs the complete graph and rho='exp'; "
+                          f"got graph {graph.name!r}, rho {rho.spec()!r}")
     return kernel
 
 
@@ -55,33 +73,61 @@ def _masked(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return torch.where(graph.mask[..., None], Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
 
 
-def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
-                            kernel: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``."""
-    kernel = pick_kernel(graph, kernel)
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
+
+
+def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
+                  energy: bool = False) -> PairwisePass:
+    """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy."""
+    kernel = pick_kernel(graph, rho, kernel)
     Y = _masked(Y, graph)
     B, n, d = Y.shape
+    if kernel == "softmax":
+        sq = (Y * Y).sum(-1)
+        logits = Y @ Y.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]  # key bias log beta_v
+        logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        p = torch.exp(logits - lse)
+        p_self = torch.diagonal(p, dim1=1, dim2=2)
+        S = torch.exp(lse[..., 0] - (0.5 / tau) * sq)                       # sum over all v, self included
+        off = (p.sum(-1) - p_self).clamp_min(0.0)                           # 1 - p_uu, without cancellation
+        real = graph.mask.to(Y.dtype)
+        deg = S * off * real
+        num = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
+        e = -0.5 * tau * _f64(deg).sum(-1) if energy else None
+        return PairwisePass(num, deg, e)
     if kernel == "dense":
-        gamma = rho.derivative(dense_z(Y, tau)) * graph.pair_mask().to(Y.dtype)
-        return gamma @ Y, gamma.sum(-1)
+        z = dense_z(Y, tau)
+        pm = graph.pair_mask()
+        zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
+        gamma = torch.where(pm, rho.derivative(z), zero)
+        e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
+        return PairwisePass(gamma @ Y, gamma.sum(-1), e)
     Yf = Y.reshape(B * n, d)
     src, dst = graph.edges()
-    gamma = rho.derivative(edge_z(Yf, src, dst, tau))
+    z = edge_z(Yf, src, dst, tau)
+    gamma = rho.derivative(z)
     num = torch.zeros_like(Yf).index_add(0, src, gamma[:, None] * Yf[dst]).index_add(0, dst, gamma[:, None] * Yf[src])
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
-    return num.reshape(B, n, d), deg.reshape(B, n)
+    e = None
+    if energy:
+        e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, _f64(tau * rho.value(z)))
+    return PairwisePass(num.reshape(B, n, d), deg.reshape(B, n), e)
 
 
-def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
-                    kernel: str = "auto") -> torch.Tensor:
-    """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)``, each undirected edge once."""
-    kernel = pick_kernel(graph, kernel)
-    Y = _masked(Y, graph)
-    B, n, d = Y.shape
-    if kernel == "dense":
-        pm = graph.pair_mask()
-        vals = torch.where(pm, rho.value(dense_z(Y, tau)), torch.zeros((), dtype=Y.dtype, device=Y.device))
-        return 0.5 * tau * vals.sum((1, 2))  # every pair appears twice in the symmetric matrix
-    src, dst = graph.edges()
-    vals = tau * rho.value(edge_z(Y.reshape(B * n, d), src, dst, tau))
-    return torch.zeros(B, dtype=Y.dtype, device=Y.device).index_add(0, src // n, vals)
+def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):
+    """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``."""
+    out = pairwise_pass(Y, graph, rho, tau, kernel)
+    return out.num, out.deg
+
+
+def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto") -> torch.Tensor:
+    """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)`` float64, each undirected edge once.
+
+    Evaluated directly from the pairs (dense or edges kernel), never from a log-sum-exp, so that it
+    is an independent check of the energy the softmax pass reports."""
+    kernel = pick_kernel(graph, rho, kernel)
+    if kernel == "softmax":
+        kernel = "dense"
+    return pairwise_pass(Y, graph, rho, tau, kernel, energy=True).energy

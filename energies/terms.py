@@ -17,7 +17,7 @@ import torch
 
 from .errors import EnergyError, TokenError
 from .graph import TokenGraph
-from .pairwise import pairwise_energy, weighted_neighbour_sums
+from .pairwise import pairwise_energy, pairwise_pass, weighted_neighbour_sums
 from .rho import Rho, get_rho
 
 __all__ = [
@@ -64,37 +64,72 @@ class EnergyTerm(torch.nn.Module):
 class PairwiseAttention(EnergyTerm):
     """Pairwise part of the attention energy E1 (supplement eq. 33 with temperature tau):
 
-        sum_{{u,v} in E} tau * rho( ||y_u - y_v||^2 / (2 tau) ),
+        sum_{{u,v} in E} tau * rho( ||W^T (y_u - y_v)||^2 / (2 tau) ),
 
-    each undirected edge once. With rho(z) = -exp(-z) and tau = sqrt(d) its MM step is softmax
-    attention with the usual 1/sqrt(d) scale (main paper Thm 3.1). Gradient:
-    ``grad_u = sum_{v in N(u)} gamma_uv (y_u - y_v)``, ``gamma_uv = rho'(z_uv)``.
+    each undirected edge once; ``metric`` W (d x d_h) defaults to the identity. With rho(z) = -exp(-z)
+    and tau = sqrt(d) its MM step is softmax attention with the usual 1/sqrt(d) scale (main paper
+    Thm 3.1); with a metric the logits are ``(W^T y_u).(W^T y_v) / tau``: queries and keys W^T y,
+    in the same coordinates as the energy. Gradient, with ``gamma_uv = rho'(z_uv)``:
+
+        grad_u = W W^T sum_{v in N(u)} gamma_uv (y_u - y_v).
+
+    Curvature: the tangent surrogate's Hessian is L_gamma (x) W W^T <= 2 D_gamma ||W||_2^2, since a
+    graph Laplacian satisfies L <= 2 D.
     """
 
     name = "attention"
 
-    def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto"):
+    def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None):
         super().__init__()
         self.rho: Rho = get_rho(rho)
         tau = float(tau)
         if not (tau > 0 and math.isfinite(tau)):
             raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau}")
+        if metric is not None and (not isinstance(metric, torch.Tensor) or metric.ndim != 2):
+            raise EnergyError(f"attention metric W must be a (d, d_h) tensor, got {getattr(metric, 'shape', metric)}")
         self.tau = tau
         self.kernel = kernel
+        self.metric = metric
+
+    def features(self, Y: torch.Tensor) -> torch.Tensor:
+        """``Z = Y W`` (queries = keys), or Y itself without a metric."""
+        if self.metric is None:
+            return Y
+        if self.metric.shape[0] != Y.shape[-1]:
+            raise TokenError(f"tokens have d={Y.shape[-1]} features but the attention metric is "
+                             f"{tuple(self.metric.shape)}")
+        return Y @ self.metric.to(dtype=Y.dtype)
+
+    def _back(self, G: torch.Tensor) -> torch.Tensor:
+        return G if self.metric is None else G @ self.metric.to(dtype=G.dtype).T
 
     def value(self, Y, graph):
-        return pairwise_energy(Y.to(ACCUM_DTYPE), graph, self.rho, self.tau, self.kernel)
+        return pairwise_energy(self.features(Y.to(ACCUM_DTYPE)), graph, self.rho, self.tau, self.kernel)
 
     def neighbour_sums(self, Y, graph):
-        """``(num, deg)``: ``sum_v gamma_uv y_v`` and ``sum_v gamma_uv`` in Y's dtype."""
-        return weighted_neighbour_sums(Y, graph, self.rho, self.tau, self.kernel)
+        """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
+        return weighted_neighbour_sums(self.features(Y), graph, self.rho, self.tau, self.kernel)
+
+    def mm_pass(self, Y, graph):
+        """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
+        value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
+        Z = self.features(Y)
+        out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=True)
+        grad = _zero_padded(self._back(out.deg[..., None] * Z - out.num), graph)
+        return grad, out.deg, out.energy
+
+    def metric_norm2(self) -> torch.Tensor:
+        """``||W||_2^2`` (1 without a metric)."""
+        if self.metric is None:
+            return torch.ones(())
+        return torch.linalg.matrix_norm(self.metric.detach().to(ACCUM_DTYPE), ord=2) ** 2
 
     def grad(self, Y, graph):
-        num, deg = self.neighbour_sums(Y, graph)
-        return _zero_padded(deg[..., None] * Y - num, graph)
+        return self.mm_pass(Y, graph)[0]
 
     def describe(self):
-        return f"rho={self.rho.spec()}, tau={self.tau:g}"
+        m = "" if self.metric is None else f", W{tuple(self.metric.shape)}"
+        return f"rho={self.rho.spec()}, tau={self.tau:g}{m}"
 
 
 class Residual(EnergyTerm):

@@ -39,9 +39,9 @@ def test_softmax_form_equals_edge_list_form_on_complete_graph(update, device):
 
 def test_softmax_kernel_refuses_what_it_cannot_do():
     Y = torch.randn(1, 5, 3, dtype=torch.float64)
-    with pytest.raises(StepError, match="complete graph and rho='exp'"):
+    with pytest.raises(E.EnergyError, match="complete graph and rho='exp'"):
         U.AttentionStep("cauchy", kernel="softmax")(Y, E.complete(5))
-    with pytest.raises(StepError, match="complete graph and rho='exp'"):
+    with pytest.raises(E.EnergyError, match="complete graph and rho='exp'"):
         U.AttentionStep("exp", kernel="softmax")(Y, E.window(5, 1))
     with pytest.raises(StepError, match=r"alpha must lie in \(0, 1\]"):
         U.AttentionStep(alpha=0.0)

@@ -19,7 +19,6 @@ from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
 from energies.pairwise import edge_z
 from energies.registry import registrar
-from energies.rho import ExpRho
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
 __all__ = [
@@ -98,9 +97,10 @@ class AttentionStep(Step):
     with N~(u) = N(u) + {u} and gamma_uu = rho'(0): eq. 38/39 as printed in the supplement. It is
     not the Jacobi step of E~ and can raise E1 (the negative control); B must be None.
 
-    Kernels: ``edges`` (any graph), ``dense`` (n x n weights), ``softmax`` (complete graph, rho=exp:
-    softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self included, then the self
-    contribution p_uu (y_u - b_u) removed from the output), ``auto`` (softmax when it applies).
+    Kernels (:mod:`energies.pairwise`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
+    (complete graph, rho=exp: softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self
+    included, self contribution removed from the output, so that the exact step is
+    ``attn_u + p_uu (b_u - y_u)``), ``auto`` (softmax where it applies).
     """
 
     guarantee = "E1 never increases for 0 < alpha <= 1 with update='exact' (Theorem B.2 + Prop. B.1)"
@@ -117,8 +117,7 @@ class AttentionStep(Step):
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel
-        pair_kernel = kernel if kernel in ("edges", "dense") else "auto"
-        self.energy = attention_energy(rho, tau, B, kernel=pair_kernel)
+        self.energy = attention_energy(rho, tau, B, kernel=kernel)
         self.pairwise = self.energy.terms["attention"]
         self.residual = self.energy.terms["residual"]
 
@@ -133,37 +132,13 @@ class AttentionStep(Step):
     def guaranteed(self) -> bool:
         return self.update_rule == "exact" and 0.0 < self.alpha <= 1.0
 
-    def _use_softmax(self, graph: TokenGraph) -> bool:
-        ok = graph.is_complete and isinstance(self.rho, ExpRho)
-        if self.kernel == "softmax" and not ok:
-            raise StepError("the softmax kernel needs the complete graph and rho='exp'; "
-                            f"got graph {graph.name!r}, rho {self.rho.spec()!r}")
-        return ok and self.kernel in ("softmax", "auto")
-
     def target(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The alpha = 1 point of the step (the per-token minimiser of E~ for ``exact``)."""
-        if self._use_softmax(graph):
-            return self._softmax_target(Y, graph)
         num, deg = self.pairwise.neighbour_sums(Y, graph)
         if self.update_rule == "exact":
             return (num + self.residual.anchor(Y)) / (1.0 + deg)[..., None]
         c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
         return (num + c0 * Y) / (deg + c0)[..., None]
-
-    def _softmax_target(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-        """Complete graph, rho = exp: gamma_uv = exp(y_u.y_v / tau) beta_u beta_v (supplement eq. 35)."""
-        tau = self.tau
-        Yz = torch.where(graph.mask[..., None], Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
-        sq = (Yz * Yz).sum(-1)
-        logits = Yz @ Yz.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]  # key bias log beta_v
-        logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
-        p = torch.softmax(logits, dim=-1)
-        attn = p @ Yz
-        if self.update_rule == "printed":
-            return attn
-        # p_uu = gamma_uu / S_u = 1 / (1 + sum_{v != u} gamma_uv): the exact step's 1 / D_u
-        p_self = torch.diagonal(p, dim1=1, dim2=2)[..., None]
-        return attn + p_self * (self.residual.anchor(Y) - Yz)
 
     def update(self, Y, graph):
         return (1.0 - self.alpha) * Y + self.alpha * self.target(Y, graph)

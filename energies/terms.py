@@ -51,6 +51,15 @@ class EnergyTerm(torch.nn.Module):
     def grad(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         raise NotImplementedError
 
+    def curvature(self, Y: torch.Tensor, graph: TokenGraph):
+        """A per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate at Y:
+        H <= diag(c) (x) I_d. Smooth terms only; indicators have a proximal map instead."""
+        raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
+
+    def mm(self, Y: torch.Tensor, graph: TokenGraph):
+        """``(grad, curvature, value)`` at Y, the ingredients of a majorized step (one pass where possible)."""
+        return self.grad(Y, graph), self.curvature(Y, graph), self.value(Y, graph)
+
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         return self.value(Y, graph)
 
@@ -118,6 +127,13 @@ class PairwiseAttention(EnergyTerm):
         grad = _zero_padded(self._back(out.deg[..., None] * Z - out.num), graph)
         return grad, out.deg, out.energy
 
+    def mm(self, Y, graph):
+        grad, deg, value = self.mm_pass(Y, graph)
+        return grad, 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype), value
+
+    def curvature(self, Y, graph):
+        return self.mm(Y, graph)[1]
+
     def metric_norm2(self) -> torch.Tensor:
         """``||W||_2^2`` (1 without a metric)."""
         if self.metric is None:
@@ -169,6 +185,9 @@ class Residual(EnergyTerm):
     def grad(self, Y, graph):
         return _zero_padded(Y - self.anchor(Y), graph)
 
+    def curvature(self, Y, graph):
+        return 1.0
+
     def describe(self):
         return "B=0" if self.B is None else f"B{tuple(self.B.shape)}"
 
@@ -210,6 +229,10 @@ class FeedForward(EnergyTerm):
     def grad(self, Y, graph):
         return _zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype), graph)
 
+    def curvature(self, Y, graph):
+        """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W."""
+        return max(torch.linalg.eigvalsh(self.W.detach().to(ACCUM_DTYPE)).max().item(), 0.0)
+
     def describe(self):
         return f"W{tuple(self.W.shape)}"
 
@@ -249,6 +272,9 @@ class Centering(EnergyTerm):
     def grad(self, Y, graph):
         return _zero_padded(Y.mean(-1, keepdim=True).expand_as(Y), graph)
 
+    def curvature(self, Y, graph):
+        return 1.0  # Hessian 1 1^T / d per token
+
 
 class Rescaling(EnergyTerm):
     """LayerNorm rescaling as an energy (supplement F.3, step 2):
@@ -274,6 +300,10 @@ class Rescaling(EnergyTerm):
         Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
         norm = torch.linalg.vector_norm(Y, dim=-1)
         return (0.5 * norm * norm - self.r(Y.shape[-1]) * norm).sum(-1)
+
+    def curvature(self, Y, graph):
+        """1: the concave part -r ||y|| is majorized by its tangent, leaving the Hessian I of ||y||^2 / 2."""
+        return 1.0
 
     def grad(self, Y, graph):
         norm = torch.linalg.vector_norm(Y, dim=-1, keepdim=True)

@@ -12,3 +12,10 @@ from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, 
 from .trace import DEFAULT_TOL_FACTOR, DescentReport, tolerance, trace_descent, unroll
 
 __all__ = [name for name in dir() if not name.startswith("_")]
+from .prox import ProxMMStep  # noqa: E402
+
+__all__.append("ProxMMStep")
+from .model import MODES, ModelOutput, UnfoldedTransformer  # noqa: E402
+from .trace import report_from_values  # noqa: E402
+
+__all__ += ["MODES", "ModelOutput", "UnfoldedTransformer", "report_from_values"]

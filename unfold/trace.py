@@ -22,7 +22,7 @@ from energies.terms import ACCUM_DTYPE
 
 from .steps import Step, _keep_padded
 
-__all__ = ["unroll", "trace_descent", "DescentReport", "tolerance", "DEFAULT_TOL_FACTOR"]
+__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "tolerance", "DEFAULT_TOL_FACTOR"]
 
 DEFAULT_TOL_FACTOR = 64.0
 
@@ -236,8 +236,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         increases=stack(incs) if incs else torch.zeros(S, 0, dtype=torch.bool),
         term_increases={k: stack(v) for k, v in term_incs.items() if len(v) == len(plan)},
         term_delta={k: stack(v) for k, v in term_deltas.items() if len(v) == len(plan)},
-        tol_rule=f"E_t+1 > E_t + tol, tol = {tol_factor:g} * eps({str(dtype).replace('torch.', '')}) * sum_k |E_k(Y_t)|"
-                 f" = {tol_factor * torch.finfo(dtype).eps:.3g} * scale",
+        tol_rule=_tol_rule(tol_factor, dtype),
         guaranteed=[s.guaranteed() for s in plan],
         violations=violations,
         substep_increases=sub_incs,
@@ -253,3 +252,42 @@ def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, befo
     return {"level": level, "sample": sample, "layer": layer, "substep": sub, "step": step_name,
             "before": b, "after": a, "increase": a - b, "rel_increase": (a - b) / max(abs(b), 1e-300),
             "tol": float(tol[sample]), "terms_up": rose, "terms": terms}
+
+
+def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_factor: float = DEFAULT_TOL_FACTOR,
+                       guaranteed: bool = False) -> DescentReport:
+    """A :class:`DescentReport` from stored term values ``{name: (S, T+1)}`` of one energy at Y_0..Y_T
+    (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule."""
+    names = list(values)
+    S, T1 = values[names[0]].shape
+    cols = [{k: values[k][:, t] for k in names} for t in range(T1)]
+    befores, afters, tols, incs, violations = [], [], [], [], []
+    term_incs: Dict[str, List[torch.Tensor]] = {k: [] for k in names}
+    term_deltas: Dict[str, List[torch.Tensor]] = {k: [] for k in names}
+    for t in range(T1 - 1):
+        vb, va = cols[t], cols[t + 1]
+        tol = tolerance(vb, dtype, tol_factor)
+        b, a = _total(vb), _total(va)
+        inc = _increase(b, a, tol)
+        for s in inc.nonzero().reshape(-1).tolist():
+            violations.append(_violation(s, t, None, "layer", vb, va, tol, "layer"))
+        befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
+        for k in names:
+            term_incs[k].append(_increase(vb[k], va[k], tol))
+            term_deltas[k].append(torch.where(torch.isinf(vb[k]) & torch.isinf(va[k]), torch.zeros_like(vb[k]),
+                                              va[k] - vb[k]))
+    dev = values[names[0]].device
+
+    def stack(xs, dt=ACCUM_DTYPE):
+        return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=dt, device=dev)
+
+    return DescentReport(
+        terms=dict(values), before=stack(befores), after=stack(afters), tol=stack(tols),
+        increases=stack(incs, torch.bool), term_increases={k: stack(v, torch.bool) for k, v in term_incs.items()},
+        term_delta={k: stack(v) for k, v in term_deltas.items()},
+        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=[guaranteed] * (T1 - 1), violations=violations)
+
+
+def _tol_rule(tol_factor: float, dtype: torch.dtype) -> str:
+    return (f"E_t+1 > E_t + tol, tol = {tol_factor:g} * eps({str(dtype).replace('torch.', '')}) * sum_k |E_k(Y_t)|"
+            f" = {tol_factor * torch.finfo(dtype).eps:.3g} * scale")

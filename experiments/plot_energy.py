@@ -1,0 +1,126 @@
+"""Energy-descent and training plots of a run: ``python -m experiments.plot_energy RUN_DIR``.
+
+Redraws, from the files a training run saved (``energy_trace.pt``, ``history.json``,
+``metrics.json``):
+
+* ``energy_descent.png``: for each layer t, the distribution over test examples of
+  ``E(Y^t) - E_min`` (E_min: each example's lowest energy over the layers) as box plots with the
+  mean curve (as the paper's figures 5-6), log scale; then one panel per energy term with its mean
+  and inter-quartile band per layer;
+* ``training_curves.png``: loss and accuracy per epoch (train and validation).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+
+def plot_energy_descent(energies, path: str, title: str = "") -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = list(energies)
+    total = sum(energies[k] for k in names).numpy()
+    N, T1 = total.shape
+    gap = total - total.min(axis=1, keepdims=True)
+    scale = np.abs(total).max(axis=1, keepdims=True)
+    floor = 1e-12 * scale
+    gap_plot = np.maximum(gap, floor)
+    ncols = 1 + len(names)
+    fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 4.0), squeeze=False)
+    ax = axes[0, 0]
+    ax.boxplot([gap_plot[:, t] for t in range(T1)], positions=list(range(T1)), widths=0.5, showfliers=True,
+               flierprops={"markersize": 2, "alpha": 0.4})
+    ax.plot(range(T1), gap_plot.mean(0), color="tab:red", marker="o", ms=3, label="mean")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer t")
+    ax.set_ylabel("E(Y^t) - E_min  (floored at 1e-12 |E|)")
+    ax.set_title(f"total energy, {N} test examples")
+    ax.legend(loc="best", fontsize=8)
+    for j, name in enumerate(names, start=1):
+        v = energies[name].numpy()
+        v = np.where(np.isfinite(v), v, np.nan)
+        ax = axes[0, j]
+        q1, med, q3 = np.nanpercentile(v, [25, 50, 75], axis=0)
+        ax.fill_between(range(T1), q1, q3, alpha=0.3, label="25-75%")
+        ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
+        ax.plot(range(T1), med, ls="--", lw=1, label="median")
+        ax.set_xlabel("layer t")
+        ax.set_title(f"term: {name}")
+        ax.legend(loc="best", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_training_curves(history, path: str, title: str = "") -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [h["epoch"] for h in history]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    axes[0].plot(ep, [h["train_loss"] for h in history], marker="o", label="train")
+    axes[0].plot(ep, [h["val_loss"] for h in history], marker="o", label="validation")
+    axes[0].set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    axes[1].plot(ep, [h["train_accuracy"] for h in history], marker="o", label="train")
+    axes[1].plot(ep, [h["val_accuracy"] for h in history], marker="o", label="validation")
+    axes[1].set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for ax in axes:
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_run(run_dir: str):
+    """Redraw both plots of ``run_dir`` from its saved files; returns their paths."""
+    trace_path = os.path.join(run_dir, "energy_trace.pt")
+    hist_path = os.path.join(run_dir, "history.json")
+    for p in (trace_path, hist_path):
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"{p} is missing: is {run_dir!r} a finished training run?")
+    trace = torch.load(trace_path, weights_only=False)
+    with open(hist_path) as fh:
+        history = json.load(fh)
+    metrics = {}
+    if os.path.isfile(os.path.join(run_dir, "metrics.json")):
+        with open(os.path.join(run_dir, "metrics.json")) as fh:
+            metrics = json.load(fh)
+    name = metrics.get("name", os.path.basename(os.path.normpath(run_dir)))
+    head = (f"{name} ({trace.get('mode')}): {metrics.get('energy_increases', '?')} increases in "
+            f"{metrics.get('energy_steps', '?')} layer-steps ({trace.get('dtype')}), "
+            f"test accuracy {metrics.get('test_accuracy', float('nan')):.4f}")
+    return (plot_energy_descent(trace["energies"], os.path.join(run_dir, "energy_descent.png"), head),
+            plot_training_curves(history, os.path.join(run_dir, "training_curves.png"), name))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m experiments.plot_energy RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        paths = plot_run(argv[0])
+    except FileNotFoundError as exc:
+        print(f"python -m experiments.plot_energy: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

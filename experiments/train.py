@@ -1,0 +1,261 @@
+"""Train an unfolded transformer on a text task: ``python -m experiments.train --config FILE [k=v ...]``.
+
+Writes to ``--run-dir`` (default ``runs/NAME``): ``config.yaml``, ``vocab.json``, ``best.pt`` (best
+validation epoch), ``history.json``, ``energy_trace.pt`` (float64 per-example, per-layer, per-term
+energies on the test set, checked in ``train.check_dtype``), ``metrics.json`` and the plots
+``energy_descent.png`` and ``training_curves.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, Optional
+
+import torch
+
+from energies.errors import UnfoldError
+from unfold.model import UnfoldedTransformer
+from unfold.trace import report_from_values
+
+from .config import dump_config, load_config
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """torch.save to a temporary file in the same folder, flush, then rename over ``path``."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Progress:
+    """A one-line progress bar per epoch on stderr (about 20 updates per epoch when not a terminal)."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True):
+        self.total, self.label, self.enabled = max(total, 1), label, enabled
+        self.tty = sys.stderr.isatty()
+        self.every = 1 if self.tty else max(self.total // 20, 1)
+        self.t0 = time.perf_counter()
+
+    def update(self, i: int, **info) -> None:
+        if not self.enabled or (i % self.every and i != self.total):
+            return
+        frac = i / self.total
+        bar = "#" * int(24 * frac) + "." * (24 - int(24 * frac))
+        extra = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
+        line = f"{self.label} [{bar}] {i}/{self.total} {time.perf_counter() - self.t0:5.1f}s {extra}"
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+def build_data(cfg: Dict[str, Any]):
+    """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them."""
+    from . import data as D
+
+    dc = cfg["data"]
+    splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"],
+                            text_field=dc["text_field"], label_field=dc["label_field"])
+    train = splits.train
+    limit = cfg["train"]["max_train_examples"]
+    if limit is not None:
+        train = train[:limit]
+    vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
+    tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
+               (("train", train), ("val", splits.val), ("test", splits.test))}
+    glove = None
+    if dc["glove"] != "none":
+        glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
+        print(f"GloVe 50d: {coverage:.1%} of the vocabulary found", file=sys.stderr)
+    return splits, vocab, tensors, glove
+
+
+def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None
+                ) -> UnfoldedTransformer:
+    mc = cfg["model"]
+    return UnfoldedTransformer(
+        vocab_size, num_classes, d=mc["d"], heads=mc["heads"], d_head=mc["d_head"], layers=mc["layers"],
+        mode=mc["mode"], rho=mc["rho"], tau=mc["tau"], graph=mc["graph"], alpha=mc["alpha"], ffn=mc["ffn"],
+        relu=mc["relu"], layernorm=mc["layernorm"], pretrained=glove,
+        freeze_embed=cfg["data"]["glove"] == "frozen", positional=mc["positional"],
+        max_len=cfg["data"]["max_len"], ffn_mult=mc["ffn_mult"], dropout=mc["dropout"])
+
+
+def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional[torch.Generator] = None):
+    from .data import batches
+
+    ids, mask, labels = tensors
+    return batches(ids, mask, labels, batch_size, shuffle=shuffle, generator=generator)
+
+
+@torch.no_grad()
+def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace: bool = False,
+             dtype: Optional[torch.dtype] = None):
+    """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``."""
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    traces: Dict[str, list] = {}
+    for ids, mask, labels in iterate(tensors, batch_size):
+        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+        out = model(ids, mask, trace=trace)
+        loss_sum += torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="sum").item()
+        correct += int((out.logits.argmax(-1) == labels).sum())
+        total += int(labels.numel())
+        if trace:
+            for k, v in out.energies.items():
+                traces.setdefault(k, []).append(v.cpu())
+    energies = {k: torch.cat(v) for k, v in traces.items()} if trace else None
+    return correct / max(total, 1), loss_sum / max(total, 1), energies
+
+
+def energy_stats(energies: Dict[str, torch.Tensor], dtype: torch.dtype, guaranteed: bool) -> Dict[str, Any]:
+    rep = report_from_values(energies, dtype, guaranteed=guaranteed)
+    return {"energy_steps": rep.steps, "energy_increases": rep.num_increases,
+            "energy_max_rel_increase": rep.max_rel_increase(), "energy_tol_rule": rep.tol_rule,
+            "energy_term_increases": {k: int(v.sum()) for k, v in rep.term_increases.items()},
+            "energy_first_mean": float(rep.totals[:, 0].mean()), "energy_last_mean": float(rep.totals[:, -1].mean())}
+
+
+def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
+    """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer."""
+    dtype = DTYPES[cfg["train"]["check_dtype"]]
+    checker = copy.deepcopy(model).to(dtype)
+    acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True)
+    stats = energy_stats(energies, dtype, guaranteed=model.mode == "guaranteed")
+    return stats, energies, acc
+
+
+def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
+    tc = cfg["train"]
+    os.makedirs(run_dir, exist_ok=True)
+    if tc["threads"]:
+        torch.set_num_threads(tc["threads"])
+    torch.manual_seed(tc["seed"])
+    device = torch.device(tc["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UnfoldError("train.device=cuda but CUDA is not available on this machine")
+    atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
+    splits, vocab, tensors, glove = build_data(cfg)
+    vocab.save(os.path.join(run_dir, "vocab.json"))
+    model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"{cfg['name']}: mode={model.mode} params={params} train/val/test="
+          f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
+          file=sys.stderr)
+    untrained, _, _ = check_descent(model, tensors["test"], cfg, device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
+                            weight_decay=tc["weight_decay"])
+    steps_per_epoch = math.ceil(len(tensors["train"][2]) / tc["batch_size"])
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc["lr"], total_steps=max(tc["epochs"] * steps_per_epoch, 1),
+                                                pct_start=0.1)
+    gen = torch.Generator().manual_seed(tc["seed"])
+    history = []
+    best_val, best_epoch = -1.0, -1
+    train_inc = train_steps = 0
+    t_start = time.perf_counter()
+    for epoch in range(1, tc["epochs"] + 1):
+        model.train()
+        bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"])
+        loss_sum = correct = seen = 0
+        for i, (ids, mask, labels) in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
+            ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+            out = model(ids, mask, trace=tc["trace"])
+            loss = torch.nn.functional.cross_entropy(out.logits, labels)
+            if not torch.isfinite(loss):
+                raise UnfoldError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping; "
+                                  f"the last good checkpoint is {os.path.join(run_dir, 'best.pt')}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc["grad_clip"]:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
+            opt.step()
+            sched.step()
+            loss_sum += loss.item() * labels.numel()
+            correct += int((out.logits.argmax(-1) == labels).sum())
+            seen += labels.numel()
+            if out.energies is not None:
+                rep = out.report()
+                train_inc += rep.num_increases
+                train_steps += rep.steps
+            bar.update(i, loss=loss_sum / seen, acc=correct / seen)
+        bar.close()
+        val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
+        rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
+               "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
+               "train_energy_increases": train_inc, "train_energy_steps": train_steps}
+        history.append(rec)
+        print(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
+              f"val loss {val_loss:.4f} acc {val_acc:.4f}", file=sys.stderr)
+        if val_acc > best_val:
+            best_val, best_epoch = val_acc, epoch
+            atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
+                        os.path.join(run_dir, "best.pt"))
+        atomic_write_text(json.dumps(history, indent=1), os.path.join(run_dir, "history.json"))
+    train_seconds = time.perf_counter() - t_start
+    state = torch.load(os.path.join(run_dir, "best.pt"), map_location=device, weights_only=False)
+    model.load_state_dict(state["model"])
+    test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device)
+    trained, energies, check_acc = check_descent(model, tensors["test"], cfg, device)
+    atomic_save({"energies": energies, "dtype": tc["check_dtype"], "mode": model.mode,
+                 "guaranteed": model.mode == "guaranteed"}, os.path.join(run_dir, "energy_trace.pt"))
+    metrics = {
+        "name": cfg["name"], "mode": model.mode, "dataset": splits.name,
+        "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": best_val, "best_epoch": best_epoch,
+        "check_dtype_test_accuracy": check_acc,
+        "train_seconds": train_seconds, "params": params, "device": str(device),
+        **trained,
+        "untrained": untrained,
+        "train_energy_increases": train_inc, "train_energy_steps": train_steps,
+        "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+    }
+    atomic_write_text(json.dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
+    from .plot_energy import plot_run
+
+    plot_run(run_dir)
+    return metrics
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help="YAML config (experiments/configs/NAME.yaml)")
+    p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        run_dir = args.run_dir or os.path.join("runs", cfg["name"])
+        metrics = train(cfg, run_dir)
+    except UnfoldError as exc:
+        print(f"python -m experiments.train: error: {exc}", file=sys.stderr)
+        return 2
+    summary = {k: metrics[k] for k in ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params",
+                                        "energy_steps", "energy_increases", "energy_max_rel_increase")}
+    summary["untrained_energy_increases"] = metrics["untrained"]["energy_increases"]
+    print(f"wrote {run_dir}/metrics.json, energy_descent.png, training_curves.png")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+import math
+
+import pytest
+import torch
+
+import energies as E
+import unfold as U
+from energies.errors import ConfigError
+
+
+def batch(B=6, n=14, vocab=50, seed=0, min_len=2):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, n + 1, (B,), generator=gen)
+    lengths[0] = n
+    mask = torch.arange(n)[None] < lengths[:, None]
+    ids = torch.randint(2, vocab, (B, n), generator=gen) * mask
+    return ids, mask
+
+
+def scramble(model, scale, seed):
+    """Arbitrary parameter values: the guarantee must not depend on them."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("graph", ["complete", "window:2", "strided:3", "star", "random:0.4"])
+@pytest.mark.parametrize("rho", ["exp", "relu:2", "cauchy", "lp:1"])
+def test_guaranteed_model_never_increases_energy_for_any_parameters(graph, rho):
+    ids, mask = batch()
+    total = 0
+    for seed, scale in enumerate((None, 0.5, 3.0)):
+        for layernorm in (False, True):
+            model = U.UnfoldedTransformer(50, 3, d=12, heads=2, layers=5, rho=rho, graph=graph,
+                                          layernorm=layernorm, alpha=0.5 + 0.5 * (seed % 2)).double().eval()
+            if scale is not None:
+                scramble(model, scale, seed)
+            rep = model(ids, mask).report()
+            assert rep.guaranteed == [True] * 5
+            assert rep.num_increases == 0, rep.violations[:1]
+            total += rep.steps
+    assert total == 6 * 6 * 5
+
+
+def test_trace_equals_separate_evaluation_on_stored_states():
+    ids, mask = batch(seed=1)
+    for graph in ("complete", "window:3"):
+        model = U.UnfoldedTransformer(50, 2, d=16, heads=3, d_head=4, layers=4, graph=graph).double().eval()
+        scramble(model, 0.7, 1)
+        out = model(ids, mask, keep_states=True)
+        graph_obj = model.token_graph(mask)
+        X = model.embed_tokens(ids)
+        X = torch.where(mask[..., None], X, torch.zeros((), dtype=X.dtype))
+        energy = model.energy(X)
+        assert len(out.states) == 5
+        for t, Yt in enumerate(out.states):
+            direct = energy.term_values(Yt, graph_obj)
+            for k, v in direct.items():
+                assert torch.allclose(out.energies[k][:, t], v, rtol=1e-8, atol=1e-8), (graph, t, k)
+
+
+@pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
+def test_padding_does_not_change_outputs_or_energy(mode):
+    torch.manual_seed(0)
+    graph = "complete" if mode == "baseline" else "window:2"
+    model = U.UnfoldedTransformer(40, 2, d=16, heads=2, layers=3, mode=mode, graph=graph).double().eval()
+    ids, mask = batch(B=4, n=12, vocab=40, seed=3)
+    out = model(ids, mask)
+    for b in range(4):
+        L = int(mask[b].sum())
+        alone = model(ids[b:b + 1, :L], mask[b:b + 1, :L])
+        assert torch.allclose(alone.logits, out.logits[b:b + 1], atol=1e-10)
+        for k in out.energies:
+            assert torch.allclose(alone.energies[k][0], out.energies[k][b], rtol=1e-10, atol=1e-10)
+    ids2 = ids.clone()
+    ids2[~mask] = 7  # garbage in padded slots changes nothing
+    out2 = model(ids2, mask)
+    assert torch.allclose(out2.logits, out.logits, atol=1e-12)
+
+
+def test_metric_attention_energy_and_update_share_coordinates():
+    """Asymmetric, non-square W: the gradient the layer uses is the gradient of the energy it traces."""
+    gen = torch.Generator().manual_seed(4)
+    W = torch.randn(6, 3, dtype=torch.float64, generator=gen)
+    for graph in (E.complete(7, 2), E.window(7, 2, 2)):
+        term = E.PairwiseAttention("exp", 1.3, metric=W)
+        Y = torch.randn(2, 7, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+        (auto,) = torch.autograd.grad(term.value(Y, graph).sum(), Y)
+        grad, deg, value = term.mm_pass(Y.detach(), graph)
+        assert torch.allclose(grad, auto, atol=1e-10)
+        assert torch.allclose(value, term.value(Y.detach(), graph), rtol=1e-10)
+        # negative control: the transposed product (the reference code's mismatch) is a different energy
+        wrong = E.PairwiseAttention("exp", 1.3, metric=W @ W.T @ W)
+        assert not torch.allclose(wrong.value(Y.detach(), graph), value, rtol=1e-3)
+
+
+def test_prox_step_negative_control_overshoot_is_caught():
+    ids, mask = batch(seed=5)
+    model = U.UnfoldedTransformer(50, 2, d=12, heads=2, layers=6, graph="complete", relu=False).double().eval()
+    scramble(model, 0.3, 5)
+    X = model.embed_tokens(ids)
+    g = model.token_graph(mask)
+    step = U.ProxMMStep(model.energy(X), alpha=1.0)
+    _, rep = U.trace_descent(step, X, g, layers=6)
+    assert rep.num_increases == 0
+    step.alpha = 6.0  # bypasses the (0, 1] check on purpose: steps far past the majorizer's bound
+    _, rep_bad = U.trace_descent(step, X, g, layers=6)
+    assert rep_bad.num_increases > 0
+
+
+def test_free_and_baseline_are_traced_but_not_guaranteed():
+    ids, mask = batch(seed=6)
+    for mode in ("free", "baseline"):
+        model = U.UnfoldedTransformer(50, 2, d=16, heads=2, layers=3, mode=mode).double().eval()
+        out = model(ids, mask)
+        assert set(out.energies) == {"attention", "residual"}
+        rep = out.report()
+        assert rep.guaranteed == [False] * 3 and rep.steps == 18
+        assert model(ids, mask, trace=False).energies is None
+
+
+def test_model_bad_input_errors():
+    with pytest.raises(ConfigError, match="model.mode='fancy' is unknown; valid"):
+        U.UnfoldedTransformer(10, 2, mode="fancy")
+    with pytest.raises(ConfigError, match=r"alpha must lie in \(0, 1\]"):
+        U.UnfoldedTransformer(10, 2, alpha=1.5)
+    with pytest.raises(ConfigError, match="divisible"):
+        U.UnfoldedTransformer(10, 2, d=10, heads=3, mode="free")
+    with pytest.raises(ConfigError, match="only graph=complete"):
+        U.UnfoldedTransformer(10, 2, mode="baseline", graph="window:2")
+    model = U.UnfoldedTransformer(10, 2, d=8)
+    ids, mask = batch(B=2, n=5, vocab=10)
+    with pytest.raises(ConfigError, match="at least one real token"):
+        model(ids, torch.zeros_like(mask))
+    with pytest.raises(ConfigError, match="bool mask"):
+        model(ids, mask.long())
+
+
+def test_energy_trace_on_float32_training_forward_has_gradients():
+    ids, mask = batch(seed=7)
+    model = U.UnfoldedTransformer(50, 2, d=16, heads=2, layers=3)
+    out = model(ids, mask)
+    out.logits.sum().backward()
+    assert model.W.grad is not None and torch.isfinite(model.W.grad).all()
+    assert all(v.dtype == torch.float64 and not v.requires_grad for v in out.energies.values())
+    assert out.report().tol_rule.startswith("E_t+1 > E_t + tol") and "float32" in out.report().tol_rule
+    assert math.isfinite(float(out.energies["head0"].sum()))

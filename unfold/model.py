@@ -1,0 +1,237 @@
+"""Unfolded transformer models for sequence classification, with an energy trace at every layer.
+
+``UnfoldedTransformer(mode=...)``: token embeddings -> T layers -> masked mean pool -> linear head.
+
+* ``guaranteed``: one :class:`~unfold.prox.ProxMMStep` with weights shared over the T layers, on
+
+      E(Y) = sum_h sum_{{u,v} in G} tau rho(||W_h^T (y_u - y_v)||^2 / (2 tau))     (one term per head)
+             + 1/2 ||Y - B||^2 + 1/2 tr(Y S Y^T) + indicator(Y >= 0)
+             [+ LayerNorm centring and rescaling terms, supplement F.3, if ``layernorm``]
+
+  with B = X (the embedded input, initial residual F.4), S = (M + M^T)/2 and any W_h. Read as a
+  network: multi-head attention with queries = keys = W_h^T y and value/output map W_h W_h^T, a
+  symmetric feed-forward map S, the initial residual, ReLU, and a per-token step 1 / c_u. Every
+  layer descends E for ANY parameter values (proof in :mod:`unfold.prox`), trained or not.
+  The energy at layer t is read off the same attention pass that computes layer t (LSE identity
+  on the complete graph with rho = exp); only E(Y_T) costs one more pass.
+* ``free``: untied standard post-LN transformer layers (Q, K, V, O, feed-forward, LayerNorm) whose
+  attention is restricted to the token graph. Its trace is the token-space attention energy
+  E1(Y) = sum_G tau rho(||y_u - y_v||^2 / 2tau) + 1/2 ||Y - B||^2, evaluated on every layer's
+  output: it shows how far a standard layer strays; nothing is guaranteed.
+* ``baseline``: ``torch.nn.TransformerEncoder`` of the same width and depth (complete graph), traced
+  with the same E1 as ``free``.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from energies.energy import Energy
+from energies.errors import ConfigError
+from energies.graph import TokenGraph, graph_from_spec
+from energies.rho import get_rho
+from energies.terms import ACCUM_DTYPE, Centering, FeedForward, NonNegativity, PairwiseAttention, Rescaling, Residual
+
+from .prox import ProxMMStep
+from .trace import DescentReport, report_from_values
+
+__all__ = ["UnfoldedTransformer", "ModelOutput", "MODES"]
+
+MODES = ("guaranteed", "free", "baseline")
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor
+    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (None when not traced)
+    energies: Optional[Dict[str, torch.Tensor]] = None
+    #: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``
+    states: Optional[List[torch.Tensor]] = None
+    guaranteed: bool = False
+
+    def report(self, tol_factor: float = 64.0) -> DescentReport:
+        """Descent statistics of the trace (increases flagged with the dtype-aware tolerance)."""
+        return report_from_values(self.energies, self.states_dtype, tol_factor, self.guaranteed)
+
+    states_dtype: torch.dtype = torch.float32
+
+
+class _GraphAttention(nn.Module):
+    """Standard multi-head attention (separate Q, K, V, O) restricted to the token graph + self."""
+
+    def __init__(self, d: int, heads: int, dropout: float):
+        super().__init__()
+        if d % heads:
+            raise ConfigError(f"model.d={d} must be divisible by model.heads={heads}")
+        self.h, self.dh = heads, d // heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, Y: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        B, n, d = Y.shape
+        q, k, v = self.qkv(Y).view(B, n, 3, self.h, self.dh).permute(2, 0, 3, 1, 4)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None],
+                                                               dropout_p=self.drop.p if self.training else 0.0)
+        return self.out(att.transpose(1, 2).reshape(B, n, d))
+
+
+class _FreeLayer(nn.Module):
+    def __init__(self, d: int, heads: int, ffn_mult: int, dropout: float):
+        super().__init__()
+        self.attn = _GraphAttention(d, heads, dropout)
+        self.ffn = nn.Sequential(nn.Linear(d, ffn_mult * d), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_mult * d, d))
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, Y, allowed):
+        Y = self.ln1(Y + self.drop(self.attn(Y, allowed)))
+        return self.ln2(Y + self.drop(self.ffn(Y)))
+
+
+class UnfoldedTransformer(nn.Module):
+    """See the module docstring. ``forward(ids, mask)`` returns a :class:`ModelOutput`.
+
+    Parameters: ``vocab_size``, ``num_classes``; ``d`` width, ``heads``, ``d_head`` (guaranteed mode;
+    default d // heads), ``layers`` T, ``mode``; attention energy ``rho``, ``tau`` (default
+    sqrt(d_head) in guaranteed mode, sqrt(d) for the traced E1 of the other modes), ``graph`` spec
+    (complete | window:K | strided:K | dilated:K[:R] | star | random:P), ``alpha`` (step scale in
+    (0, 1]), ``ffn`` (the S term), ``relu`` (the indicator term), ``layernorm`` (F.3 terms);
+    ``embed_dim`` (defaults to d; 50 for GloVe), ``pretrained`` embedding matrix, ``freeze_embed``,
+    ``positional`` (learned positions), ``max_len``, ``ffn_mult`` (free/baseline), ``dropout``.
+    """
+
+    def __init__(self, vocab_size: int, num_classes: int, d: int = 64, heads: int = 2, d_head: Optional[int] = None,
+                 layers: int = 4, mode: str = "guaranteed", rho: str = "exp", tau: Optional[float] = None,
+                 graph: str = "complete", alpha: float = 1.0, ffn: bool = True, relu: bool = True,
+                 layernorm: bool = False, embed_dim: Optional[int] = None, pretrained: Optional[torch.Tensor] = None,
+                 freeze_embed: bool = False, positional: bool = True, max_len: int = 512, ffn_mult: int = 2,
+                 dropout: float = 0.1, pad_idx: int = 0):
+        super().__init__()
+        if mode not in MODES:
+            raise ConfigError(f"model.mode={mode!r} is unknown; valid: {list(MODES)}")
+        for name, v in (("d", d), ("heads", heads), ("layers", layers), ("vocab_size", vocab_size),
+                        ("num_classes", num_classes), ("max_len", max_len)):
+            if int(v) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {v}")
+        if not (0.0 < float(alpha) <= 1.0):
+            raise ConfigError(f"model.alpha must lie in (0, 1], got {alpha}")
+        if tau is not None and not float(tau) > 0:
+            raise ConfigError(f"model.tau must be > 0, got {tau}")
+        if mode == "baseline" and graph != "complete":
+            raise ConfigError("model.mode=baseline (torch.nn.TransformerEncoder) supports only graph=complete")
+        get_rho(rho)
+        self.mode, self.d, self.layers, self.heads = mode, d, layers, heads
+        self.rho, self.graph_spec, self.alpha = rho, graph, float(alpha)
+        self.use_ffn, self.use_relu, self.use_layernorm = ffn, relu, layernorm
+        self.d_head = d_head or max(d // heads, 1)
+        self.tau = float(tau) if tau is not None else math.sqrt(self.d_head if mode == "guaranteed" else d)
+        self.trace_tau = float(tau) if tau is not None else math.sqrt(d)
+        embed_dim = pretrained.shape[1] if pretrained is not None else (embed_dim or d)
+        self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_idx)
+        if pretrained is not None:
+            if pretrained.shape[0] != vocab_size:
+                raise ConfigError(f"pretrained embeddings have {pretrained.shape[0]} rows, vocabulary has {vocab_size}")
+            self.embed.weight.data.copy_(pretrained)
+        self.embed.weight.requires_grad_(not freeze_embed)
+        self.proj = nn.Linear(embed_dim, d)
+        self.pos = nn.Embedding(max_len, d) if positional else None
+        self.max_len = max_len
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(d, num_classes)
+        if mode == "guaranteed":
+            self.W = nn.Parameter(torch.randn(heads, d, self.d_head) / math.sqrt(d))
+            self.M = nn.Parameter(torch.zeros(d, d)) if ffn else None
+        elif mode == "free":
+            self.blocks = nn.ModuleList([_FreeLayer(d, heads, ffn_mult, dropout) for _ in range(layers)])
+        else:
+            layer = nn.TransformerEncoderLayer(d, heads, ffn_mult * d, dropout, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    # ------------------------------------------------------------------ energies
+    def energy(self, B: torch.Tensor) -> Energy:
+        """The energy every layer descends (guaranteed) or is traced against (free, baseline), anchored at B."""
+        if self.mode != "guaranteed":
+            return Energy(attention=PairwiseAttention(self.rho, self.trace_tau), residual=Residual(B))
+        terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, metric=self.W[h])) for h in range(self.heads)]
+        terms.append(("residual", Residual(B)))
+        if self.M is not None:
+            S = 0.5 * (self.M + self.M.T)
+            terms.append(("ffn", FeedForward(S, sym_tol=math.inf)))
+        if self.use_layernorm:
+            terms += [("center", Centering()), ("rescale", Rescaling())]
+        if self.use_relu:
+            terms.append(("relu", NonNegativity()))
+        return Energy(terms)
+
+    def token_graph(self, mask: torch.Tensor) -> TokenGraph:
+        B, n = mask.shape
+        return graph_from_spec(self.graph_spec, n, batch_size=B, mask=mask.cpu()).to(mask.device)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        X = self.proj(self.embed(ids))
+        if self.pos is not None:
+            if ids.shape[1] > self.max_len:
+                raise ConfigError(f"sequence length {ids.shape[1]} exceeds model.max_len={self.max_len}")
+            X = X + self.pos(torch.arange(ids.shape[1], device=ids.device))[None]
+        return self.drop(X)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, trace: bool = True, keep_states: bool = False
+                ) -> ModelOutput:
+        if ids.shape != mask.shape or mask.dtype != torch.bool:
+            raise ConfigError(f"ids {tuple(ids.shape)} and a bool mask of the same shape are required, "
+                              f"got mask {tuple(mask.shape)} {mask.dtype}")
+        if not bool(mask.any(1).all()):
+            raise ConfigError("every example needs at least one real token (mask row all False)")
+        graph = self.token_graph(mask)
+        X = self.embed_tokens(ids)
+        real = mask[..., None]
+        X = torch.where(real, X, torch.zeros((), dtype=X.dtype, device=X.device))
+        energy = self.energy(X) if (trace or self.mode == "guaranteed") else None
+        values: List[Dict[str, torch.Tensor]] = []
+        states: List[torch.Tensor] = []
+        if self.mode == "guaranteed":
+            Y = torch.relu(X) if self.use_relu else X
+            step = ProxMMStep(energy, self.alpha)
+            for _ in range(self.layers):
+                if keep_states:
+                    states.append(Y)
+                Y, vals = step.step_with_energy(Y, graph)
+                values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
+        else:
+            Y = X
+            allowed = None
+            if self.mode == "free":
+                eye = torch.eye(graph.num_nodes, dtype=torch.bool, device=X.device)
+                allowed = graph.pair_mask() | (eye & mask[:, :, None])
+                allowed = allowed | ~mask[:, :, None]  # padded queries attend somewhere (outputs ignored)
+            blocks = self.blocks if self.mode == "free" else self.encoder.layers
+            for block in blocks:
+                if keep_states:
+                    states.append(Y)
+                if trace:
+                    values.append(_values(energy, Y, graph))
+                Y = block(Y, allowed) if self.mode == "free" else block(Y, src_key_padding_mask=~mask)
+                Y = torch.where(real, Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
+        if keep_states:
+            states.append(Y)
+        energies = None
+        if trace:
+            values.append(_values(energy, Y, graph))
+            energies = OrderedDict((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0])
+        pooled = (Y * real).sum(1) / mask.sum(1, keepdim=True).to(Y.dtype)
+        logits = self.head(self.drop(pooled))
+        return ModelOutput(logits, energies, states if keep_states else None,
+                           guaranteed=self.mode == "guaranteed" and 0 < self.alpha <= 1, states_dtype=Y.dtype)
+
+
+def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+    """Every term's value at Y (float64 per example), by the terms' own single passes."""
+    with torch.no_grad():
+        return OrderedDict((name, term.value(Y, graph).to(ACCUM_DTYPE)) for name, term in energy.terms.items())

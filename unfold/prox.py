@@ -1,0 +1,78 @@
+"""A majorized proximal step that descends a whole energy for ANY parameter values.
+
+For an energy E = sum_k E_k + indicator(Y >= 0) whose smooth terms each give a per-token curvature
+bound c^k_u on the Hessian of their MM surrogate (concave parts replaced by tangents, e.g. rho in
+the attention terms, -r||y|| in the LayerNorm rescaling term):
+
+    Q(Y') <= Q(Y) + <grad E(Y), Y' - Y> + 1/2 sum_u c_u ||y'_u - y_u||^2,   c_u = sum_k c^k_u,
+
+so the step
+
+    y_u <- ReLU( y_u - alpha * grad_u E(Y) / c_u ),   0 < alpha <= 1,
+
+is a proximal gradient step on a majorizer of E in the metric diag(c) / alpha (ReLU is the
+projection onto the orthant in any diagonal metric), and E(Y') <= E(Y): whatever W, S, B, tau.
+This is the layer of ../shared/NOTES.md ("One layer with a descent guarantee for any parameters"),
+with c_u = sum_h 2 deg_h(u) ||W_h||^2 + 1 + max(lambda_max(S), 0).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Tuple
+
+import torch
+
+from energies.energy import Energy
+from energies.errors import StepError
+from energies.graph import TokenGraph
+
+from .steps import Step, _check_alpha, register_step
+
+__all__ = ["ProxMMStep"]
+
+
+@register_step("prox_mm")
+class ProxMMStep(Step):
+    """``Y <- prox( Y - alpha grad E(Y) / c(Y) )`` with the curvature bound c of every smooth term.
+
+    Guarantee: E never increases, for any parameter values, when 0 < alpha <= 1 (module docstring).
+    The energy's value at Y is read off the same pass that computes the step (:meth:`step_with_energy`).
+    """
+
+    guarantee = "E never increases for any parameters when 0 < alpha <= 1 (majorized proximal step)"
+
+    def __init__(self, energy: Energy, alpha: float = 1.0):
+        super().__init__()
+        self.energy = energy
+        self.alpha = _check_alpha(alpha)
+        ind = [n for n, t in energy.terms.items() if t.is_indicator]
+        if len(ind) > 1:
+            raise StepError(f"ProxMMStep supports one indicator term, got {ind}")
+        self.indicator = ind[0] if ind else None
+
+    def guaranteed(self) -> bool:
+        return 0.0 < self.alpha <= 1.0
+
+    def step_with_energy(self, Y: torch.Tensor, graph: TokenGraph
+                         ) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
+        """``(Y', values)``: the step from Y and every term's value at Y (float64, per example)."""
+        grad = torch.zeros_like(Y)
+        curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
+        values: Dict[str, torch.Tensor] = OrderedDict()
+        for name, term in self.energy.terms.items():
+            if term.is_indicator:
+                values[name] = term.value(Y, graph)
+                continue
+            g, c, v = term.mm(Y, graph)
+            grad = grad + g
+            curv = curv + c
+            values[name] = v
+        if not bool((curv > 0).all()):
+            raise StepError("ProxMMStep needs a positive curvature bound on every token: add a Residual term")
+        out = Y - self.alpha * grad / curv[..., None]
+        if self.indicator is not None:
+            out = torch.relu(out)
+        return torch.where(graph.mask[..., None], out, Y), values
+
+    def update(self, Y, graph):
+        return self.step_with_energy(Y, graph)[0]

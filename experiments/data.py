@@ -591,13 +591,17 @@ def export(splits: Splits, out) -> pathlib.Path:
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u201c": '"', "\u201d": '"',
                          "\u2013": "-", "\u2014": "--"})
 _NT_RE = re.compile(r"(?<=[^\W_])n't\b")
+_DOTS_RE = re.compile(r"\.{2,}")
+_URL_RE = re.compile(r"(?:https?://|www\.)\S+")
+URL_TOKEN = "<url>"
 _TOKEN_RE = re.compile(
-    r"n't\b"                          # negation clitic, split off by _NT_RE: do n't, ca n't
+    r"<url>"                          # a web address, replaced by _URL_RE
+    r"|n't\b"                         # negation clitic, split off by _NT_RE: do n't, ca n't
     r"|'(?:s|m|re|ve|ll|d)\b"         # clitics: it 's, i 'm, they 're, we 've, you 'll, i 'd
     r"|(?:[^\W\d_]\.){2,}"            # abbreviations: u.s., e.g.
     r"|\d+(?:[.,]\d+)+"               # numbers with separators: 3.5, 1,000
-    r"|[^\W_]+(?:-[^\W_]+)*"          # words, hyphenated compounds kept whole: three-hour
-    r"|\.{2,}|-{2,}"                  # ellipsis, dash runs
+    r"|[^\W_]+"                       # words (letters, digits); hyphens split: three - hour
+    r"|\.\.\.|-{2,}"                   # ellipsis (any run of dots becomes ...), dash runs
     r"|\S"                            # any other single non-space character
 )
 
@@ -606,18 +610,23 @@ def tokenize(text: str) -> list[str]:
     """Split ``text`` into lowercase tokens, GloVe (Penn Treebank) style; deterministic.
 
     HTML entities are unescaped, the text is NFKC-normalised (so ``…`` becomes ``...``), curly
-    quotes become straight ones, control characters are dropped. Contractions are split like the
+    quotes become straight ones, control characters are dropped, and every web address
+    (``http://...``, ``https://...``, ``www....``) becomes the one token ``<url>``. Contractions are split like the
     corpus GloVe was trained on: ``don't`` -> ``do n't``, ``can't`` -> ``ca n't``, ``it's`` ->
-    ``it 's``. Words (letters and digits, hyphenated compounds whole), numbers with ``.``/``,``,
-    dotted abbreviations, ``...`` and ``--`` are tokens; every other non-space character is a
-    token of its own.
+    ``it 's``. Words (runs of letters and digits), numbers with ``.``/``,`` (``3.5``, ``1,000``),
+    dotted abbreviations (``u.s.``), ``...`` (any run of two or more dots) and dash runs (``--``)
+    are tokens; every other non-space character, a single hyphen included, is a token of its
+    own. Hyphenated compounds are split (``three-hour`` -> ``three - hour``): most compounds of a
+    review corpus are rare and missing from GloVe, their parts are not.
     """
     if "&" in text:
         text = html.unescape(text)
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES).lower()
     if any(unicodedata.category(c) == "Cc" for c in text):
         text = "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
+    text = _URL_RE.sub(" <url> ", text)
     text = _NT_RE.sub(" n't", text)
+    text = _DOTS_RE.sub("...", text)
     return _TOKEN_RE.findall(text)
 
 

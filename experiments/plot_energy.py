@@ -4,21 +4,23 @@ Redraws, from the files a training run saved (``energy_trace.pt``, ``history.jso
 ``metrics.json``):
 
 * ``energy_descent.png``: for each layer t, the distribution over test examples of
-  ``E(Y^t) - E_min`` (E_min: each example's lowest energy over the layers) as box plots with the
-  mean curve (as the paper's figures 5-6), log scale; then one panel per energy term with its mean
+  ``E(Y^t) - E_min`` as box plots with the mean curve (as the paper's figures 5-6), log scale, where
+  E_min is each example's lowest energy after the shared step is unrolled 32 more layers (guaranteed
+  mode) or its lowest over the layers (untied modes); then one panel per energy term with its mean
   and inter-quartile band per layer;
 * ``training_curves.png``: loss and accuracy per epoch (train and validation).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
 import torch
 
 
-def plot_energy_descent(energies, path: str, title: str = "") -> str:
+def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, extra_layers=None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,30 +30,40 @@ def plot_energy_descent(energies, path: str, title: str = "") -> str:
     names = list(energies)
     total = sum(energies[k] for k in names).numpy()
     N, T1 = total.shape
-    gap = total - total.min(axis=1, keepdims=True)
+    e_min = total.min(axis=1)
+    how = "lowest over the layers"
+    if energy_min is not None:
+        e_min = np.minimum(e_min, energy_min.numpy())
+        how = f"after {extra_layers} more layers of the shared step"
+    gap = total - e_min[:, None]
     scale = np.abs(total).max(axis=1, keepdims=True)
     floor = 1e-12 * scale
     gap_plot = np.maximum(gap, floor)
-    ncols = 1 + len(names)
-    fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 4.0), squeeze=False)
-    ax = axes[0, 0]
+    ncols = min(3, 1 + len(names))
+    nrows = math.ceil((1 + len(names)) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.8 * nrows), squeeze=False)
+    axes = axes.reshape(-1)
+    for ax in axes[1 + len(names):]:
+        ax.set_visible(False)
+    ax = axes[0]
     ax.boxplot([gap_plot[:, t] for t in range(T1)], positions=list(range(T1)), widths=0.5, showfliers=True,
                flierprops={"markersize": 2, "alpha": 0.4})
     ax.plot(range(T1), gap_plot.mean(0), color="tab:red", marker="o", ms=3, label="mean")
     ax.set_yscale("log")
     ax.set_xlabel("layer t")
-    ax.set_ylabel("E(Y^t) - E_min  (floored at 1e-12 |E|)")
-    ax.set_title(f"total energy, {N} test examples")
+    ax.set_ylabel("E(Y^t) - E_min")
+    ax.set_title(f"total energy, {N} test examples\nE_min: {how}", fontsize=9)
     ax.legend(loc="best", fontsize=8)
     for j, name in enumerate(names, start=1):
         v = energies[name].numpy()
         v = np.where(np.isfinite(v), v, np.nan)
-        ax = axes[0, j]
+        ax = axes[j]
         q1, med, q3 = np.nanpercentile(v, [25, 50, 75], axis=0)
         ax.fill_between(range(T1), q1, q3, alpha=0.3, label="25-75%")
         ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
         ax.plot(range(T1), med, ls="--", lw=1, label="median")
         ax.set_xlabel("layer t")
+        ax.set_xticks(range(T1))
         ax.set_title(f"term: {name}")
         ax.legend(loc="best", fontsize=8)
     if title:
@@ -104,7 +116,8 @@ def plot_run(run_dir: str):
     head = (f"{name} ({trace.get('mode')}): {metrics.get('energy_increases', '?')} increases in "
             f"{metrics.get('energy_steps', '?')} layer-steps ({trace.get('dtype')}), "
             f"test accuracy {metrics.get('test_accuracy', float('nan')):.4f}")
-    return (plot_energy_descent(trace["energies"], os.path.join(run_dir, "energy_descent.png"), head),
+    return (plot_energy_descent(trace["energies"], os.path.join(run_dir, "energy_descent.png"), head,
+                                trace.get("energy_min"), trace.get("extra_layers")),
             plot_training_curves(history, os.path.join(run_dir, "training_curves.png"), name))
 
 

@@ -137,13 +137,31 @@ def energy_stats(energies: Dict[str, torch.Tensor], dtype: torch.dtype, guarante
             "energy_first_mean": float(rep.totals[:, 0].mean()), "energy_last_mean": float(rep.totals[:, -1].mean())}
 
 
+EXTRA_LAYERS = 32
+
+
+@torch.no_grad()
+def energy_floor(model: UnfoldedTransformer, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS):
+    """Per-example estimate of min E: the shared step unrolled ``extra`` layers past the trained depth
+    (guaranteed mode; E is bounded below there); ``None`` for untied modes."""
+    if model.mode != "guaranteed":
+        return None
+    out = []
+    for ids, mask, _ in iterate(tensors, batch_size):
+        energies = model(ids.to(device), mask.to(device), layers=model.layers + extra).energies
+        out.append(sum(energies.values()).min(dim=1).values.cpu())
+    return torch.cat(out)
+
+
 def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
-    """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer."""
+    """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer.
+    Returns ``(stats, energies, accuracy, energy_min)``."""
     dtype = DTYPES[cfg["train"]["check_dtype"]]
     checker = copy.deepcopy(model).to(dtype)
     acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True)
     stats = energy_stats(energies, dtype, guaranteed=model.mode == "guaranteed")
-    return stats, energies, acc
+    floor = energy_floor(checker, tensors, cfg["train"]["batch_size"], device)
+    return stats, energies, acc, floor
 
 
 def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
@@ -163,7 +181,7 @@ def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
     print(f"{cfg['name']}: mode={model.mode} params={params} train/val/test="
           f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
           file=sys.stderr)
-    untrained, _, _ = check_descent(model, tensors["test"], cfg, device)
+    untrained = check_descent(model, tensors["test"], cfg, device)[0]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
                             weight_decay=tc["weight_decay"])
     steps_per_epoch = math.ceil(len(tensors["train"][2]) / tc["batch_size"])
@@ -216,9 +234,10 @@ def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
     state = torch.load(os.path.join(run_dir, "best.pt"), map_location=device, weights_only=False)
     model.load_state_dict(state["model"])
     test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device)
-    trained, energies, check_acc = check_descent(model, tensors["test"], cfg, device)
-    atomic_save({"energies": energies, "dtype": tc["check_dtype"], "mode": model.mode,
-                 "guaranteed": model.mode == "guaranteed"}, os.path.join(run_dir, "energy_trace.pt"))
+    trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device)
+    atomic_save({"energies": energies, "energy_min": floor, "extra_layers": EXTRA_LAYERS,
+                 "dtype": tc["check_dtype"], "mode": model.mode, "guaranteed": model.mode == "guaranteed"},
+                os.path.join(run_dir, "energy_trace.pt"))
     metrics = {
         "name": cfg["name"], "mode": model.mode, "dataset": splits.name,
         "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": best_val, "best_epoch": best_epoch,

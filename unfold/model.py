@@ -8,7 +8,8 @@
              + 1/2 ||Y - B||^2 + 1/2 tr(Y S Y^T) + indicator(Y >= 0)
              [+ LayerNorm centring and rescaling terms, supplement F.3, if ``layernorm``]
 
-  with B = X (the embedded input, initial residual F.4), S = (M + M^T)/2 and any W_h. Read as a
+  with B = X (the embedded input, initial residual F.4), any W_h and S = A A^T - (1 - eps) I for any
+  A (exactly the symmetric S with I + S >= eps I, so E is bounded below and has a minimiser). Read as a
   network: multi-head attention with queries = keys = W_h^T y and value/output map W_h W_h^T, a
   symmetric feed-forward map S, the initial residual, ReLU, and a per-token step 1 / c_u. Every
   layer descends E for ANY parameter values (proof in :mod:`unfold.prox`), trained or not.
@@ -106,6 +107,8 @@ class UnfoldedTransformer(nn.Module):
     ``positional`` (learned positions), ``max_len``, ``ffn_mult`` (free/baseline), ``dropout``.
     """
 
+    EPS_S = 0.1
+
     def __init__(self, vocab_size: int, num_classes: int, d: int = 64, heads: int = 2, d_head: Optional[int] = None,
                  layers: int = 4, mode: str = "guaranteed", rho: str = "exp", tau: Optional[float] = None,
                  graph: str = "complete", alpha: float = 1.0, ffn: bool = True, relu: bool = True,
@@ -146,7 +149,9 @@ class UnfoldedTransformer(nn.Module):
         self.head = nn.Linear(d, num_classes)
         if mode == "guaranteed":
             self.W = nn.Parameter(torch.randn(heads, d, self.d_head) / math.sqrt(d))
-            self.M = nn.Parameter(torch.zeros(d, d)) if ffn else None
+            # S = A A^T - (1 - eps) I: exactly the symmetric matrices with lambda_min(S) >= -(1 - eps), so
+            # that I + S >= eps I and E is bounded below (a true minimisation); A starts at S = 0.
+            self.A = nn.Parameter(math.sqrt(1.0 - self.EPS_S) * torch.eye(d)) if ffn else None
         elif mode == "free":
             self.blocks = nn.ModuleList([_FreeLayer(d, heads, ffn_mult, dropout) for _ in range(layers)])
         else:
@@ -160,14 +165,18 @@ class UnfoldedTransformer(nn.Module):
             return Energy(attention=PairwiseAttention(self.rho, self.trace_tau), residual=Residual(B))
         terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, metric=self.W[h])) for h in range(self.heads)]
         terms.append(("residual", Residual(B)))
-        if self.M is not None:
-            S = 0.5 * (self.M + self.M.T)
-            terms.append(("ffn", FeedForward(S, sym_tol=math.inf)))
+        if self.A is not None:
+            terms.append(("ffn", FeedForward(self.ffn_weight(), sym_tol=math.inf)))
         if self.use_layernorm:
             terms += [("center", Centering()), ("rescale", Rescaling())]
         if self.use_relu:
             terms.append(("relu", NonNegativity()))
         return Energy(terms)
+
+    def ffn_weight(self) -> torch.Tensor:
+        """The symmetric feed-forward weight S = A A^T - (1 - eps) I (guaranteed mode)."""
+        eye = torch.eye(self.d, dtype=self.A.dtype, device=self.A.device)
+        return self.A @ self.A.T - (1.0 - self.EPS_S) * eye
 
     def token_graph(self, mask: torch.Tensor) -> TokenGraph:
         B, n = mask.shape
@@ -182,8 +191,9 @@ class UnfoldedTransformer(nn.Module):
         return self.drop(X)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, trace: bool = True, keep_states: bool = False
-                ) -> ModelOutput:
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, trace: bool = True, keep_states: bool = False,
+                layers: Optional[int] = None) -> ModelOutput:
+        """``layers`` (guaranteed mode only) unrolls the shared step more or fewer times than trained."""
         if ids.shape != mask.shape or mask.dtype != torch.bool:
             raise ConfigError(f"ids {tuple(ids.shape)} and a bool mask of the same shape are required, "
                               f"got mask {tuple(mask.shape)} {mask.dtype}")
@@ -199,12 +209,14 @@ class UnfoldedTransformer(nn.Module):
         if self.mode == "guaranteed":
             Y = torch.relu(X) if self.use_relu else X
             step = ProxMMStep(energy, self.alpha)
-            for _ in range(self.layers):
+            for _ in range(self.layers if layers is None else int(layers)):
                 if keep_states:
                     states.append(Y)
                 Y, vals = step.step_with_energy(Y, graph)
                 values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
         else:
+            if layers is not None and layers != self.layers:
+                raise ConfigError(f"mode={self.mode} has {self.layers} untied layers; it cannot unroll {layers}")
             Y = X
             allowed = None
             if self.mode == "free":

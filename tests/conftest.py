@@ -1,14 +1,17 @@
 import os
 import sys
 
-import pytest
-import torch
+# Small tensors: one thread avoids oversubscription stalls on a busy 2-core machine (this process
+# and the subprocesses the tests start).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# Small tensors: one thread avoids oversubscription stalls on a busy 2-core machine.
 torch.set_num_threads(1)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

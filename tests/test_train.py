@@ -48,7 +48,7 @@ def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
     data = synthetic_text_dir(tmp_path / "toy")
     run = tmp_path / "run"
     proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run),
-                      f"data.dataset={data}", "data.glove=none", f"model.mode={mode}", "train.epochs=6",
+                      f"data.dataset={data}", "data.glove=none", f"model.mode={mode}", "train.epochs=12",
                       "train.batch_size=32", "train.lr=0.005", "train.progress=false", "model.layers=2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])

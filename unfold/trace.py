@@ -94,6 +94,8 @@ class DescentReport:
     guaranteed: List[bool]
     violations: List[dict] = field(default_factory=list)
     substep_increases: int = 0
+    #: tol = tol_unit * sum_k |E_k(Y_t)|, tol_unit = tol_factor * eps(dtype)
+    tol_unit: float = 1.0
 
     @property
     def totals(self) -> torch.Tensor:
@@ -109,10 +111,14 @@ class DescentReport:
         return int(self.increases.sum())
 
     def rel_increase(self) -> torch.Tensor:
-        """``max(E_{t+1} - E_t, 0) / max(|E_t|, tiny)`` per step, ``(S, T)``."""
+        """``max(E_{t+1} - E_t, 0) / max(|E_t|, |E_{t+1}|, sum_k |E_k(Y_t)|)`` per step, ``(S, T)``: relative
+        to the energy's size, so that a total at or near zero (terms cancelling, or an initial residual
+        term that starts at 0) does not make it meaningless."""
         diff = torch.where(torch.isinf(self.before) & torch.isinf(self.after),
                            torch.zeros_like(self.before), self.after - self.before)
-        return diff.clamp_min(0.0) / self.before.abs().clamp_min(1e-300)
+        after = torch.where(torch.isfinite(self.after), self.after.abs(), torch.zeros_like(self.after))
+        size = torch.maximum(torch.maximum(self.before.abs(), after), self.tol / self.tol_unit).clamp_min(1e-300)
+        return diff.clamp_min(0.0) / size
 
     def max_rel_increase(self) -> float:
         r = self.rel_increase()
@@ -240,6 +246,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         guaranteed=[s.guaranteed() for s in plan],
         violations=violations,
         substep_increases=sub_incs,
+        tol_unit=tol_factor * torch.finfo(dtype).eps,
     )
     return Y, report
 
@@ -285,7 +292,8 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
         terms=dict(values), before=stack(befores), after=stack(afters), tol=stack(tols),
         increases=stack(incs, torch.bool), term_increases={k: stack(v, torch.bool) for k, v in term_incs.items()},
         term_delta={k: stack(v) for k, v in term_deltas.items()},
-        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=[guaranteed] * (T1 - 1), violations=violations)
+        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=[guaranteed] * (T1 - 1), violations=violations,
+        tol_unit=tol_factor * torch.finfo(dtype).eps)
 
 
 def _tol_rule(tol_factor: float, dtype: torch.dtype) -> str:

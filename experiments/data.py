@@ -284,36 +284,36 @@ def _read_csv_rows(path: pathlib.Path, encoding: str, needed: Sequence[str], dat
         raise _corrupt(dataset, path, root, f"{type(e).__name__}: {e}") from None
 
 
-def _load_rotten_tomatoes(seed: int = 0, data_dir=None) -> Splits:
-    """Rotten Tomatoes short reviews: fresh/rotten, plot summaries dropped, cleaned, split 80/10/10."""
+def _load_labelled_csv(dataset: str, rel: str, encoding: str, label_col: str, labels: Sequence[str],
+                       seed: int, data_dir, normalise: Callable[[str], str] = str.strip,
+                       skip: Sequence[str] = ()) -> Splits:
+    """A corpus file with a ``text`` column and a categorical ``label_col``: rows whose normalised
+    label is in ``skip`` are dropped, an unknown label means a corrupt file; cleaned, split 80/10/10."""
     root = _data_dir(data_dir)
-    path = _require_file(root, RT_FILE, "rotten_tomatoes")
-    rows = _read_csv_rows(path, "utf-8", ("category", "text"), "rotten_tomatoes", root)
-    label_of = {name: i for i, name in enumerate(RT_LABELS)}
+    path = _require_file(root, rel, dataset)
+    rows = _read_csv_rows(path, encoding, (label_col, "text"), dataset, root)
+    label_of = {name: i for i, name in enumerate(labels)}
     examples = []
     for r in rows:
-        cat = (r["category"] or "").strip()
-        if cat == "plot":
+        lab = normalise(r[label_col] or "")
+        if lab in skip:
             continue
-        if cat not in label_of:
-            raise _corrupt("rotten_tomatoes", path, root, f"unexpected category {cat!r}")
-        examples.append((r["text"] or "", label_of[cat]))
-    return _make_splits(examples, seed, RT_LABELS, "rotten_tomatoes")
+        if lab not in label_of:
+            raise _corrupt(dataset, path, root, f"unexpected {label_col} {lab!r}")
+        examples.append((r["text"] or "", label_of[lab]))
+    return _make_splits(examples, seed, labels, dataset)
+
+
+def _load_rotten_tomatoes(seed: int = 0, data_dir=None) -> Splits:
+    """Rotten Tomatoes short reviews: fresh/rotten, plot summaries dropped, cleaned, split 80/10/10."""
+    return _load_labelled_csv("rotten_tomatoes", RT_FILE, "utf-8", "category", RT_LABELS, seed, data_dir,
+                              skip=("plot",))
 
 
 def _load_crowdflower(seed: int = 0, data_dir=None) -> Splits:
     """CrowdFlower sentiment tweets (several topics): negative/neutral/positive, cleaned, split 80/10/10."""
-    root = _data_dir(data_dir)
-    path = _require_file(root, CF_FILE, "crowdflower")
-    rows = _read_csv_rows(path, "latin-1", ("sentiment", "text"), "crowdflower", root)
-    label_of = {name: i for i, name in enumerate(CF_LABELS)}
-    examples = []
-    for r in rows:
-        s = (r["sentiment"] or "").strip().lower()
-        if s not in label_of:
-            raise _corrupt("crowdflower", path, root, f"unexpected sentiment {s!r}")
-        examples.append((r["text"] or "", label_of[s]))
-    return _make_splits(examples, seed, CF_LABELS, "crowdflower")
+    return _load_labelled_csv("crowdflower", CF_FILE, "latin-1", "sentiment", CF_LABELS, seed, data_dir,
+                              normalise=lambda v: v.strip().lower())
 
 
 DATASETS: dict[str, Callable[..., Splits]] = {

@@ -60,12 +60,9 @@ def negative_control(samples: int, layers: int, seed: int):
 
 
 def plot_sweep(reports, path: str, layers: int) -> None:
-    import matplotlib
+    from unfold.plot import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2))
     for graph_spec in GRAPHS:
         name = next(k[0] for k in reports if k[0].split(":")[0] == graph_spec.split(":")[0])
         rep = reports[(name, "exp", 1.0, "exact")]
@@ -79,9 +76,7 @@ def plot_sweep(reports, path: str, layers: int) -> None:
                 title="distance to the last layer's energy")
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_markdown(records, totals, path: str) -> None:

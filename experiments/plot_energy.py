@@ -19,13 +19,13 @@ import sys
 
 import torch
 
+from unfold.plot import pyplot, save_figure
+
 
 def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, extra_layers=None) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    plt = pyplot()
 
     names = list(energies)
     total = sum(energies[k] for k in names).numpy()
@@ -66,20 +66,11 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
         ax.set_xticks(range(T1))
         ax.set_title(f"term: {name}")
         ax.legend(loc="best", fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title, dpi=100)
 
 
 def plot_training_curves(history, path: str, title: str = "") -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ep = [h["epoch"] for h in history]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     axes[0].plot(ep, [h["train_loss"] for h in history], marker="o", label="train")
@@ -90,12 +81,7 @@ def plot_training_curves(history, path: str, title: str = "") -> str:
     axes[1].set(xlabel="epoch", ylabel="accuracy", title="accuracy")
     for ax in axes:
         ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title, dpi=100)
 
 
 def plot_run(run_dir: str):

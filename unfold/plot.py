@@ -7,14 +7,32 @@ from typing import Optional
 import numpy as np
 
 
-def plot_report(report, path: str, title: Optional[str] = None, max_samples: int = 32) -> str:
-    """Two panels: total energy per example against layer (increases marked in red), and the mean
-    of every term against layer. Writes a PNG at ``path`` and returns it."""
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: str, title: Optional[str] = None, dpi: int = 110) -> str:
+    """Title, tight layout, write a PNG at ``path`` (folders created), close; returns ``path``."""
+    plt = pyplot()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def plot_report(report, path: str, title: Optional[str] = None, max_samples: int = 32) -> str:
+    """Two panels: total energy per example against layer (increases marked in red), and the mean
+    of every term against layer. Writes a PNG at ``path`` and returns it."""
+    plt = pyplot()
     tot = report.totals.detach().cpu().numpy()
     inc = report.increases.detach().cpu().numpy()
     T = tot.shape[1] - 1
@@ -40,10 +58,4 @@ def plot_report(report, path: str, title: Optional[str] = None, max_samples: int
     ax.set_ylabel("mean term value")
     ax.set_title("energy terms")
     ax.legend(loc="best")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)

@@ -34,6 +34,16 @@ __all__ = [
 ACCUM_DTYPE = torch.float64
 
 
+def _cached(owner, attr: str, tensor: torch.Tensor, compute):
+    """``compute(tensor)``, recomputed only when ``tensor`` was modified (its version counter moved)."""
+    key = (tensor.data_ptr(), tensor._version)
+    hit = owner.__dict__.get(attr)
+    if hit is None or hit[0] != key:
+        hit = (key, compute(tensor))
+        owner.__dict__[attr] = hit
+    return hit[1]
+
+
 def _zero_padded(x: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return torch.where(graph.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
 
@@ -135,10 +145,11 @@ class PairwiseAttention(EnergyTerm):
         return self.mm(Y, graph)[1]
 
     def metric_norm2(self) -> torch.Tensor:
-        """``||W||_2^2`` (1 without a metric)."""
+        """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""
         if self.metric is None:
             return torch.ones(())
-        return torch.linalg.matrix_norm(self.metric.detach().to(ACCUM_DTYPE), ord=2) ** 2
+        return _cached(self, "_norm2", self.metric,
+                       lambda W: torch.linalg.matrix_norm(W.detach().to(ACCUM_DTYPE), ord=2) ** 2)
 
     def grad(self, Y, graph):
         return self.mm_pass(Y, graph)[0]
@@ -216,11 +227,6 @@ class FeedForward(EnergyTerm):
                               "(use (W + W.T) / 2; supplement F.1)")
         self.W = W
 
-    def lipschitz(self) -> float:
-        """Largest eigenvalue of I + W clipped at 0: the gradient's Lipschitz bound of E2 along ascent."""
-        lam = torch.linalg.eigvalsh(self.W.to(ACCUM_DTYPE)).max().item()
-        return max(1.0 + lam, 0.0)
-
     def value(self, Y, graph):
         Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
         W = self.W.to(device=Y.device, dtype=ACCUM_DTYPE)
@@ -230,8 +236,9 @@ class FeedForward(EnergyTerm):
         return _zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype), graph)
 
     def curvature(self, Y, graph):
-        """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W."""
-        return max(torch.linalg.eigvalsh(self.W.detach().to(ACCUM_DTYPE)).max().item(), 0.0)
+        """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged)."""
+        return _cached(self, "_curv", self.W,
+                       lambda W: max(torch.linalg.eigvalsh(W.detach().to(ACCUM_DTYPE)).max().item(), 0.0))
 
     def describe(self):
         return f"W{tuple(self.W.shape)}"

@@ -186,68 +186,35 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     """
     Y = check_tokens(Y, graph)
     plan = _layers(steps, layers)
-    dtype = Y.dtype
-    layer_vals: List[Dict[str, torch.Tensor]] = []
-    befores, afters, tols, incs = [], [], [], []
-    term_incs: Dict[str, List[torch.Tensor]] = {}
-    term_deltas: Dict[str, List[torch.Tensor]] = {}
+    pairs: List[Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]] = []
     violations: List[dict] = []
     sub_incs = 0
-    cached: Optional[Dict[str, torch.Tensor]] = None
+    after: Optional[Dict[str, torch.Tensor]] = None
     prev_energy: Optional[Energy] = None
     for t, step in enumerate(plan):
         energy = step.energy
-        vals_before = cached if (cached is not None and energy is prev_energy) else _eval(energy, Y, graph)
-        tol = tolerance(vals_before, dtype, tol_factor)
+        before = after if (after is not None and energy is prev_energy) else _eval(energy, Y, graph)
         subs = step.substeps() if substeps else [step]
-        Y_cur = Y
-        vals_cur = vals_before
         with torch.no_grad():
             if len(subs) > 1:
+                tol = tolerance(before, Y.dtype, tol_factor)
+                vals_cur = before
                 for k, sub in enumerate(subs):
-                    Y_next = _keep_padded(sub.update(Y_cur, graph), Y_cur, graph)
+                    Y_next = _keep_padded(sub.update(Y, graph), Y, graph)
                     vals_next = _eval(energy, Y_next, graph)
                     inc = _increase(_total(vals_cur), _total(vals_next), tol)
                     sub_incs += int(inc.sum())
                     for s in inc.nonzero().reshape(-1).tolist():
                         violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep"))
-                    Y_cur, vals_cur = Y_next, vals_next
-                Y_new = Y_cur
+                    Y, vals_cur = Y_next, vals_next
+                after = vals_cur
             else:
-                Y_new = step(Y, graph)
-        vals_after = vals_cur if len(subs) > 1 else _eval(energy, Y_new, graph)
-        b, a = _total(vals_before), _total(vals_after)
-        inc = _increase(b, a, tol)
-        for s in inc.nonzero().reshape(-1).tolist():
-            violations.append(_violation(s, t, None, type(step).__name__, vals_before, vals_after, tol, "layer"))
-        befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
-        layer_vals.append(vals_before)
-        for name, v in vals_before.items():
-            term_incs.setdefault(name, []).append(_increase(v, vals_after[name], tol))
-            term_deltas.setdefault(name, []).append(
-                torch.where(torch.isinf(v) & torch.isinf(vals_after[name]), torch.zeros_like(v), vals_after[name] - v))
-        Y, cached, prev_energy = Y_new, vals_after, energy
-    if cached is not None:
-        layer_vals.append(cached)
-    S = graph.batch_size
-
-    def stack(xs):
-        return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=ACCUM_DTYPE, device=Y.device)
-
-    names = list(dict.fromkeys(k for vals in layer_vals for k in vals))
-    nan = torch.full((S,), math.nan, dtype=ACCUM_DTYPE, device=Y.device)
-    report = DescentReport(
-        terms={k: stack([vals.get(k, nan) for vals in layer_vals]) for k in names},
-        before=stack(befores), after=stack(afters), tol=stack(tols),
-        increases=stack(incs) if incs else torch.zeros(S, 0, dtype=torch.bool),
-        term_increases={k: stack(v) for k, v in term_incs.items() if len(v) == len(plan)},
-        term_delta={k: stack(v) for k, v in term_deltas.items() if len(v) == len(plan)},
-        tol_rule=_tol_rule(tol_factor, dtype),
-        guaranteed=[s.guaranteed() for s in plan],
-        violations=violations,
-        substep_increases=sub_incs,
-        tol_unit=tol_factor * torch.finfo(dtype).eps,
-    )
+                Y = step(Y, graph)
+                after = _eval(energy, Y, graph)
+        pairs.append((before, after))
+        prev_energy = energy
+    report = _assemble(pairs, Y.dtype, tol_factor, [s.guaranteed() for s in plan], graph.batch_size, Y.device,
+                       [type(s).__name__ for s in plan], violations, sub_incs)
     return Y, report
 
 
@@ -265,35 +232,46 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
                        guaranteed: bool = False) -> DescentReport:
     """A :class:`DescentReport` from stored term values ``{name: (S, T+1)}`` of one energy at Y_0..Y_T
     (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule."""
-    names = list(values)
-    S, T1 = values[names[0]].shape
-    cols = [{k: values[k][:, t] for k in names} for t in range(T1)]
-    befores, afters, tols, incs, violations = [], [], [], [], []
-    term_incs: Dict[str, List[torch.Tensor]] = {k: [] for k in names}
-    term_deltas: Dict[str, List[torch.Tensor]] = {k: [] for k in names}
-    for t in range(T1 - 1):
-        vb, va = cols[t], cols[t + 1]
+    first = next(iter(values.values()))
+    S, T1 = first.shape
+    cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
+    pairs = list(zip(cols[:-1], cols[1:]))
+    return _assemble(pairs, dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device, ["layer"] * (T1 - 1))
+
+
+def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[bool], S: int, device,
+              step_names: List[str], violations: Optional[List[dict]] = None, sub_incs: int = 0) -> DescentReport:
+    """The report of layers whose energies before and after are ``pairs[t] = (before, after)``."""
+    violations = list(violations or [])
+    befores, afters, tols, incs = [], [], [], []
+    term_incs: Dict[str, List[torch.Tensor]] = {}
+    term_deltas: Dict[str, List[torch.Tensor]] = {}
+    for t, (vb, va) in enumerate(pairs):
         tol = tolerance(vb, dtype, tol_factor)
         b, a = _total(vb), _total(va)
         inc = _increase(b, a, tol)
         for s in inc.nonzero().reshape(-1).tolist():
-            violations.append(_violation(s, t, None, "layer", vb, va, tol, "layer"))
+            violations.append(_violation(s, t, None, step_names[t], vb, va, tol, "layer"))
         befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
-        for k in names:
-            term_incs[k].append(_increase(vb[k], va[k], tol))
-            term_deltas[k].append(torch.where(torch.isinf(vb[k]) & torch.isinf(va[k]), torch.zeros_like(vb[k]),
-                                              va[k] - vb[k]))
-    dev = values[names[0]].device
+        for k, v in vb.items():
+            term_incs.setdefault(k, []).append(_increase(v, va[k], tol))
+            term_deltas.setdefault(k, []).append(
+                torch.where(torch.isinf(v) & torch.isinf(va[k]), torch.zeros_like(v), va[k] - v))
 
     def stack(xs, dt=ACCUM_DTYPE):
-        return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=dt, device=dev)
+        return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=dt, device=device)
 
+    boundary = [vb for vb, _ in pairs] + [pairs[-1][1]] if pairs else []
+    names = list(dict.fromkeys(k for vals in boundary for k in vals))
+    nan = torch.full((S,), math.nan, dtype=ACCUM_DTYPE, device=device)
+    full = len(pairs)
     return DescentReport(
-        terms=dict(values), before=stack(befores), after=stack(afters), tol=stack(tols),
-        increases=stack(incs, torch.bool), term_increases={k: stack(v, torch.bool) for k, v in term_incs.items()},
-        term_delta={k: stack(v) for k, v in term_deltas.items()},
-        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=[guaranteed] * (T1 - 1), violations=violations,
-        tol_unit=tol_factor * torch.finfo(dtype).eps)
+        terms={k: stack([vals.get(k, nan) for vals in boundary]) for k in names},
+        before=stack(befores), after=stack(afters), tol=stack(tols), increases=stack(incs, torch.bool),
+        term_increases={k: stack(v, torch.bool) for k, v in term_incs.items() if len(v) == full},
+        term_delta={k: stack(v) for k, v in term_deltas.items() if len(v) == full},
+        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=guaranteed, violations=violations,
+        substep_increases=sub_incs, tol_unit=tol_factor * torch.finfo(dtype).eps)
 
 
 def _tol_rule(tol_factor: float, dtype: torch.dtype) -> str:

@@ -146,3 +146,11 @@ def test_energy_trace_on_float32_training_forward_has_gradients():
     assert all(v.dtype == torch.float64 and not v.requires_grad for v in out.energies.values())
     assert out.report().tol_rule.startswith("E_t+1 > E_t + tol") and "float32" in out.report().tol_rule
     assert math.isfinite(float(out.energies["head0"].sum()))
+
+
+def test_model_trace_lives_on_the_models_device(device):
+    ids, mask = batch(seed=8)
+    model = U.UnfoldedTransformer(50, 2, d=16, heads=2, layers=3).double().to(device).eval()
+    out = model(ids.to(device), mask.to(device))
+    assert all(v.device.type == device and v.dtype == torch.float64 for v in out.energies.values())
+    assert out.report().num_increases == 0

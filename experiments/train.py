@@ -166,15 +166,15 @@ def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
 
 def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
     tc = cfg["train"]
-    os.makedirs(run_dir, exist_ok=True)
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
     torch.manual_seed(tc["seed"])
     device = torch.device(tc["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UnfoldError("train.device=cuda but CUDA is not available on this machine")
+    splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
+    os.makedirs(run_dir, exist_ok=True)
     atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
-    splits, vocab, tensors, glove = build_data(cfg)
     vocab.save(os.path.join(run_dir, "vocab.json"))
     model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)

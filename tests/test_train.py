@@ -122,3 +122,13 @@ def test_bad_config_exits_2_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "unknown config key 'model.nope'" in proc.stderr and "Traceback" not in proc.stderr
     assert not run.exists()
+
+
+def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, UNFOLD_DATA=str(tmp_path / "empty"))
+    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", os.path.join(CONFIGS, "tiny.yaml"),
+                           "--run-dir", str(run)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "python -m experiments.data fetch --dataset rotten_tomatoes" in proc.stderr
+    assert "Traceback" not in proc.stderr and not run.exists()

@@ -66,9 +66,10 @@ class EnergyTerm(torch.nn.Module):
         H <= diag(c) (x) I_d. Smooth terms only; indicators have a proximal map instead."""
         raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
 
-    def mm(self, Y: torch.Tensor, graph: TokenGraph):
-        """``(grad, curvature, value)`` at Y, the ingredients of a majorized step (one pass where possible)."""
-        return self.grad(Y, graph), self.curvature(Y, graph), self.value(Y, graph)
+    def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True):
+        """``(grad, curvature, value)`` at Y, the ingredients of a majorized step (one pass where possible);
+        ``value`` is None unless asked for."""
+        return self.grad(Y, graph), self.curvature(Y, graph), (self.value(Y, graph) if value else None)
 
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         return self.value(Y, graph)
@@ -129,16 +130,16 @@ class PairwiseAttention(EnergyTerm):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
         return weighted_neighbour_sums(self.features(Y), graph, self.rho, self.tau, self.kernel)
 
-    def mm_pass(self, Y, graph):
+    def mm_pass(self, Y, graph, value: bool = True):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
         Z = self.features(Y)
-        out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=True)
+        out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=value)
         grad = _zero_padded(self._back(out.deg[..., None] * Z - out.num), graph)
         return grad, out.deg, out.energy
 
-    def mm(self, Y, graph):
-        grad, deg, value = self.mm_pass(Y, graph)
+    def mm(self, Y, graph, value: bool = True):
+        grad, deg, value = self.mm_pass(Y, graph, value)
         return grad, 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype), value
 
     def curvature(self, Y, graph):

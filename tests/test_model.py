@@ -154,3 +154,12 @@ def test_model_trace_lives_on_the_models_device(device):
     out = model(ids.to(device), mask.to(device))
     assert all(v.device.type == device and v.dtype == torch.float64 for v in out.energies.values())
     assert out.report().num_increases == 0
+
+
+def test_trace_off_gives_the_same_outputs():
+    ids, mask = batch(seed=9)
+    for graph in ("complete", "window:2"):
+        model = U.UnfoldedTransformer(50, 2, d=16, heads=2, layers=3, graph=graph).double().eval()
+        on, off = model(ids, mask, trace=True), model(ids, mask, trace=False)
+        assert off.energies is None and on.energies is not None
+        assert torch.equal(on.logits, off.logits)

@@ -203,7 +203,7 @@ class UnfoldedTransformer(nn.Module):
         X = self.embed_tokens(ids)
         real = mask[..., None]
         X = torch.where(real, X, torch.zeros((), dtype=X.dtype, device=X.device))
-        energy = self.energy(X) if (trace or self.mode == "guaranteed") else None
+        energy = self.energy(X) if (trace or self.mode == "guaranteed") else None  # the guaranteed step needs it
         values: List[Dict[str, torch.Tensor]] = []
         states: List[torch.Tensor] = []
         if self.mode == "guaranteed":
@@ -212,8 +212,9 @@ class UnfoldedTransformer(nn.Module):
             for _ in range(self.layers if layers is None else int(layers)):
                 if keep_states:
                     states.append(Y)
-                Y, vals = step.step_with_energy(Y, graph)
-                values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
+                Y, vals = step.step_with_energy(Y, graph, values=trace)
+                if trace:
+                    values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
         else:
             if layers is not None and layers != self.layers:
                 raise ConfigError(f"mode={self.mode} has {self.layers} untied layers; it cannot unroll {layers}")

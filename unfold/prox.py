@@ -53,20 +53,24 @@ class ProxMMStep(Step):
     def guaranteed(self) -> bool:
         return 0.0 < self.alpha <= 1.0
 
-    def step_with_energy(self, Y: torch.Tensor, graph: TokenGraph
+    def step_with_energy(self, Y: torch.Tensor, graph: TokenGraph, values: bool = True
                          ) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
-        """``(Y', values)``: the step from Y and every term's value at Y (float64, per example)."""
+        """``(Y', values)``: the step from Y and every term's value at Y (float64, per example); with
+        ``values=False`` no energy is evaluated and the dict is empty."""
+        want = values
         grad = torch.zeros_like(Y)
         curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
         values: Dict[str, torch.Tensor] = OrderedDict()
         for name, term in self.energy.terms.items():
             if term.is_indicator:
-                values[name] = term.value(Y, graph)
+                if want:
+                    values[name] = term.value(Y, graph)
                 continue
-            g, c, v = term.mm(Y, graph)
+            g, c, v = term.mm(Y, graph, want)
             grad = grad + g
             curv = curv + c
-            values[name] = v
+            if want:
+                values[name] = v
         if not bool((curv > 0).all()):
             raise StepError("ProxMMStep needs a positive curvature bound on every token: add a Residual term")
         out = Y - self.alpha * grad / curv[..., None]
@@ -75,4 +79,4 @@ class ProxMMStep(Step):
         return torch.where(graph.mask[..., None], out, Y), values
 
     def update(self, Y, graph):
-        return self.step_with_energy(Y, graph)[0]
+        return self.step_with_energy(Y, graph, values=False)[0]

@@ -1,0 +1,188 @@
+"""Benchmarks: ``python -m experiments.bench SUITE [--quick] [--json]``.
+
+Every suite times our code against a reference run side by side in the same process and reports
+ratios (never an absolute time alone). The last line printed is one JSON object:
+``{"suite", "device", "quick", "figures", "ratios", "targets"}``. Suites so far:
+
+* ``energy``: forward time of the default guaranteed model with the energy trace on vs off
+  (``trace_on_over_off``), and the pairwise attention energy read off the attention pass (LSE identity)
+  vs the reference method that materialises every pair difference (``reference_over_ours``);
+* ``sparse``: one attention MM step (forward + backward) on a window graph, our edge kernel vs PyG
+  ``TransformerConv`` on the same ``edge_index`` (``ours_over_pyg_time`` at the largest n);
+* ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
+  of the same width and depth (``ours_over_torch_steps_per_s``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Callable, Dict
+
+import torch
+
+from energies.graph import complete, window
+from energies.pairwise import pairwise_pass
+from energies.rho import get_rho
+from unfold.model import UnfoldedTransformer
+from unfold.steps import AttentionStep
+
+SUITES: Dict[str, Callable[[bool, torch.device], dict]] = {}
+
+
+def suite(name: str):
+    def deco(fn):
+        SUITES[name] = fn
+        return fn
+
+    return deco
+
+
+def timeit(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds (CUDA synchronised)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _tokens(B: int, n: int, vocab: int, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, vocab, (B, n), generator=gen)
+    return ids.to(device), torch.ones(B, n, dtype=torch.bool, device=device)
+
+
+def reference_pair_energy(Y: torch.Tensor, tau: float, chunk: int = 64) -> torch.Tensor:
+    """The reference method: materialise every pair difference y_u - y_v (in row chunks) and sum
+    -tau exp(-|y_u - y_v|^2 / 2tau) over u < v."""
+    B, n, d = Y.shape
+    total = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    for s in range(0, n, chunk):
+        diff = Y[:, s:s + chunk, None, :] - Y[:, None, :, :]          # (B, c, n, d): every pair materialised
+        z = (diff * diff).sum(-1) / (2 * tau)
+        vals = -tau * torch.exp(-z)
+        rows = torch.arange(s, min(s + chunk, n), device=Y.device)[:, None]
+        vals = torch.where(rows < torch.arange(n, device=Y.device)[None, :], vals, torch.zeros((), device=Y.device,
+                                                                                                dtype=vals.dtype))
+        total += vals.to(torch.float64).sum((1, 2))
+    return total
+
+
+@suite("energy")
+def energy_suite(quick: bool, device: torch.device) -> dict:
+    B, n, d = (8, 32, 32) if quick else (32, 64, 64)
+    model = UnfoldedTransformer(5000, 2, d=d, heads=2, layers=4).to(device).eval()
+    ids, mask = _tokens(B, n, 5000, device)
+    with torch.no_grad():
+        t_on = timeit(lambda: model(ids, mask, trace=True), repeat=3 if quick else 10)
+        t_off = timeit(lambda: model(ids, mask, trace=False), repeat=3 if quick else 10)
+    n2, d2 = (256, 32) if quick else (2048, 128)
+    Y = torch.randn(1, n2, d2, device=device)
+    tau = math.sqrt(d2)
+    g = complete(n2).to(device)
+    rho = get_rho("exp")
+    ours = lambda: pairwise_pass(Y, g, rho, tau, "softmax", energy=True).energy  # noqa: E731
+    ref = lambda: reference_pair_energy(Y, tau)  # noqa: E731
+    e_ours, e_ref = ours(), ref()
+    t_ours = timeit(ours, repeat=3)
+    t_ref = timeit(ref, repeat=1, warmup=0)
+    return {
+        "figures": {"model": {"B": B, "n": n, "d": d, "layers": 4, "trace_on_s": t_on, "trace_off_s": t_off},
+                    "pair_energy": {"n": n2, "d": d2, "ours_s": t_ours, "reference_s": t_ref,
+                                    "rel_diff": float(((e_ours - e_ref).abs() / e_ref.abs()).max())}},
+        "ratios": {"trace_on_over_off": t_on / t_off, "reference_over_ours": t_ref / t_ours},
+        "targets": {"trace_on_over_off": "<= 1.10 (CPU), <= 1.05 (GPU)", "reference_over_ours": ">= 100"},
+    }
+
+
+@suite("sparse")
+def sparse_suite(quick: bool, device: torch.device) -> dict:
+    from torch_geometric.nn import TransformerConv
+
+    d, radius = 64, 4
+    sizes = [512, 2048] if quick else [1024, 4096, 16384, 65536]
+    rows = []
+    for n in sizes:
+        g = window(n, radius).to(device)
+        ei = g.directed_edge_index()
+        step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0, kernel="edges")
+        conv = TransformerConv(d, d, heads=1, root_weight=False).to(device)
+        Y = torch.randn(1, n, d, device=device, requires_grad=True)
+        X = torch.randn(n, d, device=device, requires_grad=True)
+
+        def ours():
+            step(Y, g).sum().backward()
+
+        def pyg():
+            conv(X, ei).sum().backward()
+
+        rep = 2 if quick else 5
+        t_ours, t_pyg = timeit(ours, rep), timeit(pyg, rep)
+        rows.append({"n": n, "edges": int(g.edges().shape[1]), "ours_s": t_ours, "pyg_s": t_pyg,
+                     "ours_over_pyg": t_ours / t_pyg})
+    return {"figures": {"d": d, "graph": f"window:{radius}", "rows": rows},
+            "ratios": {"ours_over_pyg_time": rows[-1]["ours_over_pyg"]},
+            "targets": {"ours_over_pyg_time": "<= 1.0"}}
+
+
+@suite("model")
+def model_suite(quick: bool, device: torch.device) -> dict:
+    B, n, d, layers = (8, 32, 32, 2) if quick else (32, 64, 64, 4)
+    ids, mask = _tokens(B, n, 5000, device)
+    labels = torch.randint(0, 2, (B,), generator=torch.Generator().manual_seed(1)).to(device)
+    figures = {"B": B, "n": n, "d": d, "layers": layers}
+    for mode in ("guaranteed", "baseline"):
+        torch.manual_seed(0)
+        model = UnfoldedTransformer(5000, 2, d=d, heads=2, layers=layers, mode=mode).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            out = model(ids, mask, trace=mode == "guaranteed")
+            loss = torch.nn.functional.cross_entropy(out.logits, labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        figures[f"{mode}_steps_per_s"] = 1.0 / timeit(step, repeat=3 if quick else 10)
+    return {"figures": figures,
+            "ratios": {"ours_over_torch_steps_per_s": figures["guaranteed_steps_per_s"] / figures["baseline_steps_per_s"]},
+            "targets": {"ours_over_torch_steps_per_s": ">= 0.8"}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
+    p.add_argument("suite", help=f"one of {sorted(SUITES)}")
+    p.add_argument("--quick", action="store_true", help="a small version (checks the JSON, not the speed)")
+    p.add_argument("--json", action="store_true", help="only the JSON line")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    if args.suite not in SUITES:
+        print(f"python -m experiments.bench: error: unknown suite {args.suite!r}; valid: {sorted(SUITES)}",
+              file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("python -m experiments.bench: error: CUDA is not available", file=sys.stderr)
+        return 2
+    result = {"suite": args.suite, "device": str(device), "quick": args.quick, "threads": torch.get_num_threads()}
+    result.update(SUITES[args.suite](args.quick, device))
+    if not args.json:
+        for k, v in result["ratios"].items():
+            print(f"{k}: {v:.3f}  (target {result['targets'].get(k, '-')})")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

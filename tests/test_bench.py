@@ -1,0 +1,30 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"ours_over_pyg_time"},
+            "model": {"ours_over_torch_steps_per_s"}}
+
+
+@pytest.mark.parametrize("suite", sorted(HEADLINE))
+def test_quick_suite_prints_its_json_schema(suite):
+    """Checks the JSON layout of each suite (--quick), not the speed: speed goals are read off the full runs."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.bench", suite, "--quick", "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["suite"] == suite and out["quick"] is True
+    assert HEADLINE[suite] <= set(out["ratios"]) and set(out["ratios"]) <= set(out["targets"])
+    assert all(v > 0 for v in out["ratios"].values())
+    if suite == "energy":  # the two energy evaluations agree
+        assert out["figures"]["pair_energy"]["rel_diff"] < 1e-5
+
+
+def test_unknown_suite_exits_2():
+    proc = subprocess.run([sys.executable, "-m", "experiments.bench", "nope"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "valid: ['energy', 'model', 'sparse']" in proc.stderr

@@ -226,10 +226,17 @@ def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str)
     return TokenGraph(batch_size, n, mask, torch.stack([src, dst]), name=name)
 
 
-def _pairs_where(n: int, keep: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    iu = torch.triu_indices(n, n, offset=1)
-    sel = keep(iu[0], iu[1])
-    return iu[:, sel]
+def _pairs_at_offsets(n: int, offsets) -> torch.Tensor:
+    """All pairs ``(i, i + o)`` inside ``[0, n)`` for the given positive offsets: O(|E|) memory."""
+    src, dst = [], []
+    for o in offsets:
+        if 0 < o < n:
+            i = torch.arange(n - o)
+            src.append(i)
+            dst.append(i + o)
+    if not src:
+        return torch.zeros(2, 0, dtype=torch.long)
+    return torch.stack([torch.cat(src), torch.cat(dst)])
 
 
 @register_graph("complete")
@@ -242,7 +249,7 @@ def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGrap
 def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``."""
     k = _positive_int(k, "window radius k")
-    return _from_pattern(_pairs_where(n, lambda i, j: (j - i) <= k), n, batch_size, mask, f"window:{k}")
+    return _from_pattern(_pairs_at_offsets(n, range(1, k + 1)), n, batch_size, mask, f"window:{k}")
 
 
 @register_graph("strided")
@@ -255,8 +262,8 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
     k = _positive_int(k, "stride k")
     if k < 2:
         raise GraphError(f"stride k must be >= 2, got {k}")
-    return _from_pattern(_pairs_where(n, lambda i, j: ((j - i) < k) | ((j - i) % k == 0)),
-                         n, batch_size, mask, f"strided:{k}")
+    offsets = sorted(set(range(1, k)) | set(range(k, n, k)))
+    return _from_pattern(_pairs_at_offsets(n, offsets), n, batch_size, mask, f"strided:{k}")
 
 
 @register_graph("dilated")
@@ -264,7 +271,7 @@ def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, see
     """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``."""
     k = _positive_int(k, "dilation k")
     radius = _positive_int(radius, "dilated radius")
-    return _from_pattern(_pairs_where(n, lambda i, j: ((j - i) % k == 0) & ((j - i) <= k * radius)),
+    return _from_pattern(_pairs_at_offsets(n, [k * m for m in range(1, radius + 1)]),
                          n, batch_size, mask, f"dilated:{k}:{radius}")
 
 

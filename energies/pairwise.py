@@ -78,8 +78,9 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
 
 
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
-                  energy: bool = False) -> PairwisePass:
-    """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy."""
+                  energy: bool = False, num: bool = True) -> PairwisePass:
+    """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy.
+    ``num=False`` skips the weighted sums of neighbours (``num`` is then None): an energy-only pass."""
     kernel = pick_kernel(graph, rho, kernel)
     Y = _masked(Y, graph)
     B, n, d = Y.shape
@@ -88,32 +89,38 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
         logits = Y @ Y.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]  # key bias log beta_v
         logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        p = torch.exp(logits - lse)
-        p_self = torch.diagonal(p, dim1=1, dim2=2)
+        log_p_self = torch.diagonal(logits, dim1=1, dim2=2) - lse[..., 0]     # log p_uu = -log S_u
+        p_self = torch.exp(log_p_self)
         S = torch.exp(lse[..., 0] - (0.5 / tau) * sq)                       # sum over all v, self included
-        off = (p.sum(-1) - p_self).clamp_min(0.0)                           # 1 - p_uu, without cancellation
+        off = -torch.expm1(log_p_self)                                       # 1 - p_uu, without cancellation
         real = graph.mask.to(Y.dtype)
         deg = S * off * real
-        num = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
+        nums = None
+        if num:  # the n x n probabilities only when the neighbour sums are wanted
+            p = torch.exp(logits - lse)
+            nums = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
         e = -0.5 * tau * _f64(deg).sum(-1) if energy else None
-        return PairwisePass(num, deg, e)
+        return PairwisePass(nums, deg, e)
     if kernel == "dense":
         z = dense_z(Y, tau)
         pm = graph.pair_mask()
         zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
         gamma = torch.where(pm, rho.derivative(z), zero)
         e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
-        return PairwisePass(gamma @ Y, gamma.sum(-1), e)
+        return PairwisePass(gamma @ Y if num else None, gamma.sum(-1), e)
     Yf = Y.reshape(B * n, d)
     src, dst = graph.edges()
     z = edge_z(Yf, src, dst, tau)
     gamma = rho.derivative(z)
-    num = torch.zeros_like(Yf).index_add(0, src, gamma[:, None] * Yf[dst]).index_add(0, dst, gamma[:, None] * Yf[src])
+    nums = None
+    if num:
+        nums = torch.zeros_like(Yf).index_add(0, src, gamma[:, None] * Yf[dst]).index_add(0, dst, gamma[:, None] * Yf[src])
+        nums = nums.reshape(B, n, d)
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
     e = None
     if energy:
         e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, _f64(tau * rho.value(z)))
-    return PairwisePass(num.reshape(B, n, d), deg.reshape(B, n), e)
+    return PairwisePass(nums, deg.reshape(B, n), e)
 
 
 def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):

@@ -44,6 +44,11 @@ def _cached(owner, attr: str, tensor: torch.Tensor, compute):
     return hit[1]
 
 
+def _f64_sum(x: torch.Tensor) -> torch.Tensor:
+    """Per-example sum of a ``(B, n, d)`` tensor, accumulated in float64."""
+    return x.to(ACCUM_DTYPE).sum((1, 2))
+
+
 def _zero_padded(x: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return torch.where(graph.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
 
@@ -65,6 +70,11 @@ class EnergyTerm(torch.nn.Module):
         """A per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate at Y:
         H <= diag(c) (x) I_d. Smooth terms only; indicators have a proximal map instead."""
         raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
+
+    def pass_value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """The value as the layers' own pass computes it (Y's dtype, float64 sums); ``value`` is the
+        independent float64 evaluation. Equal up to rounding."""
+        return self.value(Y, graph)
 
     def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True):
         """``(grad, curvature, value)`` at Y, the ingredients of a majorized step (one pass where possible);
@@ -138,6 +148,10 @@ class PairwiseAttention(EnergyTerm):
         grad = _zero_padded(self._back(out.deg[..., None] * Z - out.num), graph)
         return grad, out.deg, out.energy
 
+    def pass_value(self, Y, graph):
+        """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
+        return pairwise_pass(self.features(Y), graph, self.rho, self.tau, self.kernel, energy=True, num=False).energy
+
     def mm(self, Y, graph, value: bool = True):
         grad, deg, value = self.mm_pass(Y, graph, value)
         return grad, 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype), value
@@ -200,6 +214,14 @@ class Residual(EnergyTerm):
     def curvature(self, Y, graph):
         return 1.0
 
+    def mm(self, Y, graph, value: bool = True):
+        R = _zero_padded(Y - self.anchor(Y), graph)
+        return R, 1.0, (0.5 * _f64_sum(R * R) if value else None)
+
+    def pass_value(self, Y, graph):
+        R = _zero_padded(Y - self.anchor(Y), graph)
+        return 0.5 * _f64_sum(R * R)
+
     def describe(self):
         return "B=0" if self.B is None else f"B{tuple(self.B.shape)}"
 
@@ -235,6 +257,13 @@ class FeedForward(EnergyTerm):
 
     def grad(self, Y, graph):
         return _zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype), graph)
+
+    def mm(self, Y, graph, value: bool = True):
+        G = self.grad(Y, graph)
+        return G, self.curvature(Y, graph), (0.5 * _f64_sum(G * Y) if value else None)
+
+    def pass_value(self, Y, graph):
+        return 0.5 * _f64_sum(self.grad(Y, graph) * Y)
 
     def curvature(self, Y, graph):
         """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged)."""

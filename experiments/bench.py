@@ -25,8 +25,7 @@ from typing import Callable, Dict
 import torch
 
 from energies.graph import complete, window
-from energies.pairwise import pairwise_pass
-from energies.rho import get_rho
+from energies.terms import PairwiseAttention
 from unfold.model import UnfoldedTransformer
 from unfold.steps import AttentionStep
 
@@ -91,8 +90,8 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
     Y = torch.randn(1, n2, d2, device=device)
     tau = math.sqrt(d2)
     g = complete(n2).to(device)
-    rho = get_rho("exp")
-    ours = lambda: pairwise_pass(Y, g, rho, tau, "softmax", energy=True).energy  # noqa: E731
+    term = PairwiseAttention("exp", tau)
+    ours = lambda: term.pass_value(Y, g)  # noqa: E731  (energy-only pass: LSE identity)
     ref = lambda: reference_pair_energy(Y, tau)  # noqa: E731
     e_ours, e_ref = ours(), ref()
     t_ours = timeit(ours, repeat=3)

@@ -141,3 +141,11 @@ def test_dense_pair_mask_matches_edges():
     assert int(A.sum()) == 2 * int(g.num_edges().sum())
     assert torch.equal(g.to_sparse().pair_mask(), A)
     assert torch.equal(E.complete(5).pair_mask(), E.complete(5).to_sparse().pair_mask())
+
+
+def test_pattern_builders_scale_with_edges_not_n_squared():
+    """n = 200,000 would need 10^11 candidate pairs (hundreds of GB) if built from all pairs."""
+    n = 200_000
+    assert int(E.window(n, 2).num_edges()[0]) == 2 * n - 3
+    assert int(E.dilated(n, 3, 2).num_edges()[0]) == (n - 3) + (n - 6)
+    assert int(E.strided(1000, 100).num_edges()[0]) == sum(1000 - o for o in list(range(1, 100)) + list(range(100, 1000, 100)))

@@ -245,6 +245,6 @@ class UnfoldedTransformer(nn.Module):
 
 
 def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
-    """Every term's value at Y (float64 per example), by the terms' own single passes."""
+    """Every term's value at Y (float64 per example) by the layers' own kernels (energy-only passes)."""
     with torch.no_grad():
-        return OrderedDict((name, term.value(Y, graph).to(ACCUM_DTYPE)) for name, term in energy.terms.items())
+        return OrderedDict((name, term.pass_value(Y, graph).to(ACCUM_DTYPE)) for name, term in energy.terms.items())

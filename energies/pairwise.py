@@ -6,7 +6,11 @@ swap the kernel:
 * ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory);
 * ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
 * ``softmax``: complete graph with rho = exp only: softmax over all keys with key bias
-  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39).
+  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39);
+* ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
+  and backward (each tile is recomputed in the backward pass). No running log-sum-exp is needed:
+  ``gamma = rho'(z)`` is bounded for every rho here and the step divides by ``1 + deg``, so plain
+  sums of tiles are safe.
 
 For edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = ||y_u - y_v||^2 / (2 tau)``, one pass returns
 
@@ -31,7 +35,10 @@ from .rho import ExpRho, Rho
 __all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "PairwisePass", "pairwise_pass",
            "weighted_neighbour_sums", "pairwise_energy"]
 
-KERNELS = ("edges", "dense", "softmax")
+KERNELS = ("edges", "dense", "softmax", "streamed")
+#: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
+STREAM_TILE = 256
+STREAM_MIN_N = 1024
 
 
 class PairwisePass(NamedTuple):
@@ -45,10 +52,14 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     edges otherwise. An explicit ``softmax`` that does not apply is an error."""
     if kernel == "auto":
         if graph.is_complete:
+            if graph.num_nodes > STREAM_MIN_N:
+                return "streamed"
             return "softmax" if isinstance(rho, ExpRho) else "dense"
         return "edges"
     if kernel not in KERNELS:
         raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {list(KERNELS) + ['auto']}")
+    if kernel == "streamed" and not graph.is_complete:
+        raise EnergyError(f"the streamed kernel is for the complete graph; got graph {graph.name!r} (use 'edges')")
     if kernel == "softmax" and not (graph.is_complete and isinstance(rho, ExpRho)):
         raise EnergyError("the softmax kernel needs the complete graph and rho='exp'; "
                           f"got graph {graph.name!r}, rho {rho.spec()!r}")
@@ -101,6 +112,8 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
             nums = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
         e = -0.5 * tau * _f64(deg).sum(-1) if energy else None
         return PairwisePass(nums, deg, e)
+    if kernel == "streamed":
+        return _streamed_pass(Y, graph, rho, tau, energy, num)
     if kernel == "dense":
         z = dense_z(Y, tau)
         pm = graph.pair_mask()
@@ -123,6 +136,41 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     return PairwisePass(nums, deg.reshape(B, n), e)
 
 
+def _streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
+                   tile: Optional[int] = None) -> PairwisePass:
+    """The complete-graph pass over key tiles (see the module docstring)."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, n, d = Y.shape
+    tile = tile or STREAM_TILE
+    sq = (Y * Y).sum(-1)
+    rows = torch.arange(n, device=Y.device)
+    zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
+
+    def block(Y, sq, s: int):
+        K = Y[:, s:s + tile]
+        cols = rows[s:s + tile]
+        z = torch.clamp(sq[:, :, None] + sq[:, None, s:s + tile] - 2.0 * Y @ K.transpose(1, 2), min=0.0) / (2.0 * tau)
+        pm = graph.mask[:, :, None] & graph.mask[:, None, s:s + tile] & (rows[:, None] != cols[None, :])
+        gamma = torch.where(pm, rho.derivative(z), zero)
+        out = [gamma.sum(-1), gamma @ K if num else zero]
+        out.append(0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else zero)
+        return tuple(out)
+
+    deg = torch.zeros(B, n, dtype=Y.dtype, device=Y.device)
+    nums = torch.zeros_like(Y) if num else None
+    e = torch.zeros(B, dtype=torch.float64, device=Y.device) if energy else None
+    recompute = torch.is_grad_enabled() and Y.requires_grad
+    for s in range(0, n, tile):
+        dg, nm, en = checkpoint(block, Y, sq, s, use_reentrant=False) if recompute else block(Y, sq, s)
+        deg = deg + dg
+        if num:
+            nums = nums + nm
+        if energy:
+            e = e + en
+    return PairwisePass(nums, deg, e)
+
+
 def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):
     """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``."""
     out = pairwise_pass(Y, graph, rho, tau, kernel)
@@ -137,4 +185,4 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     kernel = pick_kernel(graph, rho, kernel)
     if kernel == "softmax":
         kernel = "dense"
-    return pairwise_pass(Y, graph, rho, tau, kernel, energy=True).energy
+    return pairwise_pass(Y, graph, rho, tau, kernel, energy=True, num=False).energy

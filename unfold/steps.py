@@ -17,7 +17,7 @@ import torch
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
-from energies.pairwise import edge_z
+from energies.pairwise import KERNELS, edge_z
 from energies.registry import registrar
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
@@ -112,8 +112,8 @@ class AttentionStep(Step):
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        if kernel not in ("auto", "edges", "dense", "softmax"):
-            raise StepError(f"unknown attention kernel {kernel!r}; valid: ['auto', 'dense', 'edges', 'softmax']")
+        if kernel not in ("auto",) + KERNELS:
+            raise StepError(f"unknown attention kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel

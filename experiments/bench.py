@@ -9,6 +9,8 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
   vs the reference method that materialises every pair difference (``reference_over_ours``);
 * ``sparse``: one attention MM step (forward + backward) on a window graph, our edge kernel vs PyG
   ``TransformerConv`` on the same ``edge_index`` (``ours_over_pyg_time`` at the largest n);
+* ``attention``: one attention layer (exact MM step, rho = exp, forward + backward) vs
+  ``scaled_dot_product_attention`` at n = 256 ... 8192: time and peak memory (``ours_over_sdpa_time``);
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
   of the same width and depth (``ours_over_torch_steps_per_s``).
 """
@@ -157,6 +159,63 @@ def model_suite(quick: bool, device: torch.device) -> dict:
     return {"figures": figures,
             "ratios": {"ours_over_torch_steps_per_s": figures["guaranteed_steps_per_s"] / figures["baseline_steps_per_s"]},
             "targets": {"ours_over_torch_steps_per_s": ">= 0.8"}}
+
+
+_PEAK_CODE = """
+import resource, sys, torch
+sys.path.insert(0, {root!r})
+from experiments.bench import _attention_case
+fn = _attention_case({kind!r}, {n}, {d}, {B}, torch.device('cpu'))
+fn()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _attention_case(kind: str, n: int, d: int, B: int, device: torch.device):
+    """One attention layer, forward + backward: ``ours`` (exact MM step, rho = exp, kernel auto) or
+    ``sdpa`` (``scaled_dot_product_attention`` with q = k = v, the same n, d, batch)."""
+    gen = torch.Generator().manual_seed(n)
+    Y = torch.randn(B, n, d, generator=gen).to(device).requires_grad_()
+    if kind == "ours":
+        g = complete(n, B).to(device)
+        step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0)
+        return lambda: step(Y, g).sum().backward()
+    Q = Y[:, None]
+    return lambda: torch.nn.functional.scaled_dot_product_attention(Q, Q, Q).sum().backward()
+
+
+def _peak_rss_mb(kind: str, n: int, d: int, B: int) -> float:
+    """Peak resident memory (MB) of a fresh process that runs one case once (CPU)."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = _PEAK_CODE.format(root=root, kind=kind, n=n, d=d, B=B)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return int(out.stdout.strip().splitlines()[-1]) / 1024.0
+
+
+@suite("attention")
+def attention_suite(quick: bool, device: torch.device) -> dict:
+    d, B = 64, 2
+    sizes = [256, 512] if quick else [256, 1024, 2048, 4096, 8192]
+    base = {k: _peak_rss_mb(k, 8, d, B) for k in ("ours", "sdpa")} if device.type == "cpu" else None
+    rows = []
+    for n in sizes:
+        rep = 2 if quick or n >= 4096 else 5
+        t_ours = timeit(_attention_case("ours", n, d, B, device), rep)
+        t_sdpa = timeit(_attention_case("sdpa", n, d, B, device), rep)
+        row = {"n": n, "ours_s": t_ours, "sdpa_s": t_sdpa, "ours_over_sdpa": t_ours / t_sdpa}
+        if base is not None:
+            row["ours_peak_mb"] = _peak_rss_mb("ours", n, d, B) - base["ours"]
+            row["sdpa_peak_mb"] = _peak_rss_mb("sdpa", n, d, B) - base["sdpa"]
+        rows.append(row)
+    return {"figures": {"d": d, "B": B, "rows": rows,
+                        "memory": "peak RSS of a fresh process running the case once, minus that at n = 8"},
+            "ratios": {"ours_over_sdpa_time": rows[-1]["ours_over_sdpa"]},
+            "targets": {"ours_over_sdpa_time": "<= 1.5 (CPU)"}}
 
 
 def main(argv=None) -> int:

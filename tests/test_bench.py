@@ -7,7 +7,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"ours_over_pyg_time"},
-            "model": {"ours_over_torch_steps_per_s"}}
+            "model": {"ours_over_torch_steps_per_s"}, "attention": {"ours_over_sdpa_time"}}
 
 
 @pytest.mark.parametrize("suite", sorted(HEADLINE))
@@ -27,4 +27,4 @@ def test_quick_suite_prints_its_json_schema(suite):
 def test_unknown_suite_exits_2():
     proc = subprocess.run([sys.executable, "-m", "experiments.bench", "nope"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "valid: ['energy', 'model', 'sparse']" in proc.stderr
+    assert proc.returncode == 2 and "valid: ['attention', 'energy', 'model', 'sparse']" in proc.stderr

@@ -7,8 +7,9 @@ swap the kernel:
 * ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
 * ``softmax``: complete graph with rho = exp only: softmax over all keys with key bias
   ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39);
-* ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
-  and backward (each tile is recomputed in the backward pass). No running log-sum-exp is needed:
+* ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) working memory
+  without autograd; with autograd each tile is recomputed in the backward pass (checkpointing),
+  which cuts the peak but does not yet reach O(B n tile) (see ``RECOMPUTE``). No running log-sum-exp is needed:
   ``gamma = rho'(z)`` is bounded for every rho here and the step divides by ``1 + deg``, so plain
   sums of tiles are safe.
 
@@ -39,6 +40,9 @@ KERNELS = ("edges", "dense", "softmax", "streamed")
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
 STREAM_TILE = 256
 STREAM_MIN_N = 1024
+#: recompute each tile in the backward pass (torch.utils.checkpoint): measured at n = 8192, B = 2,
+#: d = 64, the forward's peak memory with autograd falls from 4.2 GB to 1.5 GB (0.39 GB without autograd)
+RECOMPUTE = True
 
 
 class PairwisePass(NamedTuple):
@@ -160,7 +164,7 @@ def _streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ene
     deg = torch.zeros(B, n, dtype=Y.dtype, device=Y.device)
     nums = torch.zeros_like(Y) if num else None
     e = torch.zeros(B, dtype=torch.float64, device=Y.device) if energy else None
-    recompute = torch.is_grad_enabled() and Y.requires_grad
+    recompute = torch.is_grad_enabled() and Y.requires_grad and RECOMPUTE
     for s in range(0, n, tile):
         dg, nm, en = checkpoint(block, Y, sq, s, use_reentrant=False) if recompute else block(Y, sq, s)
         deg = deg + dg

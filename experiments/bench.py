@@ -161,13 +161,15 @@ def model_suite(quick: bool, device: torch.device) -> dict:
             "targets": {"ours_over_torch_steps_per_s": ">= 0.8"}}
 
 
+# VmHWM (the process's own peak RSS, reset by exec), not ru_maxrss: a child started from a large
+# parent inherits the parent's ru_maxrss across fork + exec.
 _PEAK_CODE = """
-import resource, sys, torch
+import sys, torch
 sys.path.insert(0, {root!r})
 from experiments.bench import _attention_case
 fn = _attention_case({kind!r}, {n}, {d}, {B}, torch.device('cpu'))
 fn()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])
 """
 
 

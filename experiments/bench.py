@@ -11,6 +11,7 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
   ``TransformerConv`` on the same ``edge_index`` (``ours_over_pyg_time`` at the largest n);
 * ``attention``: one attention layer (exact MM step, rho = exp, forward + backward) vs
   ``scaled_dot_product_attention`` at n = 256 ... 8192: time and peak memory (``ours_over_sdpa_time``);
+* ``scaling``: time against n for the complete and window graphs, log-log slopes and ``bench/scaling.png``;
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
   of the same width and depth (``ours_over_torch_steps_per_s``).
 """
@@ -218,6 +219,46 @@ def attention_suite(quick: bool, device: torch.device) -> dict:
                         "memory": "peak RSS of a fresh process running the case once, minus that at n = 8"},
             "ratios": {"ours_over_sdpa_time": rows[-1]["ours_over_sdpa"]},
             "targets": {"ours_over_sdpa_time": "<= 1.5 (CPU)"}}
+
+
+@suite("scaling")
+def scaling_suite(quick: bool, device: torch.device) -> dict:
+    """Time and peak memory of one attention layer (forward + backward) against n, complete graph
+    (kernel auto) and window:4 graph; writes the log-log plot ``bench/scaling.png``."""
+    import os
+
+    d, B = 64, 1
+    sizes = [256, 1024] if quick else [256, 1024, 4096, 16384]
+    rows = []
+    for graph in ("complete", "window:4"):
+        for n in sizes:
+            if graph == "complete" and n > 8192:
+                continue
+            g = (complete(n, B) if graph == "complete" else window(n, 4, B)).to(device)
+            step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0)
+            Y = torch.randn(B, n, d, device=device, requires_grad=True)
+            t = timeit(lambda: step(Y, g).sum().backward(), 2 if quick or n >= 4096 else 4)
+            rows.append({"graph": graph, "n": n, "seconds": t})
+    comp = [r for r in rows if r["graph"] == "complete"]
+    win = [r for r in rows if r["graph"] == "window:4"]
+
+    def slope(rs):
+        if len(rs) < 2:
+            return float("nan")
+        return math.log(rs[-1]["seconds"] / rs[0]["seconds"]) / math.log(rs[-1]["n"] / rs[0]["n"])
+
+    os.makedirs("bench", exist_ok=True)
+    from unfold.plot import pyplot, save_figure
+
+    fig, ax = pyplot().subplots(figsize=(6, 4.2))
+    for name, rs in (("complete (auto kernel)", comp), ("window:4 (edges)", win)):
+        ax.loglog([r["n"] for r in rs], [r["seconds"] for r in rs], marker="o", label=name)
+    ax.set(xlabel="tokens n", ylabel="seconds (forward + backward)", title=f"one attention layer, d = {d}")
+    ax.legend()
+    save_figure(fig, os.path.join("bench", "scaling.png"))
+    return {"figures": {"d": d, "B": B, "rows": rows, "plot": "bench/scaling.png"},
+            "ratios": {"complete_time_loglog_slope": slope(comp), "window_time_loglog_slope": slope(win)},
+            "targets": {"complete_time_loglog_slope": "~2 (quadratic)", "window_time_loglog_slope": "~1 (linear in |E|)"}}
 
 
 def main(argv=None) -> int:

@@ -7,14 +7,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"ours_over_pyg_time"},
-            "model": {"ours_over_torch_steps_per_s"}, "attention": {"ours_over_sdpa_time"}}
+            "model": {"ours_over_torch_steps_per_s"}, "attention": {"ours_over_sdpa_time"},
+            "scaling": {"complete_time_loglog_slope", "window_time_loglog_slope"}}
 
 
 @pytest.mark.parametrize("suite", sorted(HEADLINE))
-def test_quick_suite_prints_its_json_schema(suite):
+def test_quick_suite_prints_its_json_schema(suite, tmp_path):
     """Checks the JSON layout of each suite (--quick), not the speed: speed goals are read off the full runs."""
     proc = subprocess.run([sys.executable, "-m", "experiments.bench", suite, "--quick", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["suite"] == suite and out["quick"] is True
@@ -27,4 +29,4 @@ def test_quick_suite_prints_its_json_schema(suite):
 def test_unknown_suite_exits_2():
     proc = subprocess.run([sys.executable, "-m", "experiments.bench", "nope"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "valid: ['attention', 'energy', 'model', 'sparse']" in proc.stderr
+    assert proc.returncode == 2 and "valid: ['attention', 'energy', 'model', 'scaling', 'sparse']" in proc.stderr

@@ -110,7 +110,7 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
         if num:  # the n x n probabilities only when the neighbour sums are wanted
             p = torch.exp(logits - lse)
             nums = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
-        e = -0.5 * tau * _f64(deg).sum(-1) if energy else None
+        e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
         return PairwisePass(nums, deg, e)
     if kernel == "streamed":
         return _streamed_pass(Y, graph, rho, tau, energy, num)

@@ -45,8 +45,9 @@ def _cached(owner, attr: str, tensor: torch.Tensor, compute):
 
 
 def _f64_sum(x: torch.Tensor) -> torch.Tensor:
-    """Per-example sum of a ``(B, n, d)`` tensor, accumulated in float64."""
-    return x.to(ACCUM_DTYPE).sum((1, 2))
+    """Per-example sum of a ``(B, n, d)`` tensor: each token's d features in x's dtype (torch's
+    pairwise summation), the tokens accumulated in float64. In float64 it is an exact float64 sum."""
+    return x.sum(-1).sum(-1, dtype=ACCUM_DTYPE)
 
 
 def _zero_padded(x: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -285,7 +286,7 @@ class NonNegativity(EnergyTerm):
     is_indicator = True
 
     def value(self, Y, graph):
-        neg = ((Y < 0) & graph.mask[..., None]).any(-1).any(-1)
+        neg = ((Y.amin(-1) < 0) & graph.mask).any(-1)
         out = torch.zeros(Y.shape[0], dtype=ACCUM_DTYPE, device=Y.device)
         return torch.where(neg, torch.full_like(out, math.inf), out)
 

@@ -59,6 +59,25 @@ def timeit(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def timeit_interleaved(fns, repeat: int = 20, warmup: int = 2):
+    """Median wall times of several functions timed in alternation (drift on a shared machine hits
+    them alike, so their ratio is steadier than with back-to-back runs)."""
+    for _ in range(warmup):
+        for f in fns:
+            f()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for i, f in enumerate(fns):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            f()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
 def _tokens(B: int, n: int, vocab: int, device, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(2, vocab, (B, n), generator=gen)
@@ -87,8 +106,8 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
     model = UnfoldedTransformer(5000, 2, d=d, heads=2, layers=4).to(device).eval()
     ids, mask = _tokens(B, n, 5000, device)
     with torch.no_grad():
-        t_on = timeit(lambda: model(ids, mask, trace=True), repeat=3 if quick else 10)
-        t_off = timeit(lambda: model(ids, mask, trace=False), repeat=3 if quick else 10)
+        t_on, t_off = timeit_interleaved([lambda: model(ids, mask, trace=True), lambda: model(ids, mask, trace=False)],
+                                         repeat=3 if quick else 40)
     n2, d2 = (256, 32) if quick else (2048, 128)
     Y = torch.randn(1, n2, d2, device=device)
     tau = math.sqrt(d2)
@@ -129,8 +148,7 @@ def sparse_suite(quick: bool, device: torch.device) -> dict:
         def pyg():
             conv(X, ei).sum().backward()
 
-        rep = 2 if quick else 5
-        t_ours, t_pyg = timeit(ours, rep), timeit(pyg, rep)
+        t_ours, t_pyg = timeit_interleaved([ours, pyg], 2 if quick else 7, warmup=1)
         rows.append({"n": n, "edges": int(g.edges().shape[1]), "ours_s": t_ours, "pyg_s": t_pyg,
                      "ours_over_pyg": t_ours / t_pyg})
     return {"figures": {"d": d, "graph": f"window:{radius}", "rows": rows},
@@ -144,7 +162,8 @@ def model_suite(quick: bool, device: torch.device) -> dict:
     ids, mask = _tokens(B, n, 5000, device)
     labels = torch.randint(0, 2, (B,), generator=torch.Generator().manual_seed(1)).to(device)
     figures = {"B": B, "n": n, "d": d, "layers": layers}
-    for mode in ("guaranteed", "baseline"):
+
+    def trainer(mode):
         torch.manual_seed(0)
         model = UnfoldedTransformer(5000, 2, d=d, heads=2, layers=layers, mode=mode).to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -156,7 +175,12 @@ def model_suite(quick: bool, device: torch.device) -> dict:
             loss.backward()
             opt.step()
 
-        figures[f"{mode}_steps_per_s"] = 1.0 / timeit(step, repeat=3 if quick else 10)
+        return step
+
+    modes = ("guaranteed", "baseline")
+    times = timeit_interleaved([trainer(m) for m in modes], repeat=3 if quick else 20)
+    for mode, t in zip(modes, times):
+        figures[f"{mode}_steps_per_s"] = 1.0 / t
     return {"figures": figures,
             "ratios": {"ours_over_torch_steps_per_s": figures["guaranteed_steps_per_s"] / figures["baseline_steps_per_s"]},
             "targets": {"ours_over_torch_steps_per_s": ">= 0.8"}}
@@ -207,9 +231,9 @@ def attention_suite(quick: bool, device: torch.device) -> dict:
     base = {k: _peak_rss_mb(k, 8, d, B) for k in ("ours", "sdpa")} if device.type == "cpu" else None
     rows = []
     for n in sizes:
-        rep = 2 if quick or n >= 4096 else 5
-        t_ours = timeit(_attention_case("ours", n, d, B, device), rep)
-        t_sdpa = timeit(_attention_case("sdpa", n, d, B, device), rep)
+        rep = 2 if quick or n >= 4096 else 7
+        t_ours, t_sdpa = timeit_interleaved([_attention_case("ours", n, d, B, device),
+                                             _attention_case("sdpa", n, d, B, device)], rep, warmup=1)
         row = {"n": n, "ours_s": t_ours, "sdpa_s": t_sdpa, "ours_over_sdpa": t_ours / t_sdpa}
         if base is not None:
             row["ours_peak_mb"] = _peak_rss_mb("ours", n, d, B) - base["ours"]

@@ -116,8 +116,7 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
     ours = lambda: term.pass_value(Y, g)  # noqa: E731  (energy-only pass: LSE identity)
     ref = lambda: reference_pair_energy(Y, tau)  # noqa: E731
     e_ours, e_ref = ours(), ref()
-    t_ours = timeit(ours, repeat=3)
-    t_ref = timeit(ref, repeat=1, warmup=0)
+    t_ours, t_ref = timeit_interleaved([ours, ref], repeat=2 if quick else 5, warmup=0)
     return {
         "figures": {"model": {"B": B, "n": n, "d": d, "layers": 4, "trace_on_s": t_on, "trace_off_s": t_off},
                     "pair_energy": {"n": n2, "d": d2, "ours_s": t_ours, "reference_s": t_ref,

@@ -45,18 +45,7 @@ def suite(name: str):
 
 def timeit(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in seconds (CUDA synchronised)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timeit_interleaved([fn], repeat, warmup)[0]
 
 
 def timeit_interleaved(fns, repeat: int = 20, warmup: int = 2):

@@ -151,6 +151,17 @@ class TokenGraph:
     def total_nodes(self) -> int:
         return self.batch_size * self.num_nodes
 
+    def zero_padded(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(B, n, ...)`` with padded slots set to zero (so NaN/Inf there cannot leak through 0 * x)."""
+        return torch.where(self._slot_mask(x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    def keep_padded(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        """``new`` on real slots, ``old`` on padded ones: padded slots pass through every step unchanged."""
+        return torch.where(self._slot_mask(new), new, old)
+
+    def _slot_mask(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mask.reshape(self.mask.shape + (1,) * (x.ndim - 2))
+
     def to(self, device) -> "TokenGraph":
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)

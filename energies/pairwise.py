@@ -79,11 +79,6 @@ def dense_z(Y: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.clamp(d2, min=0.0) / (2.0 * tau)
 
 
-def _masked(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    """Padded slots set to zero so that NaN/Inf there cannot leak through 0 * x."""
-    return torch.where(graph.mask[..., None], Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
-
-
 def _f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
@@ -93,7 +88,7 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy.
     ``num=False`` skips the weighted sums of neighbours (``num`` is then None): an energy-only pass."""
     kernel = pick_kernel(graph, rho, kernel)
-    Y = _masked(Y, graph)
+    Y = graph.zero_padded(Y)
     B, n, d = Y.shape
     if kernel == "softmax":
         sq = (Y * Y).sum(-1)

@@ -50,10 +50,6 @@ def _f64_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum(-1).sum(-1, dtype=ACCUM_DTYPE)
 
 
-def _zero_padded(x: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    return torch.where(graph.mask[..., None], x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
 class EnergyTerm(torch.nn.Module):
     """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`."""
 
@@ -146,7 +142,7 @@ class PairwiseAttention(EnergyTerm):
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
         Z = self.features(Y)
         out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=value)
-        grad = _zero_padded(self._back(out.deg[..., None] * Z - out.num), graph)
+        grad = graph.zero_padded(self._back(out.deg[..., None] * Z - out.num))
         return grad, out.deg, out.energy
 
     def pass_value(self, Y, graph):
@@ -206,21 +202,21 @@ class Residual(EnergyTerm):
 
     def value(self, Y, graph):
         Y = Y.to(ACCUM_DTYPE)
-        r = _zero_padded(Y - self.anchor(Y), graph)
+        r = graph.zero_padded(Y - self.anchor(Y))
         return 0.5 * (r * r).sum((1, 2))
 
     def grad(self, Y, graph):
-        return _zero_padded(Y - self.anchor(Y), graph)
+        return graph.zero_padded(Y - self.anchor(Y))
 
     def curvature(self, Y, graph):
         return 1.0
 
     def mm(self, Y, graph, value: bool = True):
-        R = _zero_padded(Y - self.anchor(Y), graph)
+        R = graph.zero_padded(Y - self.anchor(Y))
         return R, 1.0, (0.5 * _f64_sum(R * R) if value else None)
 
     def pass_value(self, Y, graph):
-        R = _zero_padded(Y - self.anchor(Y), graph)
+        R = graph.zero_padded(Y - self.anchor(Y))
         return 0.5 * _f64_sum(R * R)
 
     def describe(self):
@@ -252,12 +248,12 @@ class FeedForward(EnergyTerm):
         self.W = W
 
     def value(self, Y, graph):
-        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        Y = graph.zero_padded(Y.to(ACCUM_DTYPE))
         W = self.W.to(device=Y.device, dtype=ACCUM_DTYPE)
         return 0.5 * ((Y @ W) * Y).sum((1, 2))
 
     def grad(self, Y, graph):
-        return _zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype), graph)
+        return graph.zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype))
 
     def mm(self, Y, graph, value: bool = True):
         G = self.grad(Y, graph)
@@ -303,12 +299,12 @@ class Centering(EnergyTerm):
     name = "center"
 
     def value(self, Y, graph):
-        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        Y = graph.zero_padded(Y.to(ACCUM_DTYPE))
         s = Y.sum(-1)
         return (s * s).sum(-1) / (2.0 * Y.shape[-1])
 
     def grad(self, Y, graph):
-        return _zero_padded(Y.mean(-1, keepdim=True).expand_as(Y), graph)
+        return graph.zero_padded(Y.mean(-1, keepdim=True).expand_as(Y))
 
     def curvature(self, Y, graph):
         return 1.0  # Hessian 1 1^T / d per token
@@ -335,7 +331,7 @@ class Rescaling(EnergyTerm):
         return math.sqrt(d) if self.radius is None else self.radius
 
     def value(self, Y, graph):
-        Y = _zero_padded(Y.to(ACCUM_DTYPE), graph)
+        Y = graph.zero_padded(Y.to(ACCUM_DTYPE))
         norm = torch.linalg.vector_norm(Y, dim=-1)
         return (0.5 * norm * norm - self.r(Y.shape[-1]) * norm).sum(-1)
 
@@ -346,7 +342,7 @@ class Rescaling(EnergyTerm):
     def grad(self, Y, graph):
         norm = torch.linalg.vector_norm(Y, dim=-1, keepdim=True)
         unit = Y / torch.clamp(norm, min=torch.finfo(Y.dtype).tiny)
-        return _zero_padded(Y - self.r(Y.shape[-1]) * unit, graph)
+        return graph.zero_padded(Y - self.r(Y.shape[-1]) * unit)
 
     def describe(self):
         return "r=sqrt(d)" if self.radius is None else f"r={self.radius:g}"

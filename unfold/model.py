@@ -54,12 +54,12 @@ class ModelOutput:
     #: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``
     states: Optional[List[torch.Tensor]] = None
     guaranteed: bool = False
+    #: dtype of the states, which sets the tolerance of :meth:`report`
+    states_dtype: torch.dtype = torch.float32
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
         """Descent statistics of the trace (increases flagged with the dtype-aware tolerance)."""
         return report_from_values(self.energies, self.states_dtype, tol_factor, self.guaranteed)
-
-    states_dtype: torch.dtype = torch.float32
 
 
 class _GraphAttention(nn.Module):
@@ -202,7 +202,7 @@ class UnfoldedTransformer(nn.Module):
         graph = self.token_graph(mask)
         X = self.embed_tokens(ids)
         real = mask[..., None]
-        X = torch.where(real, X, torch.zeros((), dtype=X.dtype, device=X.device))
+        X = graph.zero_padded(X)
         energy = self.energy(X) if (trace or self.mode == "guaranteed") else None  # the guaranteed step needs it
         values: List[Dict[str, torch.Tensor]] = []
         states: List[torch.Tensor] = []
@@ -231,7 +231,7 @@ class UnfoldedTransformer(nn.Module):
                 if trace:
                     values.append(_values(energy, Y, graph))
                 Y = block(Y, allowed) if self.mode == "free" else block(Y, src_key_padding_mask=~mask)
-                Y = torch.where(real, Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
+                Y = graph.zero_padded(Y)
         if keep_states:
             states.append(Y)
         energies = None

@@ -57,26 +57,25 @@ class ProxMMStep(Step):
                          ) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
         """``(Y', values)``: the step from Y and every term's value at Y (float64, per example); with
         ``values=False`` no energy is evaluated and the dict is empty."""
-        want = values
         grad = torch.zeros_like(Y)
         curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
-        values: Dict[str, torch.Tensor] = OrderedDict()
+        vals: Dict[str, torch.Tensor] = OrderedDict()
         for name, term in self.energy.terms.items():
             if term.is_indicator:
-                if want:
-                    values[name] = term.value(Y, graph)
+                if values:
+                    vals[name] = term.value(Y, graph)
                 continue
-            g, c, v = term.mm(Y, graph, want)
+            g, c, v = term.mm(Y, graph, values)
             grad = grad + g
             curv = curv + c
-            if want:
-                values[name] = v
+            if values:
+                vals[name] = v
         if not bool((curv > 0).all()):
             raise StepError("ProxMMStep needs a positive curvature bound on every token: add a Residual term")
         out = Y - self.alpha * grad / curv[..., None]
         if self.indicator is not None:
             out = torch.relu(out)
-        return torch.where(graph.mask[..., None], out, Y), values
+        return graph.keep_padded(out, Y), vals
 
     def update(self, Y, graph):
         return self.step_with_energy(Y, graph, values=False)[0]

@@ -44,11 +44,6 @@ UPDATES = ("exact", "printed")
 register_step = registrar(STEPS, "kind")
 
 
-def _keep_padded(new: torch.Tensor, old: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    """Padded slots are carried through every step unchanged."""
-    return torch.where(graph.mask[..., None], new, old)
-
-
 def _check_alpha(alpha, what: str = "alpha") -> float:
     a = float(alpha)
     if not (0.0 < a <= 1.0):
@@ -72,7 +67,7 @@ class Step(torch.nn.Module):
 
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         Y = check_tokens(Y, graph)
-        return _keep_padded(self.update(Y, graph), Y, graph)
+        return graph.keep_padded(self.update(Y, graph), Y)
 
     def substeps(self) -> List["Step"]:
         return [self]
@@ -338,7 +333,7 @@ class Sequence(Step):
 
     def update(self, Y, graph):
         for s in self.steps:
-            Y = _keep_padded(s.update(Y, graph), Y, graph)
+            Y = graph.keep_padded(s.update(Y, graph), Y)
         return Y
 
     def theorem41(self, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:

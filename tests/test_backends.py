@@ -43,12 +43,41 @@ def test_streamed_equals_dense(rho, tile, device, monkeypatch):
     assert (grads[0] - grads[1]).abs().max() < 1e-8
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "streamed", "dense"])
+def cpu_only(kernel, device):
+    if kernel == "fused" and device != "cpu":
+        pytest.skip("the fused kernel wraps the CPU flash-attention op")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_wrapper_equals_explicit_softmax_with_both_gradients(dtype):
+    """The one private-op wrapper: O and LSE, and the gradients through both, equal the explicit form."""
+    from energies.fused import fused_attention
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 3, 41, 6, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
+    w_o, w_l = torch.randn(2, 3, 41, 6, dtype=dtype, generator=gen), torch.randn(2, 3, 41, dtype=dtype, generator=gen)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    results = []
+    for explicit in (False, True):
+        if explicit:
+            s = q @ k.transpose(-1, -2) * 0.4
+            o, lse = torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+        else:
+            o, lse = fused_attention(q, k, v, 0.4)
+        for weights in ((w_o, 0 * w_l), (0 * w_o, w_l), (w_o, w_l)):   # O alone, LSE alone, both
+            loss = (o * weights[0]).sum() + (lse * weights[1]).sum()
+            results.append([o, lse] + list(torch.autograd.grad(loss, (q, k, v), retain_graph=True)))
+    for a, b in zip(results[:3], results[3:]):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "fused", "streamed", "dense"])
 def test_complete_kernels_match_the_edge_list_on_every_quantity(kernel):
     Y, mask = sample(n=20, seed=1)
     g = E.complete(20, 3, mask)
     sparse = g.to_sparse()
-    for rho in (["exp"] if kernel == "softmax" else RHOS):
+    for rho in (["exp"] if kernel in ("softmax", "fused") else RHOS):
         r = E.get_rho(rho)
         a = pairwise_pass(Y, g, r, 2.0, kernel, energy=True)
         b = pairwise_pass(Y, sparse, r, 2.0, "edges", energy=True)
@@ -61,7 +90,7 @@ def test_energy_from_the_pass_equals_direct_evaluation():
     Y, mask = sample(n=50, seed=2)
     g = E.complete(50, 3, mask)
     direct = E.PairwiseAttention("exp", 3.0, kernel="edges").value(Y, g.to_sparse())
-    for kernel in ("softmax", "streamed"):
+    for kernel in ("softmax", "fused", "streamed"):
         term = E.PairwiseAttention("exp", 3.0, kernel=kernel)
         assert torch.allclose(term.pass_value(Y, g), direct, rtol=1e-8, atol=1e-10)
         assert torch.allclose(term.mm_pass(Y, g)[2], direct, rtol=1e-8, atol=1e-10)
@@ -69,9 +98,10 @@ def test_energy_from_the_pass_equals_direct_evaluation():
 
 def test_auto_picks_by_graph_and_size_and_kernels_refuse_clearly():
     r_exp, r_c = E.get_rho("exp"), E.get_rho("cauchy")
-    assert pick_kernel(E.complete(64), r_exp) == "softmax"
+    assert pick_kernel(E.complete(64), r_exp) == "fused"
+    assert pick_kernel(E.complete(4096), r_exp) == "fused"
     assert pick_kernel(E.complete(64), r_c) == "dense"
-    assert pick_kernel(E.complete(4096), r_exp) == "streamed"
+    assert pick_kernel(E.complete(4096), r_c) == "streamed"
     assert pick_kernel(E.window(64, 2), r_exp) == "edges"
     with pytest.raises(EnergyError, match="streamed kernel is for the complete graph"):
         pick_kernel(E.window(64, 2), r_exp, "streamed")
@@ -91,3 +121,38 @@ def test_streamed_runs_where_dense_would_not_fit():
     assert pick_kernel(g, step.rho) == "streamed"
     out, rep = U.trace_descent(step, Y, g, layers=1)
     assert rep.num_increases == 0 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("scale", [1.0, 20.0])
+@pytest.mark.parametrize("kernel", ["fused", "softmax", "streamed"])
+def test_every_complete_kernel_matches_dense_in_steps_and_gradients(kernel, scale, device):
+    """Outputs and gradients of a full exact step (with an initial residual and padding) on each
+    complete-graph kernel equal the dense reference within 1e-8 (float64); scale 20 makes every
+    off-diagonal weight underflow and the padded rows' logits extreme."""
+    cpu_only(kernel, device)
+    Y, mask = sample(n=29, d=4, seed=5, device=device)
+    Y = Y * scale
+    g = E.complete(29, 3, mask).to(device)
+    B = torch.randn_like(Y)
+    outs = {}
+    for kern in ("dense", kernel):
+        Yr = Y.clone().requires_grad_()
+        out = U.AttentionStep("exp", 1.3, 0.7, B, kernel=kern)(Yr, g)
+        outs[kern] = (out.detach(), torch.autograd.grad((out * torch.sin(out)).sum(), Yr)[0])
+    assert (outs["dense"][0] - outs[kernel][0]).abs().max() < 1e-10
+    assert (outs["dense"][1] - outs[kernel][1]).abs().max() < 1e-8
+    # the energy read off the pass, differentiated: the gradient of E1 itself
+    term = E.PairwiseAttention("exp", 1.3, kernel=kernel)
+    Yr = Y.clone().requires_grad_()
+    (g_pass,) = torch.autograd.grad(term.mm_pass(Yr, g)[2].sum(), Yr) if kernel != "streamed" else (None,)
+    if g_pass is not None:
+        (g_ref,) = torch.autograd.grad(E.PairwiseAttention("exp", 1.3, kernel="dense").value(Yr, g).sum(), Yr)
+        assert (g_pass - g_ref).abs().max() < 1e-8
+
+
+def test_fused_kernel_refuses_clearly():
+    r_c = E.get_rho("cauchy")
+    with pytest.raises(EnergyError, match="fused kernel needs the complete graph and rho='exp'"):
+        pick_kernel(E.complete(8), r_c, "fused")
+    with pytest.raises(EnergyError, match="fused kernel needs the complete graph"):
+        pick_kernel(E.window(8, 1), E.get_rho("exp"), "fused")

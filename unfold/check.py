@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=float, default=None, help="temperature (default sqrt(d))")
     p.add_argument("--update", choices=UPDATES, default="exact",
                    help="exact MM step, or 'printed' (supplement eq. 38, the negative control)")
-    p.add_argument("--kernel", choices=["auto", "edges", "dense", "softmax"], default="auto")
+    p.add_argument("--kernel", choices=["auto", "edges", "dense", "softmax", "fused", "streamed"], default="auto")
     p.add_argument("--relu", action="store_true", help="follow each attention step by the ReLU prox step")
     p.add_argument("--residual", choices=["none", "input"], default="none",
                    help="R(Y) = |Y|^2/2 (none) or the initial residual |Y - Y_0|^2/2 (input)")

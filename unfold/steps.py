@@ -95,7 +95,9 @@ class AttentionStep(Step):
     Kernels (:mod:`energies.pairwise`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
     (complete graph, rho=exp: softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self
     included, self contribution removed from the output, so that the exact step is
-    ``attn_u + p_uu (b_u - y_u)``), ``auto`` (softmax where it applies).
+    ``attn_u + p_uu (b_u - y_u)``), ``fused`` (the same softmax form in one flash-attention kernel
+    call with a differentiable log-sum-exp, CPU), ``streamed`` (complete graph, any rho, key tiles),
+    ``auto`` (:func:`energies.pairwise.pick_kernel`).
     """
 
     guarantee = "E1 never increases for 0 < alpha <= 1 with update='exact' (Theorem B.2 + Prop. B.1)"

@@ -1,0 +1,89 @@
+"""Fused softmax attention with a differentiable log-sum-exp: the one wrapper of PyTorch's private
+flash-attention op.
+
+``fused_attention(q, k, v, scale)`` returns ``(O, LSE)`` for ``(..., n, c)`` inputs,
+
+    LSE_u = log sum_v exp(scale q_u.k_v),      O_u = sum_v exp(scale q_u.k_v - LSE_u) v_v,
+
+without materialising the ``n x n`` matrix, in one kernel call forward and one backward. The op
+(``aten._scaled_dot_product_flash_attention_for_cpu``) returns the LSE but gives it no gradient;
+the backward here supplies it with the op's own backward. Its backward forms
+``dS_uv = p_uv (g_u.v_v - delta_u)`` with ``delta_u = g_u.O_u`` read from the ``out`` it is given.
+The LSE gradient adds ``p_uv lam_u`` to ``dS_uv``; appending one column to every operand, zero to
+q, k, v, one to ``g`` and ``-lam`` to ``out``, turns delta into ``delta_u - lam_u`` and leaves
+everything else unchanged, so a single backward call yields the gradients of both outputs.
+
+The op runs on CPU only (float32 / float64 / bfloat16). Private ops can change between releases:
+:func:`fused_available` probes the op once, and the tests compare both outputs and all gradients
+with the explicit computation.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .errors import EnergyError
+
+__all__ = ["fused_attention", "fused_available"]
+
+
+def _ops():
+    aten = torch.ops.aten
+    return aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+@functools.lru_cache(maxsize=None)
+def fused_available(device_type: str = "cpu") -> bool:
+    """Whether the fused op exists and agrees with the explicit form on a small case."""
+    if device_type != "cpu":
+        return False
+    try:
+        fwd, _ = _ops()
+        q = torch.randn(1, 1, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        o, lse = fwd(q, q, q, scale=0.7)
+        s = q @ q.transpose(-1, -2) * 0.7
+        return bool(torch.allclose(lse, torch.logsumexp(s, -1)) and torch.allclose(o, torch.softmax(s, -1) @ q))
+    except (RuntimeError, AttributeError):
+        return False
+
+
+def _pad(t: torch.Tensor, value: float) -> torch.Tensor:
+    return torch.cat([t, torch.full_like(t[..., :1], value)], -1)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        fwd, _ = _ops()
+        o, lse = fwd(q, k, v, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.scale = scale
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, g_o, g_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        _, bwd = _ops()
+        g_o = torch.zeros_like(o) if g_o is None else g_o.contiguous()
+        if g_lse is None:
+            dq, dk, dv = bwd(g_o, q, k, v, o, lse, 0.0, False, scale=ctx.scale)
+            return dq, dk, dv, None
+        out = torch.cat([o, -g_lse[..., None].to(o.dtype)], -1)
+        dq, dk, dv = bwd(_pad(g_o, 1.0), _pad(q, 0.0), _pad(k, 0.0), _pad(v, 0.0), out, lse, 0.0, False,
+                         scale=ctx.scale)
+        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """``(O, LSE)`` of softmax attention, both differentiable (see the module docstring).
+
+    Shapes ``(B, H, n, c)`` for q, k, v (one head size c); returns ``O (B, H, n, c)`` and
+    ``LSE (B, H, n)``."""
+    if not fused_available(q.device.type):
+        raise EnergyError(f"the fused kernel needs PyTorch's CPU flash-attention op; tokens are on "
+                          f"{q.device.type!r} (use kernel 'softmax' or 'streamed' there)")
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        raise EnergyError(f"fused attention needs one head size, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                          f"v {tuple(v.shape)}")
+    return _FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), float(scale))

@@ -1,0 +1,130 @@
+"""``UnfoldedAttentionConv``: the attention MM step as a PyTorch Geometric ``MessagePassing`` layer.
+
+Node features X ``(N, d)`` on the undirected graph of ``edge_index`` (either orientation or both;
+self loops and duplicates are dropped), anchor B (``x0``, the initial residual of supplement F.4;
+zero when not given), heads h with metrics W_h ``(d, d_h)``:
+
+    E(X) = sum_h sum_{{u,v} in E} tau rho( ||W_h^T (x_u - x_v)||^2 / (2 tau) ) + 1/2 ||X - B||^2
+           [+ indicator(X >= 0) with ``relu=True``]                              (supplement eq. 33)
+
+One layer is one majorization-minimization step on E, with ``gamma^h_uv = rho'(z^h_uv)``:
+
+* no metric (``head_channels=None``, one head): the exact Jacobi step of eq. 36-37,
+  ``x_u <- (1 - alpha) x_u + alpha (sum_v gamma_uv x_v + b_u) / (1 + sum_v gamma_uv)``;
+* learned metrics: the majorized proximal step of :mod:`unfold.prox`,
+  ``x_u <- [ReLU]( x_u - alpha grad_u E / c_u )``, ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``.
+
+Both never increase E, for any weights and any 0 < alpha <= 1. The energy at the layer's input
+is read off the same message pass (``return_energy=True``): the edge weights and the edge values
+come from the same ``z`` per edge.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+from torch import nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
+
+from energies.errors import GraphError, StepError, TokenError
+from energies.rho import get_rho
+from energies.terms import ACCUM_DTYPE
+
+from .steps import _check_alpha
+
+__all__ = ["UnfoldedAttentionConv", "undirected_edges"]
+
+
+def undirected_edges(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Both orientations of every undirected edge once, no self loops; checks ids and dtype."""
+    if not isinstance(edge_index, torch.Tensor) or edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        raise GraphError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
+    if edge_index.dtype not in (torch.int64, torch.int32):
+        raise GraphError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise GraphError(f"edge_index holds node ids in [{int(edge_index.min())}, {int(edge_index.max())}], "
+                         f"outside [0, {num_nodes}) for {num_nodes} nodes")
+    ei = remove_self_loops(edge_index.long())[0]
+    return coalesce(to_undirected(ei, num_nodes=num_nodes), num_nodes=num_nodes)
+
+
+class UnfoldedAttentionConv(MessagePassing):
+    """One attention MM step on a graph (module docstring). Usable like any PyG conv:
+    ``x = conv(x, edge_index, x0)``; ``conv(x, edge_index, x0, return_energy=True)`` also returns
+    the terms of E at the input ``{"attention", "residual"[, "relu"]}`` (float64 scalars);
+    :meth:`energy` evaluates E alone. Apply one conv T times for a true unrolled optimisation."""
+
+    def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None, rho: str = "exp",
+                 tau: Optional[float] = None, alpha: float = 1.0, relu: bool = False):
+        super().__init__(aggr="add", node_dim=0)
+        if int(channels) < 1 or int(heads) < 1:
+            raise StepError(f"channels and heads must be >= 1, got channels={channels}, heads={heads}")
+        self.channels, self.heads = int(channels), int(heads)
+        self.rho = get_rho(rho)
+        self.alpha = _check_alpha(alpha)
+        self.relu = bool(relu)
+        metric = head_channels is not None or heads > 1
+        self.head_channels = int(head_channels or channels) if metric else self.channels
+        self.tau = float(tau) if tau is not None else math.sqrt(self.head_channels)
+        if not self.tau > 0:
+            raise StepError(f"tau must be > 0, got {tau}")
+        if relu and not metric:
+            raise StepError("relu=True needs the proximal form: give head_channels (a learned metric)")
+        self.W = nn.Parameter(torch.randn(self.heads, self.channels, self.head_channels)
+                              / math.sqrt(self.channels)) if metric else None
+
+    # ------------------------------------------------------------------ the one pass
+    def _pass(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor], values: bool):
+        if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != self.channels:
+            raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
+        if not x.dtype.is_floating_point or not bool(torch.isfinite(x).all()):
+            raise TokenError(f"x must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
+        b = torch.zeros_like(x) if x0 is None else x0.to(x.dtype)
+        if b.shape != x.shape:
+            raise TokenError(f"x0 has shape {tuple(b.shape)}, x has {tuple(x.shape)}")
+        ei = undirected_edges(edge_index, x.shape[0])
+        N, H = x.shape[0], self.heads
+        z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)
+        src, dst = ei
+        ze = ((z[src] - z[dst]) ** 2).sum(-1) / (2.0 * self.tau)                     # (E, H), each pair twice
+        gamma = self.rho.derivative(ze)
+        agg = self.propagate(ei, z=z, gamma=gamma, size=(N, N))                        # (N, H, k + 1)
+        num, deg = agg[..., :-1], agg[..., -1]
+        vals = None
+        if values:
+            vals = OrderedDict(attention=0.5 * self.tau * self.rho.value(ze).to(ACCUM_DTYPE).sum(),
+                               residual=0.5 * ((x - b).to(ACCUM_DTYPE) ** 2).sum())
+            if self.relu:
+                vals["relu"] = torch.where((x >= 0).all(), 0.0, math.inf).to(ACCUM_DTYPE)
+        return z, num, deg, b, vals
+
+    def message(self, z_j: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        """``[gamma_uv z_v, gamma_uv]`` per directed edge v -> u and head."""
+        return torch.cat([gamma[..., None] * z_j, gamma[..., None]], -1)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None,
+                return_energy: bool = False):
+        z, num, deg, b, vals = self._pass(x, edge_index, x0, return_energy)
+        if self.W is None:  # exact Jacobi step (eq. 36-37)
+            out = (1.0 - self.alpha) * x + self.alpha * (num[:, 0] + b) / (1.0 + deg[:, 0])[:, None]
+        else:              # majorized proximal step (unfold.prox)
+            W = self.W.to(x.dtype)
+            grad = torch.einsum("nhk,hdk->nd", deg[..., None] * z - num, W) + (x - b)
+            norm2 = torch.linalg.matrix_norm(W.detach(), ord=2) ** 2                  # (H,)
+            curv = 1.0 + 2.0 * (deg * norm2).sum(-1)
+            out = x - self.alpha * grad / curv[:, None]
+            if self.relu:
+                out = torch.relu(out)
+        return (out, vals) if return_energy else out
+
+    def energy(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """E(x) (float64 scalar), by the same pass as the step."""
+        return sum(self._pass(x, edge_index, x0, True)[4].values())
+
+    def extra_repr(self) -> str:
+        form = "exact" if self.W is None else f"prox, W {tuple(self.W.shape)}"
+        return (f"{self.channels}, heads={self.heads}, rho={self.rho.spec()}, tau={self.tau:g}, "
+                f"alpha={self.alpha:g}, {form}{', relu' if self.relu else ''}")

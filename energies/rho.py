@@ -10,10 +10,11 @@ the MM step is ``gamma_uv = rho'(z_uv)``: each rho *is* an attention kernel. Val
 of the MM step needs ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave).
 
 Register new penalties with :func:`register_rho`; build from a spec string with
-:func:`get_rho` (``"exp"``, ``"relu:1.5"``, ``"cauchy"``, ``"lp:1"``).
+:func:`get_rho` (``"exp"``, ``"relu:1.5"``, ``"softplus:1.5:0.5"``, ``"cauchy"``, ``"lp:1"``).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from .errors import EnergyError
 from .registry import registrar
 
-__all__ = ["Rho", "ExpRho", "ReluRho", "CauchyRho", "LpRho", "RHOS", "register_rho", "get_rho"]
+__all__ = ["Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "RHOS", "register_rho", "get_rho"]
 
 
 class Rho:
@@ -82,6 +83,47 @@ class ReluRho(Rho):
 
     def spec(self):
         return f"relu:{self.c:g}"
+
+
+def softplus_integral(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
+    """``F(u) = int_{-inf}^u softplus(s) ds = -Li2(-e^u)`` (dilogarithm), accurate to ~1e-15.
+
+    For u <= 0 Landen's identity gives ``F(u) = Li2(sigmoid(u)) + softplus(u)^2 / 2`` with
+    ``sigmoid(u) <= 1/2``, where the series ``Li2(w) = sum_k w^k / k^2`` converges geometrically; for
+    u > 0, ``softplus(s) = s + softplus(-s)`` gives ``F(u) = u^2 / 2 + pi^2 / 6 - F(-u)``."""
+    a = torch.where(u <= 0, u, -u)   # -|u| with slope +-1 at 0 too (abs would give 0 there)
+    w = torch.sigmoid(a)
+    k = torch.arange(1, terms + 1, dtype=u.dtype, device=u.device)
+    li2 = (w[..., None] ** k / (k * k)).sum(-1)
+    neg = li2 + 0.5 * torch.nn.functional.softplus(a) ** 2
+    return torch.where(u <= 0, neg, 0.5 * u * u + math.pi ** 2 / 6.0 - neg)
+
+
+@register_rho("softplus")
+class SoftplusRho(Rho):
+    """Softplus kernel: rho'(z) = t softplus((c - z) / t), rho(z) = t^2 (F(c / t) - F((c - z) / t))
+    with F the integral of softplus (:func:`softplus_integral`), so rho(0) = 0.
+
+    Concave (rho'' = -sigmoid((c - z) / t) < 0) and increasing for any c, t > 0. On tokens of equal
+    norm the kernel is softplus of a shifted dot product (softplus attention); as t -> 0 it tends to
+    the ReLU kernel max(c - z, 0) of ``relu:c``, uniformly, with error at most t log 2.
+    """
+
+    def __init__(self, c: float = 1.0, t: float = 1.0):
+        self.c, self.t = float(c), float(t)
+        if not (self.c > 0 and self.t > 0):
+            raise EnergyError(f"softplus rho needs c > 0 and t > 0, got c={c}, t={t}")
+
+    def value(self, z):
+        t = self.t
+        u0 = torch.full_like(z, self.c / t)
+        return t * t * (softplus_integral(u0) - softplus_integral((self.c - z) / t))
+
+    def derivative(self, z):
+        return self.t * torch.nn.functional.softplus((self.c - z) / self.t)
+
+    def spec(self):
+        return f"softplus:{self.c:g}:{self.t:g}"
 
 
 @register_rho("cauchy")

@@ -4,14 +4,16 @@ Every suite times our code against a reference run side by side in the same proc
 ratios (never an absolute time alone). The last line printed is one JSON object:
 ``{"suite", "device", "quick", "figures", "ratios", "targets"}``. Suites so far:
 
-* ``energy``: forward time of the default guaranteed model with the energy trace on vs off
-  (``trace_on_over_off``), and the pairwise attention energy read off the attention pass (LSE identity)
+* ``energy``: forward time of the default guaranteed model (T = 4) with the energy trace on vs off
+  (``trace_on_over_off``; also at T = 8, 16: the per-layer energies are free, E(Y_T) costs one pass), and the pairwise attention energy read off the attention pass (LSE identity)
   vs the reference method that materialises every pair difference (``reference_over_ours``);
 * ``sparse``: one attention MM step (forward + backward) on a window graph, our edge kernel vs PyG
-  ``TransformerConv`` on the same ``edge_index`` (``ours_over_pyg_time`` at the largest n);
+  ``TransformerConv`` on the same ``edge_index`` (``ours_over_pyg_time`` at the largest n), and the
+  peak memory of each per edge;
 * ``attention``: one attention layer (exact MM step, rho = exp, forward + backward) vs
   ``scaled_dot_product_attention`` at n = 256 ... 8192: time and peak memory (``ours_over_sdpa_time``);
-* ``scaling``: time against n for the complete and window graphs, log-log slopes and ``bench/scaling.png``;
+* ``scaling``: time and peak memory against n for the complete and window graphs, log-log slopes and
+  ``bench/scaling.png``;
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
   of the same width and depth (``ours_over_torch_steps_per_s``).
 """
@@ -94,9 +96,13 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
     B, n, d = (8, 32, 32) if quick else (32, 64, 64)
     model = UnfoldedTransformer(5000, 2, d=d, heads=2, layers=4).to(device).eval()
     ids, mask = _tokens(B, n, 5000, device)
+    by_layers = {}
     with torch.no_grad():
-        t_on, t_off = timeit_interleaved([lambda: model(ids, mask, trace=True), lambda: model(ids, mask, trace=False)],
-                                         repeat=3 if quick else 40)
+        for T in ((4,) if quick else (4, 8, 16)):   # the default model has T = 4; E(Y_T) costs one pass
+            by_layers[T] = timeit_interleaved([lambda: model(ids, mask, trace=True, layers=T),
+                                               lambda: model(ids, mask, trace=False, layers=T)],
+                                              repeat=3 if quick else 40)
+    t_on, t_off = by_layers[4]
     n2, d2 = (256, 32) if quick else (2048, 128)
     Y = torch.randn(1, n2, d2, device=device)
     tau = math.sqrt(d2)
@@ -107,7 +113,8 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
     e_ours, e_ref = ours(), ref()
     t_ours, t_ref = timeit_interleaved([ours, ref], repeat=2 if quick else 5, warmup=0)
     return {
-        "figures": {"model": {"B": B, "n": n, "d": d, "layers": 4, "trace_on_s": t_on, "trace_off_s": t_off},
+        "figures": {"model": {"B": B, "n": n, "d": d, "layers": 4, "trace_on_s": t_on, "trace_off_s": t_off,
+                              "trace_on_over_off_by_layers": {T: a / b for T, (a, b) in by_layers.items()}},
                     "pair_energy": {"n": n2, "d": d2, "ours_s": t_ours, "reference_s": t_ref,
                                     "rel_diff": float(((e_ours - e_ref).abs() / e_ref.abs()).max())}},
         "ratios": {"trace_on_over_off": t_on / t_off, "reference_over_ours": t_ref / t_ours},
@@ -117,29 +124,25 @@ def energy_suite(quick: bool, device: torch.device) -> dict:
 
 @suite("sparse")
 def sparse_suite(quick: bool, device: torch.device) -> dict:
-    from torch_geometric.nn import TransformerConv
-
+    """Window graph: our edge kernel vs PyG ``TransformerConv`` on the same ``edge_index``; time and
+    peak memory (CPU), with the memory per edge to show it is linear in |E|."""
     d, radius = 64, 4
+    graph = f"window:{radius}"
     sizes = [512, 2048] if quick else [1024, 4096, 16384, 65536]
-    rows = []
+    rows, base = [], {}
     for n in sizes:
-        g = window(n, radius).to(device)
-        ei = g.directed_edge_index()
-        step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0, kernel="edges")
-        conv = TransformerConv(d, d, heads=1, root_weight=False).to(device)
-        Y = torch.randn(1, n, d, device=device, requires_grad=True)
-        X = torch.randn(n, d, device=device, requires_grad=True)
-
-        def ours():
-            step(Y, g).sum().backward()
-
-        def pyg():
-            conv(X, ei).sum().backward()
-
-        t_ours, t_pyg = timeit_interleaved([ours, pyg], 2 if quick else 7, warmup=1)
-        rows.append({"n": n, "edges": int(g.edges().shape[1]), "ours_s": t_ours, "pyg_s": t_pyg,
-                     "ours_over_pyg": t_ours / t_pyg})
-    return {"figures": {"d": d, "graph": f"window:{radius}", "rows": rows},
+        edges = int(window(n, radius).edges().shape[1])
+        t_ours, t_pyg = timeit_interleaved([_case("ours", n, d, 1, device, graph), _case("pyg", n, d, 1, device, graph)],
+                                           2 if quick else 7, warmup=1)
+        row = {"n": n, "edges": edges, "ours_s": t_ours, "pyg_s": t_pyg, "ours_over_pyg": t_ours / t_pyg}
+        if device.type == "cpu":
+            for kind in ("ours", "pyg"):
+                mb = _peak_above_base(kind, n, d, 1, graph, base)
+                row[f"{kind}_peak_mb"] = mb
+                row[f"{kind}_bytes_per_edge"] = mb * 2 ** 20 / edges
+        rows.append(row)
+    return {"figures": {"d": d, "graph": graph, "rows": rows,
+                        "memory": "peak RSS of a fresh process running the case once, minus that at n = 8"},
             "ratios": {"ours_over_pyg_time": rows[-1]["ours_over_pyg"]},
             "targets": {"ours_over_pyg_time": "<= 1.0"}}
 
@@ -179,53 +182,75 @@ def model_suite(quick: bool, device: torch.device) -> dict:
 _PEAK_CODE = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from experiments.bench import _attention_case
-fn = _attention_case({kind!r}, {n}, {d}, {B}, torch.device('cpu'))
+from experiments.bench import _case
+fn = _case({kind!r}, {n}, {d}, {B}, torch.device('cpu'), {graph!r})
 fn()
 print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])
 """
 
 
-def _attention_case(kind: str, n: int, d: int, B: int, device: torch.device):
-    """One attention layer, forward + backward: ``ours`` (exact MM step, rho = exp, kernel auto) or
-    ``sdpa`` (``scaled_dot_product_attention`` with q = k = v, the same n, d, batch)."""
+def _case(kind: str, n: int, d: int, B: int, device: torch.device, graph: str = "complete"):
+    """One attention layer, forward + backward, as a closure:
+
+    * ``ours``: the exact MM step (rho = exp, kernel auto) on ``graph`` (complete | window:K);
+    * ``sdpa``: ``scaled_dot_product_attention`` with q = k = v, the same n, d, batch;
+    * ``pyg``: PyG ``TransformerConv`` (one head, no root weight) on the same graph's ``edge_index``."""
+    from energies.graph import graph_from_spec
+
     gen = torch.Generator().manual_seed(n)
     Y = torch.randn(B, n, d, generator=gen).to(device).requires_grad_()
+    g = graph_from_spec(graph, n, batch_size=B).to(device)
     if kind == "ours":
-        g = complete(n, B).to(device)
         step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0)
         return lambda: step(Y, g).sum().backward()
+    if kind == "pyg":
+        from torch_geometric.nn import TransformerConv
+
+        torch.manual_seed(0)
+        conv = TransformerConv(d, d, heads=1, root_weight=False).to(device)
+        X, ei = Y.detach().reshape(B * n, d).requires_grad_(), g.directed_edge_index()
+        return lambda: conv(X, ei).sum().backward()
+    if graph != "complete":
+        raise ValueError("sdpa runs on the complete graph only")
     Q = Y[:, None]
     return lambda: torch.nn.functional.scaled_dot_product_attention(Q, Q, Q).sum().backward()
 
 
-def _peak_rss_mb(kind: str, n: int, d: int, B: int) -> float:
+def _peak_rss_mb(kind: str, n: int, d: int, B: int, graph: str = "complete") -> float:
     """Peak resident memory (MB) of a fresh process that runs one case once (CPU)."""
     import os
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = _PEAK_CODE.format(root=root, kind=kind, n=n, d=d, B=B)
+    code = _PEAK_CODE.format(root=root, kind=kind, n=n, d=d, B=B, graph=graph)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return int(out.stdout.strip().splitlines()[-1]) / 1024.0
 
 
+def _peak_above_base(kind: str, n: int, d: int, B: int, graph: str, base: dict) -> float:
+    """Peak RSS of the case minus that of the same case at n = 8 (the interpreter and libraries)."""
+    key = (kind, graph)
+    if key not in base:
+        base[key] = _peak_rss_mb(kind, 8, d, B, graph)
+    return _peak_rss_mb(kind, n, d, B, graph) - base[key]
+
+
 @suite("attention")
 def attention_suite(quick: bool, device: torch.device) -> dict:
     d, B = 64, 2
     sizes = [256, 512] if quick else [256, 1024, 2048, 4096, 8192]
-    base = {k: _peak_rss_mb(k, 8, d, B) for k in ("ours", "sdpa")} if device.type == "cpu" else None
+    base: dict = {}
     rows = []
     for n in sizes:
         rep = 2 if quick or n >= 4096 else 7
-        t_ours, t_sdpa = timeit_interleaved([_attention_case("ours", n, d, B, device),
-                                             _attention_case("sdpa", n, d, B, device)], rep, warmup=1)
+        t_ours, t_sdpa = timeit_interleaved([_case("ours", n, d, B, device), _case("sdpa", n, d, B, device)],
+                                            rep, warmup=1)
         row = {"n": n, "ours_s": t_ours, "sdpa_s": t_sdpa, "ours_over_sdpa": t_ours / t_sdpa}
-        if base is not None:
-            row["ours_peak_mb"] = _peak_rss_mb("ours", n, d, B) - base["ours"]
-            row["sdpa_peak_mb"] = _peak_rss_mb("sdpa", n, d, B) - base["sdpa"]
+        if device.type == "cpu":
+            row["ours_peak_mb"] = _peak_above_base("ours", n, d, B, "complete", base)
+            row["sdpa_peak_mb"] = _peak_above_base("sdpa", n, d, B, "complete", base)
         rows.append(row)
     return {"figures": {"d": d, "B": B, "rows": rows,
                         "memory": "peak RSS of a fresh process running the case once, minus that at n = 8"},
@@ -241,36 +266,43 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
 
     d, B = 64, 1
     sizes = [256, 1024] if quick else [256, 1024, 4096, 16384]
-    rows = []
+    rows, base = [], {}
     for graph in ("complete", "window:4"):
         for n in sizes:
             if graph == "complete" and n > 8192:
                 continue
-            g = (complete(n, B) if graph == "complete" else window(n, 4, B)).to(device)
-            step = AttentionStep("exp", tau=math.sqrt(d), alpha=1.0)
-            Y = torch.randn(B, n, d, device=device, requires_grad=True)
-            t = timeit(lambda: step(Y, g).sum().backward(), 2 if quick or n >= 4096 else 4)
-            rows.append({"graph": graph, "n": n, "seconds": t})
+            row = {"graph": graph, "n": n, "seconds": timeit(_case("ours", n, d, B, device, graph),
+                                                              2 if quick or n >= 4096 else 4)}
+            if device.type == "cpu":
+                row["peak_mb"] = _peak_above_base("ours", n, d, B, graph, base)
+            rows.append(row)
     comp = [r for r in rows if r["graph"] == "complete"]
     win = [r for r in rows if r["graph"] == "window:4"]
 
-    def slope(rs):
-        if len(rs) < 2:
+    def slope(rs, key="seconds"):
+        if len(rs) < 2 or key not in rs[0] or min(rs[0][key], rs[-1][key]) <= 0:
             return float("nan")
-        return math.log(rs[-1]["seconds"] / rs[0]["seconds"]) / math.log(rs[-1]["n"] / rs[0]["n"])
+        return math.log(rs[-1][key] / rs[0][key]) / math.log(rs[-1]["n"] / rs[0]["n"])
 
     os.makedirs("bench", exist_ok=True)
     from unfold.plot import pyplot, save_figure
 
-    fig, ax = pyplot().subplots(figsize=(6, 4.2))
-    for name, rs in (("complete (auto kernel)", comp), ("window:4 (edges)", win)):
-        ax.loglog([r["n"] for r in rs], [r["seconds"] for r in rs], marker="o", label=name)
-    ax.set(xlabel="tokens n", ylabel="seconds (forward + backward)", title=f"one attention layer, d = {d}")
-    ax.legend()
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 4.2))
+    for key, ax, label in (("seconds", axes[0], "seconds (forward + backward)"), ("peak_mb", axes[1], "peak MB")):
+        for name, rs in (("complete (auto kernel)", comp), ("window:4 (edges)", win)):
+            pts = [(r["n"], r[key]) for r in rs if r.get(key, 0) > 0]
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=name)
+        ax.set(xlabel="tokens n", ylabel=label, title=f"one attention layer, d = {d}: {key}")
+        ax.legend()
     save_figure(fig, os.path.join("bench", "scaling.png"))
     return {"figures": {"d": d, "B": B, "rows": rows, "plot": "bench/scaling.png"},
-            "ratios": {"complete_time_loglog_slope": slope(comp), "window_time_loglog_slope": slope(win)},
-            "targets": {"complete_time_loglog_slope": "~2 (quadratic)", "window_time_loglog_slope": "~1 (linear in |E|)"}}
+            "ratios": {"complete_time_loglog_slope": slope(comp), "window_time_loglog_slope": slope(win),
+                       "complete_memory_loglog_slope": slope(comp, "peak_mb"),
+                       "window_memory_loglog_slope": slope(win, "peak_mb")},
+            "targets": {"complete_time_loglog_slope": "~2 (quadratic)", "window_time_loglog_slope": "~1 (linear in |E|)",
+                        "complete_memory_loglog_slope": "~1 (no n x n matrix)",
+                        "window_memory_loglog_slope": "~1 (linear in |E|)"}}
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,11 @@ def rho_value(spec: str, z: float) -> float:
     if name == "relu":
         c = args[0] if args else 1.0
         return c * z - z * z / 2 if z <= c else c * c / 2
+    if name == "softplus":  # rho(z) = int_0^z t softplus((c - s) / t) ds, by quadrature
+        from scipy.integrate import quad
+
+        c, t = (args + [1.0, 1.0])[:2] if len(args) < 2 else args[:2]
+        return quad(lambda s: t * np.logaddexp(0.0, (c - s) / t), 0.0, z, epsabs=1e-13, epsrel=1e-13)[0]
     if name == "cauchy":
         return math.log(1 + z)
     if name == "lp":

@@ -9,7 +9,7 @@ import unfold as U
 from energies.errors import EnergyError
 from energies.pairwise import pairwise_pass, pick_kernel
 
-RHOS = ["exp", "relu:1.5", "cauchy", "lp:1", "lp:0.5:0.01"]
+RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
 
 
 def sample(B=3, n=37, d=5, seed=0, device="cpu"):

@@ -7,7 +7,7 @@ import energies as E
 from energies.errors import EnergyError
 from reference import complete_edges, e1_numpy, rho_value
 
-RHOS = ["exp", "relu:1.5", "cauchy", "lp:1", "lp:0.5:0.01", "lp:2"]
+RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01", "lp:2"]
 
 
 def graphs(n, batch_size=1, mask=None):
@@ -128,3 +128,30 @@ def test_float32_tokens_evaluate_in_float64():
     v = E.attention_energy().value(Y, E.complete(6))
     assert v.dtype == torch.float64
     assert v.item() == pytest.approx(e1_numpy(Y[0].double().numpy(), complete_edges(6)), rel=1e-12)
+
+
+def test_softplus_integral_matches_quadrature_and_its_derivative_is_softplus():
+    from scipy.integrate import quad
+    import numpy as np
+
+    from energies.rho import softplus_integral
+
+    us = [-40.0, -7.0, -1.0, -0.2, 0.0, 0.3, 2.0, 9.0, 35.0]
+    got = softplus_integral(torch.tensor(us, dtype=torch.float64))
+    for u, g in zip(us, got.tolist()):
+        ref = quad(lambda s: np.logaddexp(0.0, s), -np.inf, u, epsabs=1e-13, epsrel=1e-13, limit=200)[0]
+        assert abs(g - ref) <= 1e-12 * max(1.0, abs(ref))
+    u = torch.tensor(us, dtype=torch.float64, requires_grad=True)
+    (d,) = torch.autograd.grad(softplus_integral(u).sum(), u)
+    assert (d - torch.nn.functional.softplus(u)).abs().max() < 1e-12
+
+
+def test_softplus_kernel_tends_to_the_relu_kernel_at_rate_t_log2():
+    """|t softplus((c - z)/t) - max(c - z, 0)| <= t log 2, attained at z = c; the energies converge too."""
+    z = torch.linspace(0.0, 4.0, 401, dtype=torch.float64)
+    relu = E.get_rho("relu:1.5")
+    for t in (1.0, 0.1, 0.01, 0.001):
+        sp = E.get_rho(f"softplus:1.5:{t}")
+        gap = (sp.derivative(z) - relu.derivative(z)).abs().max().item()
+        assert gap <= t * math.log(2) + 1e-15 and gap >= 0.99 * t * math.log(2)
+        assert (sp.value(z) - relu.value(z)).abs().max().item() <= 4.0 * t * math.log(2) + 1e-12

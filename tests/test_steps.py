@@ -10,7 +10,7 @@ import energies as E
 import unfold as U
 from energies.errors import StepError
 
-RHOS = ["exp", "relu:1.5", "cauchy", "lp:1", "lp:0.5:0.01"]
+RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
 
 
 def builders(n, B, mask=None, seed=0):

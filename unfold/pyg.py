@@ -86,7 +86,7 @@ class UnfoldedAttentionConv(MessagePassing):
         if b.shape != x.shape:
             raise TokenError(f"x0 has shape {tuple(b.shape)}, x has {tuple(x.shape)}")
         ei = undirected_edges(edge_index, x.shape[0])
-        N, H = x.shape[0], self.heads
+        N = x.shape[0]
         z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)
         src, dst = ei
         ze = ((z[src] - z[dst]) ** 2).sum(-1) / (2.0 * self.tau)                     # (E, H), each pair twice

@@ -1,0 +1,92 @@
+"""Standard attention activations and the spline probe (Lai, Lim, Liu: attention is a cubic spline)."""
+import math
+
+import pytest
+import torch
+
+from energies.errors import ConfigError
+from experiments.spline_probe import Encoder, EncoderBlock, probe, probe_attention, static_degree
+from unfold.attention import Attention
+
+
+def test_relu_attention_fits_degree_3_and_not_2():
+    out = probe_attention("relu", seed=0)
+    assert out["verdict"] == "spline" and out["degree"] == 3 and out["static_degree_bound"] == 3
+    assert out["pieces"] > 1 and out["max_continuity_gap"] < 1e-6
+    assert out["max_slope_jump"] > 1e-3          # continuous but not C^1: the probe reports, never requires it
+    low = probe_attention("relu", seed=0, max_degree=2)
+    assert low["verdict"] == "non-spline" and low["degree"] is None and low["max_residual"] > 1e-6
+
+
+@pytest.mark.parametrize("activation", ["softmax", "softplus"])
+def test_smooth_activations_fail_every_low_degree(activation):
+    out = probe_attention(activation, seed=1)
+    assert out["verdict"] == "non-spline" and out["degree"] is None and out["static_degree_bound"] is None
+    assert out["pieces"] == 1 and out["max_residual"] > 1e-7
+
+
+@pytest.mark.parametrize("which,degree", [("context", 2), ("x", 1), ("both", 3)])
+def test_cross_attention_degrees(which, degree):
+    out = probe_attention("relu", cross=which, seed=2)
+    assert out["verdict"] == "spline" and out["degree"] == degree == out["static_degree_bound"]
+
+
+def test_static_bound_is_never_below_the_probed_degree():
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    for module in (EncoderBlock(3, activation="relu"), Encoder(EncoderBlock(3), EncoderBlock(3))):
+        module = module.double()
+        X0, D = (torch.randn(1, 4, 3, dtype=torch.float64, generator=gen) for _ in range(2))
+        bound = static_degree(module)
+        out = probe(lambda t: module(X0 + t * D), module, t_max=1.0, max_degree=bound)
+        assert out["verdict"] == "spline" and out["degree"] <= bound
+    assert static_degree(Encoder(EncoderBlock(3), EncoderBlock(3))) == 9
+    assert static_degree(EncoderBlock(3, layernorm=True)) is None
+
+
+@pytest.mark.parametrize("activation", ["softmax", "relu", "softplus"])
+def test_causal_output_j_ignores_inputs_after_j(activation):
+    torch.manual_seed(0)
+    att = Attention(4, 2, activation, causal=True).double()
+    X = torch.randn(1, 7, 4, dtype=torch.float64)
+    J = torch.autograd.functional.jacobian(att, X)[0, :, :, 0]      # (out pos, out feat, in pos, in feat)
+    for j in range(7):
+        assert J[j, :, j + 1:].abs().sum() == 0
+        assert J[j, :, : j + 1].abs().max() > 0
+
+
+def test_softmax_module_equals_torch_sdpa():
+    torch.manual_seed(1)
+    att = Attention(8, 2, "softmax").double()
+    X = torch.randn(3, 5, 8, dtype=torch.float64)
+    q, k, v = (att._split(lin(X)) for lin in (att.q, att.k, att.v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(3, 5, 8)
+    assert torch.allclose(att(X), att.o(ref), atol=1e-12)
+
+
+def test_softplus_attention_tends_to_relu_attention_at_rate_t():
+    """|t softplus(s/t) - relu(s)| <= t log 2 per weight, so the outputs differ by at most
+    t log 2 / m * sum_i |V_i| |W_o| (checked entrywise). A query of zeros has every score 0, where the
+    weight gap is exactly t log 2: its output error is exactly linear in t (the rate is attained)."""
+    torch.manual_seed(2)
+    X = torch.randn(1, 6, 4, dtype=torch.float64)
+    X[0, 0] = 0.0
+    relu = Attention(4, 1, "relu").double()
+    with torch.no_grad():
+        V = relu.v(X)[0]
+        bound = math.log(2) / 6 * (V.abs().sum(0) @ relu.o.weight.abs().T)
+    errs = []
+    for t in (1e-1, 1e-2, 1e-3, 1e-4):
+        sp = Attention(4, 1, "softplus", temperature=t).double()
+        sp.load_state_dict(relu.state_dict())
+        err = (sp(X) - relu(X)).abs()[0]
+        assert (err <= t * bound + 1e-15).all()
+        errs.append(err[0] / t)
+    assert all(torch.allclose(e, errs[0], rtol=1e-9) for e in errs) and errs[0].max() > 0
+
+
+def test_attention_refuses_bad_input():
+    with pytest.raises(ConfigError, match="unknown attention activation 'gelu'; valid"):
+        Attention(4, 1, "gelu")
+    with pytest.raises(ConfigError, match="temperature > 0"):
+        Attention(4, 1, "softplus", temperature=0)

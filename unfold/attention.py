@@ -1,0 +1,131 @@
+"""Standard attention modules with a choice of activation (Lai, Lim, Liu, "Attention is a smoothed
+cubic spline", section 1.3-1.7), for the free mode, baselines and the spline probe.
+
+Rows are tokens here (the paper's columns). For queries from X ``(B, n, d)`` and keys/values from a
+context C ``(B, m, d)`` (C = X for self-attention), per head h with ``Q = X W_q^h``, ``K = C W_k^h``,
+``V = C W_v^h``:
+
+    S = Q K^T / sqrt(d_h)                                 (the paper's K(X)^T Q(X), eq. 5)
+    softmax:  A = SoftMax_row(S)                          (eq. 5)
+    relu:     A = ReLU(S) / m                             (section 1.9: ReLU attention)
+    softplus: A = t Softplus(S / t) / m                   (section 4: the smooth proxy of ReLU)
+    out = concat_h(A V) W_o
+
+``causal=True`` is the masked attention of eq. 8-9: query j sees keys i <= j only (masked scores
+are -inf before the activation, so their weight is 0 for all three activations). ``forward(x,
+context)`` with a context is the encoder-decoder attention gamma(X, Y) of eq. 13: keys and values
+from the encoder output, queries from the decoder, so that with ReLU it is quadratic in the
+context, linear in x, cubic in both (Theorem 3.3). The 1/m of the unnormalised activations is a
+constant for a given length: it keeps outputs of order one and leaves the spline degree unchanged.
+
+The activation is a module (``nn.ReLU``, ``nn.Softplus``, :class:`RowSoftmax`), so that hooks see
+every pre-activation (the spline probe reads ReLU sign patterns this way).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from energies.errors import ConfigError, TokenError
+
+__all__ = ["Attention", "ACTIVATIONS", "RowSoftmax", "TemperedSoftplus", "make_activation"]
+
+
+class RowSoftmax(nn.Module):
+    """Softmax over the keys (last dimension)."""
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(s, dim=-1)
+
+
+def _relu():
+    return nn.ReLU()
+
+
+class TemperedSoftplus(nn.Module):
+    """``t softplus(s / t) = relu(s) + t log(1 + exp(-|s| / t))``: smooth for every t > 0, within
+    ``t log 2`` of ReLU (attained at s = 0), and computed without overflow or a linear switch-over
+    (torch's ``nn.Softplus`` turns linear above a threshold, which is not smooth)."""
+
+    def __init__(self, temperature: float = 1.0):
+        super().__init__()
+        self.t = float(temperature)
+        if not self.t > 0:
+            raise ConfigError(f"softplus attention needs temperature > 0, got {temperature}")
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(s) + self.t * torch.log1p(torch.exp(-s.abs() / self.t))
+        return torch.where(torch.isneginf(s), torch.zeros_like(out), out)   # masked scores weigh 0
+
+
+def _softplus(temperature: float = 1.0):
+    return TemperedSoftplus(temperature)
+
+
+ACTIVATIONS: Dict[str, object] = {"softmax": lambda temperature=1.0: RowSoftmax(), "relu": lambda temperature=1.0: _relu(),
+                                  "softplus": _softplus}
+
+
+def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"unknown attention activation {name!r}; valid: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name](temperature=temperature)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with activation ``softmax | relu | softplus`` (module docstring).
+
+    ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0."""
+
+    def __init__(self, d: int, heads: int = 1, activation: str = "softmax", causal: bool = False,
+                 temperature: float = 1.0, bias: bool = False, d_head: Optional[int] = None):
+        super().__init__()
+        if int(d) < 1 or int(heads) < 1:
+            raise ConfigError(f"attention needs d >= 1 and heads >= 1, got d={d}, heads={heads}")
+        self.d, self.heads = int(d), int(heads)
+        self.d_head = int(d_head) if d_head else max(self.d // self.heads, 1)
+        inner = self.heads * self.d_head
+        self.q, self.k, self.v = (nn.Linear(self.d, inner, bias=bias) for _ in range(3))
+        self.o = nn.Linear(inner, self.d, bias=bias)
+        self.activation_name = activation
+        self.act = make_activation(activation, temperature)
+        self.causal = bool(causal)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        B, n, _ = x.shape
+        return x.reshape(B, n, self.heads, self.d_head).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, context: Optional[torch.Tensor] = None,
+                key_padding_mask: Optional[torch.Tensor] = None, allowed: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
+        """``allowed`` ``(B, n, m)`` bool (True = query may see key) restricts attention to a token graph."""
+        context = x if context is None else context
+        for name, t in (("x", x), ("context", context)):
+            if not isinstance(t, torch.Tensor) or t.ndim != 3 or t.shape[-1] != self.d:
+                raise TokenError(f"attention {name} must be (B, n, {self.d}), got {tuple(getattr(t, 'shape', ()))}")
+        B, n, m = x.shape[0], x.shape[1], context.shape[1]
+        Q, K, V = self._split(self.q(x)), self._split(self.k(context)), self._split(self.v(context))
+        S = Q @ K.transpose(-1, -2) / math.sqrt(self.d_head)                       # (B, H, n, m)
+        keep = torch.ones(n, m, dtype=torch.bool, device=x.device)
+        if self.causal:
+            if context is not x and m != n:
+                raise ConfigError("causal attention needs as many keys as queries")
+            keep = torch.tril(keep)                                                 # key i <= query j
+        keep = keep[None].expand(B, n, m)
+        if key_padding_mask is not None:
+            keep = keep & key_padding_mask[:, None, :]
+        if allowed is not None:
+            keep = keep & allowed
+        S = S.masked_fill(~keep[:, None], -math.inf)
+        A = self.act(S)
+        if self.activation_name != "softmax":
+            A = A / m
+        A = torch.nan_to_num(A)                                                     # rows with no key at all
+        out = (A @ V).transpose(1, 2).reshape(B, n, self.heads * self.d_head)
+        return self.o(out)
+
+    def extra_repr(self) -> str:
+        return f"d={self.d}, heads={self.heads}, activation={self.activation_name}, causal={self.causal}"

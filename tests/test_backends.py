@@ -127,7 +127,7 @@ def test_streamed_runs_where_dense_would_not_fit():
 @pytest.mark.parametrize("kernel", ["fused", "softmax", "streamed"])
 def test_every_complete_kernel_matches_dense_in_steps_and_gradients(kernel, scale, device):
     """Outputs and gradients of a full exact step (with an initial residual and padding) on each
-    complete-graph kernel equal the dense reference within 1e-8 (float64); scale 20 makes every
+    complete-graph kernel equal the dense reference within 1e-8 relative (float64); scale 20 makes every
     off-diagonal weight underflow and the padded rows' logits extreme."""
     cpu_only(kernel, device)
     Y, mask = sample(n=29, d=4, seed=5, device=device)
@@ -140,7 +140,8 @@ def test_every_complete_kernel_matches_dense_in_steps_and_gradients(kernel, scal
         out = U.AttentionStep("exp", 1.3, 0.7, B, kernel=kern)(Yr, g)
         outs[kern] = (out.detach(), torch.autograd.grad((out * torch.sin(out)).sum(), Yr)[0])
     assert (outs["dense"][0] - outs[kernel][0]).abs().max() < 1e-10
-    assert (outs["dense"][1] - outs[kernel][1]).abs().max() < 1e-8
+    # gradients to 1e-8 relative to their size (at scale 20 they reach ~10^2)
+    assert (outs["dense"][1] - outs[kernel][1]).abs().max() < 1e-8 * max(1.0, outs["dense"][1].abs().max().item())
     # the energy read off the pass, differentiated: the gradient of E1 itself
     term = E.PairwiseAttention("exp", 1.3, kernel=kernel)
     Yr = Y.clone().requires_grad_()

@@ -113,11 +113,11 @@ class SoftplusRho(Rho):
         self.c, self.t = float(c), float(t)
         if not (self.c > 0 and self.t > 0):
             raise EnergyError(f"softplus rho needs c > 0 and t > 0, got c={c}, t={t}")
+        self._F0 = float(softplus_integral(torch.tensor(self.c / self.t, dtype=torch.float64)))   # F(c / t)
 
     def value(self, z):
         t = self.t
-        u0 = torch.full_like(z, self.c / t)
-        return t * t * (softplus_integral(u0) - softplus_integral((self.c - z) / t))
+        return t * t * (self._F0 - softplus_integral((self.c - z) / t))
 
     def derivative(self, z):
         return self.t * torch.nn.functional.softplus((self.c - z) / self.t)

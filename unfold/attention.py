@@ -24,7 +24,7 @@ every pre-activation (the spline probe reads ReLU sign patterns this way).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import nn
@@ -39,10 +39,6 @@ class RowSoftmax(nn.Module):
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         return torch.softmax(s, dim=-1)
-
-
-def _relu():
-    return nn.ReLU()
 
 
 class TemperedSoftplus(nn.Module):
@@ -61,18 +57,17 @@ class TemperedSoftplus(nn.Module):
         return torch.where(torch.isneginf(s), torch.zeros_like(out), out)   # masked scores weigh 0
 
 
-def _softplus(temperature: float = 1.0):
-    return TemperedSoftplus(temperature)
-
-
-ACTIVATIONS: Dict[str, object] = {"softmax": lambda temperature=1.0: RowSoftmax(), "relu": lambda temperature=1.0: _relu(),
-                                  "softplus": _softplus}
+ACTIVATIONS: Dict[str, Callable[[float], nn.Module]] = {
+    "softmax": lambda temperature: RowSoftmax(),
+    "relu": lambda temperature: nn.ReLU(),
+    "softplus": TemperedSoftplus,
+}
 
 
 def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
     if name not in ACTIVATIONS:
         raise ConfigError(f"unknown attention activation {name!r}; valid: {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name](temperature=temperature)
+    return ACTIVATIONS[name](temperature)
 
 
 class Attention(nn.Module):

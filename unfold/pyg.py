@@ -77,7 +77,10 @@ class UnfoldedAttentionConv(MessagePassing):
                               / math.sqrt(self.channels)) if metric else None
 
     # ------------------------------------------------------------------ the one pass
-    def _pass(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor], values: bool):
+    def _pass(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor], values: bool,
+              sums: bool = True):
+        """``(z, num, deg, b, values)``; ``sums=False`` skips the message passing (num, deg None):
+        an energy-only pass."""
         if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != self.channels:
             raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
         if not x.dtype.is_floating_point or not bool(torch.isfinite(x).all()):
@@ -90,9 +93,10 @@ class UnfoldedAttentionConv(MessagePassing):
         z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)
         src, dst = ei
         ze = ((z[src] - z[dst]) ** 2).sum(-1) / (2.0 * self.tau)                     # (E, H), each pair twice
-        gamma = self.rho.derivative(ze)
-        agg = self.propagate(ei, z=z, gamma=gamma, size=(N, N))                        # (N, H, k + 1)
-        num, deg = agg[..., :-1], agg[..., -1]
+        num = deg = None
+        if sums:
+            agg = self.propagate(ei, z=z, gamma=self.rho.derivative(ze), size=(N, N))  # (N, H, k + 1)
+            num, deg = agg[..., :-1], agg[..., -1]
         vals = None
         if values:
             vals = OrderedDict(attention=0.5 * self.tau * self.rho.value(ze).to(ACCUM_DTYPE).sum(),
@@ -105,24 +109,29 @@ class UnfoldedAttentionConv(MessagePassing):
         """``[gamma_uv z_v, gamma_uv]`` per directed edge v -> u and head."""
         return torch.cat([gamma[..., None] * z_j, gamma[..., None]], -1)
 
+    def _prox_parts(self, x, z, num, deg, b):
+        """``(grad E, c)`` of the metric form: ``grad_u = sum_h W_h (deg_h(u) z^h_u - num^h_u) + x_u - b_u``,
+        ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``."""
+        W = self.W.to(x.dtype)
+        grad = torch.einsum("nhk,hdk->nd", deg[..., None] * z - num, W) + (x - b)
+        norm2 = torch.linalg.matrix_norm(W.detach(), ord=2) ** 2                      # (H,)
+        return grad, 1.0 + 2.0 * (deg * norm2).sum(-1)
+
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None,
                 return_energy: bool = False):
         z, num, deg, b, vals = self._pass(x, edge_index, x0, return_energy)
         if self.W is None:  # exact Jacobi step (eq. 36-37)
             out = (1.0 - self.alpha) * x + self.alpha * (num[:, 0] + b) / (1.0 + deg[:, 0])[:, None]
         else:              # majorized proximal step (unfold.prox)
-            W = self.W.to(x.dtype)
-            grad = torch.einsum("nhk,hdk->nd", deg[..., None] * z - num, W) + (x - b)
-            norm2 = torch.linalg.matrix_norm(W.detach(), ord=2) ** 2                  # (H,)
-            curv = 1.0 + 2.0 * (deg * norm2).sum(-1)
+            grad, curv = self._prox_parts(x, z, num, deg, b)
             out = x - self.alpha * grad / curv[:, None]
             if self.relu:
                 out = torch.relu(out)
         return (out, vals) if return_energy else out
 
     def energy(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """E(x) (float64 scalar), by the same pass as the step."""
-        return sum(self._pass(x, edge_index, x0, True)[4].values())
+        """E(x) (float64 scalar), from the same per-edge z as the step (no message passing needed)."""
+        return sum(self._pass(x, edge_index, x0, True, sums=False)[4].values())
 
     def extra_repr(self) -> str:
         form = "exact" if self.W is None else f"prox, W {tuple(self.W.shape)}"

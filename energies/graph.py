@@ -205,7 +205,10 @@ class TokenGraph:
         return torch.bincount(src // self.num_nodes, minlength=self.batch_size)
 
     def degree(self) -> torch.Tensor:
-        """Neighbours per token slot, ``(B, n)``."""
+        """Neighbours per token slot, ``(B, n)`` (0 on padded slots)."""
+        if self.is_complete:
+            real = self.mask.to(torch.long)
+            return (real.sum(1, keepdim=True) - 1) * real
         src, dst = self.edges()
         deg = torch.bincount(torch.cat([src, dst]), minlength=self.total_nodes)
         return deg.reshape(self.batch_size, self.num_nodes)

@@ -19,6 +19,7 @@ from typing import Callable, Dict
 
 import torch
 
+from . import kinks
 from .errors import EnergyError
 from .registry import registrar
 
@@ -35,6 +36,11 @@ class Rho:
 
     def derivative(self, z: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def max_derivative(self) -> float:
+        """``sup_{z >= 0} rho'(z) = rho'(0)`` (rho' is non-increasing for a concave rho): the largest
+        edge weight, which gives a curvature bound independent of Y (``curvature="constant"``)."""
+        return float(self.derivative(torch.zeros((), dtype=torch.float64)))
 
     def spec(self) -> str:
         return self.name
@@ -79,7 +85,7 @@ class ReluRho(Rho):
         return self.c * m - 0.5 * m * m
 
     def derivative(self, z):
-        return torch.clamp(self.c - z, min=0.0)
+        return kinks.relu(self.c - z)
 
     def spec(self):
         return f"relu:{self.c:g}"

@@ -101,14 +101,30 @@ class PairwiseAttention(EnergyTerm):
         grad_u = W W^T sum_{v in N(u)} gamma_uv (y_u - y_v).
 
     Curvature: the tangent surrogate's Hessian is L_gamma (x) W W^T <= 2 D_gamma ||W||_2^2, since a
-    graph Laplacian satisfies L <= 2 D.
+    graph Laplacian satisfies L <= 2 D. ``curvature="adaptive"`` (default) uses the weighted degree
+    D_gamma = sum_v gamma_uv of the current pass; ``"constant"`` the larger bound
+    2 rho'(0) deg(u) ||W||_2^2 (gamma <= rho'(0) for a concave rho), which does not depend on Y: the
+    step is then Y minus a fixed multiple of the gradient, a polynomial in Y wherever the kernel is
+    (rho = relu:C: a cubic spline, as ReLU attention in Lai, Lim, Liu, Lemma 3.2), at the price of
+    shorter steps.
     """
 
     name = "attention"
 
-    def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None):
+    CURVATURES = ("adaptive", "constant")
+
+    def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None,
+                 curvature: str = "adaptive"):
         super().__init__()
         self.rho: Rho = get_rho(rho)
+        if curvature not in self.CURVATURES:
+            raise EnergyError(f"unknown curvature bound {curvature!r}; valid: {list(self.CURVATURES)}")
+        self.curvature_kind = curvature
+        if curvature == "constant":
+            self.max_weight = self.rho.max_derivative()
+            if not (math.isfinite(self.max_weight) and self.max_weight >= 0):
+                raise EnergyError(f"curvature='constant' needs a finite rho'(0), got {self.max_weight} for "
+                                  f"rho={self.rho.spec()}")
         tau = float(tau)
         if not (tau > 0 and math.isfinite(tau)):
             raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau}")
@@ -151,6 +167,8 @@ class PairwiseAttention(EnergyTerm):
 
     def mm(self, Y, graph, value: bool = True):
         grad, deg, value = self.mm_pass(Y, graph, value)
+        if self.curvature_kind == "constant":
+            deg = self.max_weight * graph.degree().to(device=deg.device, dtype=deg.dtype)
         return grad, 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype), value
 
     def curvature(self, Y, graph):
@@ -168,7 +186,8 @@ class PairwiseAttention(EnergyTerm):
 
     def describe(self):
         m = "" if self.metric is None else f", W{tuple(self.metric.shape)}"
-        return f"rho={self.rho.spec()}, tau={self.tau:g}{m}"
+        c = "" if self.curvature_kind == "adaptive" else ", constant curvature"
+        return f"rho={self.rho.spec()}, tau={self.tau:g}{m}{c}"
 
 
 class Residual(EnergyTerm):

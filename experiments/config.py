@@ -45,6 +45,10 @@ DEFAULTS: Dict[str, Any] = {
         "positional": True,
         "ffn_mult": 2,
         "dropout": 0.1,
+        "curvature": "adaptive",        # guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)
+        "attention": None,              # free/baseline: softmax (default) | relu | softplus
+        "attention_temperature": 1.0,   # softplus attention: t softplus(s / t)
+        "norm": None,                   # free: post (default, LayerNorm) | none (add-only blocks)
     },
     "train": {
         "epochs": 6,
@@ -64,11 +68,14 @@ DEFAULTS: Dict[str, Any] = {
 
 NULLABLE = {
     ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("model", "d_head"): (int,),
-    ("model", "tau"): (float, int), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
+    ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
 }
 CHOICES = {
     ("data", "glove"): ("none", "frozen", "finetune"),
     ("model", "mode"): ("guaranteed", "free", "baseline"),
+    ("model", "curvature"): ("adaptive", "constant"),
+    ("model", "attention"): ("softmax", "relu", "softplus"),
+    ("model", "norm"): ("post", "none"),
     ("train", "check_dtype"): ("float32", "float64"),
 }
 

@@ -1,15 +1,20 @@
 """Spline probe: is a module a spline along rays through its input, and of which degree?
 
-``python -m experiments.spline_probe --attention softmax|relu|softplus [--causal] [--cross WHICH] [--json]``
+``python -m experiments.spline_probe (--attention softmax|relu|softplus [--causal] [--cross WHICH]
+| --config FILE [k=v ...] | --checkpoint runs/NAME/best.pt) [--layers T] [--json]``
 
 Lai, Lim, Liu ("Attention is a smoothed cubic spline") show that ReLU attention is a cubic spline,
 a t-layer ReLU encoder a spline of degree 3^t (Lemma 3.2, Theorem 3.3), and that a spline is only
 promised to be continuous (Definition 2.2), not C^1 or C^2. Along a ray ``X(t) = X0 + t D`` the probe
 
-1. reads the sign pattern of every ReLU pre-activation (forward hooks on every ``nn.ReLU``) and
-   splits t into pieces where the pattern is constant (breakpoints located by bisection);
-2. fits polynomials of degree 0, 1, ... per piece in float64 (Chebyshev least squares) and keeps
-   the smallest degree whose worst residual is below ``tol`` times the output scale;
+1. reads the sign pattern of every ReLU pre-activation (forward hooks on every ``nn.ReLU``, and
+   the ReLU kinks of our own MM steps through :mod:`energies.kinks`) and splits t into pieces where
+   the pattern is constant (breakpoints located by bisection);
+2. freezes each piece's pattern (every ReLU becomes multiplication by its fixed 0/1 pattern), which
+   gives a map equal to the module on the piece and defined on the whole ray, and fits it with
+   polynomials of degree 0, 1, ... on the whole ray in float64 (Chebyshev least squares), keeping
+   the smallest degree whose worst residual is below ``tol`` times the output scale (a fit on the
+   piece alone would pass any smooth map once pieces are short);
 3. measures the jump of the output across every breakpoint (continuity gap) and the jump of the
    slope (reported, never required to vanish: C^1 is not claimed).
 
@@ -26,15 +31,19 @@ import argparse
 import json
 import math
 import sys
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
+from energies import kinks
+from energies.errors import UnfoldError
 from unfold.attention import Attention
+from unfold.model import UnfoldedTransformer, _FreeLayer
 
-__all__ = ["probe", "relu_pattern", "static_degree", "EncoderBlock", "Encoder", "probe_attention"]
+__all__ = ["probe", "relu_pattern", "static_degree", "degree_analysis", "EncoderBlock", "Encoder", "probe_attention",
+           "probe_model", "load_model"]
 
 
 # ------------------------------------------------------------------ modules with known degree
@@ -57,41 +66,87 @@ class Encoder(nn.Sequential):
     """t encoder blocks: a spline of degree 3^t with ReLU attention (Theorem 3.3)."""
 
 
-def static_degree(module: nn.Module, wrt: str = "both") -> Optional[int]:
-    """Degree bound of Lemma 3.2 / Theorem 3.3, or None (softmax, softplus, LayerNorm: no spline)."""
+_NOT_SPLINE = {"softmax": "softmax attention (exponential and row normalisation)",
+               "softplus": "softplus attention (smooth, not piecewise polynomial)"}
+
+
+def degree_analysis(module: nn.Module, wrt: str = "both", layers: Optional[int] = None) -> Tuple[Optional[int], List[str]]:
+    """``(bound, reasons)``: the degree bound of Lemma 3.2 / Theorem 3.3 for a module built from known
+    parts, or ``None`` with the parts that make it no spline (softmax, softplus, LayerNorm, a step
+    divided by a Y-dependent curvature). ``layers`` overrides an UnfoldedTransformer's depth."""
     if isinstance(module, Attention):
         if module.activation_name != "relu":
-            return None
-        return {"both": 3, "context": 2, "x": 1}[wrt]
-    if isinstance(module, EncoderBlock):
-        a = static_degree(module.attn)
-        return None if a is None or module.norm is not None else a
+            return None, [_NOT_SPLINE[module.activation_name]]
+        return {"both": 3, "context": 2, "x": 1}[wrt], []
+    if isinstance(module, UnfoldedTransformer):
+        return _model_degree(module, layers)
+    if isinstance(module, nn.LayerNorm):
+        return None, ["LayerNorm (division by the standard deviation)"]
+    if isinstance(module, (EncoderBlock, _FreeLayer)):
+        # out = h + ffn(h), h = x + attn(x) [then LayerNorm]: degree of attention times 1 (ReLU-linear ffn)
+        parts = [module.attn] + [m for m in module.modules() if isinstance(m, nn.LayerNorm)]
+        return _product(degree_analysis(m) for m in parts)
     if isinstance(module, nn.Sequential):
-        deg = 1
-        for m in module:
-            d = static_degree(m)
-            if d is None:
-                return None
-            deg *= d
-        return deg
-    if isinstance(module, (nn.Linear, nn.ReLU, nn.Identity)):
-        return 1
-    return None
+        return _product(degree_analysis(m) for m in module)
+    if isinstance(module, (nn.Linear, nn.ReLU, nn.Identity, nn.Dropout)):
+        return 1, []
+    return None, [f"{type(module).__name__} (unknown to the degree accounting)"]
+
+
+def _product(results: Iterable[Tuple[Optional[int], List[str]]]) -> Tuple[Optional[int], List[str]]:
+    """Degrees multiply under composition (Lemma 3.2); one non-spline part makes the whole non-spline."""
+    deg, reasons = 1, []
+    for d, why in results:
+        reasons += [r for r in why if r not in reasons]
+        deg = None if (deg is None or d is None) else deg * d
+    return (deg if not reasons else None), reasons
+
+
+def _model_degree(model: UnfoldedTransformer, layers: Optional[int]) -> Tuple[Optional[int], List[str]]:
+    T = model.layers if layers is None else int(layers)
+    if model.mode == "baseline":
+        act = [] if model.attention == "relu" else [_NOT_SPLINE[model.attention]]
+        return None, act + ["LayerNorm (torch.nn.TransformerEncoderLayer is post-LN)"]
+    if model.mode == "free":
+        return _product(degree_analysis(b) for b in list(model.blocks)[:T])
+    reasons = []
+    rho = model.rho.split(":")[0]
+    if rho != "relu":
+        reasons.append(f"rho={model.rho}: kernel rho' is not piecewise polynomial")
+    if model.curvature == "adaptive":
+        reasons.append("each step divides by the weighted degree sum_v rho'(z_uv) (adaptive curvature): "
+                       "a rational function of Y on every piece (curvature=constant removes it)")
+    if model.use_layernorm:
+        reasons.append("LayerNorm rescaling term (division by ||y||)")
+    # per step: Y - a grad E(Y) / c with c constant, grad = W W^T sum_v relu(c - z_uv)(y_u - y_v) + linear: cubic
+    return (None, reasons) if reasons else (3 ** T, [])
+
+
+def static_degree(module: nn.Module, wrt: str = "both", layers: Optional[int] = None) -> Optional[int]:
+    """Degree bound of Lemma 3.2 / Theorem 3.3, or None (see :func:`degree_analysis`)."""
+    return degree_analysis(module, wrt, layers)[0]
 
 
 # ------------------------------------------------------------------ the probe
+def run_taped(module: nn.Module, fn: Callable[[], torch.Tensor], replay=None) -> Tuple[torch.Tensor, kinks.KinkTape]:
+    """``(fn(), tape)`` with every ReLU that ``fn`` evaluates on one :class:`~energies.kinks.KinkTape`:
+    the ``nn.ReLU`` modules of ``module`` (forward hooks) and every :func:`energies.kinks.relu` (the ReLU
+    kernel of rho = relu:C, the ReLU prox of the MM steps). ``replay``: freeze the pieces to those
+    patterns instead of recording. Functional ``F.relu`` calls are invisible to the tape."""
+    with kinks.tape(replay) as tp, torch.no_grad():
+        hooks = [m.register_forward_hook(tp.hook) for m in module.modules() if isinstance(m, nn.ReLU)]
+        try:
+            out = fn()
+        finally:
+            for h in hooks:
+                h.remove()
+    return out, tp
+
+
 def relu_pattern(module: nn.Module, fn: Callable[[], torch.Tensor]):
-    """``(output, pattern)``: ``fn()`` and the concatenated signs (>0) of every nn.ReLU input in module."""
-    signs: List[torch.Tensor] = []
-    hooks = [m.register_forward_pre_hook(lambda _m, inp: signs.append((inp[0] > 0).reshape(-1)))
-             for m in module.modules() if isinstance(m, nn.ReLU)]
-    try:
-        out = fn()
-    finally:
-        for h in hooks:
-            h.remove()
-    pattern = torch.cat(signs) if signs else torch.zeros(0, dtype=torch.bool)
-    return out, pattern
+    """``(output, pattern)``: ``fn()`` and the concatenated signs (> 0) of every ReLU input (:func:`run_taped`)."""
+    out, tp = run_taped(module, fn)
+    return out, tp.pattern()
 
 
 def _cheb_fit(ts: np.ndarray, ys: np.ndarray, a: float, b: float, degree: int):
@@ -101,71 +156,84 @@ def _cheb_fit(ts: np.ndarray, ys: np.ndarray, a: float, b: float, degree: int):
     return coef, float(resid)
 
 
+def _slope(coef: np.ndarray, t: float, t_max: float) -> np.ndarray:
+    """Derivative in t of a Chebyshev fit on [-t_max, t_max]."""
+    return np.polynomial.chebyshev.chebval(t / t_max, np.polynomial.chebyshev.chebder(coef)) / t_max
+
+
 def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 3.0, grid: int = 1025,
           max_degree: int = 12, tol: float = 1e-9) -> dict:
     """Probe ``t -> f(t)`` on ``[-t_max, t_max]`` (``f`` evaluates the module in float64; see the
-    module docstring). Returns pieces, breakpoints, fitted degrees, residuals, gaps and a verdict."""
+    module docstring). Returns pieces, breakpoints, fitted degrees, residuals, gaps and a verdict.
 
-    def at(t: float):
-        out, pat = relu_pattern(module, lambda: f(t))
-        return out.detach().reshape(-1).double().numpy(), pat
+    Each piece is tested through its frozen map (every ReLU replaced by the fixed 0/1 pattern it has
+    on the piece, :mod:`energies.kinks`), which equals f on the piece and is defined on the whole
+    ray: for a spline it is one polynomial there, so the fit is made on ``[-t_max, t_max]``, not only
+    on the piece. (A smooth non-polynomial map is fitted by a low degree on a short enough interval;
+    on the whole ray it is not, and that is what separates softmax from ReLU here.)"""
+
+    def at(t: float, replay=None):
+        out, tp = run_taped(module, lambda: f(t), replay)
+        return out.detach().reshape(-1).double().cpu().numpy(), tp
 
     ts = np.linspace(-t_max, t_max, grid)
     samples = [at(float(t)) for t in ts]
+    pats = [tp.pattern() for _, tp in samples]
     scale = max(max(float(np.abs(y).max()) for y, _ in samples), 1e-300)
     breaks: List[float] = []
     for i in range(grid - 1):
-        lo, hi, p_hi = float(ts[i]), float(ts[i + 1]), samples[i + 1][1]
-        p_lo = samples[i][1]
-        while not torch.equal(p_lo, p_hi):      # find every change inside (lo, hi), left to right
+        lo, hi, p_lo, p_hi = float(ts[i]), float(ts[i + 1]), pats[i], pats[i + 1]
+        while not torch.equal(p_lo, p_hi):      # every change inside (lo, hi), left to right
             a, b = lo, hi
-            for _ in range(60):
+            for _ in range(40):
                 mid = 0.5 * (a + b)
-                if torch.equal(at(mid)[1], p_lo):
+                if torch.equal(at(mid)[1].pattern(), p_lo):
                     a = mid
                 else:
                     b = mid
             breaks.append(0.5 * (a + b))
-            lo, p_lo = b, at(b)[1]
+            lo, p_lo = b, at(b)[1].pattern()
             if b >= hi:
                 break
     edges = [-t_max] + breaks + [t_max]
-    pieces, worst, degree = [], 0.0, 0
-    fits = []
+    m = max_degree + 8
+    nodes = t_max * np.cos(np.pi * (np.arange(m) + 0.5) / m)
+    pieces, worst, degree, fits = [], 0.0, 0, []
     for a, b in zip(edges[:-1], edges[1:]):
         if b - a < 1e-12 * t_max:
             continue
-        m = max_degree + 8
-        nodes = 0.5 * (a + b) + 0.5 * (b - a) * np.cos(np.pi * (np.arange(m) + 0.5) / m) * (1 - 1e-9)
-        ys = np.stack([at(float(t))[0] for t in nodes])
-        best = None
-        for k in range(max_degree + 1):
-            coef, resid = _cheb_fit(nodes, ys, a, b, k)
-            if resid <= tol * scale:
-                best = (k, coef, resid)
-                break
-        if best is None:
-            coef, resid = _cheb_fit(nodes, ys, a, b, max_degree)
-            pieces.append({"interval": [a, b], "degree": None, "residual_at_max_degree": resid / scale})
-            worst = max(worst, resid / scale)
-            degree = None
-            fits.append(None)
-            continue
-        k, coef, resid = best
-        pieces.append({"interval": [a, b], "degree": k, "residual": resid / scale})
-        worst = max(worst, resid / scale)
-        degree = None if degree is None else max(degree, k)
-        fits.append((a, b, coef))
+        mid = 0.5 * (a + b)
+        y_mid, tp = at(mid)
+        consistent = float(np.abs(at(mid, replay=tp.signs)[0] - y_mid).max()) <= 1e-12 * scale
+        try:
+            ys = np.stack([at(float(t), replay=tp.signs)[0] for t in nodes])
+        except UnfoldError as exc:   # e.g. a frozen curvature that reaches 0: a pole, so no polynomial
+            ys, undefined = None, str(exc)
+        best, resid = None, math.inf
+        if consistent and ys is not None and np.isfinite(ys).all():
+            fscale = max(scale, float(np.abs(ys).max()))
+            for k in range(max_degree + 1):
+                coef, r = _cheb_fit(nodes, ys, -t_max, t_max, k)
+                resid = r / fscale
+                if resid <= tol:
+                    best = (k, coef)
+                    break
+        piece = {"interval": [a, b], "degree": best[0] if best else None, "residual": resid}
+        if not consistent:
+            piece["frozen_map_differs"] = True
+        if ys is None:
+            piece["frozen_map_undefined"] = undefined
+        pieces.append(piece)
+        worst = max(worst, resid)
+        degree = None if (degree is None or best is None) else max(degree, best[0])
+        fits.append(best[1] if best else None)
     gaps, slope_jumps = [], []
     eps = 1e-9 * t_max
     for b in breaks:
         gaps.append(float(np.abs(at(b + eps)[0] - at(b - eps)[0]).max()) / scale)
-    for left, right in zip(fits[:-1], fits[1:]):
-        if left is None or right is None:
-            continue
-        dl = np.polynomial.chebyshev.chebval(1.0, np.polynomial.chebyshev.chebder(left[2])) * 2 / (left[1] - left[0])
-        dr = np.polynomial.chebyshev.chebval(-1.0, np.polynomial.chebyshev.chebder(right[2])) * 2 / (right[1] - right[0])
-        slope_jumps.append(float(np.abs(np.asarray(dl) - np.asarray(dr)).max()) / scale)
+    for b, left, right in zip(breaks, fits[:-1], fits[1:]):
+        if left is not None and right is not None:
+            slope_jumps.append(float(np.abs(_slope(left, b, t_max) - _slope(right, b, t_max)).max()) / scale)
     continuous = all(g <= max(1e3 * eps / t_max, tol) for g in gaps)
     verdict = "spline" if degree is not None and continuous else "non-spline"
     return {"verdict": verdict, "degree": degree, "pieces": len(pieces), "breakpoints": len(breaks),
@@ -195,23 +263,87 @@ def probe_attention(activation: str = "relu", n: int = 6, d: int = 4, heads: int
     return out
 
 
+def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, overrides: Iterable[str] = (),
+               vocab_size: int = 1000, num_classes: int = 2) -> UnfoldedTransformer:
+    """A model from a config file (random weights) or a training checkpoint (``best.pt``, whose config
+    it holds; ``config`` then overrides nothing), in float64 and eval mode."""
+    from .config import load_config, validate
+    from .train import build_model
+
+    if checkpoint is not None:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        cfg = validate(state["config"])
+        weights = state["model"]
+        emb = weights["embed.weight"]   # GloVe-initialised embeddings set their own width (50)
+        model = build_model(cfg, emb.shape[0], weights["head.weight"].shape[0],
+                            glove=torch.zeros_like(emb) if cfg["data"]["glove"] != "none" else None)
+        model.load_state_dict(weights)
+    else:
+        cfg = load_config(config, overrides)
+        model = build_model(cfg, vocab_size, num_classes)
+    return model.double().eval()
+
+
+def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: Optional[int] = None, **kw) -> dict:
+    """Probe a model's layer stack (embedded tokens X -> Y_T, :meth:`UnfoldedTransformer.encode`) along
+    the ray ``X0 + t D``: X0 the embeddings of n random tokens, D Gaussian at X0's scale. The embedding,
+    pooling and head are outside the probed map (the paper's section 1.11). ``max_degree`` defaults to
+    the static bound where there is one (at most 100), else 12."""
+    gen = torch.Generator().manual_seed(seed)
+    model = model.double().eval()
+    ids = torch.randint(1, model.embed.num_embeddings, (1, n), generator=gen)
+    mask = torch.ones(1, n, dtype=torch.bool)
+    graph = model.token_graph(mask)
+    with torch.no_grad():
+        X0 = graph.zero_padded(model.embed_tokens(ids))
+    D = torch.randn(X0.shape, dtype=torch.float64, generator=gen) * X0.pow(2).mean().sqrt()
+    bound, reasons = degree_analysis(model, layers=layers)
+    if "max_degree" not in kw:
+        kw["max_degree"] = min(bound, 100) if bound is not None else 12
+    out = probe(lambda t: model.encode(X0 + t * D, mask, graph, layers=layers)[0], model, **kw)
+    depth = model.layers if layers is None else int(layers)
+    out.update(static_degree_bound=bound, non_spline_parts=reasons,
+               module=f"{model.mode} model, {depth} layers" + (f", rho={model.rho}, curvature={model.curvature}"
+                                                               if model.mode == "guaranteed" else
+                                                               f", attention={model.attention}, norm={model.norm}"))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.spline_probe", description=__doc__.splitlines()[0])
-    p.add_argument("--attention", choices=["softmax", "relu", "softplus"], required=True)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--attention", choices=["softmax", "relu", "softplus"], help="one standard attention module")
+    src.add_argument("--config", help="a model config (random weights), e.g. experiments/configs/default.yaml")
+    src.add_argument("--checkpoint", help="a trained model: runs/NAME/best.pt")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--cross", choices=["context", "x", "both"], help="probe encoder-decoder attention")
-    p.add_argument("--max-degree", type=int, default=12)
+    p.add_argument("--layers", type=int, help="guaranteed mode: unroll this many layers")
+    p.add_argument("--n", type=int, default=6, help="tokens (model probes)")
+    p.add_argument("--max-degree", type=int, help="default 12 (modules) or the static bound (models)")
     p.add_argument("--tol", type=float, default=1e-9)
     p.add_argument("--t-max", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
+    p.add_argument("overrides", nargs="*", help="section.key=value config overrides (with --config)")
     args = p.parse_args(argv)
-    kw = dict(max_degree=args.max_degree, tol=args.tol, t_max=args.t_max)
-    out = probe_attention(args.attention, causal=args.causal, cross=args.cross, seed=args.seed, **kw)
+    kw = dict(tol=args.tol, t_max=args.t_max)
+    if args.max_degree is not None:
+        kw["max_degree"] = args.max_degree
+    try:
+        if args.attention:
+            out = probe_attention(args.attention, causal=args.causal, cross=args.cross, seed=args.seed, **kw)
+        else:
+            model = load_model(args.config, args.checkpoint, args.overrides)
+            out = probe_model(model, n=args.n, seed=args.seed, layers=args.layers, **kw)
+    except UnfoldError as exc:
+        print(f"python -m experiments.spline_probe: error: {exc}", file=sys.stderr)
+        return 2
     if not args.json:
         print(f"{out['module']}: {out['verdict']}, degree {out['degree']}, static bound "
               f"{out['static_degree_bound']}, {out['pieces']} pieces, max residual {out['max_residual']:.2e}, "
               f"continuity gap {out['max_continuity_gap']:.2e}, slope jump {out['max_slope_jump']:.2e}")
+        for why in out.get("non_spline_parts", []):
+            print(f"  not a spline: {why}")
     out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
     print(json.dumps({k: v for k, v in out.items() if k != "piece_detail"}))
     return 0

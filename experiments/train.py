@@ -91,7 +91,8 @@ def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: O
         mode=mc["mode"], rho=mc["rho"], tau=mc["tau"], graph=mc["graph"], alpha=mc["alpha"], ffn=mc["ffn"],
         relu=mc["relu"], layernorm=mc["layernorm"], pretrained=glove,
         freeze_embed=cfg["data"]["glove"] == "frozen", positional=mc["positional"],
-        max_len=cfg["data"]["max_len"], ffn_mult=mc["ffn_mult"], dropout=mc["dropout"])
+        max_len=cfg["data"]["max_len"], ffn_mult=mc["ffn_mult"], dropout=mc["dropout"], curvature=mc["curvature"],
+        attention=mc["attention"], attention_temperature=mc["attention_temperature"], norm=mc["norm"])
 
 
 def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional[torch.Generator] = None):

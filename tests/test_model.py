@@ -26,14 +26,15 @@ def scramble(model, scale, seed):
 
 
 @pytest.mark.parametrize("graph", ["complete", "window:2", "strided:3", "star", "random:0.4"])
-@pytest.mark.parametrize("rho", ["exp", "relu:2", "cauchy", "lp:1"])
+@pytest.mark.parametrize("rho", ["exp", "relu:2", "softplus:2:0.5", "cauchy", "lp:1"])
 def test_guaranteed_model_never_increases_energy_for_any_parameters(graph, rho):
     ids, mask = batch()
     total = 0
     for seed, scale in enumerate((None, 0.5, 3.0)):
         for layernorm in (False, True):
             model = U.UnfoldedTransformer(50, 3, d=12, heads=2, layers=5, rho=rho, graph=graph,
-                                          layernorm=layernorm, alpha=0.5 + 0.5 * (seed % 2)).double().eval()
+                                          layernorm=layernorm, alpha=0.5 + 0.5 * (seed % 2),
+                                          curvature=("adaptive", "constant")[(seed + layernorm) % 2]).double().eval()
             if scale is not None:
                 scramble(model, scale, seed)
             rep = model(ids, mask).report()
@@ -95,6 +96,56 @@ def test_metric_attention_energy_and_update_share_coordinates():
         assert not torch.allclose(wrong.value(Y.detach(), graph), value, rtol=1e-3)
 
 
+def test_constant_curvature_is_the_larger_bound_and_descends_more_slowly():
+    """c_u = 2 rho'(0) deg(u) ||W||^2 + ... bounds the adaptive 2 sum_v rho'(z_uv) ||W||^2 + ... from above
+    (rho' <= rho'(0)); both descend, the constant one by shorter steps."""
+    ids, mask = batch(seed=8)
+    finals = {}
+    for curvature in ("adaptive", "constant"):
+        torch.manual_seed(0)
+        model = U.UnfoldedTransformer(50, 2, d=12, heads=2, layers=8, rho="relu:2", curvature=curvature).double().eval()
+        scramble(model, 0.4, 8)
+        g = model.token_graph(mask)
+        X = g.zero_padded(model.embed_tokens(ids))
+        curv = {n: t.mm(X, g)[1] for n, t in model.energy(X).terms.items() if n.startswith("head")}
+        finals[curvature] = (curv, model(ids, mask).report())
+    for name, c_adaptive in finals["adaptive"][0].items():
+        assert bool((finals["constant"][0][name] >= c_adaptive - 1e-12).all())
+        assert bool((finals["constant"][0][name] > c_adaptive + 1e-9)[mask].any())
+    (_, rep_a), (_, rep_c) = finals["adaptive"], finals["constant"]
+    assert rep_a.num_increases == rep_c.num_increases == 0
+    assert bool((rep_c.totals[:, -1] >= rep_a.totals[:, -1] - 1e-9).all())   # shorter steps: less descent
+    with pytest.raises(E.EnergyError, match="unknown curvature bound 'loose'"):
+        E.PairwiseAttention("exp", 1.0, curvature="loose")
+
+
+@pytest.mark.parametrize("mode", ["free", "baseline"])
+@pytest.mark.parametrize("attention", ["relu", "softplus"])
+def test_free_and_baseline_take_relu_and_softplus_attention(mode, attention):
+    torch.manual_seed(0)
+    model = U.UnfoldedTransformer(40, 2, d=16, heads=2, layers=2, mode=mode, attention=attention,
+                                  attention_temperature=0.5).double().eval()
+    attn = model.blocks[0].attn if mode == "free" else model.encoder.layers[0].self_attn.attn
+    assert attn.activation_name == attention
+    ids, mask = batch(B=4, n=10, vocab=40, seed=9)
+    out = model(ids, mask)
+    for b in range(4):   # relu/softplus weights are divided by the real keys: padding changes nothing
+        L = int(mask[b].sum())
+        assert torch.allclose(model(ids[b:b + 1, :L], mask[b:b + 1, :L]).logits, out.logits[b:b + 1], atol=1e-10)
+    softmax = U.UnfoldedTransformer(40, 2, d=16, heads=2, layers=2, mode=mode).double().eval()
+    assert softmax.attention == "softmax"
+    model.train()
+    loss = model(ids, mask).logits.sum()
+    loss.backward()
+    assert attn.q.weight.grad is not None and torch.isfinite(attn.q.weight.grad).all()
+
+
+def test_free_mode_without_norm_is_the_papers_add_only_block():
+    model = U.UnfoldedTransformer(40, 2, d=8, heads=1, layers=1, mode="free", attention="relu", norm="none")
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    assert any(isinstance(m, torch.nn.LayerNorm) for m in U.UnfoldedTransformer(40, 2, d=8, heads=1, mode="free").modules())
+
+
 def test_prox_step_negative_control_overshoot_is_caught():
     ids, mask = batch(seed=5)
     model = U.UnfoldedTransformer(50, 2, d=12, heads=2, layers=6, graph="complete", relu=False).double().eval()
@@ -127,6 +178,19 @@ def test_model_bad_input_errors():
         U.UnfoldedTransformer(10, 2, alpha=1.5)
     with pytest.raises(ConfigError, match="divisible"):
         U.UnfoldedTransformer(10, 2, d=10, heads=3, mode="free")
+    with pytest.raises(ConfigError, match=r"model.attention='relu' applies to the free and baseline.*relu:C"):
+        U.UnfoldedTransformer(10, 2, attention="relu")
+    with pytest.raises(ConfigError, match=r"model.attention='gelu' is unknown; valid: \['relu', 'softmax', 'softplus'\]"):
+        U.UnfoldedTransformer(10, 2, mode="free", attention="gelu")
+    with pytest.raises(ConfigError, match="model.norm applies to the free mode only"):
+        U.UnfoldedTransformer(10, 2, mode="baseline", norm="none")
+    with pytest.raises(ConfigError, match="model.curvature applies to the guaranteed mode only"):
+        U.UnfoldedTransformer(10, 2, mode="free", curvature="constant")
+    with pytest.raises(ConfigError, match=r"model.curvature='tight' is unknown; valid: \['adaptive', 'constant'\]"):
+        U.UnfoldedTransformer(10, 2, curvature="tight")
+    with pytest.raises(ConfigError, match="cannot unroll 5"):
+        U.UnfoldedTransformer(10, 2, mode="free", layers=2)(torch.ones(1, 3, dtype=torch.long),
+                                                            torch.ones(1, 3, dtype=torch.bool), layers=5)
     with pytest.raises(ConfigError, match="only graph=complete"):
         U.UnfoldedTransformer(10, 2, mode="baseline", graph="window:2")
     model = U.UnfoldedTransformer(10, 2, d=8)

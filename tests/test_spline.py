@@ -1,11 +1,15 @@
 """Standard attention activations and the spline probe (Lai, Lim, Liu: attention is a cubic spline)."""
+import json
 import math
 
 import pytest
 import torch
 
+import unfold as U
+from energies import kinks
 from energies.errors import ConfigError
-from experiments.spline_probe import Encoder, EncoderBlock, probe, probe_attention, static_degree
+from experiments.spline_probe import (Encoder, EncoderBlock, main, probe, probe_attention, probe_model, run_taped,
+                                      static_degree)
 from unfold.attention import Attention
 
 
@@ -90,3 +94,69 @@ def test_attention_refuses_bad_input():
         Attention(4, 1, "gelu")
     with pytest.raises(ConfigError, match="temperature > 0"):
         Attention(4, 1, "softplus", temperature=0)
+
+
+# ------------------------------------------------------------------ models and our own MM steps
+def _tiny(**kw):
+    torch.manual_seed(0)
+    kw = {"d": 4, "heads": 1, "layers": 1, "dropout": 0.0, **kw}
+    return U.UnfoldedTransformer(30, 2, **kw).double().eval()
+
+
+PROBE = dict(n=4, t_max=2.0, grid=257)
+
+
+def test_mm_relu_attention_with_constant_curvature_is_a_cubic_spline():
+    """Y - a grad E(Y) / c with c fixed and rho = relu:C: relu(C - z) (quadratic) times y_u - y_v (linear)."""
+    model = _tiny(rho="relu:2", curvature="constant")
+    out = probe_model(model, **PROBE)
+    assert out["verdict"] == "spline" and out["degree"] == 3 == out["static_degree_bound"], out
+    assert out["pieces"] > 1 and out["max_residual"] < 1e-12
+    assert probe_model(model, max_degree=2, **PROBE)["verdict"] == "non-spline"
+    two = probe_model(model, layers=2, **PROBE)
+    assert two["verdict"] == "spline" and 3 < two["degree"] <= two["static_degree_bound"] == 9
+
+
+def test_mm_relu_attention_with_adaptive_curvature_is_no_spline_and_says_why():
+    """The default step divides by sum_v relu(C - z_uv): a rational function on each piece."""
+    model = _tiny(rho="relu:2")
+    out = probe_model(model, **PROBE)
+    assert out["verdict"] == "non-spline" and out["degree"] is None and out["static_degree_bound"] is None
+    assert any("adaptive curvature" in r for r in out["non_spline_parts"])
+    assert out["pieces"] > 1      # the kinks of relu(C - z) and of the ReLU prox are seen through energies.kinks
+
+
+@pytest.mark.parametrize("norm,verdict", [("none", "spline"), ("post", "non-spline")])
+def test_free_mode_relu_blocks_are_splines_only_without_layernorm(norm, verdict):
+    out = probe_model(_tiny(mode="free", attention="relu", norm=norm), **PROBE)
+    assert out["verdict"] == verdict
+    if norm == "none":
+        assert out["degree"] == 3 == out["static_degree_bound"]
+    else:
+        assert out["non_spline_parts"] == ["LayerNorm (division by the standard deviation)"]
+
+
+def test_kink_tape_replays_the_frozen_map():
+    model = _tiny(rho="relu:2", curvature="constant")
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    X = torch.randn(1, 5, 4, dtype=torch.float64)
+    f = lambda: model.encode(X, mask)[0]   # noqa: E731
+    out, tape = run_taped(model, f)
+    assert tape.signs and not bool(tape.pattern().all())          # both signs occur
+    same, _ = run_taped(model, f, replay=tape.signs)
+    assert torch.equal(same, out)                                 # the frozen map agrees where recorded
+    flipped = [~s for s in tape.signs]
+    other, _ = run_taped(model, f, replay=flipped)
+    assert not torch.allclose(other, out)                         # negative control: another pattern, another map
+    with pytest.raises(RuntimeError, match="kink tape out of step"):
+        run_taped(model, f, replay=tape.signs[:1])
+    assert torch.equal(kinks.relu(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))   # no tape: plain relu
+
+
+def test_probe_cli_on_a_config(capsys):
+    code = main(["--config", "experiments/configs/default.yaml", "--n", "3", "--t-max", "1", "--json",
+                 "model.d=4", "model.heads=1", "model.layers=1", "model.rho=relu:2", "model.curvature=constant"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and out["verdict"] == "spline" and out["degree"] == 3 and out["static_degree_bound"] == 3
+    assert main(["--config", "experiments/configs/default.yaml", "model.nope=1"]) == 2
+    assert "unknown config key 'model.nope'" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def test_shipped_configs_load_and_round_trip(name, tmp_path):
 
 
 def test_config_errors_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'model.depth'; valid keys in model: alpha, d, "):
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.depth'; valid keys in model: alpha, attention, attention_temperature, curvature, d, "):
         load_config(None, ["model.depth=3"])
     with pytest.raises(ConfigError, match=r"unknown config key 'optim'; valid keys: data, model, name, train"):
         load_config(None, ["optim.lr=3"])
@@ -132,3 +132,27 @@ def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert "python -m experiments.data fetch --dataset rotten_tomatoes" in proc.stderr
     assert "Traceback" not in proc.stderr and not run.exists()
+
+
+def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
+    """experiments.activations on a toy set: two spline variants, one non-spline; a rerun reuses the runs."""
+    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+    args = [sys.executable, "-m", "experiments.activations", "--out", str(tmp_path / "sweep"), "--epochs", "1",
+            "--only", "std-relu-nonorm", "mm-relu-const", "mm-relu", "--probe-n", "3",
+            "--set", f"data.dataset={data}", "data.glove=none", "model.d=8", "model.heads=1", "model.layers=2",
+            "train.threads=1"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "sweep" / "results.json").read_text())}
+    for name in ("std-relu-nonorm", "mm-relu-const"):
+        assert rows[name]["probe_layer1"]["verdict"] == "spline" and rows[name]["probe_layer1"]["degree"] == 3
+        assert rows[name]["static_degree_bound"] == 9
+    assert rows["mm-relu"]["probe_layer1"]["verdict"] == "non-spline" and rows["mm-relu"]["static_degree_bound"] is None
+    assert rows["mm-relu"]["energy_increases"] == rows["mm-relu-const"]["energy_increases"] == 0
+    table = (tmp_path / "sweep" / "table.md").read_text()
+    assert table.count("\n| ") == 4 and "3^2 = 9" in table
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stderr.count("reusing") == 3
+    bad = subprocess.run([sys.executable, "-m", "experiments.activations", "--only", "mm-gelu"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown variant(s) ['mm-gelu']; valid:" in bad.stderr

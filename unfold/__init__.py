@@ -5,6 +5,8 @@
   :class:`Sequence` (alternating steps, Thm 4.1), :func:`layernorm_step`;
 * :func:`unroll` (an unrolled model is an iterator over steps) and :func:`trace_descent`
   (per-example, per-layer, per-term energy trace with a dtype-aware tolerance);
+* :class:`ProxMMStep` (a majorized proximal step on a whole energy), :class:`UnfoldedTransformer`;
+* :class:`Attention`: standard attention with a softmax, relu or softplus activation;
 * ``python -m unfold.check``: the descent checker.
 """
 from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, GradientStep, ReLUProxStep,
@@ -15,7 +17,8 @@ __all__ = [name for name in dir() if not name.startswith("_")]
 from .prox import ProxMMStep  # noqa: E402
 
 __all__.append("ProxMMStep")
+from .attention import ACTIVATIONS, Attention  # noqa: E402
 from .model import MODES, ModelOutput, UnfoldedTransformer  # noqa: E402
 from .trace import report_from_values  # noqa: E402
 
-__all__ += ["MODES", "ModelOutput", "UnfoldedTransformer", "report_from_values"]
+__all__ += ["ACTIVATIONS", "Attention", "MODES", "ModelOutput", "UnfoldedTransformer", "report_from_values"]

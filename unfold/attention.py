@@ -7,16 +7,18 @@ context C ``(B, m, d)`` (C = X for self-attention), per head h with ``Q = X W_q^
 
     S = Q K^T / sqrt(d_h)                                 (the paper's K(X)^T Q(X), eq. 5)
     softmax:  A = SoftMax_row(S)                          (eq. 5)
-    relu:     A = ReLU(S) / m                             (section 1.9: ReLU attention)
-    softplus: A = t Softplus(S / t) / m                   (section 4: the smooth proxy of ReLU)
+    relu:     A = ReLU(S) / m_j                           (section 1.9: ReLU attention)
+    softplus: A = t Softplus(S / t) / m_j                 (section 4: the smooth proxy of ReLU)
     out = concat_h(A V) W_o
 
 ``causal=True`` is the masked attention of eq. 8-9: query j sees keys i <= j only (masked scores
 are -inf before the activation, so their weight is 0 for all three activations). ``forward(x,
 context)`` with a context is the encoder-decoder attention gamma(X, Y) of eq. 13: keys and values
 from the encoder output, queries from the decoder, so that with ReLU it is quadratic in the
-context, linear in x, cubic in both (Theorem 3.3). The 1/m of the unnormalised activations is a
-constant for a given length: it keeps outputs of order one and leaves the spline degree unchanged.
+context, linear in x, cubic in both (Theorem 3.3). m_j is the number of keys query j may see
+(all m keys without a mask; j + 1 under the causal mask; the real keys of a padded batch): a
+constant for a given mask, so it keeps outputs of order one, makes an example's output independent
+of how much padding its batch has, and leaves the spline degree unchanged.
 
 The activation is a module (``nn.ReLU``, ``nn.Softplus``, :class:`RowSoftmax`), so that hooks see
 every pre-activation (the spline probe reads ReLU sign patterns this way).
@@ -73,10 +75,12 @@ def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
 class Attention(nn.Module):
     """Multi-head attention with activation ``softmax | relu | softplus`` (module docstring).
 
-    ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0."""
+    ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0. ``dropout``
+    acts on the attention weights in training mode."""
 
     def __init__(self, d: int, heads: int = 1, activation: str = "softmax", causal: bool = False,
-                 temperature: float = 1.0, bias: bool = False, d_head: Optional[int] = None):
+                 temperature: float = 1.0, bias: bool = False, d_head: Optional[int] = None,
+                 dropout: float = 0.0):
         super().__init__()
         if int(d) < 1 or int(heads) < 1:
             raise ConfigError(f"attention needs d >= 1 and heads >= 1, got d={d}, heads={heads}")
@@ -88,6 +92,7 @@ class Attention(nn.Module):
         self.activation_name = activation
         self.act = make_activation(activation, temperature)
         self.causal = bool(causal)
+        self.drop = nn.Dropout(dropout)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, n, _ = x.shape
@@ -117,8 +122,8 @@ class Attention(nn.Module):
         S = S.masked_fill(~keep[:, None], -math.inf)
         A = self.act(S)
         if self.activation_name != "softmax":
-            A = A / m
-        A = torch.nan_to_num(A)                                                     # rows with no key at all
+            A = A / keep.sum(-1, keepdim=True).clamp_min(1)[:, None].to(A.dtype)    # m_j keys visible
+        A = self.drop(torch.nan_to_num(A))                                          # rows with no key at all
         out = (A @ V).transpose(1, 2).reshape(B, n, self.heads * self.d_head)
         return self.o(out)
 

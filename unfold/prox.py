@@ -13,7 +13,9 @@ so the step
 is a proximal gradient step on a majorizer of E in the metric diag(c) / alpha (ReLU is the
 projection onto the orthant in any diagonal metric), and E(Y') <= E(Y): whatever W, S, B, tau.
 This is the layer of ../shared/NOTES.md ("One layer with a descent guarantee for any parameters"),
-with c_u = sum_h 2 deg_h(u) ||W_h||^2 + 1 + max(lambda_max(S), 0).
+with c_u = sum_h 2 deg_h(u) ||W_h||^2 + 1 + max(lambda_max(S), 0), deg_h(u) = sum_v rho'(z_uv) the
+weighted degree, or rho'(0) times the plain degree (a larger bound, constant in Y) for attention
+terms built with ``curvature="constant"``.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from energies import kinks
 from energies.energy import Energy
 from energies.errors import StepError
 from energies.graph import TokenGraph
@@ -74,7 +77,7 @@ class ProxMMStep(Step):
             raise StepError("ProxMMStep needs a positive curvature bound on every token: add a Residual term")
         out = Y - self.alpha * grad / curv[..., None]
         if self.indicator is not None:
-            out = torch.relu(out)
+            out = kinks.relu(out)
         return graph.keep_padded(out, Y), vals
 
     def update(self, Y, graph):

@@ -29,6 +29,7 @@ from torch import nn
 from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
+from energies import kinks
 from energies.errors import GraphError, StepError, TokenError
 from energies.rho import get_rho
 from energies.terms import ACCUM_DTYPE
@@ -126,7 +127,7 @@ class UnfoldedAttentionConv(MessagePassing):
             grad, curv = self._prox_parts(x, z, num, deg, b)
             out = x - self.alpha * grad / curv[:, None]
             if self.relu:
-                out = torch.relu(out)
+                out = kinks.relu(out)
         return (out, vals) if return_energy else out
 
     def energy(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
+from energies import kinks
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
@@ -235,7 +236,7 @@ class ReLUProxStep(Step):
         return True
 
     def update(self, Y, graph):
-        return torch.relu(Y)
+        return kinks.relu(Y)
 
 
 class TermMinimisingStep(Step):

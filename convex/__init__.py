@@ -1,0 +1,13 @@
+"""Convex attention, MLP-Mixer, FNO and MLP heads solved to global optimality, with certificates.
+
+* :mod:`convex.heads`: the heads as linear maps of block variables Z (``make_head``, ``HEADS``), their
+  adjoints, the lift from non-convex multi-head weights and the map back;
+* :mod:`convex.losses`: squared and softmax cross-entropy losses with their conjugates;
+* :mod:`convex.solver`: proximal gradient / monotone FISTA with singular-value thresholding,
+  duality gap, ``beta_max``, ranks, and the objective traced per iteration.
+"""
+from .heads import HEADS, Head, make_head, register_head
+from .losses import LOSSES, get_loss, register_loss
+from .solver import ConvexSolution, beta_max, certificate, map_back, rank, solve, svt
+
+__all__ = [name for name in dir() if not name.startswith("_")]

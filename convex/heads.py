@@ -1,0 +1,464 @@
+"""Attention, MLP-Mixer, FNO and MLP heads as convex programs (Sahiner et al., "Unraveling attention
+via convex duality", ICML 2022).
+
+A head maps token features ``X_i`` ``(s, d)`` (zero on padded slots, ``mask_i`` marks the real
+ones) to pooled class scores ``yhat_i = pi_i^T f(X_i)`` in R^c, ``pi_i = mask_i / L_i`` (mean over the
+L_i real tokens; the paper absorbs global average pooling into the loss, section 2). Trained with
+weight decay ``beta/2 sum_j (||W1_j||^2 + ||W2_j||^2)`` the multi-head (multi-neuron) non-convex
+head is equivalent to the convex program
+
+    min_{Z_1..Z_G}  l( A(Z) ) + beta sum_g ||Z_g||_*                         (block nuclear norm)
+
+with ``A`` linear. Each head here gives A, its adjoint, the block shapes, the rank-one factor
+``(u, v)`` of a non-convex head (``Z_g = sum_j u_j v_j^T``: the lift) and back (the SVD map), and the
+non-convex head evaluated directly from its weights (for the lifted identity):
+
+=============  =====  ==================================================  =========================
+name           eq.    non-convex head j (pooled)                          block Z_g
+=============  =====  ==================================================  =========================
+mlp_linear     (6)    pi^T X W1 W2,  W1 d x 1, W2 1 x c                    d x c
+mlp_gated      (8)    pi^T D_j X w1 w2^T, D_j = diag(1{X h_j >= 0})        one d x c per gate
+sa_linear      (13)   pi^T (X W1 X^T / L) X W2,  W1 d x d, W2 d x c        d^2 x dc
+sa_block       (14)   sa_linear with W1, W2 supported on feature group b   d_b d x d_b c per group
+sa_gated       (123)  pi^T ((1{X H_j X^T >= 0} o X W1 X^T) / L) X W2       d^2 x dc per gate
+mixer_linear   (19)   pi^T W1 X W2,  W1 s x s (token mixing), W2 d x c     s^2 x dc
+mixer_gated    (133)  pi^T (1{H_j X >= 0} o W1 X) W2                       s^2 x dc per gate
+fno_linear     (25)   pi^T circ(X) w1 w2^T,  w1 in R^{sd} a global conv    sd x c
+bfno           (30)   FNO per feature group b onto class group b          (s d/B) x (c/B) per block
+=============  =====  ==================================================  =========================
+
+(The 1/L of the attention scores makes the score scale independent of the length; it is a
+per-example constant, so the equivalence is unchanged.) Gates are fixed Gaussian draws (seeded):
+the gated heads are the paper's gated-ReLU relaxations, exact for fixed gates.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from energies.errors import ConfigError, TokenError
+from energies.registry import registrar
+
+__all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
+
+HEADS: Dict[str, Callable[..., "Head"]] = {}
+register_head = registrar(HEADS, "name")
+Weights = List[Tuple[int, torch.Tensor, torch.Tensor]]     # (block g, W1_j, W2_j) per non-convex head
+
+
+def pooling(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """``pi = mask / L`` ``(N, s)``: the mean over real tokens."""
+    m = mask.to(dtype)
+    return m / m.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def circ_features(X: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """``phi[u, a] = sum_o pi_o X[(o - u) mod s, a]``: ``pi^T circ(X)`` of eq. (23), ``(N, s * d)``
+    (circular cross-correlation of the pooling weights with X, by FFT)."""
+    s = X.shape[1]
+    fx = torch.fft.rfft(X, dim=1)
+    fp = torch.fft.rfft(pi, dim=1)
+    phi = torch.fft.irfft(torch.conj(fx) * fp[..., None], n=s, dim=1)     # phi[u, a] = sum_t pi[t + u] X[t, a]
+    return phi.reshape(X.shape[0], -1)
+
+
+class Head:
+    """A convex head (module docstring). ``prepare(X, mask)`` turns data into what ``forward`` and
+    ``adjoint`` read; everything is linear in the blocks ``Z = [Z_1, ..., Z_G]``."""
+
+    name = "head"
+    equation = ""
+
+    def __init__(self, d: int, s: int, c: int, seed: int = 0, **_):
+        for k, v in (("d", d), ("s", s), ("c", c)):
+            if int(v) < 1:
+                raise ConfigError(f"head {self.name}: {k} must be >= 1, got {v}")
+        self.d, self.s, self.c, self.seed = int(d), int(s), int(c), int(seed)
+
+    # ---------------------------------------------------------------- structure
+    def blocks(self) -> List[Tuple[int, int]]:
+        raise NotImplementedError
+
+    def prepare(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict:
+        if not isinstance(X, torch.Tensor) or X.ndim != 3 or X.shape[1:] != (self.s, self.d):
+            raise TokenError(f"head {self.name} needs features (N, s={self.s}, d={self.d}), "
+                             f"got {tuple(getattr(X, 'shape', ()))}")
+        if not X.dtype.is_floating_point:
+            raise TokenError(f"head {self.name}: features must be floating point, got {X.dtype}")
+        if not bool(torch.isfinite(X).all()):
+            raise TokenError(f"head {self.name}: features hold NaN or Inf")
+        if mask is None:
+            mask = torch.ones(X.shape[:2], dtype=torch.bool, device=X.device)
+        if mask.shape != X.shape[:2] or mask.dtype != torch.bool:
+            raise TokenError(f"head {self.name}: mask must be bool {tuple(X.shape[:2])}, got {mask.dtype} "
+                             f"{tuple(mask.shape)}")
+        X = X * mask[..., None].to(X.dtype)
+        return {"X": X, "mask": mask, "pi": pooling(mask, X.dtype), **self._prepare(X, mask)}
+
+    def _prepare(self, X, mask) -> dict:
+        return {}
+
+    def forward(self, Z: Sequence[torch.Tensor], data: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def adjoint(self, R: torch.Tensor, data: dict) -> List[torch.Tensor]:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- non-convex form
+    def factor(self, g: int, W1: torch.Tensor, W2: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Non-convex head weights -> ``(u, v)`` with ``Z_g += u v^T`` (the lift)."""
+        return W1.reshape(-1), W2.reshape(-1)
+
+    def unfactor(self, g: int, u: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(u, v)`` -> non-convex head weights (inverse of :meth:`factor`)."""
+        raise NotImplementedError
+
+    def nonconvex(self, heads: Weights, data: dict) -> torch.Tensor:
+        """The non-convex multi-head output evaluated from the weights (not through Z)."""
+        raise NotImplementedError
+
+    def lift(self, heads: Weights) -> List[torch.Tensor]:
+        Z = [torch.zeros(r, q, dtype=torch.float64) for r, q in self.blocks()]
+        for g, W1, W2 in heads:
+            u, v = self.factor(g, W1, W2)
+            Z[g] = Z[g].to(u) + torch.outer(u, v)
+        return Z
+
+    def describe(self) -> str:
+        return f"{self.name} (eq. {self.equation}): blocks {self.blocks()}"
+
+
+# ====================================================================== explicit features
+class _FeatureHead(Head):
+    """Heads with ``yhat[:, cols_g] = F_g Z_g.reshape(F_g.shape[1], len(cols_g))`` (features precomputed)."""
+
+    def _features(self, X, mask, pi) -> List[torch.Tensor]:
+        raise NotImplementedError
+
+    def _cols(self, g: int) -> slice:
+        return slice(0, self.c)
+
+    def _prepare(self, X, mask):
+        return {"F": self._features(X, mask, pooling(mask, X.dtype))}
+
+    def forward(self, Z, data):
+        F = data["F"]
+        out = torch.zeros(F[0].shape[0], self.c, dtype=F[0].dtype, device=F[0].device)
+        for g, (Fg, Zg) in enumerate(zip(F, Z)):
+            cols = self._cols(g)
+            out[:, cols] += Fg @ Zg.reshape(Fg.shape[1], -1)
+        return out
+
+    def adjoint(self, R, data):
+        return [(Fg.T @ R[:, self._cols(g)]).reshape(shape) for g, (Fg, shape) in enumerate(zip(data["F"], self.blocks()))]
+
+
+def _attention_heads(heads: Weights, data: dict, M: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Pooled multi-head linear (or, with gate masks M ``(N, m, s, s)``, gated) self-attention computed
+    from the weights: ``sum_j pi^T ((M_j o X W1_j X^T) / L) X W2_j`` (eq. 11, 123)."""
+    X, pi, mask = data["X"], data["pi"], data["mask"]
+    L = mask.sum(-1).to(X.dtype).clamp_min(1.0)
+    out = 0
+    for g, W1, W2 in heads:
+        scores = X @ W1 @ X.transpose(1, 2) / L[:, None, None]
+        if M is not None:
+            scores = M[:, g] * scores
+        out = out + torch.einsum("no,nop->np", pi, scores @ X @ W2)
+    return out
+
+
+def _gates(shape, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+@register_head("mlp_linear")
+class MLPLinear(_FeatureHead):
+    equation = "6"
+
+    def blocks(self):
+        return [(self.d, self.c)]
+
+    def _features(self, X, mask, pi):
+        return [torch.einsum("ns,nsd->nd", pi, X)]
+
+    def unfactor(self, g, u, v):
+        return u[:, None], v[None, :]
+
+    def nonconvex(self, heads, data):
+        return sum(data["pi"][:, None, :].matmul(data["X"] @ W1 @ W2)[:, 0] for _, W1, W2 in heads)
+
+
+@register_head("mlp_gated")
+class MLPGated(_FeatureHead):
+    equation = "8"
+
+    def __init__(self, d, s, c, gates: int = 4, seed: int = 0, **kw):
+        super().__init__(d, s, c, seed)
+        self.m = int(gates)
+        self.H = _gates((self.m, self.d), self.seed)
+
+    def blocks(self):
+        return [(self.d, self.c)] * self.m
+
+    def _masks(self, X):
+        return (X @ self.H.to(X).T >= 0).to(X.dtype)                   # (N, s, m): 1{X h_j >= 0}
+
+    def _features(self, X, mask, pi):
+        D = self._masks(X)
+        return list(torch.einsum("ns,nsj,nsd->jnd", pi, D, X).unbind(0))
+
+    def unfactor(self, g, u, v):
+        return u, v
+
+    def nonconvex(self, heads, data):
+        X, pi = data["X"], data["pi"]
+        D = self._masks(X)
+        return sum(torch.einsum("ns,ns,nsd,d,p->np", pi, D[..., g], X, w1, w2) for g, w1, w2 in heads)
+
+
+@register_head("fno_linear")
+class FNOLinear(_FeatureHead):
+    equation = "25"
+
+    def blocks(self):
+        return [(self.s * self.d, self.c)]
+
+    def _features(self, X, mask, pi):
+        return [circ_features(X, pi)]
+
+    def unfactor(self, g, u, v):
+        return u.reshape(self.s, self.d), v
+
+    def factor(self, g, W1, W2):
+        return W1.reshape(-1), W2.reshape(-1)
+
+    @staticmethod
+    def _conv(X, K):
+        """Global circular convolution over tokens, ``out[o] = sum_{u, a} X[(o - u) mod s, a] K[u, a]``
+        (the FNO's Fourier-domain product, eq. 22), by FFT."""
+        s = X.shape[1]
+        return torch.fft.irfft(torch.fft.rfft(X, dim=1) * torch.fft.rfft(K, dim=0)[None], n=s, dim=1).sum(-1)
+
+    def nonconvex(self, heads, data):
+        X, pi = data["X"], data["pi"]
+        return sum((pi * self._conv(X, K)).sum(1)[:, None] * w2[None] for _, K, w2 in heads)
+
+
+@register_head("bfno")
+class BFNO(FNOLinear):
+    equation = "30"
+
+    def __init__(self, d, s, c, groups: int = 2, seed: int = 0, **kw):
+        super().__init__(d, s, c, seed)
+        self.B = int(groups)
+        if self.B < 1 or self.d % self.B or self.c % self.B:
+            raise ConfigError(f"bfno needs groups dividing d={self.d} and c={self.c}, got groups={groups}")
+        self.db, self.cb = self.d // self.B, self.c // self.B
+
+    def blocks(self):
+        return [(self.s * self.db, self.cb)] * self.B
+
+    def _cols(self, g):
+        return slice(g * self.cb, (g + 1) * self.cb)
+
+    def _features(self, X, mask, pi):
+        return [circ_features(X[..., b * self.db:(b + 1) * self.db], pi) for b in range(self.B)]
+
+    def unfactor(self, g, u, v):
+        return u.reshape(self.s, self.db), v
+
+    def nonconvex(self, heads, data):
+        X, pi = data["X"], data["pi"]
+        out = torch.zeros(X.shape[0], self.c, dtype=X.dtype, device=X.device)
+        for b, K, w2 in heads:
+            Xb = X[..., b * self.db:(b + 1) * self.db]
+            out[:, self._cols(b)] += (pi * self._conv(Xb, K)).sum(1)[:, None] * w2[None]
+        return out
+
+
+@register_head("sa_gated")
+class SAGated(_FeatureHead):
+    """Z_j rows (k, a), columns (l, p): ``Z_j[(k, a), (l, p)] = sum W1[a, k] W2[l, p]``; features
+    ``C_j[k, a, l] = sum_{o, t} pi_o 1{(X H_j X^T)[o, t] >= 0} X[o, a] X[t, k] X[t, l] / L``."""
+
+    equation = "123"
+
+    def __init__(self, d, s, c, gates: int = 2, seed: int = 0, **kw):
+        super().__init__(d, s, c, seed)
+        self.m = int(gates)
+        self.H = _gates((self.m, self.d, self.d), self.seed)
+
+    def blocks(self):
+        return [(self.d * self.d, self.d * self.c)] * self.m
+
+    def _masks(self, X, mask):
+        S = torch.einsum("noa,jak,ntk->njot", X, self.H.to(X), X)
+        return ((S >= 0) & mask[:, None, None, :]).to(X.dtype)       # keys: real tokens only
+
+    def _features(self, X, mask, pi):
+        M = self._masks(X, mask)
+        L = mask.sum(-1).to(X.dtype).clamp_min(1.0)
+        B = torch.einsum("no,njot,noa->njat", pi, M, X) / L[:, None, None, None]   # (N, m, d, s)
+        C = torch.einsum("njat,ntk,ntl->njkal", B, X, X)
+        return list(C.reshape(X.shape[0], self.m, -1).unbind(1))
+
+    def factor(self, g, W1, W2):
+        return W1.T.reshape(-1), W2.reshape(-1)
+
+    def unfactor(self, g, u, v):
+        return u.reshape(self.d, self.d).T, v.reshape(self.d, self.c)
+
+    def nonconvex(self, heads, data):
+        return _attention_heads(heads, data, self._masks(data["X"], data["mask"]))
+
+
+# ====================================================================== implicit operators
+@register_head("sa_linear")
+class SALinear(Head):
+    """``yhat[p] = sum_{k,a,l} G[k, l] xbar[a] Z4[k, a, l, p]``, G = X^T X / L, Z4 = Z.view(d, d, d, c)."""
+
+    equation = "13"
+
+    def _groups(self) -> List[slice]:
+        return [slice(0, self.d)]
+
+    def blocks(self):
+        return [((r.stop - r.start) * self.d, (r.stop - r.start) * self.c) for r in self._groups()]
+
+    def _prepare(self, X, mask):
+        L = mask.sum(-1).to(X.dtype).clamp_min(1.0)
+        G = X.transpose(1, 2) @ X / L[:, None, None]
+        return {"G": G, "xbar": torch.einsum("ns,nsd->nd", pooling(mask, X.dtype), X)}
+
+    def forward(self, Z, data):
+        G, xbar = data["G"], data["xbar"]
+        out = 0
+        for r, Zg in zip(self._groups(), Z):
+            db = r.stop - r.start
+            Z4 = Zg.reshape(db, self.d, db, self.c)                                   # [k, a, l, p]
+            T = (xbar @ Z4.permute(1, 0, 2, 3).reshape(self.d, -1)).reshape(-1, db, db, self.c)
+            out = out + torch.einsum("nkl,nklp->np", G[:, r, r], T)
+        return out
+
+    def adjoint(self, R, data):
+        G, xbar = data["G"], data["xbar"]
+        out = []
+        for r in self._groups():
+            db = r.stop - r.start
+            GR = torch.einsum("nkl,np->nklp", G[:, r, r], R).reshape(R.shape[0], -1)
+            Z4 = (xbar.T @ GR).reshape(self.d, db, db, self.c).permute(1, 0, 2, 3)     # [k, a, l, p]
+            out.append(Z4.reshape(db * self.d, db * self.c))
+        return out
+
+    def factor(self, g, W1, W2):
+        r = self._groups()[g]
+        return W1[:, r].T.reshape(-1), W2[r, :].reshape(-1)
+
+    def unfactor(self, g, u, v):
+        r = self._groups()[g]
+        db = r.stop - r.start
+        W1 = torch.zeros(self.d, self.d, dtype=u.dtype, device=u.device)
+        W2 = torch.zeros(self.d, self.c, dtype=v.dtype, device=v.device)
+        W1[:, r] = u.reshape(db, self.d).T
+        W2[r, :] = v.reshape(db, self.c)
+        return W1, W2
+
+    def nonconvex(self, heads, data):
+        return _attention_heads(heads, data)
+
+
+@register_head("sa_block")
+class SABlock(SALinear):
+    """eq. (14): one block per feature group I_b (contiguous, ``groups`` of them)."""
+
+    equation = "14"
+
+    def __init__(self, d, s, c, groups: int = 2, seed: int = 0, **kw):
+        super().__init__(d, s, c, seed)
+        self.B = int(groups)
+        if self.B < 1 or self.d % self.B:
+            raise ConfigError(f"sa_block needs groups dividing d={self.d}, got groups={groups}")
+
+    def _groups(self):
+        db = self.d // self.B
+        return [slice(b * db, (b + 1) * db) for b in range(self.B)]
+
+
+@register_head("mixer_linear")
+class MixerLinear(Head):
+    """``yhat[p] = sum_{t,o,k} pi_o X[t, k] Z4[t, o, k, p]``, Z4 = Z.view(s, s, d, c); rows (t, o), columns (k, p)."""
+
+    equation = "19"
+
+    def blocks(self):
+        return [(self.s * self.s, self.d * self.c)]
+
+    def _gate_masks(self, X) -> Optional[torch.Tensor]:
+        return None                                                     # (N, m, s, d) for the gated mixer
+
+    def _prepare(self, X, mask):
+        return {"M": self._gate_masks(X)}
+
+    def _weights(self, data, g):
+        pi = data["pi"]
+        if data["M"] is None:
+            return pi[:, :, None].expand(-1, -1, self.d)                 # (N, o, k)
+        return pi[:, :, None] * data["M"][:, g]
+
+    def forward(self, Z, data):
+        X = data["X"]
+        out = 0
+        for g, Zg in enumerate(Z):
+            Z4 = Zg.reshape(self.s, self.s, self.d, self.c)
+            A = torch.einsum("nok,tokp->ntkp", self._weights(data, g), Z4)
+            out = out + torch.einsum("ntk,ntkp->np", X, A)
+        return out
+
+    def adjoint(self, R, data):
+        X = data["X"]
+        XR = torch.einsum("ntk,np->ntkp", X, R)
+        return [torch.einsum("nok,ntkp->tokp", self._weights(data, g), XR).reshape(self.s * self.s, self.d * self.c)
+                for g in range(len(self.blocks()))]
+
+    def factor(self, g, W1, W2):
+        return W1.T.reshape(-1), W2.reshape(-1)
+
+    def unfactor(self, g, u, v):
+        return u.reshape(self.s, self.s).T, v.reshape(self.d, self.c)
+
+    def nonconvex(self, heads, data):
+        X, pi, M = data["X"], data["pi"], data["M"]
+        out = 0
+        for g, W1, W2 in heads:
+            H = W1 @ X                                                   # token mixing (N, s, d)
+            if M is not None:
+                H = M[:, g] * H
+            out = out + torch.einsum("no,nop->np", pi, H @ W2)
+        return out
+
+
+@register_head("mixer_gated")
+class MixerGated(MixerLinear):
+    """eq. (133): mask ``1{H_j X >= 0}`` (s x d) on the token-mixed features."""
+
+    equation = "133"
+
+    def __init__(self, d, s, c, gates: int = 2, seed: int = 0, **kw):
+        super().__init__(d, s, c, seed)
+        self.m = int(gates)
+        self.H = _gates((self.m, self.s, self.s), self.seed)
+
+    def blocks(self):
+        return [(self.s * self.s, self.d * self.c)] * self.m
+
+    def _gate_masks(self, X):
+        return (torch.einsum("jot,ntk->njok", self.H.to(X), X) >= 0).to(X.dtype)
+
+
+def make_head(name: str, d: int, s: int, c: int, **options) -> Head:
+    """A head by name (``HEADS``); options: ``gates`` (gated heads), ``groups`` (sa_block, bfno), ``seed``."""
+    if name not in HEADS:
+        raise ConfigError(f"unknown convex head {name!r}; valid: {sorted(HEADS)}")
+    return HEADS[name](d, s, c, **options)

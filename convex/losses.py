@@ -1,0 +1,80 @@
+"""Losses of the convex heads and their convex conjugates (for the duality gap).
+
+A loss is the mean over N examples, ``l(R) = (1/N) sum_i ell(R_i, Y_i)``, of pooled outputs
+``R`` ``(N, c)`` against targets ``Y`` ``(N, c)`` (one-hot or soft labels). For ``V = t grad l(R)``
+(``t`` in [0, 1]) the conjugate is ``l*(V) = (1/N) sum_i ell*(t g_i)`` with ``g_i = N grad_i``:
+
+* squared, ``ell = 1/2 ||r - y||^2``:  ``ell*(g) = 1/2 ||g||^2 + <g, y>``;  curvature 1;
+* softmax cross-entropy, ``ell = logsumexp(r) - <y, r>``:  ``ell*(g) = sum_k q_k log q_k`` with
+  ``q = y + g`` in the simplex (``q = (1 - t) y + t softmax(r)`` here, always feasible); curvature 1/2
+  (the Hessian diag(p) - p p^T of logsumexp has spectral norm <= 1/2).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import torch
+
+from energies.errors import ConfigError
+from energies.registry import registrar
+
+__all__ = ["Loss", "SquaredLoss", "CrossEntropyLoss", "LOSSES", "get_loss", "register_loss"]
+
+
+class Loss:
+    name = "loss"
+    #: bound on the Hessian of ell in its output (the step size is 1 / (curvature ||A||^2 / N))
+    curvature = 1.0
+
+    def value(self, R: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def grad(self, R: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """``d l / d R`` (includes the 1/N of the mean)."""
+        raise NotImplementedError
+
+    def dual_value(self, R: torch.Tensor, Y: torch.Tensor, t: float) -> torch.Tensor:
+        """``-l*(t grad l(R))``: the dual objective at the scaled dual point."""
+        raise NotImplementedError
+
+
+LOSSES: Dict[str, Callable[[], Loss]] = {}
+register_loss = registrar(LOSSES, "name")
+
+
+@register_loss("squared")
+class SquaredLoss(Loss):
+    curvature = 1.0
+
+    def value(self, R, Y):
+        return 0.5 * ((R - Y) ** 2).sum() / R.shape[0]
+
+    def grad(self, R, Y):
+        return (R - Y) / R.shape[0]
+
+    def dual_value(self, R, Y, t):
+        g = t * (R - Y)
+        return -(0.5 * (g * g).sum(-1) + (g * Y).sum(-1)).mean()
+
+
+@register_loss("cross_entropy")
+class CrossEntropyLoss(Loss):
+    curvature = 0.5
+
+    def value(self, R, Y):
+        return (torch.logsumexp(R, -1) - (Y * R).sum(-1)).mean()
+
+    def grad(self, R, Y):
+        return (torch.softmax(R, -1) - Y) / R.shape[0]
+
+    def dual_value(self, R, Y, t):
+        q = (1.0 - t) * Y + t * torch.softmax(R, -1)
+        return -torch.special.xlogy(q, q).sum(-1).mean()
+
+
+def get_loss(name) -> Loss:
+    if isinstance(name, Loss):
+        return name
+    if name not in LOSSES:
+        raise ConfigError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
+    return LOSSES[name]()

@@ -10,7 +10,7 @@ energies (see :mod:`unfold`). Main objects:
   :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
-from .errors import ConfigError, EnergyError, GraphError, StepError, TokenError, UnfoldError
+from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, StepError, TokenError, UnfoldError
 from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, get_rho, register_rho

@@ -29,3 +29,11 @@ class StepError(UnfoldError):
 
 class ConfigError(UnfoldError):
     """An unknown or ill-typed configuration key or command-line option."""
+
+
+class DescentError(UnfoldError):
+    """A layer whose descent is guaranteed raised its energy (strict descent monitor), confirmed in float64."""
+
+
+class CheckpointError(UnfoldError):
+    """No checkpoint of a run can be loaded (missing, corrupt, or from another config)."""

@@ -16,7 +16,7 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-__all__ = ["relu", "tape", "KinkTape"]
+__all__ = ["relu", "tape", "paused", "KinkTape"]
 
 
 class KinkTape:
@@ -64,3 +64,14 @@ def tape(replay: Optional[Sequence[torch.Tensor]] = None) -> Iterator[KinkTape]:
         yield t
     finally:
         _TAPES.remove(t)
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Evaluate without any tape (for checks that are not part of the map, e.g. validating a rho)."""
+    saved = _TAPES[:]
+    _TAPES.clear()
+    try:
+        yield
+    finally:
+        _TAPES[:] = saved

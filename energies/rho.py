@@ -23,7 +23,7 @@ from . import kinks
 from .errors import EnergyError
 from .registry import registrar
 
-__all__ = ["Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "RHOS", "register_rho", "get_rho"]
+__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "RHOS", "register_rho", "get_rho"]
 
 
 class Rho:
@@ -176,6 +176,7 @@ class LpRho(Rho):
 def get_rho(spec) -> Rho:
     """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``."""
     if isinstance(spec, Rho):
+        check_rho(spec)
         return spec
     name, _, rest = str(spec).partition(":")
     if name not in RHOS:
@@ -185,6 +186,35 @@ def get_rho(spec) -> Rho:
     except ValueError:
         raise EnergyError(f"rho arguments must be numbers, got {spec!r}") from None
     try:
-        return RHOS[name](*args)
+        rho = RHOS[name](*args)
     except TypeError:
         raise EnergyError(f"too many arguments for rho {name!r} in {spec!r}") from None
+    check_rho(rho)
+    return rho
+
+
+_CHECKED: Dict[str, bool] = {}
+_GRID = torch.cat([torch.zeros(1), torch.logspace(-6, 3, 190)]).to(torch.float64)
+
+
+def check_rho(rho: Rho) -> None:
+    """The MM step needs rho' >= 0 (non-decreasing rho) and rho' non-increasing (concave rho) on
+    z >= 0, finite: checked on a grid of z in [0, 1e3] once per spec; an :class:`EnergyError`
+    names the first z where it fails."""
+    key = f"{type(rho).__name__}:{rho.spec()}"
+    if _CHECKED.get(key):
+        return
+    with kinks.paused():
+        g = rho.derivative(_GRID)
+    bad = ~torch.isfinite(g)
+    if bool(bad.any()):
+        raise EnergyError(f"rho {rho.spec()}: rho'(z) is not finite at z={float(_GRID[bad][0]):.3g}")
+    if bool((g < 0).any()):
+        raise EnergyError(f"rho {rho.spec()} is not non-decreasing: rho'(z)={float(g[g < 0][0]):.3g} < 0 at "
+                          f"z={float(_GRID[g < 0][0]):.3g}")
+    rise = g[1:] > g[:-1] * (1 + 1e-12) + 1e-300
+    if bool(rise.any()):
+        i = int(rise.nonzero()[0])
+        raise EnergyError(f"rho {rho.spec()} is not concave: rho' increases from {float(g[i]):.6g} at "
+                          f"z={float(_GRID[i]):.3g} to {float(g[i + 1]):.6g} at z={float(_GRID[i + 1]):.3g}")
+    _CHECKED[key] = True

@@ -60,6 +60,7 @@ DEFAULTS: Dict[str, Any] = {
         "device": "cpu",
         "threads": None,
         "trace": True,                  # energy trace during training (model dtype)
+        "monitor": "warn",              # descent monitor on the training trace: off | warn | strict
         "check_dtype": "float64",       # dtype of the descent check on the test set
         "max_train_examples": None,     # subsample the training split (smoke runs)
         "progress": True,
@@ -77,6 +78,7 @@ CHOICES = {
     ("model", "attention"): ("softmax", "relu", "softplus"),
     ("model", "norm"): ("post", "none"),
     ("train", "check_dtype"): ("float32", "float64"),
+    ("train", "monitor"): ("off", "warn", "strict"),
 }
 
 
@@ -114,6 +116,11 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
         allowed = NULLABLE.get(where) or (type(default),)
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             value = cfg[key] = float(value)
+        if float in allowed and isinstance(value, str):      # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = cfg[key] = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) and bool not in allowed:
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, got bool {value!r}")
         if not isinstance(value, allowed):

@@ -18,11 +18,14 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from energies.errors import UnfoldError
+from energies.errors import CheckpointError, ConfigError, UnfoldError
 from unfold.model import UnfoldedTransformer
+from unfold.monitor import DescentMonitor
 from unfold.trace import report_from_values
 
 from .atomic import atomic_open
+from . import distributed
+from .checkpoint import LAST, load_checkpoint, save_checkpoint
 from .config import dump_config, load_config
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -157,7 +160,18 @@ def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
     return stats, energies, acc, floor
 
 
-def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
+def make_scheduler(opt, lr: float, total_steps: int):
+    """One-cycle schedule with 10 % warm-up (at least two steps of it: torch's OneCycleLR divides by
+    zero when the warm-up is under two steps); a constant rate for runs of fewer than 4 steps."""
+    if total_steps < 4:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total_steps,
+                                               pct_start=max(0.1, 2.5 / total_steps))
+
+
+def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, Any]:
+    """Train and evaluate (module docstring). ``resume``: continue from the run's last checkpoint
+    (:mod:`experiments.checkpoint`), to the same result as an uninterrupted run."""
     tc = cfg["train"]
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
@@ -165,56 +179,95 @@ def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
     device = torch.device(tc["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UnfoldError("train.device=cuda but CUDA is not available on this machine")
+    dd = distributed.setup(device.type)
+    if dd.enabled and device.type == "cuda":
+        device = torch.device("cuda", dd.local_rank)
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
-    os.makedirs(run_dir, exist_ok=True)
-    atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
-    vocab.save(os.path.join(run_dir, "vocab.json"))
+    if dd.is_main:
+        os.makedirs(run_dir, exist_ok=True)
+        if not resume:
+            atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
+            vocab.save(os.path.join(run_dir, "vocab.json"))
     model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"{cfg['name']}: mode={model.mode} params={params} train/val/test="
           f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
           file=sys.stderr)
-    untrained = check_descent(model, tensors["test"], cfg, device)[0]
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
                             weight_decay=tc["weight_decay"])
     steps_per_epoch = math.ceil(len(tensors["train"][2]) / tc["batch_size"])
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=tc["lr"], total_steps=max(tc["epochs"] * steps_per_epoch, 1),
-                                                pct_start=0.1)
+    sched = make_scheduler(opt, tc["lr"], tc["epochs"] * steps_per_epoch)
     gen = torch.Generator().manual_seed(tc["seed"])
     history = []
     best_val, best_epoch = -1.0, -1
     train_inc = train_steps = 0
-    t_start = time.perf_counter()
-    for epoch in range(1, tc["epochs"] + 1):
+    monitor = DescentMonitor(tc["monitor"] if tc["trace"] else "off")
+    start_epoch, elapsed = 1, 0.0
+    if resume:
+        ck, ck_path = load_checkpoint(run_dir, map_location=device)
+        if ck["config"] != cfg:
+            raise CheckpointError(f"{ck_path} was written by another config than {run_dir}/config.yaml")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        gen.set_state(ck["data_rng"])
+        torch.set_rng_state(ck["torch_rng"])
+        if ck.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ck["cuda_rng"])
+        history, best_val, best_epoch = ck["history"], ck["best_val"], ck["best_epoch"]
+        train_inc, train_steps, untrained, elapsed = ck["train_inc"], ck["train_steps"], ck["untrained"], ck["elapsed"]
+        monitor.load_state(ck["monitor"])
+        start_epoch = ck["epoch"] + 1
+        print(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}", file=sys.stderr)
+    else:
+        untrained = check_descent(model, tensors["test"], cfg, device)[0] if dd.is_main else None
+    net = model
+    if dd.enabled:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    t_start = time.perf_counter() - elapsed
+    for epoch in range(start_epoch, tc["epochs"] + 1):
         model.train()
-        bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"])
+        bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
         loss_sum = correct = seen = 0
-        for i, (ids, mask, labels) in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
+        for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
+            global_size = len(batch[2])
+            ids, mask, labels, weight = distributed.shard(batch, dd)
             ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-            out = model(ids, mask, trace=tc["trace"])
-            loss = torch.nn.functional.cross_entropy(out.logits, labels)
+            out = net(ids, mask, trace=tc["trace"])
+            if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
+                loss = torch.nn.functional.cross_entropy(out.logits, labels, reduction="sum") * (
+                    weight * dd.world / global_size)
+            else:
+                loss = torch.nn.functional.cross_entropy(out.logits, labels)
             if not torch.isfinite(loss):
-                raise UnfoldError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping; "
-                                  f"the last good checkpoint is {os.path.join(run_dir, 'best.pt')}")
+                last = os.path.join(run_dir, LAST)
+                raise UnfoldError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping; the last good "
+                                  f"checkpoint is {last if os.path.exists(last) else 'none (first epoch)'}, "
+                                  f"the best model {os.path.join(run_dir, 'best.pt')}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if tc["grad_clip"]:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
             opt.step()
             sched.step()
-            loss_sum += loss.item() * labels.numel()
-            correct += int((out.logits.argmax(-1) == labels).sum())
-            seen += labels.numel()
-            if out.energies is not None:
+            loss_sum += loss.item() * (global_size / dd.world if dd.enabled else labels.numel())
+            correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
+            seen += labels.numel() * int(weight)
+            if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
                 rep = out.report()
                 train_inc += rep.num_increases
                 train_steps += rep.steps
+                monitor.observe(model, out, f"epoch {epoch}, batch {i}")
             bar.update(i, loss=loss_sum / seen, acc=correct / seen)
         bar.close()
+        loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
+        g_inc, g_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
+        if not dd.is_main:
+            continue
         val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
         rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
                "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
-               "train_energy_increases": train_inc, "train_energy_steps": train_steps}
+               "train_energy_increases": g_inc, "train_energy_steps": g_steps}
         history.append(rec)
         print(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
               f"val loss {val_loss:.4f} acc {val_acc:.4f}", file=sys.stderr)
@@ -223,7 +276,21 @@ def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
             atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
                         os.path.join(run_dir, "best.pt"))
         atomic_write_text(json.dumps(history, indent=1), os.path.join(run_dir, "history.json"))
+        save_checkpoint(run_dir, {
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(), "data_rng": gen.get_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "epoch": epoch, "history": history, "best_val": best_val, "best_epoch": best_epoch,
+            "train_inc": train_inc, "train_steps": train_steps, "untrained": untrained,
+            "monitor": monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
+            "vocab": vocab.itos})
     train_seconds = time.perf_counter() - t_start
+    train_inc, train_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
+    monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared = (
+        int(distributed.all_sum(v, dd)) for v in (monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared))
+    if not dd.is_main:
+        distributed.teardown(dd)
+        return {}
     state = torch.load(os.path.join(run_dir, "best.pt"), map_location=device, weights_only=False)
     model.load_state_dict(state["model"])
     test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device)
@@ -239,12 +306,14 @@ def train(cfg: Dict[str, Any], run_dir: str) -> Dict[str, Any]:
         **trained,
         "untrained": untrained,
         "train_energy_increases": train_inc, "train_energy_steps": train_steps,
+        "descent_monitor": monitor.summary(), "world_size": dd.world,
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
     }
     atomic_write_text(json.dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
     from .plot_energy import plot_run
 
     plot_run(run_dir)
+    distributed.teardown(dd)
     return metrics
 
 
@@ -252,15 +321,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help="YAML config (experiments/configs/NAME.yaml)")
     p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
     args = p.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
-        run_dir = args.run_dir or os.path.join("runs", cfg["name"])
-        metrics = train(cfg, run_dir)
+        if args.resume:
+            if args.config or args.overrides or args.run_dir:
+                raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir or overrides")
+            run_dir = args.resume
+            cfg = load_config(os.path.join(run_dir, "config.yaml"))
+            metrics = train(cfg, run_dir, resume=True)
+        else:
+            cfg = load_config(args.config, args.overrides)
+            run_dir = args.run_dir or os.path.join("runs", cfg["name"])
+            metrics = train(cfg, run_dir)
     except UnfoldError as exc:
         print(f"python -m experiments.train: error: {exc}", file=sys.stderr)
         return 2
+    if not metrics:      # a rank other than 0 of a distributed run: rank 0 reports
+        return 0
     summary = {k: metrics[k] for k in ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params",
                                         "energy_steps", "energy_increases", "energy_max_rel_increase")}
     summary["untrained_energy_increases"] = metrics["untrained"]["energy_increases"]

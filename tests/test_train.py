@@ -61,6 +61,8 @@ def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
     if mode == "guaranteed":
         assert metrics["energy_increases"] == 0 and metrics["untrained"]["energy_increases"] == 0
         assert metrics["train_energy_increases"] == 0 and metrics["train_energy_steps"] > 0
+        mon = metrics["descent_monitor"]
+        assert mon["mode"] == "warn" and mon["confirmed"] == 0 and mon["steps_checked"] == metrics["train_energy_steps"]
     for f in ("best.pt", "config.yaml", "vocab.json", "history.json", "energy_trace.pt", "energy_descent.png",
               "training_curves.png"):
         assert (run / f).stat().st_size > 0, f
@@ -156,3 +158,129 @@ def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "experiments.activations", "--only", "mm-gelu"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "unknown variant(s) ['mm-gelu']; valid:" in bad.stderr
+
+
+TIMING = ("train_seconds", "seconds")
+
+
+def _strip_timing(x):
+    if isinstance(x, dict):
+        return {k: _strip_timing(v) for k, v in x.items() if k not in TIMING}
+    if isinstance(x, list):
+        return [_strip_timing(v) for v in x]
+    return x
+
+
+def _resume_args(run):
+    return ["--resume", str(run)]
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
+    """Kill training with SIGKILL at random moments (after checkpoints), resume each time: the final
+    metrics, model and energy trace equal those of an uninterrupted run; no checkpoint is ever unloadable."""
+    import time
+
+    from experiments.checkpoint import LAST, load_checkpoint
+
+    data = synthetic_text_dir(tmp_path / "toy", n_train=400, n_eval=80)
+    base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=5",
+            "train.progress=false", "model.layers=2", "train.threads=1", "train.batch_size=16"]
+    ref = tmp_path / "ref"
+    assert run_train(base[:2] + ["--run-dir", str(ref)] + base[2:]).returncode == 0
+    run = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = resumes = 0
+    for attempt in range(12):
+        if (run / "metrics.json").exists():
+            break
+        started = (run / LAST).exists()
+        args = _resume_args(run) if started else base[:2] + ["--run-dir", str(run)] + base[2:]
+        resumes += started
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        before = (run / LAST).stat().st_mtime_ns if (run / LAST).exists() else 0
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:     # wait for a new checkpoint, then a random moment
+            if (run / LAST).exists() and (run / LAST).stat().st_mtime_ns != before:
+                time.sleep(rng.uniform(0.0, 0.8))
+                break
+            time.sleep(0.02)
+        if proc.poll() is None and attempt < 10:
+            proc.kill()
+            kills += 1
+        err = proc.communicate()[1]
+        assert proc.returncode in (0, -9), err[-2000:]
+        if (run / LAST).exists() or (run / "prev.pt").exists():
+            load_checkpoint(str(run))                               # never an unloadable state
+    assert kills >= 2 and resumes >= 2, (kills, resumes)
+    final = run_train(_resume_args(run)) if not (run / "metrics.json").exists() else None
+    assert final is None or final.returncode == 0, final.stderr[-2000:]
+    got, want = (json.loads((d / "metrics.json").read_text()) for d in (run, ref))
+    assert _strip_timing(got) == _strip_timing(want)
+    assert _strip_timing(json.loads((run / "history.json").read_text())) == \
+        _strip_timing(json.loads((ref / "history.json").read_text()))
+    a, b = (torch.load(d / "best.pt", weights_only=False)["model"] for d in (run, ref))
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+    run = tmp_path / "run"
+    args = ["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
+            "data.glove=none", "train.epochs=3", "train.progress=false", "train.threads=1"]
+    assert run_train(args).returncode == 0
+    want = json.loads((run / "metrics.json").read_text())
+    (run / "last.pt").write_bytes(b"not a checkpoint")
+    proc = run_train(["--resume", str(run)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "last.pt cannot be loaded" in proc.stderr and "resuming" in proc.stderr and "after epoch 2" in proc.stderr
+    assert _strip_timing(json.loads((run / "metrics.json").read_text())) == _strip_timing(want)
+    (run / "last.pt").write_bytes(b"x")
+    (run / "prev.pt").write_bytes(b"y")
+    proc = run_train(["--resume", str(run)])
+    assert proc.returncode == 2 and "no loadable checkpoint in" in proc.stderr
+    proc = run_train(["--resume", str(run), "train.epochs=9"])
+    assert proc.returncode == 2 and "--resume RUN_DIR takes the run's own config.yaml" in proc.stderr
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_path):
+    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+    run = tmp_path / "run"
+    proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
+                      "data.glove=none", "train.epochs=30", "train.progress=false", "train.lr=1e12",
+                      "train.grad_clip=0.0", "model.mode=free", "train.threads=1"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "loss is nan" in proc.stderr or "loss is inf" in proc.stderr
+    assert "stopping; the last good checkpoint is" in proc.stderr
+    for f in ("last.pt", "best.pt"):
+        if (run / f).exists():
+            torch.load(run / f, weights_only=False)
+
+
+def test_exponent_floats_without_a_dot_are_floats():
+    assert load_config(None, ["train.lr=1e-3"])["train"]["lr"] == 1e-3      # YAML 1.1 reads 1e-3 as a string
+    with pytest.raises(ConfigError, match="config key 'train.lr' must be float, got str 'fast'"):
+        load_config(None, ["train.lr=fast"])
+
+
+def test_two_process_ddp_matches_single_process_training(tmp_path):
+    """torchrun, 2 CPU processes (gloo), same global batch: losses within 1e-5 relative of one process
+    (dropout off: each rank draws its own dropout masks), the same accuracies and energy-step counts."""
+    data = synthetic_text_dir(tmp_path / "toy", n_train=300, n_eval=60)
+    common = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none",
+              "train.epochs=3", "train.progress=false", "model.dropout=0.0", "train.threads=1", "train.batch_size=299"]   # shares 150/149, then 1/0 (filler)
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "experiments.train", "--run-dir", str(tmp_path / "ddp")] + common,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    single = run_train(["--run-dir", str(tmp_path / "single")] + common)
+    assert single.returncode == 0, single.stderr[-2000:]
+    h2, h1 = (json.loads((tmp_path / r / "history.json").read_text()) for r in ("ddp", "single"))
+    for a, b in zip(h2, h1):
+        for k in ("train_loss", "val_loss"):
+            assert abs(a[k] - b[k]) <= 1e-5 * abs(b[k]), (k, a[k], b[k])
+        assert a["train_energy_steps"] == b["train_energy_steps"] and a["train_accuracy"] == b["train_accuracy"]
+    m2, m1 = (json.loads((tmp_path / r / "metrics.json").read_text()) for r in ("ddp", "single"))
+    assert m2["world_size"] == 2 and m1["world_size"] == 1
+    assert m2["test_accuracy"] == m1["test_accuracy"] and m2["energy_increases"] == m1["energy_increases"] == 0
+    assert not (tmp_path / "ddp" / "rank1").exists()

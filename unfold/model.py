@@ -64,6 +64,8 @@ class ModelOutput:
     guaranteed: bool = False
     #: dtype of the states, which sets the tolerance of :meth:`report`
     states_dtype: torch.dtype = torch.float32
+    #: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks)
+    inputs: Optional[tuple] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
         """Descent statistics of the trace (increases flagged with the dtype-aware tolerance)."""
@@ -251,7 +253,8 @@ class UnfoldedTransformer(nn.Module):
         pooled = (Y * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).to(Y.dtype)
         logits = self.head(self.drop(pooled))
         return ModelOutput(logits, energies, states,
-                           guaranteed=self.mode == "guaranteed" and 0 < self.alpha <= 1, states_dtype=Y.dtype)
+                           guaranteed=self.mode == "guaranteed" and 0 < self.alpha <= 1, states_dtype=Y.dtype,
+                           inputs=(X.detach(), mask))
 
     def encode(self, X: torch.Tensor, mask: torch.Tensor, graph: Optional[TokenGraph] = None, trace: bool = False,
                keep_states: bool = False, layers: Optional[int] = None):

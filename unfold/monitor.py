@@ -1,0 +1,103 @@
+"""Descent monitor: watches the energy trace of every training forward pass.
+
+``DescentMonitor(mode)`` with mode ``off`` (nothing checked), ``warn`` (violations counted and
+logged: where, layer, example, the terms that went up, the energies and the tolerance) or
+``strict`` (the first confirmed violation raises :class:`~energies.errors.DescentError` with the
+same detail). Only layers whose descent is guaranteed are judged (a free or baseline model's trace
+is a diagnostic, not a promise). The tolerance is the trace's own rule (``tol_rule`` of the
+report: ``tol_factor * eps(dtype) * sum_k |E_k|``, from the dtype and the energy's size) and is
+stated in every message. A step flagged in the training dtype is re-evaluated in float64 on the
+same embedded input before it is reported: rounding in float32 clears there; a real increase does
+not.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Callable, List, Optional
+
+import torch
+
+from energies.errors import ConfigError, DescentError
+
+from .trace import DEFAULT_TOL_FACTOR, report_from_values
+
+__all__ = ["DescentMonitor", "MONITOR_MODES"]
+
+MONITOR_MODES = ("off", "warn", "strict")
+
+
+def _describe(v: dict, where: str, example: int, tol_rule: str) -> str:
+    terms = ", ".join(f"{k} {t['before']:.6e} -> {t['after']:.6e}" for k, t in v["terms"].items()
+                      if k in v["terms_up"]) or "none individually"
+    return (f"descent violation ({where}): example {example}, layer {v['layer'] + 1}: energy {v['before']:.9e} -> "
+            f"{v['after']:.9e} (+{v['increase']:.3e} > tol {v['tol']:.3e}; {tol_rule}); terms up: {terms}")
+
+
+class DescentMonitor:
+    """See the module docstring. ``observe(model, out, where)`` after every forward pass."""
+
+    def __init__(self, mode: str = "warn", tol_factor: float = DEFAULT_TOL_FACTOR,
+                 log: Optional[Callable[[str], None]] = None, max_logged: int = 20):
+        if mode not in MONITOR_MODES:
+            raise ConfigError(f"descent monitor mode {mode!r} is unknown; valid: {list(MONITOR_MODES)}")
+        self.mode, self.tol_factor, self.max_logged = mode, float(tol_factor), int(max_logged)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.steps = self.flagged = self.confirmed = self.cleared = 0
+        self.tol_rule = ""
+        self.messages: List[str] = []
+
+    def observe(self, model, out, where: str = "") -> int:
+        """Check one forward pass; returns the confirmed violations (raises in strict mode)."""
+        if self.mode == "off" or out.energies is None or not out.guaranteed:
+            return 0
+        rep = out.report(self.tol_factor)
+        self.steps += rep.steps
+        self.tol_rule = rep.tol_rule
+        if rep.num_increases == 0:
+            return 0
+        samples = sorted({v["sample"] for v in rep.violations})
+        self.flagged += len(rep.violations)
+        confirmed = self._recheck(model, out, samples)
+        self.cleared += len(rep.violations) - len(confirmed)
+        self.confirmed += len(confirmed)
+        for example, v, rule in confirmed:
+            msg = _describe(v, where, example, rule)
+            if self.mode == "strict":
+                raise DescentError(msg)
+            if len(self.messages) < self.max_logged:
+                self.messages.append(msg)
+                self.log(msg)
+        if len(rep.violations) > len(confirmed) and len(self.messages) < self.max_logged:
+            msg = (f"descent monitor ({where}): {len(rep.violations) - len(confirmed)} step(s) flagged in "
+                   f"{out.states_dtype} cleared by the float64 re-evaluation (rounding)")
+            self.messages.append(msg)
+            self.log(msg)
+        return len(confirmed)
+
+    def _recheck(self, model, out, samples):
+        """The flagged examples' layers again in float64 on the same embedded input."""
+        if out.inputs is None:
+            raise DescentError("the descent monitor needs ModelOutput.inputs (the embedded tokens) to re-check")
+        X, mask = out.inputs
+        idx = torch.tensor(samples, device=X.device)
+        checker = copy.deepcopy(model).to(torch.float64)
+        with torch.no_grad():
+            _, energies, _ = checker.encode(X[idx].to(torch.float64), mask[idx], trace=True)
+        rep64 = report_from_values(energies, torch.float64, self.tol_factor, guaranteed=True)
+        return [(samples[v["sample"]], v, rep64.tol_rule) for v in rep64.violations]
+
+    COUNTERS = ("steps", "flagged", "confirmed", "cleared", "tol_rule", "messages")
+
+    def state(self) -> dict:
+        """Counters and messages, for a checkpoint."""
+        return {k: getattr(self, k) for k in self.COUNTERS}
+
+    def load_state(self, state: dict) -> None:
+        for k in self.COUNTERS:
+            setattr(self, k, state[k])
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "tol_rule": self.tol_rule, "steps_checked": self.steps,
+                "flagged": self.flagged, "confirmed": self.confirmed, "cleared_in_float64": self.cleared,
+                "messages": self.messages}

@@ -407,20 +407,24 @@ class MixerLinear(Head):
             return pi[:, :, None].expand(-1, -1, self.d)                 # (N, o, k)
         return pi[:, :, None] * data["M"][:, g]
 
+    # Batched over the feature k: (k, N, o) @ (k, o, t p), so no N x s x s intermediate is formed.
     def forward(self, Z, data):
-        X = data["X"]
+        Xk = data["X"].permute(2, 0, 1)                                          # (k, N, t)
         out = 0
         for g, Zg in enumerate(Z):
-            Z4 = Zg.reshape(self.s, self.s, self.d, self.c)
-            A = torch.einsum("nok,tokp->ntkp", self._weights(data, g), Z4)
-            out = out + torch.einsum("ntk,ntkp->np", X, A)
+            Zk = Zg.reshape(self.s, self.s, self.d, self.c).permute(2, 1, 0, 3).reshape(self.d, self.s, -1)
+            A = torch.bmm(self._weights(data, g).permute(2, 0, 1).contiguous(), Zk)  # (k, N, t p)
+            out = out + (Xk[..., None] * A.reshape(self.d, -1, self.s, self.c)).sum((0, 2))
         return out
 
     def adjoint(self, R, data):
-        X = data["X"]
-        XR = torch.einsum("ntk,np->ntkp", X, R)
-        return [torch.einsum("nok,ntkp->tokp", self._weights(data, g), XR).reshape(self.s * self.s, self.d * self.c)
-                for g in range(len(self.blocks()))]
+        Xk = data["X"].permute(2, 0, 1)
+        XR = (Xk[..., None] * R[None, :, None, :]).reshape(self.d, R.shape[0], -1)  # (k, N, t p)
+        out = []
+        for g in range(len(self.blocks())):
+            G = torch.bmm(self._weights(data, g).permute(2, 1, 0).contiguous(), XR)  # (k, o, t p)
+            out.append(G.reshape(self.d, self.s, self.s, self.c).permute(2, 1, 0, 3).reshape(self.s * self.s, -1))
+        return out
 
     def factor(self, g, W1, W2):
         return W1.T.reshape(-1), W2.reshape(-1)

@@ -41,12 +41,14 @@ ROUNDING = 8 * torch.finfo(torch.float64).eps    # slack of the backtracking tes
 SHRINK = 0.9   # L is multiplied by this before each step (adaptive step size), then doubled while the bound fails
 
 
-def svt(Z: torch.Tensor, tau: float) -> torch.Tensor:
-    """Singular-value thresholding: the prox of ``tau ||.||_*``."""
+def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
+    """Singular-value thresholding: the prox of ``tau ||.||_*`` (and, with ``with_norm``, the nuclear
+    norm of the result, sum of the thresholded singular values, at no extra cost)."""
     U, S, Vh = torch.linalg.svd(Z, full_matrices=False)
     S = torch.clamp(S - tau, min=0.0)
     k = int((S > 0).sum())
-    return (U[:, :k] * S[:k]) @ Vh[:k]
+    out = (U[:, :k] * S[:k]) @ Vh[:k]
+    return (out, float(S.sum())) if with_norm else out
 
 
 def nuclear(Z: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -162,29 +164,31 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         return float(f), float(beta * nuclear(Zs))
 
     def prox_step(Yk):
+        """``(Z', loss at Z', penalty at Z')``: one prox-gradient step from Yk (with backtracking)."""
         nonlocal L
         f, R = smooth(Yk)
         G = head.adjoint(loss.grad(R, Y), data)
-        if fixed_lipschitz:
-            return [svt(y - g / L, beta / L) for y, g in zip(Yk, G)]
-        L = max(L * SHRINK, 1e-12)                 # try a longer step first; backtracking restores the bound
+        if not fixed_lipschitz:
+            L = max(L * SHRINK, 1e-12)             # try a longer step first; backtracking restores the bound
         for _ in range(64):
-            Zn = [svt(y - g / L, beta / L) for y, g in zip(Yk, G)]
-            D = [zn - y for zn, y in zip(Zn, Yk)]
+            parts = [svt(y - g / L, beta / L, with_norm=True) for y, g in zip(Yk, G)]
+            Zn = [z for z, _ in parts]
             fn, _ = smooth(Zn)
+            if fixed_lipschitz:
+                break
+            D = [zn - y for zn, y in zip(Zn, Yk)]
             bound = float(f) + sum(float((g * d).sum()) for g, d in zip(G, D)) + 0.5 * L * sum(float((d * d).sum()) for d in D)
             if float(fn) <= bound + ROUNDING * abs(float(f)):    # the descent lemma, up to rounding
                 break
             L *= 2.0
-        return Zn
+        return Zn, float(fn), beta * sum(n for _, n in parts)
 
     lx, px = total(Z)
     losses, pens, cands, lips = [lx], [px], [], []
     Yk, t = Z, 1.0
     converged, it = False, 0
     for it in range(1, max_iter + 1):
-        Zc = prox_step(Yk if method == "fista" else Z)
-        lc, pc = total(Zc)
+        Zc, lc, pc = prox_step(Yk if method == "fista" else Z)
         cands.append(lc + pc)
         lips.append(L)
         accepted = method == "pg" or lc + pc <= losses[-1] + pens[-1]

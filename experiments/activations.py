@@ -11,9 +11,10 @@ in the README) and ``results.json`` to ``--out``. Each run keeps its own folder
 same config is reused, so an interrupted sweep resumes where it stopped (``--force`` retrains).
 
 Columns: test accuracy; the float64 energy check on the test set (increases over all layer steps
-of every test example, and the mean ratio E(Y_T) / E(Y_0)); for the MM forms the energy is the one
+of every test example, and the mean energy before the first and after the last layer); for the MM forms the energy is the one
 every layer descends, for the standard forms the token-space attention energy E1 traced for
-comparison (nothing promises descent). Spline probe on the first layer: verdict, degree, pieces;
+comparison (nothing promises descent). Spline probe on the first layer, along a ray through the
+embedded first test sentence with ``--probe-n`` tokens (t in [-1, 1]): verdict, degree, pieces;
 the static degree bound of the whole stack (3^T where Lai, Lim, Liu's Lemma 3.2 / Theorem 3.3
 apply), and what makes a model no spline.
 """
@@ -25,9 +26,12 @@ import os
 import sys
 from typing import Any, Dict, List
 
+import torch
+
 from energies.errors import ConfigError, UnfoldError
 
-from .config import dump_config, load_config
+from . import data as D
+from .config import load_config
 from .spline_probe import degree_analysis, load_model, probe_model
 from .train import atomic_write_text, train
 
@@ -47,6 +51,19 @@ VARIANTS: Dict[str, tuple] = {
 }
 
 
+def probe_sentence(cfg, run_dir: str, n: int) -> torch.Tensor:
+    """The first n tokens of the first test text with at least n, in the run's vocabulary: the probe's
+    ray starts at a real sentence (a trained ReLU kernel can be zero on every pair of random tokens)."""
+    dc = cfg["data"]
+    splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
+                            label_field=dc["label_field"])
+    ids, mask, _ = D.encode(splits.test[:200], D.Vocab.load(os.path.join(run_dir, "vocab.json")), dc["max_len"])
+    long_enough = (mask.sum(1) >= n).nonzero()
+    if not len(long_enough):
+        raise ConfigError(f"no test text has {n} tokens for the probe; lower --probe-n")
+    return ids[int(long_enough[0])][:n]
+
+
 def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, common=()) -> Dict[str, Any]:
     """Train (or reuse) one variant and probe it; ``common`` overrides apply on top (e.g. a dataset)."""
     form, activation, base, overrides = VARIANTS[name]
@@ -54,8 +71,10 @@ def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, com
     run_dir = os.path.join(out, name)
     metrics_path = os.path.join(run_dir, "metrics.json")
     cfg_path = os.path.join(run_dir, "config.yaml")
-    reuse = (not force and os.path.isfile(metrics_path) and os.path.isfile(cfg_path)
-             and open(cfg_path).read() == dump_config(cfg))
+    best_path = os.path.join(run_dir, "best.pt")
+    reuse = (not force and all(os.path.isfile(f) for f in (metrics_path, cfg_path, best_path))
+             and load_config(cfg_path) == cfg                       # keys added since then take their defaults
+             and os.path.getmtime(best_path) <= os.path.getmtime(metrics_path))   # not an interrupted retraining
     if reuse:
         with open(metrics_path) as fh:
             metrics = json.load(fh)
@@ -64,19 +83,19 @@ def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, com
         print(f"{name}: training ({' '.join(overrides)})", file=sys.stderr)
         metrics = train(cfg, run_dir)
     model = load_model(checkpoint=os.path.join(run_dir, "best.pt"))
-    first = probe_model(model, n=probe_n, layers=1, t_max=2.0)
+    first = probe_model(model, layers=1, ids=probe_sentence(cfg, run_dir, probe_n), t_max=1.0)
     bound, reasons = degree_analysis(model)
     return {"name": name, "form": form, "activation": activation, "overrides": overrides,
             "test_accuracy": metrics["test_accuracy"], "val_accuracy": metrics["val_accuracy"],
             "energy_steps": metrics["energy_steps"], "energy_increases": metrics["energy_increases"],
-            "energy_ratio": metrics["energy_last_mean"] / metrics["energy_first_mean"],
+            "energy_first": metrics["energy_first_mean"], "energy_last": metrics["energy_last_mean"],
             "guaranteed": metrics["mode"] == "guaranteed", "train_seconds": metrics["train_seconds"],
             "probe_layer1": {k: first[k] for k in ("verdict", "degree", "pieces", "max_residual", "static_degree_bound")},
             "static_degree_bound": bound, "non_spline_parts": reasons, "layers": model.layers}
 
 
 def markdown(rows: List[Dict[str, Any]], epochs: int) -> str:
-    head = ("| form | activation | test acc | energy increases / steps | E(Y_T)/E(Y_0) | probe, layer 1 "
+    head = ("| form | activation | test acc | energy increases / steps | mean E(Y_0) -> E(Y_T) | probe, layer 1 "
             "| static bound, all layers | not a spline because |\n|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
@@ -86,7 +105,8 @@ def markdown(rows: List[Dict[str, Any]], epochs: int) -> str:
         bound = "none" if r["static_degree_bound"] is None else f"3^{r['layers']} = {r['static_degree_bound']}"
         why = "; ".join(r["non_spline_parts"]) or "-"
         lines.append(f"| {r['form']} | {r['activation']} | {r['test_accuracy']:.4f} | {r['energy_increases']} / "
-                     f"{r['energy_steps']} ({energy}) | {r['energy_ratio']:.3f} | {probe} | {bound} | {why} |")
+                     f"{r['energy_steps']} ({energy}) | {r['energy_first']:.4g} -> {r['energy_last']:.4g} | {probe} | {bound} | "
+                     f"{why} |")
     return (f"{epochs} epochs, seed 0; energies checked in float64 on the test set.\n\n" + head + "\n".join(lines) + "\n")
 
 
@@ -96,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--only", nargs="+", metavar="NAME", help=f"a subset of: {' '.join(VARIANTS)}")
     p.add_argument("--force", action="store_true", help="retrain runs that already have metrics")
-    p.add_argument("--probe-n", type=int, default=4, help="tokens on the probed ray")
+    p.add_argument("--probe-n", type=int, default=6, help="tokens of the probed sentence")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides for every variant")
     args = p.parse_args(argv)
     names = args.only or list(VARIANTS)

@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--train-examples", type=int, default=None, help="default 2000, quick 300")
     p.add_argument("--beta-frac", type=float, default=0.02)
     p.add_argument("--method", default="fista", choices=["fista", "pg"])
-    p.add_argument("--max-iter", type=int, default=None, help="default 3000, quick 800")
+    p.add_argument("--max-iter", type=int, default=None, help="default 2000, quick 800")
     p.add_argument("--tol", type=float, default=1e-7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="end with one JSON line of per-head results")
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     args.dim = args.dim or (6 if q else 12)
     args.tokens = args.tokens or (16 if q else 32)
     args.train_examples = args.train_examples or (300 if q else 2000)
-    args.max_iter = args.max_iter or (800 if q else 3000)
+    args.max_iter = args.max_iter or (800 if q else 2000)
     try:
         unknown = [h for h in args.heads if h not in HEADS]
         if unknown:

@@ -284,14 +284,21 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
     return model.double().eval()
 
 
-def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: Optional[int] = None, **kw) -> dict:
+def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: Optional[int] = None,
+                ids: Optional[torch.Tensor] = None, **kw) -> dict:
     """Probe a model's layer stack (embedded tokens X -> Y_T, :meth:`UnfoldedTransformer.encode`) along
     the ray ``X0 + t D``: X0 the embeddings of n random tokens, D Gaussian at X0's scale. The embedding,
     pooling and head are outside the probed map (the paper's section 1.11). ``max_degree`` defaults to
-    the static bound where there is one (at most 100), else 12."""
+    the static bound where there is one (at most 100), else 12. ``ids`` ``(n,)``: start the ray at these
+    tokens (a real sentence) instead of n random ones: a trained ReLU kernel max(C - z, 0) can be
+    zero for every pair of random tokens, and the layer then piecewise linear on that ray."""
     gen = torch.Generator().manual_seed(seed)
     model = model.double().eval()
-    ids = torch.randint(1, model.embed.num_embeddings, (1, n), generator=gen)
+    if ids is None:
+        ids = torch.randint(1, model.embed.num_embeddings, (1, n), generator=gen)
+    else:
+        ids = torch.as_tensor(ids).reshape(1, -1)
+        n = ids.shape[1]
     mask = torch.ones(1, n, dtype=torch.bool)
     graph = model.token_graph(mask)
     with torch.no_grad():

@@ -410,6 +410,8 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         return GRAPHS[name](n, *args, batch_size=batch_size, mask=mask, seed=seed)
     except TypeError as exc:
         raise GraphError(f"bad arguments for graph {name!r} in spec {spec!r}: {exc}") from None
+    except GraphError as exc:
+        raise GraphError(f"graph spec {spec!r}: {exc}") from None
 
 
 # ---------------------------------------------------------------------- tokens

@@ -183,14 +183,14 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
     from experiments.checkpoint import LAST, load_checkpoint
 
     data = synthetic_text_dir(tmp_path / "toy", n_train=400, n_eval=80)
-    base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=5",
+    base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=8",
             "train.progress=false", "model.layers=2", "train.threads=1", "train.batch_size=16"]
     ref = tmp_path / "ref"
     assert run_train(base[:2] + ["--run-dir", str(ref)] + base[2:]).returncode == 0
     run = tmp_path / "killed"
     rng = random.Random(0)
     kills = resumes = 0
-    for attempt in range(12):
+    for attempt in range(14):
         if (run / "metrics.json").exists():
             break
         started = (run / LAST).exists()
@@ -202,10 +202,10 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
         deadline = time.time() + 120
         while proc.poll() is None and time.time() < deadline:     # wait for a new checkpoint, then a random moment
             if (run / LAST).exists() and (run / LAST).stat().st_mtime_ns != before:
-                time.sleep(rng.uniform(0.0, 0.8))
+                time.sleep(rng.uniform(0.0, 0.25))           # within the next epoch (about 0.5 s here)
                 break
             time.sleep(0.02)
-        if proc.poll() is None and attempt < 10:
+        if proc.poll() is None and attempt < 12:
             proc.kill()
             kills += 1
         err = proc.communicate()[1]

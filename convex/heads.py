@@ -94,9 +94,10 @@ class Head:
             raise TokenError(f"head {self.name}: mask must be bool {tuple(X.shape[:2])}, got {mask.dtype} "
                              f"{tuple(mask.shape)}")
         X = X * mask[..., None].to(X.dtype)
-        return {"X": X, "mask": mask, "pi": pooling(mask, X.dtype), **self._prepare(X, mask)}
+        pi = pooling(mask, X.dtype)
+        return {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi)}
 
-    def _prepare(self, X, mask) -> dict:
+    def _prepare(self, X, mask, pi) -> dict:
         return {}
 
     def forward(self, Z: Sequence[torch.Tensor], data: dict) -> torch.Tensor:
@@ -139,8 +140,8 @@ class _FeatureHead(Head):
     def _cols(self, g: int) -> slice:
         return slice(0, self.c)
 
-    def _prepare(self, X, mask):
-        return {"F": self._features(X, mask, pooling(mask, X.dtype))}
+    def _prepare(self, X, mask, pi):
+        return {"F": self._features(X, mask, pi)}
 
     def forward(self, Z, data):
         F = data["F"]
@@ -230,9 +231,6 @@ class FNOLinear(_FeatureHead):
 
     def unfactor(self, g, u, v):
         return u.reshape(self.s, self.d), v
-
-    def factor(self, g, W1, W2):
-        return W1.reshape(-1), W2.reshape(-1)
 
     @staticmethod
     def _conv(X, K):
@@ -327,10 +325,10 @@ class SALinear(Head):
     def blocks(self):
         return [((r.stop - r.start) * self.d, (r.stop - r.start) * self.c) for r in self._groups()]
 
-    def _prepare(self, X, mask):
+    def _prepare(self, X, mask, pi):
         L = mask.sum(-1).to(X.dtype).clamp_min(1.0)
         G = X.transpose(1, 2) @ X / L[:, None, None]
-        return {"G": G, "xbar": torch.einsum("ns,nsd->nd", pooling(mask, X.dtype), X)}
+        return {"G": G, "xbar": torch.einsum("ns,nsd->nd", pi, X)}
 
     def forward(self, Z, data):
         G, xbar = data["G"], data["xbar"]
@@ -398,7 +396,7 @@ class MixerLinear(Head):
     def _gate_masks(self, X) -> Optional[torch.Tensor]:
         return None                                                     # (N, m, s, d) for the gated mixer
 
-    def _prepare(self, X, mask):
+    def _prepare(self, X, mask, pi):
         return {"M": self._gate_masks(X)}
 
     def _weights(self, data, g):

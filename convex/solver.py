@@ -159,10 +159,6 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         R = head.forward(Zs, data)
         return loss.value(R, Y), R
 
-    def total(Zs):
-        f, _ = smooth(Zs)
-        return float(f), float(beta * nuclear(Zs))
-
     def prox_step(Yk):
         """``(Z', loss at Z', penalty at Z')``: one prox-gradient step from Yk (with backtracking)."""
         nonlocal L
@@ -183,7 +179,7 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
             L *= 2.0
         return Zn, float(fn), beta * sum(n for _, n in parts)
 
-    lx, px = total(Z)
+    lx, px = float(smooth(Z)[0]), float(beta * nuclear(Z))
     losses, pens, cands, lips = [lx], [px], [], []
     Yk, t = Z, 1.0
     converged, it = False, 0
@@ -203,11 +199,14 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         Z = Znew
         losses.append(lz)
         pens.append(pz)
-        if it % check_every == 0 and certificate(head, data, Y, Z, beta, loss)["duality_gap_rel"] <= tol:
-            converged = True
-            break
-    cert = certificate(head, data, Y, Z, beta, loss)
-    converged = converged or cert["duality_gap_rel"] <= tol
+        if it % check_every == 0:
+            cert = certificate(head, data, Y, Z, beta, loss)
+            if cert["duality_gap_rel"] <= tol:
+                converged = True
+                break
+    if not converged:                      # the certificate of the final iterate (already made when converged)
+        cert = certificate(head, data, Y, Z, beta, loss)
+        converged = cert["duality_gap_rel"] <= tol
     trace = {"loss": torch.tensor([losses], dtype=torch.float64), "penalty": torch.tensor([pens], dtype=torch.float64)}
     return ConvexSolution(Z=Z, beta=float(beta), method=method, iterations=it, converged=converged, certificate=cert,
                           beta_max=beta_max(head, data, Y, loss), ranks=rank(Z), seconds=time.perf_counter() - t0,

@@ -254,10 +254,10 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, 
             correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
             seen += labels.numel() * int(weight)
             if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
-                rep = out.report()
+                rep = out.report(monitor.tol_factor)
                 train_inc += rep.num_increases
                 train_steps += rep.steps
-                monitor.observe(model, out, f"epoch {epoch}, batch {i}")
+                monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
             bar.update(i, loss=loss_sum / seen, acc=correct / seen)
         bar.close()
         loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))

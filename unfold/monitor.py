@@ -47,11 +47,12 @@ class DescentMonitor:
         self.tol_rule = ""
         self.messages: List[str] = []
 
-    def observe(self, model, out, where: str = "") -> int:
-        """Check one forward pass; returns the confirmed violations (raises in strict mode)."""
+    def observe(self, model, out, where: str = "", report=None) -> int:
+        """Check one forward pass; returns the confirmed violations (raises in strict mode). ``report``:
+        ``out.report(tol_factor)`` when the caller has it already (it is not computed twice)."""
         if self.mode == "off" or out.energies is None or not out.guaranteed:
             return 0
-        rep = out.report(self.tol_factor)
+        rep = report if report is not None else out.report(self.tol_factor)
         self.steps += rep.steps
         self.tol_rule = rep.tol_rule
         if rep.num_increases == 0:

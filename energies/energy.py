@@ -75,6 +75,19 @@ class Energy(torch.nn.Module):
             g = g + term.grad(Y, graph)
         return g
 
+    def rounding_curvature(self, graph: TokenGraph) -> torch.Tensor:
+        """``sum_k L_k`` per example ``(B,)`` float64: E(Y + D) <= E(Y) + <grad E, D> + L ||D||^2 / 2
+        (:meth:`EnergyTerm.rounding_curvature`); sets the resolution part of the descent tolerance."""
+        out = torch.zeros(graph.batch_size, dtype=ACCUM_DTYPE)
+        for term in self.terms.values():
+            out = out + torch.as_tensor(term.rounding_curvature(graph), dtype=ACCUM_DTYPE).cpu()
+        return out
+
+    @property
+    def indicators(self):
+        """Names of the indicator terms (their value +inf is legitimate: infeasible)."""
+        return tuple(name for name, t in self.terms.items() if t.is_indicator)
+
     def describe(self) -> Dict[str, str]:
         return {name: f"{type(t).__name__}({t.describe()})" for name, t in self.terms.items()}
 

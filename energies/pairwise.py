@@ -1,27 +1,40 @@
 """Pairwise sums over a token graph: the one place where edges meet tensors.
 
-Three kernels compute the same quantities, so that energies and updates share the math and only
+Five kernels compute the same quantities, so that energies and updates share the math and only
 swap the kernel:
 
-* ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory);
+* ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory), z from explicit
+  differences;
 * ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
-* ``softmax``: complete graph with rho = exp only: softmax over all keys with key bias
-  ``log beta_v = -|z_v|^2 / (2 tau)``, self included (supplement eq. 35, 39), explicit n x n logits;
-* ``fused``: the same softmax form in one flash-attention kernel call (:mod:`energies.fused`): no
-  n x n matrix, the log-sum-exp differentiable, CPU only;
+* ``softmax``: complete graph with rho = exp only: softmax over all keys of the logits
+  ``-z_uv = (y_u.y_v - |y_v|^2 / 2 - |y_u|^2 / 2) / tau`` (the key bias ``log beta_v`` of supplement
+  eq. 35, 39 plus a per-query constant, which the softmax ignores), self included, explicit n x n logits;
+* ``fused``: the same softmax in one flash-attention kernel call (:mod:`energies.fused`): no n x n
+  matrix, the log-sum-exp differentiable, CPU only;
 * ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
-  and backward (a custom autograd function recomputes one tile at a time in the backward pass). No running log-sum-exp is needed:
+  and backward (a custom autograd function recomputes one tile at a time in the backward pass).
   ``gamma = rho'(z)`` is bounded for every rho here and the step divides by ``1 + deg``, so plain
   sums of tiles are safe.
 
 For edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = ||y_u - y_v||^2 / (2 tau)``, one pass returns
 
-    num_u = sum_{v in N(u)} gamma_uv y_v,     deg_u = sum_{v in N(u)} gamma_uv,
+    agg_u = sum_{v in N(u)} gamma_uv (y_v - y_u),     deg_u = sum_{v in N(u)} gamma_uv,
 
-and, from the same pass, the pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` per example.
-On the softmax kernel the energy comes from the log-sum-exp of the pass itself: with
-``S_u = exp(LSE_u + log beta_u) = sum_v gamma_uv`` (self included, gamma_uu = 1),
-``deg_u = S_u (1 - p_uu)`` and the energy is ``-tau/2 sum_u deg_u`` (../shared/NOTES.md).
+and, from the same pass, the pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` per example. ``agg`` is
+minus the gradient of the pairwise energy: it depends on differences only, so a token with no pull
+gets exactly 0 and a fixed point of the step stays exactly fixed (``num_u = agg_u + deg_u y_u`` is
+also available). On the softmax kernels, with ``S_u = sum_v exp(-z_uv) = 1 + deg_u`` (self included)
+and ``P`` the softmax, ``agg_u = S_u (P Y - Y)_u``: the self term contributes ``p_uu (y_u - y_u) = 0``,
+so nothing has to be removed with a separately rounded diagonal logit, ``deg_u = expm1(LSE_u)`` and
+the energy is ``-tau/2 sum_u deg_u`` (../shared/NOTES.md).
+
+Precision at every scale. z depends on differences only, so the kernels that use the expansion
+``|a|^2 + |b|^2 - 2 a.b`` (dense, softmax, fused, streamed) work on tokens centred per example; its
+rounding error is then about ``eps * max_u |y_u - mean|^2 / tau`` in z, which :func:`expansion_dtype`
+keeps below ``EXPANSION_Z_ERROR[dtype]`` by computing in float64, or, where even float64 cannot
+(``max |y|^2 / tau`` beyond ~4e6, or a tiny tau), by the streamed pass with explicit differences:
+a stable formulation of every kernel, chosen per call (one host read of the largest norm; skipped
+under ``torch.compile``, where the kernel runs as asked).
 """
 from __future__ import annotations
 
@@ -35,19 +48,31 @@ from .fused import fused_available, fused_attention
 from .graph import TokenGraph
 from .rho import ExpRho, Rho
 
-__all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "PairwisePass", "pairwise_pass",
-           "weighted_neighbour_sums", "pairwise_energy"]
+__all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "explicit_z", "expansion_dtype", "PairwisePass",
+           "pairwise_pass", "weighted_neighbour_sums", "pairwise_energy", "EXPANSION_Z_ERROR"]
 
 KERNELS = ("edges", "dense", "softmax", "fused", "streamed")
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
 STREAM_TILE = 256
 STREAM_MIN_N = 1024
+#: largest (B * n * tile * d) element count of one tile of explicit differences
+EXPLICIT_TILE_ELEMENTS = 1 << 22
+#: largest tolerated rounding error of z in the expansion, per compute dtype: ``eps * max|y|^2 / tau``.
+#: 2^-30 (float64) keeps kernels within ~1e-9 of the step; 2^-14 (float32: max|y|^2 / tau <= 512) is
+#: near float32's own rounding of a sum of a few hundred terms. Others (half, bfloat16) compute in float32.
+EXPANSION_Z_ERROR = {torch.float64: 2.0 ** -30, torch.float32: 2.0 ** -14}
 
 
 class PairwisePass(NamedTuple):
-    num: torch.Tensor               # (B, n, d)  sum_v gamma_uv y_v
+    agg: Optional[torch.Tensor]     # (B, n, d)  sum_v gamma_uv (y_v - y_u), or None (energy-only pass)
     deg: torch.Tensor               # (B, n)     sum_v gamma_uv
     energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
+    Y: Optional[torch.Tensor] = None  # the (zero-padded) tokens of the pass, for :attr:`num`
+
+    @property
+    def num(self) -> Optional[torch.Tensor]:
+        """``sum_v gamma_uv y_v = agg_u + deg_u y_u`` ``(B, n, d)`` (not translation invariant)."""
+        return None if self.agg is None else self.agg + self.deg[..., None] * self.Y
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
@@ -83,144 +108,204 @@ def edge_z(Yf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, tau: float) -
 
 def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``(B, n, m)`` matrix of ``z_uv = |y_u - k_v|^2 / (2 tau)`` for keys K (default: Y itself) by the
-    expansion ``|y_u|^2 + |k_v|^2 - 2 y_u.k_v``, clamped at 0."""
+    expansion ``|y_u|^2 + |k_v|^2 - 2 y_u.k_v``, clamped at 0 (accurate when the tokens are centred and
+    :func:`expansion_dtype` accepts their scale)."""
     K = Y if K is None else K
     d2 = (Y * Y).sum(-1)[:, :, None] + (K * K).sum(-1)[:, None, :] - 2.0 * Y @ K.transpose(1, 2)
     return torch.clamp(d2, min=0.0) / (2.0 * tau)
+
+
+def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float):
+    """``(z, K_v - y_u)`` for queries Y ``(B, n, d)`` and keys K ``(B, m, d)`` from explicit differences
+    ``(B, n, m, d)``: exact to rounding at any scale, at d times the memory of :func:`dense_z`."""
+    diff = K[:, None, :, :] - Y[:, :, None, :]
+    return (diff * diff).sum(-1) / (2.0 * tau), diff
+
+
+def _centred(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """Y minus the mean of each example's real tokens (padded slots stay 0). z and agg depend on
+    differences only, so this changes nothing but the rounding of the expansion; the mean is detached
+    (translation invariance makes its gradient contribution zero)."""
+    m = graph.mask.to(Y.dtype)[..., None]
+    mean = (Y.detach() * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1.0)
+    return (Y - mean) * m
+
+
+def expansion_dtype(Yc: torch.Tensor, tau: float) -> Optional[torch.dtype]:
+    """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves z to
+    ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
+    differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``. One host read of the
+    largest norm (none under ``torch.compile``, which keeps Yc's dtype)."""
+    own = Yc.dtype if Yc.dtype in EXPANSION_Z_ERROR else torch.float32
+    if torch.compiler.is_compiling() or Yc.numel() == 0:
+        return own
+    scale = float((Yc.detach() * Yc.detach()).sum(-1).max()) / tau
+    for dt in dict.fromkeys((own, torch.float64)):
+        if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
+            return dt
+    return None
 
 
 def _f64(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64)
 
 
-def _explicit_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: torch.Tensor, num: bool):
-    """``(P Y or None, LSE)`` of the softmax over all keys with key bias ``log beta_v = -|y_v|^2 / (2 tau)``,
-    self included, from the explicit ``(B, n, n)`` logits."""
-    logits = Y @ Y.transpose(1, 2) / tau - (0.5 / tau) * sq[:, None, :]
-    logits = logits.masked_fill(~graph.mask[:, None, :], -math.inf)
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-    attn = torch.exp(logits - lse) @ Y if num else None
-    return attn, lse[..., 0]
-
-
-#: key feature of padded tokens in the fused form: logit -PAD_LOGIT, so that p = 0 exactly
+#: key feature of padded tokens in the fused form: logit below -PAD_LOGIT, so that p = 0 exactly
 PAD_LOGIT = 1.0e4
 
 
-def _fused_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: torch.Tensor, num: bool):
-    """The same ``(P Y, LSE)`` from one fused kernel call (:mod:`energies.fused`). The key bias is
-    folded into one extra feature, ``[y_u, 1] . [y_v, -|y_v|^2 / 2] / tau``, and the values carry a
-    zero there, so that q, k, v share one head size and no n x n matrix is formed."""
-    one = torch.ones_like(sq)[..., None]
-    bias = torch.where(graph.mask, -0.5 * sq, torch.full_like(sq, -PAD_LOGIT * tau))[..., None]
-    q = torch.cat([Y, one], -1)[:, None]
-    k = torch.cat([Y, bias], -1)[:, None]
-    v = torch.cat([Y, torch.zeros_like(one)], -1)[:, None]
+def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, num: bool):
+    """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
+    ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y. Explicit: ``(B, n, n)`` logits with the diagonal
+    exactly 0. Fused: one flash-attention call; the biases are folded into two extra features,
+    ``[y_u, 1, -|y_u|^2/2] . [y_v, -|y_v|^2/2, 1] / tau = -z_uv``, and the values carry zeros there, so
+    q, k, v share one head size and no n x n matrix is formed."""
+    if not fused:
+        z = dense_z(Y, tau)
+        eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
+        logits = (-z).masked_fill(eye, 0.0).masked_fill(~graph.mask[:, None, :], -math.inf)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        diff = torch.exp(logits - lse) @ Y - Y if num else None
+        return diff, lse[..., 0]
+    half_sq = 0.5 * (Y * Y).sum(-1)
+    one = torch.ones_like(half_sq)
+    key_bias = torch.where(graph.mask, -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
+    extra_q, extra_k = torch.stack([one, -half_sq], -1), torch.stack([key_bias, one], -1)
+    q = torch.cat([Y, extra_q], -1)[:, None]
+    k = torch.cat([Y, extra_k], -1)[:, None]
+    v = torch.cat([Y, torch.zeros_like(extra_q)], -1)[:, None]
     attn, lse = fused_attention(q, k, v, 1.0 / tau)
-    return attn[:, 0, :, :-1], lse[:, 0]
+    return (attn[:, 0, :, :-2] - Y if num else None), lse[:, 0]
 
 
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
                   energy: bool = False, num: bool = True) -> PairwisePass:
-    """One pass over the graph: ``(num, deg)`` in Y's dtype and, if asked, the pairwise energy.
-    ``num=False`` skips the weighted sums of neighbours (``num`` is then None): an energy-only pass."""
+    """One pass over the graph: ``(agg, deg)`` in Y's dtype and, if asked, the pairwise energy.
+    ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass."""
     kernel = pick_kernel(graph, rho, kernel)
     Y = graph.zero_padded(Y)
-    B, n, d = Y.shape
+    if kernel == "edges":
+        return _edges_pass(Y, graph, rho, tau, energy, num)._replace(Y=Y)
+    Yc = _centred(Y, graph)
+    dt = expansion_dtype(Yc, tau)
+    if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile
+        out = _streamed_pass(Y, graph, rho, tau, energy, num, explicit=True)
+    elif dt != Y.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
+        out = _expansion_pass(_centred(Y.to(dt), graph), graph, rho, tau, kernel, energy, num)
+        out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
+    else:
+        out = _expansion_pass(Yc, graph, rho, tau, kernel, energy, num)
+    return out._replace(Y=Y)
+
+
+def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, energy: bool,
+                    num: bool) -> PairwisePass:
+    """The complete-graph kernels on centred tokens Y (:func:`pairwise_pass`)."""
     if kernel in ("softmax", "fused"):
-        sq = (Y * Y).sum(-1)
-        attn, lse = (_fused_parts if kernel == "fused" else _explicit_parts)(Y, graph, tau, sq, num)
-        # log p_uu = l_uu - LSE_u = -log S_u <= 0 (l_uu = |y_u|^2 / 2tau); padded queries get a dummy -1
-        log_p_self = torch.where(graph.mask, torch.clamp((0.5 / tau) * sq - lse, max=0.0), -torch.ones_like(sq))
-        S = torch.exp(-log_p_self)                # sum over all v, self included
-        off = -torch.expm1(log_p_self)            # 1 - p_uu, without cancellation
+        diff, lse = _softmax_parts(Y, graph, tau, kernel == "fused", num)
         real = graph.mask.to(Y.dtype)
-        deg = S * off * real
-        nums = None
-        if num:
-            nums = (S[..., None] * (attn - torch.exp(log_p_self)[..., None] * Y)) * real[..., None]
+        log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
+        deg = torch.expm1(log_s)
+        agg = torch.exp(log_s)[..., None] * diff * real[..., None] if num else None
         e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
-        return PairwisePass(nums, deg, e)
+        return PairwisePass(agg, deg, e)
     if kernel == "streamed":
         return _streamed_pass(Y, graph, rho, tau, energy, num)
-    if kernel == "dense":
-        z = dense_z(Y, tau)
-        pm = graph.pair_mask()
-        zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
-        gamma = torch.where(pm, rho.derivative(z), zero)
-        e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
-        return PairwisePass(gamma @ Y if num else None, gamma.sum(-1), e)
+    z = dense_z(Y, tau)
+    pm = graph.pair_mask()
+    zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
+    gamma = torch.where(pm, rho.derivative(z), zero)
+    deg = gamma.sum(-1)
+    e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
+    return PairwisePass(gamma @ Y - deg[..., None] * Y if num else None, deg, e)
+
+
+def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool) -> PairwisePass:
+    """Gather/scatter over the canonical edge list: ``agg`` from the explicit differences of each edge."""
+    B, n, d = Y.shape
     Yf = Y.reshape(B * n, d)
     src, dst = graph.edges()
-    z = edge_z(Yf, src, dst, tau)
+    diff = Yf[dst] - Yf[src]
+    z = (diff * diff).sum(-1) / (2.0 * tau)
     gamma = rho.derivative(z)
-    nums = None
+    agg = None
     if num:
-        nums = torch.zeros_like(Yf).index_add(0, src, gamma[:, None] * Yf[dst]).index_add(0, dst, gamma[:, None] * Yf[src])
-        nums = nums.reshape(B, n, d)
+        msg = gamma[:, None] * diff
+        agg = torch.zeros_like(Yf).index_add(0, src, msg).index_add(0, dst, -msg).reshape(B, n, d)
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
     e = None
     if energy:
         e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, _f64(tau * rho.value(z)))
-    return PairwisePass(nums, deg.reshape(B, n), e)
+    return PairwisePass(agg, deg.reshape(B, n), e)
 
 
-def _tile(Y: torch.Tensor, mask: torch.Tensor, rho: Rho, tau: float, s: int, tile: int, energy: bool):
-    """Queries = all tokens, keys = tokens s .. s + tile: ``(deg part, num part, energy part or None)``."""
+def _tile(Y: torch.Tensor, mask: torch.Tensor, rho: Rho, tau: float, s: int, tile: int, energy: bool,
+          explicit: bool = False):
+    """Queries = all tokens, keys = tokens s .. s + tile: ``(deg part, agg part, energy part or None)``."""
     n = Y.shape[1]
     K = Y[:, s:s + tile]
     rows = torch.arange(n, device=Y.device)
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
-    z = dense_z(Y, tau, K)
     pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] != rows[None, s:s + tile])
+    if explicit:
+        z, diff = explicit_z(Y, K, tau)
+    else:
+        z = dense_z(Y, tau, K)
     gamma = torch.where(pm, rho.derivative(z), zero)
+    deg = gamma.sum(-1)
+    agg = (gamma[..., None] * diff).sum(2) if explicit else gamma @ K - deg[..., None] * Y
     e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
-    return gamma.sum(-1), gamma @ K, e
+    return deg, agg, e
 
 
 class _StreamedSums(torch.autograd.Function):
-    """``(num, deg, energy)`` over key tiles; the backward pass recomputes one tile at a time, so the
+    """``(agg, deg, energy)`` over key tiles; the backward pass recomputes one tile at a time, so the
     memory held is O(B n tile) forward and backward. The energy output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, Y, mask, rho, tau, tile, energy):
+    def forward(ctx, Y, mask, rho, tau, tile, energy, explicit):
         ctx.save_for_backward(Y, mask)
-        ctx.rho, ctx.tau, ctx.tile = rho, tau, tile
+        ctx.rho, ctx.tau, ctx.tile, ctx.explicit = rho, tau, tile, explicit
         B, n, d = Y.shape
-        num, deg = torch.zeros_like(Y), torch.zeros(B, n, dtype=Y.dtype, device=Y.device)
+        agg, deg = torch.zeros_like(Y), torch.zeros(B, n, dtype=Y.dtype, device=Y.device)
         e = torch.zeros(B, dtype=torch.float64, device=Y.device)
         for s in range(0, n, tile):
-            dg, nm, en = _tile(Y, mask, rho, tau, s, tile, energy)
+            dg, ag, en = _tile(Y, mask, rho, tau, s, tile, energy, explicit)
             deg += dg
-            num += nm
+            agg += ag
             if energy:
                 e += en
         ctx.mark_non_differentiable(e)
-        return num, deg, e
+        return agg, deg, e
 
     @staticmethod
-    def backward(ctx, g_num, g_deg, g_e):
+    def backward(ctx, g_agg, g_deg, g_e):
         Y, mask = ctx.saved_tensors
         grad = torch.zeros_like(Y)
         for s in range(0, Y.shape[1], ctx.tile):
             with torch.enable_grad():
                 Yd = Y.detach().requires_grad_()
-                dg, nm, _ = _tile(Yd, mask, ctx.rho, ctx.tau, s, ctx.tile, False)
+                dg, ag, _ = _tile(Yd, mask, ctx.rho, ctx.tau, s, ctx.tile, False, ctx.explicit)
                 outs, grads = [], []
-                for o, g in ((dg, g_deg), (nm, g_num)):
+                for o, g in ((dg, g_deg), (ag, g_agg)):
                     if g is not None:
                         outs.append(o)
                         grads.append(g)
                 if outs:
                     grad += torch.autograd.grad(outs, Yd, grads)[0]
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def _streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
-                   tile: Optional[int] = None) -> PairwisePass:
-    """The complete-graph pass over key tiles (see the module docstring)."""
-    nums, deg, e = _StreamedSums.apply(Y, graph.mask, rho, tau, tile or STREAM_TILE, energy)
-    return PairwisePass(nums if num else None, deg, e if energy else None)
+                   tile: Optional[int] = None, explicit: bool = False) -> PairwisePass:
+    """The complete-graph pass over key tiles (see the module docstring); ``explicit``: z from explicit
+    differences (any scale), with tiles small enough to hold ``EXPLICIT_TILE_ELEMENTS``."""
+    tile = tile or STREAM_TILE
+    if explicit:
+        B, n, d = Y.shape
+        tile = max(1, min(tile, EXPLICIT_TILE_ELEMENTS // max(1, B * n * d)))
+    agg, deg, e = _StreamedSums.apply(Y, graph.mask, rho, tau, tile, energy, explicit)
+    return PairwisePass(agg if num else None, deg, e if energy else None)
 
 
 def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):
@@ -232,8 +317,9 @@ def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: f
 def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto") -> torch.Tensor:
     """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)`` float64, each undirected edge once.
 
-    Evaluated directly from the pairs (dense or edges kernel), never from a log-sum-exp, so that it
-    is an independent check of the energy the softmax pass reports."""
+    Evaluated directly from the pairs, never from a log-sum-exp, so that it is an independent check of
+    the energy the softmax pass reports: the edge list, or on the complete graph the dense or streamed
+    kernel on centred tokens (explicit differences where the expansion cannot resolve z)."""
     kernel = pick_kernel(graph, rho, kernel)
     if kernel in ("softmax", "fused"):
         kernel = "dense"

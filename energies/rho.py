@@ -23,7 +23,7 @@ from . import kinks
 from .errors import EnergyError
 from .registry import registrar
 
-__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "RHOS", "register_rho", "get_rho"]
+__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "RHOS", "register_rho", "get_rho"]
 
 
 class Rho:
@@ -76,13 +76,11 @@ class ReluRho(Rho):
     """
 
     def __init__(self, c: float = 1.0):
-        self.c = float(c)
-        if not self.c > 0:
-            raise EnergyError(f"relu rho needs c > 0, got c={c}")
+        self.c = _finite_positive("relu", "c", c)
 
     def value(self, z):
         m = torch.clamp(z, max=self.c)
-        return self.c * m - 0.5 * m * m
+        return m * (self.c - 0.5 * m)   # c m - m^2 / 2 with c - m/2 >= c/2: full relative precision
 
     def derivative(self, z):
         return kinks.relu(self.c - z)
@@ -91,42 +89,90 @@ class ReluRho(Rho):
         return f"relu:{self.c:g}"
 
 
-def softplus_integral(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
-    """``F(u) = int_{-inf}^u softplus(s) ds = -Li2(-e^u)`` (dilogarithm), accurate to ~1e-15.
+def _finite_positive(rho: str, field: str, value) -> float:
+    """A rho parameter as a float: finite and > 0, else an :class:`EnergyError` naming it."""
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise EnergyError(f"{rho} rho needs a finite {field} > 0, got {field}={value}")
+    return v
 
-    For u <= 0 Landen's identity gives ``F(u) = Li2(sigmoid(u)) + softplus(u)^2 / 2`` with
-    ``sigmoid(u) <= 1/2``, where the series ``Li2(w) = sum_k w^k / k^2`` converges geometrically; for
-    u > 0, ``softplus(s) = s + softplus(-s)`` gives ``F(u) = u^2 / 2 + pi^2 / 6 - F(-u)``."""
-    a = torch.where(u <= 0, u, -u)   # -|u| with slope +-1 at 0 too (abs would give 0 there)
-    w = torch.sigmoid(a)
+
+def _where(cond: torch.Tensor, z: torch.Tensor, safe: float, branch) -> torch.Tensor:
+    """``branch(z)`` where ``cond``, 0 elsewhere, evaluated on ``safe`` outside ``cond`` so that the
+    unused branch never produces inf/NaN (which ``torch.where`` would pass on to gradients as NaN)."""
+    zs = torch.where(cond, z, torch.full_like(z, safe))
+    return torch.where(cond, branch(zs), torch.zeros_like(z))
+
+
+def softplus_integral_neg(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
+    """``F(u) = int_{-inf}^u softplus(s) ds = -Li2(-e^u)`` for ``u <= 0`` (``u = -inf`` gives 0).
+
+    Landen's identity ``F(u) = Li2(sigmoid(u)) + softplus(u)^2 / 2``: with ``w = sigmoid(u) <= 1/2``
+    the series ``Li2(w) = sum_k w^k / k^2`` has positive terms and converges like ``2^-k``, so every
+    value keeps full relative precision (60 terms: error below 1e-18 relative)."""
+    w = torch.sigmoid(u)
     k = torch.arange(1, terms + 1, dtype=u.dtype, device=u.device)
-    li2 = (w[..., None] ** k / (k * k)).sum(-1)
-    neg = li2 + 0.5 * torch.nn.functional.softplus(a) ** 2
+    return (w[..., None] ** k / (k * k)).sum(-1) + 0.5 * torch.nn.functional.softplus(u) ** 2
+
+
+def softplus_integral(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
+    """``F(u) = int_{-inf}^u softplus(s) ds`` for any u: :func:`softplus_integral_neg` for u <= 0 and
+    ``F(u) = u^2 / 2 + pi^2 / 6 - F(-u)`` for u > 0 (from ``softplus(s) = s + softplus(-s)``)."""
+    a = torch.where(u <= 0, u, -u)
+    neg = softplus_integral_neg(a, terms)
     return torch.where(u <= 0, neg, 0.5 * u * u + math.pi ** 2 / 6.0 - neg)
+
+
+#: Gauss-Legendre rule on [0, 1] for the softplus rho at z < 2t (16 nodes, exact to machine precision there:
+#: the integrand is analytic in a strip of half-width pi t around the real axis, so the error is below 6.4^-32).
+_GL_X, _GL_W = (torch.from_numpy(a) for a in __import__("numpy").polynomial.legendre.leggauss(16))
+_GL_X, _GL_W = (0.5 * (_GL_X + 1.0)).to(torch.float64), (0.5 * _GL_W).to(torch.float64)
 
 
 @register_rho("softplus")
 class SoftplusRho(Rho):
-    """Softplus kernel: rho'(z) = t softplus((c - z) / t), rho(z) = t^2 (F(c / t) - F((c - z) / t))
-    with F the integral of softplus (:func:`softplus_integral`), so rho(0) = 0.
+    """Softplus kernel: rho'(z) = t softplus((c - z) / t), rho(z) = int_0^z rho'(s) ds, so rho(0) = 0.
 
     Concave (rho'' = -sigmoid((c - z) / t) < 0) and increasing for any c, t > 0. On tokens of equal
     norm the kernel is softplus of a shifted dot product (softplus attention); as t -> 0 it tends to
     the ReLU kernel max(c - z, 0) of ``relu:c``, uniformly, with error at most t log 2.
+
+    Evaluation keeps full relative precision for every z >= 0 (no difference of large values):
+    ``rho' = max(c - z, 0) + t softplus(-|c - z| / t)`` (no overflow for any c / t), and with
+    F = :func:`softplus_integral_neg`,
+
+    * z < 2t: 16-point Gauss-Legendre quadrature of rho' on [0, z];
+    * 2t <= z <= c: ``z (c - z / 2) + t^2 (F((z - c) / t) - F(-c / t))`` (both parts >= 0; the difference of F
+      has ratio >= e^2 / 1.2, so it loses under 1 bit);
+    * z > c, z >= 2t: ``c^2 / 2 + t^2 (pi^2 / 6 - F(-c / t) - F((c - z) / t))`` (both parts >= 0).
     """
 
     def __init__(self, c: float = 1.0, t: float = 1.0):
-        self.c, self.t = float(c), float(t)
-        if not (self.c > 0 and self.t > 0):
-            raise EnergyError(f"softplus rho needs c > 0 and t > 0, got c={c}, t={t}")
-        self._F0 = float(softplus_integral(torch.tensor(self.c / self.t, dtype=torch.float64)))   # F(c / t)
+        self.c, self.t = _finite_positive("softplus", "c", c), _finite_positive("softplus", "t", t)
 
     def value(self, z):
-        t = self.t
-        return t * t * (self._F0 - softplus_integral((self.c - z) / t))
+        c, t = self.c, self.t
+        F = softplus_integral_neg
+        small = z < 2.0 * t
+        mid = ~small & (z <= c)
+        big = ~small & ~mid
+
+        def quad(s):
+            x, w = _GL_X.to(device=s.device, dtype=s.dtype), _GL_W.to(device=s.device, dtype=s.dtype)
+            return s * (self.derivative(s[..., None] * x) * w).sum(-1)
+
+        def middle(s):
+            return s * (c - 0.5 * s) + t * t * (F((s - c) / t) - F(torch.full_like(s, -c / t)))
+
+        def beyond(s):
+            return 0.5 * c * c + t * t * (math.pi ** 2 / 6.0 - F(torch.full_like(s, -c / t)) - F((c - s) / t))
+
+        return (_where(small, z, 0.0, quad) + _where(mid, z, c, middle)
+                + _where(big, z, max(c, 2.0 * t), beyond))
 
     def derivative(self, z):
-        return self.t * torch.nn.functional.softplus((self.c - z) / self.t)
+        d = self.c - z
+        return torch.clamp(d, min=0.0) + self.t * torch.nn.functional.softplus(-d.abs() / self.t)
 
     def spec(self):
         return f"softplus:{self.c:g}:{self.t:g}"
@@ -134,7 +180,7 @@ class SoftplusRho(Rho):
 
 @register_rho("cauchy")
 class CauchyRho(Rho):
-    """Cauchy / log penalty: rho(z) = log(1 + z), rho'(z) = 1 / (1 + z)."""
+    """Cauchy / log penalty: rho(z) = log(1 + z) (``log1p``: full relative precision), rho'(z) = 1 / (1 + z)."""
 
     def value(self, z):
         return torch.log1p(z)
@@ -148,22 +194,28 @@ class LpRho(Rho):
     """l_p penalty of TWIRLS: rho(z) = z^(p/2), 0 < p <= 2, made finite-sloped by a floor.
 
     Below ``z = eps`` rho continues linearly with the slope it has at ``eps``,
-    ``rho(z) = eps^(p/2) + (p/2) eps^(p/2 - 1) (z - eps)``, so rho' = (p/2) max(z, eps)^(p/2 - 1)
-    stays finite; the extension keeps rho concave, non-decreasing and C^1.
+    ``rho(z) = eps^(p/2) + (p/2) eps^(p/2 - 1) (z - eps) = (1 - p/2) eps^(p/2) + (p/2) eps^(p/2 - 1) z``
+    (evaluated in the second form: two non-negative parts, full relative precision), so
+    rho' = (p/2) max(z, eps)^(p/2 - 1) stays finite; the extension keeps rho concave, non-decreasing and C^1.
     """
 
     def __init__(self, p: float = 1.0, eps: float = 1e-3):
-        self.p, self.eps = float(p), float(eps)
+        self.p, self.eps = float(p), _finite_positive("lp", "floor eps", eps)
         if not (0.0 < self.p <= 2.0):
             raise EnergyError(f"lp rho needs 0 < p <= 2, got p={p}")
-        if not self.eps > 0:
-            raise EnergyError(f"lp rho needs a floor eps > 0, got eps={eps}")
+        h = 0.5 * self.p
+        try:
+            self._lin0, self._slope = (1.0 - h) * self.eps ** h, h * self.eps ** (h - 1.0)
+        except OverflowError:
+            self._lin0, self._slope = math.inf, math.inf
+        if not (math.isfinite(self._lin0) and math.isfinite(self._slope)):
+            raise EnergyError(f"lp rho with p={p}, eps={eps}: the floor's slope (p/2) eps^(p/2 - 1) = "
+                              f"{self._slope:g} is not finite in float64; use a larger eps")
 
     def value(self, z):
         h = 0.5 * self.p
         zc = torch.clamp(z, min=self.eps)
-        lin = self.eps ** h + h * self.eps ** (h - 1.0) * (z - self.eps)
-        return torch.where(z >= self.eps, zc ** h, lin)
+        return torch.where(z >= self.eps, zc ** h, self._lin0 + self._slope * z)
 
     def derivative(self, z):
         h = 0.5 * self.p
@@ -194,21 +246,33 @@ def get_rho(spec) -> Rho:
 
 
 _CHECKED: Dict[str, bool] = {}
-_GRID = torch.cat([torch.zeros(1), torch.logspace(-6, 3, 190)]).to(torch.float64)
+#: z grid of :func:`check_rho`: 0 and 241 points from 1e-12 to 1e12 (ratio 10^0.1)
+_GRID = torch.cat([torch.zeros(1), torch.logspace(-12, 12, 241)]).to(torch.float64)
+#: slack of the value checks, relative to the values compared (float64 rounding of rho and of a difference)
+_VALUE_SLACK = 1e-9
 
 
 def check_rho(rho: Rho) -> None:
-    """The MM step needs rho' >= 0 (non-decreasing rho) and rho' non-increasing (concave rho) on
-    z >= 0, finite: checked on a grid of z in [0, 1e3] once per spec; an :class:`EnergyError`
-    names the first z where it fails."""
+    """Validate a penalty once per spec on a grid of z in [0, 1e12]; an :class:`EnergyError` names the
+    first z where a property fails:
+
+    * ``rho(z)`` and ``rho'(z)`` finite (a rho whose value is NaN or inf would make every energy, and so
+      every descent verdict, meaningless);
+    * ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave);
+    * value and derivative agree: for grid points z1 < z2 a concave, differentiable rho satisfies
+      ``rho'(z2) (z2 - z1) <= rho(z2) - rho(z1) <= rho'(z1) (z2 - z1)`` (checked with a slack of
+      1e-9 times the values compared, for float64 rounding); this also shows rho is non-decreasing."""
     key = f"{type(rho).__name__}:{rho.spec()}"
     if _CHECKED.get(key):
         return
     with kinks.paused():
         g = rho.derivative(_GRID)
-    bad = ~torch.isfinite(g)
-    if bool(bad.any()):
-        raise EnergyError(f"rho {rho.spec()}: rho'(z) is not finite at z={float(_GRID[bad][0]):.3g}")
+        v = rho.value(_GRID)
+    for what, x in (("rho'(z)", g), ("rho(z)", v)):
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise EnergyError(f"rho {rho.spec()}: {what} = {float(x[i])} is not finite at z={float(_GRID[i]):.3g}")
     if bool((g < 0).any()):
         raise EnergyError(f"rho {rho.spec()} is not non-decreasing: rho'(z)={float(g[g < 0][0]):.3g} < 0 at "
                           f"z={float(_GRID[g < 0][0]):.3g}")
@@ -217,4 +281,13 @@ def check_rho(rho: Rho) -> None:
         i = int(rise.nonzero()[0])
         raise EnergyError(f"rho {rho.spec()} is not concave: rho' increases from {float(g[i]):.6g} at "
                           f"z={float(_GRID[i]):.3g} to {float(g[i + 1]):.6g} at z={float(_GRID[i + 1]):.3g}")
+    dz = _GRID[1:] - _GRID[:-1]
+    dv = v[1:] - v[:-1]
+    slack = _VALUE_SLACK * (v[1:].abs() + v[:-1].abs() + g[:-1] * dz) + 1e-300
+    off = (dv < g[1:] * dz - slack) | (dv > g[:-1] * dz + slack)
+    if bool(off.any()):
+        i = int(off.nonzero()[0])
+        raise EnergyError(f"rho {rho.spec()}: value and derivative disagree between z={float(_GRID[i]):.3g} and "
+                          f"z={float(_GRID[i + 1]):.3g}: rho rises by {float(dv[i]):.6g}, but a concave rho with "
+                          f"these derivatives rises by between {float(g[i + 1] * dz[i]):.6g} and {float(g[i] * dz[i]):.6g}")
     _CHECKED[key] = True

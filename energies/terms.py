@@ -68,6 +68,15 @@ class EnergyTerm(torch.nn.Module):
         H <= diag(c) (x) I_d. Smooth terms only; indicators have a proximal map instead."""
         raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
 
+    def rounding_curvature(self, graph: TokenGraph):
+        """A bound L (scalar or ``(B,)``) with ``E(Y + D) <= E(Y) + <grad E(Y), D> + L ||D||^2 / 2`` for every Y
+        and D (the largest rise of the term's curvature; concave parts count 0): what rounding Y by D can
+        add to the term where its gradient vanishes. Used by the descent tolerance
+        (:func:`unfold.trace.tolerance`). Indicators: 0 (rounding a non-negative float keeps its sign)."""
+        if self.is_indicator:
+            return 0.0
+        raise NotImplementedError(f"{type(self).__name__} has no rounding curvature bound")
+
     def pass_value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The value as the layers' own pass computes it (Y's dtype, float64 sums); ``value`` is the
         independent float64 evaluation. Equal up to rounding."""
@@ -98,7 +107,7 @@ class PairwiseAttention(EnergyTerm):
     Thm 3.1); with a metric the logits are ``(W^T y_u).(W^T y_v) / tau``: queries and keys W^T y,
     in the same coordinates as the energy. Gradient, with ``gamma_uv = rho'(z_uv)``:
 
-        grad_u = W W^T sum_{v in N(u)} gamma_uv (y_u - y_v).
+        grad_u = W W^T sum_{v in N(u)} gamma_uv (y_u - y_v)     (= -W agg_u, from differences only).
 
     Curvature: the tangent surrogate's Hessian is L_gamma (x) W W^T <= 2 D_gamma ||W||_2^2, since a
     graph Laplacian satisfies L <= 2 D. ``curvature="adaptive"`` (default) uses the weighted degree
@@ -133,6 +142,7 @@ class PairwiseAttention(EnergyTerm):
         self.tau = tau
         self.kernel = kernel
         self.metric = metric
+        self.rho_prime0 = self.rho.max_derivative()
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
         """``Z = Y W`` (queries = keys), or Y itself without a metric."""
@@ -153,12 +163,18 @@ class PairwiseAttention(EnergyTerm):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
         return weighted_neighbour_sums(self.features(Y), graph, self.rho, self.tau, self.kernel)
 
+    def messages(self, Y, graph):
+        """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
+        with no pull) and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
+        out = pairwise_pass(self.features(Y), graph, self.rho, self.tau, self.kernel)
+        return out.agg, out.deg
+
     def mm_pass(self, Y, graph, value: bool = True):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
         Z = self.features(Y)
         out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=value)
-        grad = graph.zero_padded(self._back(out.deg[..., None] * Z - out.num))
+        grad = graph.zero_padded(self._back(-out.agg))
         return grad, out.deg, out.energy
 
     def pass_value(self, Y, graph):
@@ -173,6 +189,12 @@ class PairwiseAttention(EnergyTerm):
 
     def curvature(self, Y, graph):
         return self.mm(Y, graph)[1]
+
+    def rounding_curvature(self, graph):
+        """``2 rho'(0) max_u deg(u) ||W||_2^2`` per example: the Hessian of ``tau rho(z)`` is rho' times the
+        metric Laplacian (<= 2 D ||W||^2, rho' <= rho'(0)) plus a rho'' part that is <= 0 (concave)."""
+        deg = graph.degree().amax(-1).to(ACCUM_DTYPE) if graph.num_nodes else torch.zeros(graph.batch_size)
+        return 2.0 * self.rho_prime0 * deg * self.metric_norm2().to(ACCUM_DTYPE).cpu().item()
 
     def metric_norm2(self) -> torch.Tensor:
         """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""
@@ -230,6 +252,9 @@ class Residual(EnergyTerm):
     def curvature(self, Y, graph):
         return 1.0
 
+    def rounding_curvature(self, graph):
+        return 1.0
+
     def mm(self, Y, graph, value: bool = True):
         R = graph.zero_padded(Y - self.anchor(Y))
         return R, 1.0, (0.5 * _f64_sum(R * R) if value else None)
@@ -281,6 +306,9 @@ class FeedForward(EnergyTerm):
     def pass_value(self, Y, graph):
         return 0.5 * _f64_sum(self.grad(Y, graph) * Y)
 
+    def rounding_curvature(self, graph):
+        return self.curvature(None, graph)
+
     def curvature(self, Y, graph):
         """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged)."""
         return _cached(self, "_curv", self.W,
@@ -328,6 +356,9 @@ class Centering(EnergyTerm):
     def curvature(self, Y, graph):
         return 1.0  # Hessian 1 1^T / d per token
 
+    def rounding_curvature(self, graph):
+        return 1.0
+
 
 class Rescaling(EnergyTerm):
     """LayerNorm rescaling as an energy (supplement F.3, step 2):
@@ -356,6 +387,9 @@ class Rescaling(EnergyTerm):
 
     def curvature(self, Y, graph):
         """1: the concave part -r ||y|| is majorized by its tangent, leaving the Hessian I of ||y||^2 / 2."""
+        return 1.0
+
+    def rounding_curvature(self, graph):
         return 1.0
 
     def grad(self, Y, graph):

@@ -29,6 +29,7 @@ from typing import Any, Dict, List
 import torch
 
 from energies.errors import ConfigError, UnfoldError
+from unfold.strict_json import dumps as json_dumps
 
 from . import data as D
 from .config import load_config
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
         return 2
     table = markdown(rows, args.epochs)
     atomic_write_text(table, os.path.join(args.out, "table.md"))
-    atomic_write_text(json.dumps(rows, indent=1), os.path.join(args.out, "results.json"))
+    atomic_write_text(json_dumps(rows, indent=1), os.path.join(args.out, "results.json"))
     print(table)
     return 0
 

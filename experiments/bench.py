@@ -20,7 +20,6 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -33,6 +32,7 @@ from energies.graph import complete, window
 from energies.terms import PairwiseAttention
 from unfold.model import UnfoldedTransformer
 from unfold.steps import AttentionStep
+from unfold.strict_json import dumps as json_dumps
 
 SUITES: Dict[str, Callable[[bool, torch.device], dict]] = {}
 #: how the suites measure memory (:func:`_peak_above_base`)
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     if not args.json:
         for k, v in result["ratios"].items():
             print(f"{k}: {v:.3f}  (target {result['targets'].get(k, '-')})")
-    print(json.dumps(result))
+    print(json_dumps(result))
     return 0
 
 

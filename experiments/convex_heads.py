@@ -17,7 +17,6 @@ the last line is ``{"FEATURES/HEAD": {...}}``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -29,6 +28,7 @@ import torch
 from convex import HEADS, make_head, map_back, solve
 from convex.solver import beta_max
 from energies.errors import ConfigError, UnfoldError
+from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
 from .config import load_config
@@ -206,14 +206,14 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows, args)
     atomic_write_text(table, os.path.join(args.out, "table.md"))
-    atomic_write_text(json.dumps(rows, indent=1), os.path.join(args.out, "results.json"))
+    atomic_write_text(json_dumps(rows, indent=1), os.path.join(args.out, "results.json"))
     if rows:
         plot(rows, os.path.join(args.out, "objective.png"))
     print(table)
     if args.json:
         keep = ("objective", "duality_gap_rel", "objective_increases", "rank", "test_accuracy", "converged",
                 "iterations", "seconds", "nonconvex_params")
-        print(json.dumps({k: {f: (None if isinstance(r[f], float) and not math.isfinite(r[f]) else r[f]) for f in keep}
+        print(json_dumps({k: {f: (None if isinstance(r[f], float) and not math.isfinite(r[f]) else r[f]) for f in keep}
                           for k, r in rows.items()}))
     return 0
 

@@ -71,6 +71,7 @@ import numpy as np
 import torch
 
 from energies.errors import UnfoldError
+from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
 
@@ -159,7 +160,7 @@ def _atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
 
 def _write_manifest(root: pathlib.Path, manifest: dict) -> None:
     """Write the manifest atomically, keys sorted."""
-    _atomic_write_bytes(root / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    _atomic_write_bytes(root / MANIFEST, (json_dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _fetch_command(dataset: str, root: pathlib.Path, force: bool = False) -> str:
@@ -572,10 +573,10 @@ def export(splits: Splits, out) -> pathlib.Path:
     out = pathlib.Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     for s in SPLIT_NAMES:
-        lines = "".join(json.dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
+        lines = "".join(json_dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
                         for t, lab in getattr(splits, s))
         _atomic_write_bytes(out / f"{s}.jsonl", lines.encode("utf-8"))
-    _atomic_write_bytes(out / "labels.json", (json.dumps(splits.label_names, ensure_ascii=False) + "\n").encode())
+    _atomic_write_bytes(out / "labels.json", (json_dumps(splits.label_names, ensure_ascii=False) + "\n").encode())
     return out
 
 
@@ -685,7 +686,7 @@ class Vocab:
 
     def to_json(self) -> str:
         """JSON text ``{"itos": [...]}`` (read back by :meth:`from_json`)."""
-        return json.dumps({"itos": self.itos}, ensure_ascii=False)
+        return json_dumps({"itos": self.itos}, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, data) -> Vocab:
@@ -1253,12 +1254,12 @@ def main(argv=None) -> int:
         if args.command == "fetch":
             report = fetch(args.dataset or list(SOURCES), data_dir=args.data_dir, quiet=args.quiet,
                            force=args.force)
-            print(json.dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
+            print(json_dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
         else:
             splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
                                   text_field=args.text_field, label_field=args.label_field)
             out = export(splits, args.out)
-            print(json.dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
+            print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
                               "label_names": splits.label_names, **splits.sizes()}))
     except DataError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

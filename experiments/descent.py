@@ -13,7 +13,6 @@ trace the energy at every layer, and write
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -24,6 +23,7 @@ import torch
 from energies.graph import graph_from_spec
 from unfold.steps import AttentionStep
 from unfold.trace import trace_descent
+from unfold.strict_json import dumps as json_dumps
 
 GRAPHS = ["complete", "window:2", "strided:4", "dilated:2:3", "star", "random:0.3"]
 RHOS = ["exp", "relu:1", "cauchy", "lp:1"]
@@ -85,7 +85,7 @@ def write_markdown(records, totals, path: str) -> None:
     for r in records:
         lines.append(f"| {r['graph']} | {r['rho']} | {r['alpha']:g} | {r['update']} | {r['steps']} | "
                      f"{r['increases']} | {r['max_rel_increase']:.2e} | {r['rel_decrease']:.3f} |")
-    lines += ["", "```", json.dumps(totals, indent=1), "```"]
+    lines += ["", "```", json_dumps(totals, indent=1), "```"]
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
 
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         "seconds": round(time.perf_counter() - t0, 2),
     }
     with open(os.path.join(args.out, "summary.json"), "w") as fh:
-        json.dump({"records": records, "totals": totals}, fh, indent=1)
+        fh.write(json_dumps({"records": records, "totals": totals}, indent=1))
     write_markdown(records, totals, os.path.join(args.out, "summary.md"))
     print(f"exact MM steps: {totals['exact_increases']} increases in {totals['exact_steps']} layer-steps "
           f"({len(GRAPHS)} graphs x {len(RHOS)} rho x {len(ALPHAS)} alpha)")
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
           f"{printed.num_increases} in {printed.steps} steps on random:0.3 with d=4 "
           f"(max relative increase {printed.max_rel_increase():.2e})")
     print(f"wrote {args.out}/summary.json, summary.md, descent.png, negative_control.png")
-    print(json.dumps(totals))
+    print(json_dumps(totals))
     return 0
 
 

@@ -13,7 +13,6 @@ one optimisation, the energy traced at every layer on every forward. The same mo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -22,6 +21,7 @@ from torch_geometric.utils import stochastic_blockmodel_graph
 
 from unfold.pyg import UnfoldedAttentionConv
 from unfold.trace import report_from_values
+from unfold.strict_json import dumps as json_dumps
 
 
 def sbm_data(blocks: int = 4, size: int = 150, p_in: float = 0.05, p_out: float = 0.005, channels: int = 16,
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         print(f"unfolded ({args.layers} shared UnfoldedAttentionConv steps): test {ours['test_accuracy']:.3f}, "
               f"energy increases {ours['energy_increases']} of {ours['layer_steps']} layer-steps")
         print(f"MLP on the features alone: test {mlp['test_accuracy']:.3f}")
-    print(json.dumps(result))
+    print(json_dumps(result))
     return 0
 
 

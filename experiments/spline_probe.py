@@ -28,7 +28,6 @@ where the paper's argument does not apply.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from typing import Callable, Iterable, List, Optional, Tuple
@@ -41,6 +40,7 @@ from energies import kinks
 from energies.errors import UnfoldError
 from unfold.attention import Attention
 from unfold.model import UnfoldedTransformer, _FreeLayer
+from unfold.strict_json import dumps as json_dumps
 
 __all__ = ["probe", "relu_pattern", "static_degree", "degree_analysis", "EncoderBlock", "Encoder", "probe_attention",
            "probe_model", "load_model"]
@@ -352,7 +352,7 @@ def main(argv=None) -> int:
         for why in out.get("non_spline_parts", []):
             print(f"  not a spline: {why}")
     out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
-    print(json.dumps({k: v for k, v in out.items() if k != "piece_detail"}))
+    print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import sys
 import time
@@ -32,6 +31,7 @@ from collections.abc import Sequence
 import torch
 
 from experiments.data import DataError, Splits, load_dataset, tokenize
+from unfold.strict_json import dumps as json_dumps
 
 
 def ngrams(tokens: Sequence[str], ngram=(1, 2)) -> list[str]:
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     if not args.json:
         print(f"{res['dataset']}: {res['features']} features, best C = {res['best_C']}, "
               f"val {res['val_accuracy']:.4f}, test {res['test_accuracy']:.4f} ({res['seconds']:.1f} s)")
-    print(json.dumps(res, sort_keys=True))
+    print(json_dumps(res, sort_keys=True))
     return 0
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import os
 import sys
@@ -21,7 +20,8 @@ import torch
 from energies.errors import CheckpointError, ConfigError, UnfoldError
 from unfold.model import UnfoldedTransformer
 from unfold.monitor import DescentMonitor
-from unfold.trace import report_from_values
+from unfold.strict_json import dumps as json_dumps
+from unfold.trace import EnergyTrace, report_from_values
 
 from .atomic import atomic_open
 from . import distributed
@@ -111,7 +111,7 @@ def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace
     model.eval()
     correct = total = 0
     loss_sum = 0.0
-    traces: Dict[str, list] = {}
+    traces: list = []
     for ids, mask, labels in iterate(tensors, batch_size):
         ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
         out = model(ids, mask, trace=trace)
@@ -119,15 +119,16 @@ def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace
         correct += int((out.logits.argmax(-1) == labels).sum())
         total += int(labels.numel())
         if trace:
-            for k, v in out.energies.items():
-                traces.setdefault(k, []).append(v.cpu())
-    energies = {k: torch.cat(v) for k, v in traces.items()} if trace else None
+            traces.append(out.energies)
+    energies = EnergyTrace.cat(traces) if trace and traces else None
     return correct / max(total, 1), loss_sum / max(total, 1), energies
 
 
 def energy_stats(energies: Dict[str, torch.Tensor], dtype: torch.dtype, guaranteed: bool) -> Dict[str, Any]:
     rep = report_from_values(energies, dtype, guaranteed=guaranteed)
-    return {"energy_steps": rep.steps, "energy_increases": rep.num_increases,
+    return {"energy_verdict": rep.verdict, "energy_steps": rep.steps, "energy_increases": rep.num_increases,
+            "energy_nonfinite": rep.num_nonfinite,
+            "energy_term_nonfinite": {k: int(v.sum()) for k, v in rep.term_nonfinite.items()},
             "energy_max_rel_increase": rep.max_rel_increase(), "energy_tol_rule": rep.tol_rule,
             "energy_term_increases": {k: int(v.sum()) for k, v in rep.term_increases.items()},
             "energy_first_mean": float(rep.totals[:, 0].mean()), "energy_last_mean": float(rep.totals[:, -1].mean())}
@@ -275,7 +276,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, 
             best_val, best_epoch = val_acc, epoch
             atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
                         os.path.join(run_dir, "best.pt"))
-        atomic_write_text(json.dumps(history, indent=1), os.path.join(run_dir, "history.json"))
+        atomic_write_text(json_dumps(history, indent=1), os.path.join(run_dir, "history.json"))
         save_checkpoint(run_dir, {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
             "torch_rng": torch.get_rng_state(), "data_rng": gen.get_state(),
@@ -309,7 +310,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, 
         "descent_monitor": monitor.summary(), "world_size": dd.world,
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
     }
-    atomic_write_text(json.dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
+    atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
     from .plot_energy import plot_run
 
     plot_run(run_dir)
@@ -341,10 +342,11 @@ def main(argv=None) -> int:
     if not metrics:      # a rank other than 0 of a distributed run: rank 0 reports
         return 0
     summary = {k: metrics[k] for k in ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params",
-                                        "energy_steps", "energy_increases", "energy_max_rel_increase")}
+                                        "energy_verdict", "energy_steps", "energy_increases", "energy_nonfinite",
+                                        "energy_max_rel_increase")}
     summary["untrained_energy_increases"] = metrics["untrained"]["energy_increases"]
     print(f"wrote {run_dir}/metrics.json, energy_descent.png, training_curves.png")
-    print(json.dumps(summary))
+    print(json_dumps(summary))
     return 0
 
 

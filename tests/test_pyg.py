@@ -91,8 +91,8 @@ def test_negative_control_a_too_long_step_is_caught():
     conv = UnfoldedAttentionConv(5, heads=2, head_channels=3, tau=0.5).double()
     with torch.no_grad():
         conv.W.mul_(3.0)
-    z, num, deg, b, _ = conv._pass(x, ei, x0, False)
-    grad, curv = conv._prox_parts(x, z, num, deg, b)
+    _, agg, deg, b, _ = conv._pass(x, ei, x0, False)
+    grad, curv = conv._prox_parts(x, agg, deg, b)
     assert conv.energy(x - grad / curv[:, None], ei, x0) <= conv.energy(x, ei, x0)   # the real step descends
     bad = x - grad / (0.05 * curv[:, None])
     assert conv.energy(bad, ei, x0) > conv.energy(x, ei, x0)

@@ -22,7 +22,8 @@ from energies.graph import graph_from_spec
 from energies.rho import get_rho
 
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
-from .trace import DEFAULT_TOL_FACTOR, trace_descent
+from .strict_json import dumps as json_dumps, json_safe
+from .trace import DEFAULT_TOL_FACTOR, MAX_TOL_FACTOR, MIN_TOL_FACTOR, check_tol_factor, trace_descent
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K")
     p.add_argument("--input", default=None, help="one n x d token matrix (.npy) instead of random samples")
     p.add_argument("--tol-factor", type=float, default=DEFAULT_TOL_FACTOR,
-                   help="tol = factor * eps(dtype) * sum_k |E_k|")
+                   help=f"tol = factor * eps(dtype) * (sum_k |E_k| + eps * L * ||Y||^2), factor in "
+                        f"[{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}]")
     p.add_argument("--plot", default=None, help="write an energy-descent plot (PNG) here")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     return p
@@ -90,8 +92,13 @@ def _validate(args) -> None:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise CheckError(f"--{name} must be >= 1, got {v}")
-    if not args.tol_factor > 0:
-        raise CheckError(f"--tol-factor must be > 0, got {args.tol_factor}")
+    try:
+        check_tol_factor(args.tol_factor)
+    except UnfoldError:
+        raise CheckError(f"--tol-factor must be a finite number in [{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}], "
+                         f"got {args.tol_factor}") from None
+    if not math.isfinite(args.scale) or args.scale <= 0:
+        raise CheckError(f"--scale must be a finite number > 0, got {args.scale}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CheckError(f"--device {args.device}: CUDA is not available on this machine")
     if args.update == "printed" and args.residual != "none":
@@ -134,6 +141,7 @@ def run(args) -> dict:
         "guarantee": step.guarantee if not args.relu else "exact attention (alpha <= 1/2) + ReLU: proximal MM step",
     }
     out.update(report.summary())
+    out = json_safe(out)
     if args.plot:
         from .plot import plot_report
 
@@ -154,15 +162,20 @@ def _print_human(out: dict) -> None:
         change = "" if t == 0 else f"{np.min(energies[:, t] - energies[:, t - 1]): .3e}"
         print(f"{t:5d}  {energies[:, t].mean(): .10e}  {change}")
     for name, term in out["terms"].items():
-        print(f"term {name:10s} increases={term['increases']} max_increase={term['max_increase']}")
+        print(f"term {name:10s} increases={term['increases']} non-finite={term['nonfinite']} "
+              f"max_increase={term['max_increase']}")
     print(f"tolerance: {out['tol_rule']}")
-    verdict = "monotone descent" if out["increases"] == 0 else "ENERGY INCREASED"
-    print(f"{verdict}: {out['increases']} increases in {out['steps']} layer-steps, "
-          f"max relative increase {out['max_rel_increase']:.3e}")
+    verdict = {"descent": "monotone descent", "increase": "ENERGY INCREASED",
+               "nonfinite": "NON-FINITE ENERGY (a failed check)"}[out["verdict"]]
+    print(f"{verdict}: {out['increases']} failed checks in {out['steps']} layer-steps "
+          f"({out['nonfinite']} non-finite), max relative increase {out['max_rel_increase']}")
     for v in out["violations"][:5]:
-        print(f"  sample {v['sample']} layer {v['layer']} ({v['level']} {v['step']}): "
-              f"{v['before']:.12e} -> {v['after']:.12e} (+{v['increase']:.3e}, tol {v['tol']:.3e}); "
-              f"terms up: {v['terms_up']}")
+        if v["kind"] == "nonfinite_tokens":
+            print(f"  sample {v['sample']}: {v['message']}")
+            continue
+        print(f"  sample {v['sample']} layer {v['layer']} ({v['level']} {v['step']}, {v['kind']}): "
+              f"{v['before']} -> {v['after']} (change {v['increase']}, tol {v['tol']}); terms up: {v['terms_up']}"
+              + (f"; non-finite terms: {v['nonfinite_terms']}" if v["kind"] == "nonfinite" else ""))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -175,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     _print_human(out)
     if args.json:
-        print(json.dumps(out))
+        print(json_dumps(out))
     return 0
 
 

@@ -45,7 +45,7 @@ from energies.terms import ACCUM_DTYPE, Centering, FeedForward, NonNegativity, P
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import DescentReport, report_from_values
+from .trace import DescentReport, EnergyTrace, report_from_values
 
 __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES"]
 
@@ -57,7 +57,8 @@ CURVATURES = PairwiseAttention.CURVATURES
 @dataclass
 class ModelOutput:
     logits: torch.Tensor
-    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (None when not traced)
+    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`: also the
+    #: tolerance's resolution at each Y_t and the indicator terms' names; None when not traced)
     energies: Optional[Dict[str, torch.Tensor]] = None
     #: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``
     states: Optional[List[torch.Tensor]] = None
@@ -263,13 +264,17 @@ class UnfoldedTransformer(nn.Module):
         graph = self.token_graph(mask) if graph is None else graph
         energy = self.energy(X) if (trace or self.mode == "guaranteed") else None  # the guaranteed step needs it
         values: List[Dict[str, torch.Tensor]] = []
+        res: List[torch.Tensor] = []
         states: List[torch.Tensor] = []
+        L = energy.rounding_curvature(graph).to(X.device) if trace else None
         if self.mode == "guaranteed":
             Y = kinks.relu(X) if self.use_relu else X
             step = ProxMMStep(energy, self.alpha)
             for _ in range(self.layers if layers is None else int(layers)):
                 if keep_states:
                     states.append(Y)
+                if trace:
+                    res.append(_sumsq(Y, graph) * L)
                 Y, vals = step.step_with_energy(Y, graph, values=trace)
                 if trace:
                     values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
@@ -289,6 +294,7 @@ class UnfoldedTransformer(nn.Module):
                     states.append(Y)
                 if trace:
                     values.append(_values(energy, Y, graph))
+                    res.append(_sumsq(Y, graph) * L)
                 Y = block(Y, allowed) if self.mode == "free" else block(Y, src_key_padding_mask=~mask)
                 Y = graph.zero_padded(Y)
         if keep_states:
@@ -296,8 +302,16 @@ class UnfoldedTransformer(nn.Module):
         energies = None
         if trace:
             values.append(_values(energy, Y, graph))
-            energies = OrderedDict((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0])
+            res.append(_sumsq(Y, graph) * L)
+            energies = EnergyTrace(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
+                                   resolution=torch.stack(res, dim=1), indicators=energy.indicators)
         return Y, energies, (states if keep_states else None)
+
+
+def _sumsq(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """``||Y||_F^2`` per example over real tokens, float64 (the tolerance's resolution scale)."""
+    Yr = graph.zero_padded(Y.detach())
+    return (Yr * Yr).sum(-1).sum(-1, dtype=ACCUM_DTYPE)
 
 
 def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:

@@ -3,7 +3,8 @@
 ``DescentMonitor(mode)`` with mode ``off`` (nothing checked), ``warn`` (violations counted and
 logged: where, layer, example, the terms that went up, the energies and the tolerance) or
 ``strict`` (the first confirmed violation raises :class:`~energies.errors.DescentError` with the
-same detail). Only layers whose descent is guaranteed are judged (a free or baseline model's trace
+same detail). A non-finite energy (NaN, or inf on a term that is not an indicator) is a failure like
+an increase, and reported as one. Only layers whose descent is guaranteed are judged (a free or baseline model's trace
 is a diagnostic, not a promise). The tolerance is the trace's own rule (``tol_rule`` of the
 report: ``tol_factor * eps(dtype) * sum_k |E_k|``, from the dtype and the energy's size) and is
 stated in every message. A step flagged in the training dtype is re-evaluated in float64 on the
@@ -20,7 +21,7 @@ import torch
 
 from energies.errors import ConfigError, DescentError
 
-from .trace import DEFAULT_TOL_FACTOR, report_from_values
+from .trace import DEFAULT_TOL_FACTOR, check_tol_factor, report_from_values
 
 __all__ = ["DescentMonitor", "MONITOR_MODES"]
 
@@ -28,6 +29,12 @@ MONITOR_MODES = ("off", "warn", "strict")
 
 
 def _describe(v: dict, where: str, example: int, tol_rule: str) -> str:
+    if v.get("kind") == "nonfinite_tokens":
+        return f"descent check failed ({where}): example {example}: {v['message']}"
+    if v.get("kind") == "nonfinite":
+        return (f"descent check failed ({where}): example {example}, layer {v['layer'] + 1}: non-finite energy "
+                f"{v['before']:.9e} -> {v['after']:.9e} in terms {v.get('nonfinite_terms')} (a NaN or inf energy "
+                f"is a failure, never a pass; {tol_rule})")
     terms = ", ".join(f"{k} {t['before']:.6e} -> {t['after']:.6e}" for k, t in v["terms"].items()
                       if k in v["terms_up"]) or "none individually"
     return (f"descent violation ({where}): example {example}, layer {v['layer'] + 1}: energy {v['before']:.9e} -> "
@@ -41,7 +48,7 @@ class DescentMonitor:
                  log: Optional[Callable[[str], None]] = None, max_logged: int = 20):
         if mode not in MONITOR_MODES:
             raise ConfigError(f"descent monitor mode {mode!r} is unknown; valid: {list(MONITOR_MODES)}")
-        self.mode, self.tol_factor, self.max_logged = mode, float(tol_factor), int(max_logged)
+        self.mode, self.tol_factor, self.max_logged = mode, check_tol_factor(tol_factor), int(max_logged)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.steps = self.flagged = self.confirmed = self.cleared = 0
         self.tol_rule = ""

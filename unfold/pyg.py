@@ -10,7 +10,8 @@ zero when not given), heads h with metrics W_h ``(d, d_h)``:
 One layer is one majorization-minimization step on E, with ``gamma^h_uv = rho'(z^h_uv)``:
 
 * no metric (``head_channels=None``, one head): the exact Jacobi step of eq. 36-37,
-  ``x_u <- (1 - alpha) x_u + alpha (sum_v gamma_uv x_v + b_u) / (1 + sum_v gamma_uv)``;
+  ``x_u <- (1 - alpha) x_u + alpha (sum_v gamma_uv x_v + b_u) / (1 + sum_v gamma_uv)``, computed as
+  ``x_u + alpha (sum_v gamma_uv (x_v - x_u) + b_u - x_u) / (1 + deg_u)`` (exactly fixed at a fixed point);
 * learned metrics: the majorized proximal step of :mod:`unfold.prox`,
   ``x_u <- [ReLU]( x_u - alpha grad_u E / c_u )``, ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``.
 
@@ -80,8 +81,8 @@ class UnfoldedAttentionConv(MessagePassing):
     # ------------------------------------------------------------------ the one pass
     def _pass(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor], values: bool,
               sums: bool = True):
-        """``(z, num, deg, b, values)``; ``sums=False`` skips the message passing (num, deg None):
-        an energy-only pass."""
+        """``(z, agg, deg, b, values)`` with ``agg^h_u = sum_v gamma^h_uv (z^h_v - z^h_u)``; ``sums=False``
+        skips the message passing (agg, deg None): an energy-only pass."""
         if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != self.channels:
             raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
         if not x.dtype.is_floating_point or not bool(torch.isfinite(x).all()):
@@ -94,37 +95,38 @@ class UnfoldedAttentionConv(MessagePassing):
         z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)
         src, dst = ei
         ze = ((z[src] - z[dst]) ** 2).sum(-1) / (2.0 * self.tau)                     # (E, H), each pair twice
-        num = deg = None
+        agg = deg = None
         if sums:
-            agg = self.propagate(ei, z=z, gamma=self.rho.derivative(ze), size=(N, N))  # (N, H, k + 1)
-            num, deg = agg[..., :-1], agg[..., -1]
+            out = self.propagate(ei, z=z, gamma=self.rho.derivative(ze), size=(N, N))  # (N, H, k + 1)
+            agg, deg = out[..., :-1], out[..., -1]
         vals = None
         if values:
             vals = OrderedDict(attention=0.5 * self.tau * self.rho.value(ze).to(ACCUM_DTYPE).sum(),
                                residual=0.5 * ((x - b).to(ACCUM_DTYPE) ** 2).sum())
             if self.relu:
                 vals["relu"] = torch.where((x >= 0).all(), 0.0, math.inf).to(ACCUM_DTYPE)
-        return z, num, deg, b, vals
+        return z, agg, deg, b, vals
 
-    def message(self, z_j: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-        """``[gamma_uv z_v, gamma_uv]`` per directed edge v -> u and head."""
-        return torch.cat([gamma[..., None] * z_j, gamma[..., None]], -1)
+    def message(self, z_i: torch.Tensor, z_j: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        """``[gamma_uv (z_v - z_u), gamma_uv]`` per directed edge v -> u and head (differences only, so a
+        node with no pull gets exactly 0)."""
+        return torch.cat([gamma[..., None] * (z_j - z_i), gamma[..., None]], -1)
 
-    def _prox_parts(self, x, z, num, deg, b):
-        """``(grad E, c)`` of the metric form: ``grad_u = sum_h W_h (deg_h(u) z^h_u - num^h_u) + x_u - b_u``,
+    def _prox_parts(self, x, agg, deg, b):
+        """``(grad E, c)`` of the metric form: ``grad_u = -sum_h W_h agg^h_u + x_u - b_u``,
         ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``."""
         W = self.W.to(x.dtype)
-        grad = torch.einsum("nhk,hdk->nd", deg[..., None] * z - num, W) + (x - b)
+        grad = (x - b) - torch.einsum("nhk,hdk->nd", agg, W)
         norm2 = torch.linalg.matrix_norm(W.detach(), ord=2) ** 2                      # (H,)
         return grad, 1.0 + 2.0 * (deg * norm2).sum(-1)
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None,
                 return_energy: bool = False):
-        z, num, deg, b, vals = self._pass(x, edge_index, x0, return_energy)
-        if self.W is None:  # exact Jacobi step (eq. 36-37)
-            out = (1.0 - self.alpha) * x + self.alpha * (num[:, 0] + b) / (1.0 + deg[:, 0])[:, None]
+        z, agg, deg, b, vals = self._pass(x, edge_index, x0, return_energy)
+        if self.W is None:  # exact Jacobi step (eq. 36-37), as an increment: a fixed point stays exactly fixed
+            out = x + self.alpha * (agg[:, 0] + (b - x)) / (1.0 + deg[:, 0])[:, None]
         else:              # majorized proximal step (unfold.prox)
-            grad, curv = self._prox_parts(x, z, num, deg, b)
+            grad, curv = self._prox_parts(x, agg, deg, b)
             out = x - self.alpha * grad / curv[:, None]
             if self.relu:
                 out = kinks.relu(out)

@@ -85,6 +85,9 @@ class AttentionStep(Step):
 
         ``exact``:   y_u <- (1 - alpha) y_u + alpha (sum_{v in N(u)} gamma_uv y_v + b_u) / (1 + sum_{v in N(u)} gamma_uv)
 
+    computed as ``y_u + alpha (sum_v gamma_uv (y_v - y_u) + b_u - y_u) / (1 + deg_u)`` (:meth:`increment`): the
+    same point, from differences only, so that a fixed point stays exactly fixed at any token scale.
+
     The self term is not in the numerator. Guarantee: E1 does not increase for any
     0 < alpha <= 1 (the surrogate's Hessian L_gamma + I <= 2 D and it majorizes E1).
 
@@ -130,21 +133,31 @@ class AttentionStep(Step):
     def guaranteed(self) -> bool:
         return self.update_rule == "exact" and 0.0 < self.alpha <= 1.0
 
+    def increment(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """``target - Y`` from differences only (``agg_u = sum_v gamma_uv (y_v - y_u)``):
+
+            exact:    (agg_u + b_u - y_u) / (1 + deg_u),      printed: agg_u / (deg_u + rho'(0)),
+
+        so a token with no pull and ``b_u = y_u`` gets exactly 0 and a fixed point stays exactly fixed."""
+        agg, deg = self.pairwise.messages(Y, graph)
+        if self.update_rule == "exact":
+            return (agg + (self.residual.anchor(Y) - Y)) / (1.0 + deg)[..., None]
+        c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
+        return agg / (deg + c0)[..., None]
+
     def target(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The alpha = 1 point of the step (the per-token minimiser of E~ for ``exact``)."""
-        num, deg = self.pairwise.neighbour_sums(Y, graph)
-        if self.update_rule == "exact":
-            return (num + self.residual.anchor(Y)) / (1.0 + deg)[..., None]
-        c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
-        return (num + c0 * Y) / (deg + c0)[..., None]
+        return Y + self.increment(Y, graph)
 
     def update(self, Y, graph):
-        return (1.0 - self.alpha) * Y + self.alpha * self.target(Y, graph)
+        """``y + alpha (target - y)``: the same point as ``(1 - alpha) y + alpha target`` in exact arithmetic,
+        and exactly y where the increment is 0."""
+        return Y + self.alpha * self.increment(Y, graph)
 
     # ---------------------------------------------------------------- the MM surrogate, for tests
     def jacobi_diagonal(self, Y0: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """``D_u = 1 + sum_v gamma_uv(Y0)`` ``(B, n)``: the surrogate Hessian's diagonal (eq. 37)."""
-        return 1.0 + self.pairwise.neighbour_sums(Y0, graph)[1]
+        return 1.0 + self.pairwise.messages(Y0, graph)[1]
 
     def surrogate(self, Y0: torch.Tensor, graph: TokenGraph):
         """``E~(.; Y0)`` as a function, shifted so that ``E~(Y0; Y0) = E1(Y0)``; it majorizes E1.

@@ -2,31 +2,62 @@
 
 An unrolled model is an iterator over steps (:func:`unroll`). :func:`trace_descent` runs it and
 records, per example, per layer and per energy term, the float64 energy before and after every
-layer (and every sub-step of a :class:`~unfold.steps.Sequence`), then flags each step whose total
-energy went up by more than a tolerance tied to the dtype and the energy's size:
+layer (and every sub-step of a :class:`~unfold.steps.Sequence`), and gives every step a verdict:
 
-    increase at layer t  <=>  E(Y_{t+1}) > E(Y_t) + tol_t,
-    tol_t = tol_factor * eps(dtype of Y) * max(sum_k |E_k(Y_t)|, 1e-300).
+* **increase**: ``E(Y_{t+1}) > E(Y_t) + tol_t`` with
+
+      tol_t = f * eps * ( sum_k |E_k(Y_t)|  +  eps * L * ||Y_t||_F^2 ),      eps = eps(dtype of Y),
+
+  ``f = tol_factor`` (finite, ``MIN_TOL_FACTOR <= f <= MAX_TOL_FACTOR``, default 64). The first part is
+  the rounding of the energy's own evaluation and of the step (relative to the energy's size); the
+  second is the resolution of Y itself: rounding every entry of Y by ``eps |y|`` changes E by at most
+  ``L eps^2 ||Y||^2 / 2`` where its gradient vanishes (L: :meth:`~energies.energy.Energy.rounding_curvature`),
+  so a step that does not move, or moves by rounding only, is never flagged, also at E = 0;
+* **non-finite**: a term value that is NaN or -inf, or +inf on a term that is not an indicator, before
+  or after the step, or a NaN difference, is a *failed* check, never a pass: such steps count as
+  increases, and separately as ``nonfinite``, with the terms named. A step that turns finite tokens
+  into NaN/inf is blamed on that layer (``kind: nonfinite_tokens``), not on its input.
+
++inf -> +inf of an indicator (infeasible before and after) is no change; finite -> +inf is an increase.
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Sequence as Seq, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence as Seq, Tuple, Union
 
 import torch
 
 from energies.energy import Energy
+from energies.errors import StepError
 from energies.graph import TokenGraph, check_tokens
 from energies.terms import ACCUM_DTYPE
 
 from .steps import Step
+from .strict_json import json_safe
 
-__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "tolerance", "DEFAULT_TOL_FACTOR"]
+__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "EnergyTrace", "tol_rule", "tolerance", "check_tol_factor",
+           "DEFAULT_TOL_FACTOR", "MIN_TOL_FACTOR", "MAX_TOL_FACTOR", "resolution"]
 
 DEFAULT_TOL_FACTOR = 64.0
+#: bounds of tol_factor: below 1 the tolerance no longer covers one rounding; above 4096 it would accept a
+#: rise of 4096 eps (5e-4 of the energy in float32), which no longer confirms descent
+MIN_TOL_FACTOR, MAX_TOL_FACTOR = 1.0, 4096.0
 
 Steps = Union[Step, Seq[Step]]
+
+
+def check_tol_factor(factor) -> float:
+    """``factor`` as a float in ``[MIN_TOL_FACTOR, MAX_TOL_FACTOR]``, else a :class:`StepError` naming it."""
+    try:
+        f = float(factor)
+    except (TypeError, ValueError):
+        raise StepError(f"tol_factor must be a number, got {factor!r}") from None
+    if not (math.isfinite(f) and MIN_TOL_FACTOR <= f <= MAX_TOL_FACTOR):
+        raise StepError(f"tol_factor must be a finite number in [{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}], "
+                        f"got {factor}")
+    return f
 
 
 def _layers(steps: Steps, layers: Optional[int]) -> List[Step]:
@@ -50,23 +81,62 @@ def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[in
         yield t, Y
 
 
-def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR
-              ) -> torch.Tensor:
-    """``factor * eps(dtype) * sum_k |E_k|`` per example (infinite terms left out of the scale)."""
+class EnergyTrace(OrderedDict):
+    """``{term: (S, T+1)}`` energy values at Y_0..Y_T (an ordinary ordered dict of the terms), carrying what a
+    report needs besides: ``resolution`` ``(S, T+1)`` (:func:`resolution` at each Y_t, or None) and
+    ``indicators`` (names of indicator terms)."""
+
+    def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (), **kw):
+        super().__init__(*args, **kw)
+        self.resolution = resolution
+        self.indicators = tuple(indicators)
+
+    @classmethod
+    def cat(cls, traces: List["EnergyTrace"]) -> "EnergyTrace":
+        """Traces of batches joined along the example axis (on CPU)."""
+        first = traces[0]
+        res = [getattr(t, "resolution", None) for t in traces]
+        return cls(((k, torch.cat([t[k].cpu() for t in traces])) for k in first),
+                   resolution=None if any(r is None for r in res) else torch.cat([r.cpu() for r in res]),
+                   indicators=getattr(first, "indicators", ()))
+
+
+def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """``L * ||Y||_F^2`` per example ``(B,)`` float64 (real tokens): the resolution part of the tolerance
+    before the factor ``eps^2`` (module docstring)."""
+    L = energy.rounding_curvature(graph).to(Y.device)
+    Yr = graph.zero_padded(Y.detach())
+    return L * (Yr * Yr).sum(-1).sum(-1, dtype=ACCUM_DTYPE)
+
+
+def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR,
+              res: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``f * eps(dtype) * (sum_k |E_k| + eps(dtype) * res)`` per example (non-finite terms left out of the
+    scale; they fail the check on their own). ``res``: :func:`resolution` (0 when not given)."""
+    factor = check_tol_factor(factor)
+    eps = torch.finfo(dtype).eps
     scale = torch.zeros_like(next(iter(values.values())))
     for v in values.values():
         scale = scale + torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
-    return factor * torch.finfo(dtype).eps * scale.clamp_min(1e-300)
+    if res is not None:
+        scale = scale + eps * torch.where(torch.isfinite(res), res, torch.zeros_like(res)).to(scale)
+    return factor * eps * scale
 
 
 def _change(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """``after - before``, with +inf -> +inf counted as no change (an indicator that stays infeasible)."""
-    return torch.where(torch.isinf(before) & torch.isinf(after), torch.zeros_like(before), after - before)
+    return torch.where(torch.isinf(before) & torch.isinf(after) & (before > 0) & (after > 0),
+                       torch.zeros_like(before), after - before)
 
 
-def _increase(before: torch.Tensor, after: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
-    """``after > before + tol``; +inf -> +inf is no increase, finite -> +inf is one."""
-    return _change(before, after) > tol
+def _bad(v: torch.Tensor, indicator: bool) -> torch.Tensor:
+    """Values that fail a check: NaN, -inf, and +inf unless the term is an indicator."""
+    return torch.isnan(v) | (v == -math.inf) | ((v == math.inf) & (not indicator))
+
+
+def _nonfinite(values: Dict[str, torch.Tensor], indicators: Iterable[str]) -> Dict[str, torch.Tensor]:
+    ind = set(indicators)
+    return {k: _bad(v, k in ind) for k, v in values.items()}
 
 
 def _total(values: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -76,6 +146,20 @@ def _total(values: Dict[str, torch.Tensor]) -> torch.Tensor:
     return out
 
 
+def _verdict(vb: Dict[str, torch.Tensor], va: Dict[str, torch.Tensor], tol: torch.Tensor, indicators
+             ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+    """``(failed, nonfinite, bad terms)`` per example: failed = rose above tol, or non-finite."""
+    bb, ba = _nonfinite(vb, indicators), _nonfinite(va, indicators)
+    bad_terms = {k: bb[k] | ba.get(k, torch.zeros_like(bb[k])) for k in vb}
+    for k in va:
+        bad_terms.setdefault(k, ba[k])
+    change = _change(_total(vb), _total(va))
+    nonfinite = torch.isnan(change)
+    for m in bad_terms.values():
+        nonfinite = nonfinite | m
+    return (change > tol) | nonfinite, nonfinite, bad_terms
+
+
 @dataclass
 class DescentReport:
     """What the energy did at every step. Tensors are float64 with a leading example axis S.
@@ -83,8 +167,10 @@ class DescentReport:
     ``terms[name]``: ``(S, T+1)`` term values at every layer boundary (for untied steps with
     different energies, the value of each layer's energy before it and, last, after the final layer);
     ``before``/``after``: ``(S, T)`` total energy of layer t's own energy before and after it;
-    ``tol``: ``(S, T)``; ``increases``: ``(S, T)`` bool; ``term_increases[name]``: ``(S, T)`` bool;
-    ``violations``: one dict per flagged layer or sub-step, saying where and by how much.
+    ``tol``: ``(S, T)``; ``increases``: ``(S, T)`` bool, the steps that *failed* the check (rose above tol,
+    or non-finite); ``nonfinite``: ``(S, T)`` bool, those with a non-finite value or difference;
+    ``term_increases[name]`` / ``term_nonfinite[name]``: the same per term;
+    ``violations``: one dict per failed layer or sub-step, saying where, what kind and by how much.
     """
 
     terms: Dict[str, torch.Tensor]
@@ -98,8 +184,14 @@ class DescentReport:
     guaranteed: List[bool]
     violations: List[dict] = field(default_factory=list)
     substep_increases: int = 0
-    #: tol = tol_unit * sum_k |E_k(Y_t)|, tol_unit = tol_factor * eps(dtype)
+    #: the relative part of tol is tol_unit * sum_k |E_k(Y_t)|, tol_unit = tol_factor * eps(dtype)
     tol_unit: float = 1.0
+    nonfinite: Optional[torch.Tensor] = None
+    term_nonfinite: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.nonfinite is None:
+            self.nonfinite = torch.zeros_like(self.increases)
 
     @property
     def totals(self) -> torch.Tensor:
@@ -112,27 +204,43 @@ class DescentReport:
 
     @property
     def num_increases(self) -> int:
+        """Steps that failed the check (a rise above tol, or a non-finite value): 0 means descent confirmed."""
         return int(self.increases.sum())
+
+    @property
+    def num_nonfinite(self) -> int:
+        return int(self.nonfinite.sum())
+
+    @property
+    def verdict(self) -> str:
+        """``descent`` (every step passed), ``increase`` or ``nonfinite`` (any non-finite step: it wins)."""
+        if self.num_nonfinite:
+            return "nonfinite"
+        return "increase" if self.num_increases else "descent"
 
     def rel_increase(self) -> torch.Tensor:
         """``max(E_{t+1} - E_t, 0) / max(|E_t|, |E_{t+1}|, sum_k |E_k(Y_t)|)`` per step, ``(S, T)``: relative
         to the energy's size, so that a total at or near zero (terms cancelling, or an initial residual
-        term that starts at 0) does not make it meaningless."""
+        term that starts at 0) does not make it meaningless. A non-finite step counts as +inf."""
         diff = _change(self.before, self.after)
         after = torch.where(torch.isfinite(self.after), self.after.abs(), torch.zeros_like(self.after))
-        size = torch.maximum(torch.maximum(self.before.abs(), after), self.tol / self.tol_unit).clamp_min(1e-300)
-        return diff.clamp_min(0.0) / size
+        before = torch.where(torch.isfinite(self.before), self.before.abs(), torch.zeros_like(self.before))
+        size = torch.maximum(torch.maximum(before, after), self.tol / self.tol_unit).clamp_min(1e-300)
+        rel = torch.where(torch.isnan(diff), torch.zeros_like(diff), diff).clamp_min(0.0) / size
+        return torch.where(self.nonfinite, torch.full_like(rel, math.inf), rel)
 
     def max_rel_increase(self) -> float:
         r = self.rel_increase()
         return float(r.max()) if r.numel() else 0.0
 
     def summary(self) -> dict:
-        """JSON-ready dict (non-finite numbers as the strings 'inf', '-inf', 'nan')."""
+        """JSON-ready dict (non-finite numbers as the strings 'inf', '-inf', 'nan': strict JSON)."""
         tot = self.totals
         out = {
+            "verdict": self.verdict,
             "steps": self.steps,
             "increases": self.num_increases,
+            "nonfinite": self.num_nonfinite,
             "max_rel_increase": self.max_rel_increase(),
             "tol_rule": self.tol_rule,
             "max_tol": float(self.tol.max()) if self.tol.numel() else 0.0,
@@ -145,6 +253,7 @@ class DescentReport:
                     "first": v[:, 0].tolist(),
                     "last": v[:, -1].tolist(),
                     "increases": int(self.term_increases[name].sum()) if name in self.term_increases else None,
+                    "nonfinite": int(self.term_nonfinite[name].sum()) if name in self.term_nonfinite else None,
                     "max_increase": _max_pos(self.term_delta.get(name)),
                     "energies": v.tolist(),
                 }
@@ -153,7 +262,7 @@ class DescentReport:
             "substep_increases": self.substep_increases,
             "violations": self.violations[:20],
         }
-        return _json_safe(out)
+        return json_safe(out)
 
 
 def _max_pos(x: Optional[torch.Tensor]) -> Optional[float]:
@@ -162,19 +271,36 @@ def _max_pos(x: Optional[torch.Tensor]) -> Optional[float]:
     return float(x.clamp_min(0).max()) if x.numel() else 0.0
 
 
-def _json_safe(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
-
-
-def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[torch.Tensor] = None
+          ) -> Dict[str, torch.Tensor]:
+    """Term values at Y; examples marked ``dead`` (their tokens went non-finite) get NaN."""
     with torch.no_grad():
-        return dict(energy.term_values(Y, graph))
+        vals = dict(energy.term_values(Y, graph))
+    if dead is not None and bool(dead.any()):
+        vals = {k: torch.where(dead, torch.full_like(v, math.nan), v) for k, v in vals.items()}
+    return vals
+
+
+class _Tracer:
+    """Runs one step (or sub-step) at a time, keeping examples whose tokens went non-finite out of later
+    steps (their energies become NaN, so every later step of theirs fails), and blames the step."""
+
+    def __init__(self, graph: TokenGraph, S: int, device):
+        self.graph = graph
+        self.dead = torch.zeros(S, dtype=torch.bool, device=device)
+        self.violations: List[dict] = []
+
+    def run(self, fn, Y: torch.Tensor, layer: int, sub: Optional[int], name: str) -> torch.Tensor:
+        Y_next = fn(Y)
+        bad = ~torch.isfinite(Y_next).flatten(1).all(1) & ~self.dead
+        for s in bad.nonzero().reshape(-1).tolist():
+            self.violations.append({"level": "substep" if sub is not None else "layer", "kind": "nonfinite_tokens",
+                                    "sample": s, "layer": layer, "substep": sub, "step": name,
+                                    "message": f"layer {layer} ({name}) produced non-finite tokens from finite input"})
+        if bool(bad.any()):
+            self.dead = self.dead | bad
+            Y_next = torch.where(self.dead[:, None, None], torch.zeros_like(Y_next), Y_next)
+        return Y_next
 
 
 def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None,
@@ -185,79 +311,112 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     ``steps``: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
     ``substeps``: also evaluate the layer's energy after each sub-step of a Sequence, so that a
     violation names the sub-step that raised it (layer-level counts are unaffected).
-    Returns ``(Y_T, report)``. A diagnostic: it runs without autograd (use :func:`unroll` to train).
+    Returns ``(Y_T, report)`` (examples whose tokens went non-finite hold zeros in Y_T and fail every
+    step from there). A diagnostic: it runs without autograd (use :func:`unroll` to train).
     """
+    tol_factor = check_tol_factor(tol_factor)
     Y = check_tokens(Y, graph)
     plan = _layers(steps, layers)
+    tracer = _Tracer(graph, graph.batch_size, Y.device)
     pairs: List[Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]] = []
+    res: List[torch.Tensor] = []
+    indicators: set = set()
     violations: List[dict] = []
     sub_incs = 0
     after: Optional[Dict[str, torch.Tensor]] = None
     prev_energy: Optional[Energy] = None
     for t, step in enumerate(plan):
         energy = step.energy
-        before = after if (after is not None and energy is prev_energy) else _eval(energy, Y, graph)
+        indicators |= set(energy.indicators)
+        before = after if (after is not None and energy is prev_energy) else _eval(energy, Y, graph, tracer.dead)
+        r = resolution(energy, Y, graph)
         subs = step.substeps() if substeps else [step]
         with torch.no_grad():
             if len(subs) > 1:
-                tol = tolerance(before, Y.dtype, tol_factor)
+                tol = tolerance(before, Y.dtype, tol_factor, r)
                 vals_cur = before
                 for k, sub in enumerate(subs):
-                    Y_next = graph.keep_padded(sub.update(Y, graph), Y)
-                    vals_next = _eval(energy, Y_next, graph)
-                    inc = _increase(_total(vals_cur), _total(vals_next), tol)
+                    Y_next = tracer.run(lambda X: graph.keep_padded(sub.update(X, graph), X), Y, t, k, type(sub).__name__)
+                    vals_next = _eval(energy, Y_next, graph, tracer.dead)
+                    inc, nonfin, bad = _verdict(vals_cur, vals_next, tol, energy.indicators)
                     sub_incs += int(inc.sum())
                     for s in inc.nonzero().reshape(-1).tolist():
-                        violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep"))
+                        violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep",
+                                                     bool(nonfin[s]), bad))
                     Y, vals_cur = Y_next, vals_next
                 after = vals_cur
             else:
-                Y = step(Y, graph)
-                after = _eval(energy, Y, graph)
+                Y = tracer.run(lambda X: step(X, graph), Y, t, None, type(step).__name__)
+                after = _eval(energy, Y, graph, tracer.dead)
         pairs.append((before, after))
+        res.append(r)
         prev_energy = energy
     report = _assemble(pairs, Y.dtype, tol_factor, [s.guaranteed() for s in plan], graph.batch_size, Y.device,
-                       [type(s).__name__ for s in plan], violations, sub_incs)
+                       [type(s).__name__ for s in plan], tracer.violations + violations, sub_incs, indicators, res)
     return Y, report
 
 
+def _num(x: float):
+    return x if math.isfinite(x) else json_safe(x)
+
+
 def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, before: Dict[str, torch.Tensor],
-               after: Dict[str, torch.Tensor], tol: torch.Tensor, level: str) -> dict:
+               after: Dict[str, torch.Tensor], tol: torch.Tensor, level: str, nonfinite: bool = False,
+               bad: Optional[Dict[str, torch.Tensor]] = None) -> dict:
     b, a = float(_total(before)[sample]), float(_total(after)[sample])
     terms = {k: {"before": float(before[k][sample]), "after": float(after[k][sample])} for k in before}
     rose = [k for k, v in terms.items() if v["after"] > v["before"]]
-    return {"level": level, "sample": sample, "layer": layer, "substep": sub, "step": step_name,
-            "before": b, "after": a, "increase": a - b, "rel_increase": (a - b) / max(abs(b), 1e-300),
-            "tol": float(tol[sample]), "terms_up": rose, "terms": terms}
+    out = {"level": level, "kind": "nonfinite" if nonfinite else "increase", "sample": sample, "layer": layer,
+           "substep": sub, "step": step_name, "before": b, "after": a, "increase": a - b,
+           "rel_increase": (a - b) / max(abs(b), 1e-300) if math.isfinite(a - b) else math.inf,
+           "tol": float(tol[sample]), "terms_up": rose, "terms": terms}
+    if nonfinite:
+        out["nonfinite_terms"] = sorted(k for k, m in (bad or {}).items() if bool(m[sample]))
+    return out
 
 
 def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_factor: float = DEFAULT_TOL_FACTOR,
-                       guaranteed: bool = False) -> DescentReport:
+                       guaranteed: bool = False, indicators: Iterable[str] = (),
+                       resolution: Optional[torch.Tensor] = None) -> DescentReport:
     """A :class:`DescentReport` from stored term values ``{name: (S, T+1)}`` of one energy at Y_0..Y_T
-    (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule."""
+    (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule and verdicts.
+    ``indicators``: names of indicator terms (+inf legitimate); ``resolution``: ``(S, T+1)``
+    :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given). Both default to
+    the attributes of an :class:`EnergyTrace`."""
+    tol_factor = check_tol_factor(tol_factor)
+    if resolution is None:
+        resolution = getattr(values, "resolution", None)
+    indicators = tuple(indicators) or getattr(values, "indicators", ())
     first = next(iter(values.values()))
     S, T1 = first.shape
     cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
     pairs = list(zip(cols[:-1], cols[1:]))
-    return _assemble(pairs, dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device, ["layer"] * (T1 - 1))
+    res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
+    return _assemble(pairs, dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device, ["layer"] * (T1 - 1),
+                     indicators=indicators, res=res)
 
 
 def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[bool], S: int, device,
-              step_names: List[str], violations: Optional[List[dict]] = None, sub_incs: int = 0) -> DescentReport:
+              step_names: List[str], violations: Optional[List[dict]] = None, sub_incs: int = 0,
+              indicators: Iterable[str] = (), res: Optional[List[torch.Tensor]] = None) -> DescentReport:
     """The report of layers whose energies before and after are ``pairs[t] = (before, after)``."""
     violations = list(violations or [])
-    befores, afters, tols, incs = [], [], [], []
+    indicators = tuple(indicators)
+    befores, afters, tols, incs, nonfins = [], [], [], [], []
     term_incs: Dict[str, List[torch.Tensor]] = {}
+    term_bad: Dict[str, List[torch.Tensor]] = {}
     term_deltas: Dict[str, List[torch.Tensor]] = {}
     for t, (vb, va) in enumerate(pairs):
-        tol = tolerance(vb, dtype, tol_factor)
-        b, a = _total(vb), _total(va)
-        inc = _increase(b, a, tol)
+        tol = tolerance(vb, dtype, tol_factor, None if res is None else res[t])
+        inc, nonfin, bad = _verdict(vb, va, tol, indicators)
         for s in inc.nonzero().reshape(-1).tolist():
-            violations.append(_violation(s, t, None, step_names[t], vb, va, tol, "layer"))
-        befores.append(b); afters.append(a); tols.append(tol); incs.append(inc)
+            violations.append(_violation(s, t, None, step_names[t], vb, va, tol, "layer", bool(nonfin[s]), bad))
+        befores.append(_total(vb)); afters.append(_total(va)); tols.append(tol); incs.append(inc); nonfins.append(nonfin)
         for k, v in vb.items():
-            term_incs.setdefault(k, []).append(_increase(v, va[k], tol))
+            if k not in va:
+                continue
+            term_bad.setdefault(k, []).append(bad[k])
+            term_incs.setdefault(k, []).append((_change(v, va[k]) > tol) | bad[k])
             term_deltas.setdefault(k, []).append(_change(v, va[k]))
 
     def stack(xs, dt=ACCUM_DTYPE):
@@ -272,10 +431,16 @@ def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[boo
         before=stack(befores), after=stack(afters), tol=stack(tols), increases=stack(incs, torch.bool),
         term_increases={k: stack(v, torch.bool) for k, v in term_incs.items() if len(v) == full},
         term_delta={k: stack(v) for k, v in term_deltas.items() if len(v) == full},
-        tol_rule=_tol_rule(tol_factor, dtype), guaranteed=guaranteed, violations=violations,
-        substep_increases=sub_incs, tol_unit=tol_factor * torch.finfo(dtype).eps)
+        tol_rule=tol_rule(tol_factor, dtype), guaranteed=guaranteed, violations=violations,
+        substep_increases=sub_incs, tol_unit=tol_factor * torch.finfo(dtype).eps,
+        nonfinite=stack(nonfins, torch.bool),
+        term_nonfinite={k: stack(v, torch.bool) for k, v in term_bad.items() if len(v) == full})
 
 
-def _tol_rule(tol_factor: float, dtype: torch.dtype) -> str:
-    return (f"E_t+1 > E_t + tol, tol = {tol_factor:g} * eps({str(dtype).replace('torch.', '')}) * sum_k |E_k(Y_t)|"
-            f" = {tol_factor * torch.finfo(dtype).eps:.3g} * scale")
+def tol_rule(tol_factor: float, dtype: torch.dtype) -> str:
+    """The tolerance rule in words, with its numbers (stated in every verdict)."""
+    eps = torch.finfo(dtype).eps
+    name = str(dtype).replace("torch.", "")
+    return (f"E_t+1 > E_t + tol is an increase, tol = {tol_factor:g} * eps({name}) * (sum_k |E_k(Y_t)| + eps({name}) "
+            f"* L * ||Y_t||^2) = {tol_factor * eps:.3g} * scale (+ {tol_factor * eps * eps:.3g} * L||Y||^2); "
+            f"a NaN or inf energy (+inf allowed on indicators) fails")

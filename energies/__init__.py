@@ -5,7 +5,8 @@ energies (see :mod:`unfold`). Main objects:
 
 * :class:`TokenGraph` and builders :func:`complete`, :func:`window`, :func:`strided`,
   :func:`dilated`, :func:`star`, :func:`random`, :func:`from_edge_index`, :func:`from_pyg`;
-* penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``cauchy``, ``lp``);
+* penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``softplus``, ``cauchy``, ``lp``), validated on value and
+  derivative when built, each value at full relative precision;
 * terms (:class:`PairwiseAttention`, :class:`Residual`, :class:`FeedForward`,
   :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`.
 """
@@ -13,7 +14,7 @@ from .energy import Energy, attention_energy, feedforward_energy, layernorm_ener
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, StepError, TokenError, UnfoldError
 from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
-from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, get_rho, register_rho
+from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 

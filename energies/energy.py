@@ -75,13 +75,18 @@ class Energy(torch.nn.Module):
             g = g + term.grad(Y, graph)
         return g
 
-    def rounding_curvature(self, graph: TokenGraph) -> torch.Tensor:
-        """``sum_k L_k`` per example ``(B,)`` float64: E(Y + D) <= E(Y) + <grad E, D> + L ||D||^2 / 2
-        (:meth:`EnergyTerm.rounding_curvature`); sets the resolution part of the descent tolerance."""
-        out = torch.zeros(graph.batch_size, dtype=ACCUM_DTYPE)
+    def curvature(self, Y: torch.Tensor, graph: TokenGraph):
+        """``c_u = sum_k c^k_u`` over the smooth terms (scalar or ``(B, n)``): the per-token curvature bound of
+        the energy's MM surrogate at Y (:meth:`EnergyTerm.curvature`); a term without one counts 0."""
+        c = 0.0
         for term in self.terms.values():
-            out = out + torch.as_tensor(term.rounding_curvature(graph), dtype=ACCUM_DTYPE).cpu()
-        return out
+            if term.is_indicator:
+                continue
+            try:
+                c = c + term.curvature(Y, graph)
+            except NotImplementedError:
+                continue
+        return c
 
     @property
     def indicators(self):

@@ -397,6 +397,9 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
             raise GraphError(f"graph file {spec!r} does not exist")
         try:
             arr = np.load(spec, allow_pickle=False)
+            if not isinstance(arr, np.ndarray):
+                arr.close()
+                raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
         except Exception as exc:  # numpy raises several types on a corrupt file
             raise GraphError(f"graph file {spec!r} could not be read as .npy: {exc}") from None
         if not np.issubdtype(arr.dtype, np.integer):

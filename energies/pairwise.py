@@ -131,15 +131,17 @@ def _centred(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return (Y - mean) * m
 
 
-def expansion_dtype(Yc: torch.Tensor, tau: float) -> Optional[torch.dtype]:
-    """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves z to
-    ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
-    differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``. One host read of the
-    largest norm (none under ``torch.compile``, which keeps Yc's dtype)."""
+def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0) -> Optional[torch.dtype]:
+    """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves the edge weights
+    to ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
+    differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``; a weight rho'(z) then moves
+    by ``|dz| * sensitivity`` relative to the largest (:meth:`~energies.rho.Rho.kernel_sensitivity`, at least 1
+    here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
+    ``torch.compile``, which keeps Yc's dtype)."""
     own = Yc.dtype if Yc.dtype in EXPANSION_Z_ERROR else torch.float32
     if torch.compiler.is_compiling() or Yc.numel() == 0:
         return own
-    scale = float((Yc.detach() * Yc.detach()).sum(-1).max()) / tau
+    scale = float((Yc.detach() * Yc.detach()).sum(-1).max()) / tau * max(1.0, float(sensitivity))
     for dt in dict.fromkeys((own, torch.float64)):
         if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
             return dt
@@ -178,24 +180,30 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
     return (attn[:, 0, :, :-2] - Y if num else None), lse[:, 0]
 
 
+def _apply(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:
+    return Y if metric is None else Y @ metric.to(device=Y.device, dtype=Y.dtype)
+
+
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
-                  energy: bool = False, num: bool = True) -> PairwisePass:
+                  energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None) -> PairwisePass:
     """One pass over the graph: ``(agg, deg)`` in Y's dtype and, if asked, the pairwise energy.
-    ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass."""
+    ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass.
+    ``metric`` W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then ``(B, n, d_h)``),
+    formed from differences or centred tokens, never from ``Y W`` of tokens far from the origin."""
     kernel = pick_kernel(graph, rho, kernel)
     Y = graph.zero_padded(Y)
     if kernel == "edges":
-        return _edges_pass(Y, graph, rho, tau, energy, num)._replace(Y=Y)
-    Yc = _centred(Y, graph)
-    dt = expansion_dtype(Yc, tau)
+        return _edges_pass(Y, graph, rho, tau, energy, num, metric)._replace(Y=_apply(Y, metric))
+    Zc = _apply(_centred(Y, graph), metric)
+    dt = expansion_dtype(Zc, tau, rho.kernel_sensitivity())
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile
-        out = _streamed_pass(Y, graph, rho, tau, energy, num, explicit=True)
+        out = _streamed_pass(Zc, graph, rho, tau, energy, num, explicit=True)
     elif dt != Y.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
-        out = _expansion_pass(_centred(Y.to(dt), graph), graph, rho, tau, kernel, energy, num)
+        out = _expansion_pass(_apply(_centred(Y.to(dt), graph), metric), graph, rho, tau, kernel, energy, num)
         out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
     else:
-        out = _expansion_pass(Yc, graph, rho, tau, kernel, energy, num)
-    return out._replace(Y=Y)
+        out = _expansion_pass(Zc, graph, rho, tau, kernel, energy, num)
+    return out._replace(Y=_apply(Y, metric))
 
 
 def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, energy: bool,
@@ -220,18 +228,21 @@ def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     return PairwisePass(gamma @ Y - deg[..., None] * Y if num else None, deg, e)
 
 
-def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool) -> PairwisePass:
-    """Gather/scatter over the canonical edge list: ``agg`` from the explicit differences of each edge."""
+def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
+                metric: Optional[torch.Tensor] = None) -> PairwisePass:
+    """Gather/scatter over the canonical edge list: ``agg`` from the explicit differences of each edge (taken
+    in token space, then mapped by the metric)."""
     B, n, d = Y.shape
     Yf = Y.reshape(B * n, d)
     src, dst = graph.edges()
-    diff = Yf[dst] - Yf[src]
+    diff = _apply(Yf[dst] - Yf[src], metric)
     z = (diff * diff).sum(-1) / (2.0 * tau)
     gamma = rho.derivative(z)
     agg = None
     if num:
         msg = gamma[:, None] * diff
-        agg = torch.zeros_like(Yf).index_add(0, src, msg).index_add(0, dst, -msg).reshape(B, n, d)
+        agg = torch.zeros(B * n, diff.shape[-1], dtype=Y.dtype, device=Y.device)
+        agg = agg.index_add(0, src, msg).index_add(0, dst, -msg).reshape(B, n, -1)
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
     e = None
     if energy:
@@ -314,13 +325,30 @@ def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: f
     return out.num, out.deg
 
 
-def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto") -> torch.Tensor:
+def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
+                    metric: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)`` float64, each undirected edge once.
 
-    Evaluated directly from the pairs, never from a log-sum-exp, so that it is an independent check of
-    the energy the softmax pass reports: the edge list, or on the complete graph the dense or streamed
-    kernel on centred tokens (explicit differences where the expansion cannot resolve z)."""
+    The independent evaluation every check uses: directly from the pairs, never from a log-sum-exp, and always
+    from explicit differences (the edge list; on the complete graph key tiles of ``(B, n, tile, d)``
+    differences), so z, and so each ``rho(z)``, is exact to rounding at every scale: an expansion
+    ``|a|^2 + |b|^2 - 2 a.b`` would err by about ``eps |y|^2`` per pair, which can exceed a tolerance relative
+    to a small energy. With a metric W the differences are taken in token space, then mapped:
+    ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked but not used."""
     kernel = pick_kernel(graph, rho, kernel)
-    if kernel in ("softmax", "fused"):
-        kernel = "dense"
-    return pairwise_pass(Y, graph, rho, tau, kernel, energy=True, num=False).energy
+    Y = graph.zero_padded(Y)
+    if not graph.is_complete:
+        return _edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy
+    B, n, d = Y.shape
+    width = d if metric is None else d + metric.shape[-1]
+    tile = max(1, min(n, EXPLICIT_TILE_ELEMENTS // max(1, B * n * width)))
+    rows = torch.arange(n, device=Y.device)
+    mask = graph.mask
+    zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
+    e = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    for s in range(0, n, tile):
+        diff = _apply(Y[:, None, s:s + tile, :] - Y[:, :, None, :], metric)
+        z = (diff * diff).sum(-1) / (2.0 * tau)
+        pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] < rows[None, s:s + tile])  # each pair once
+        e = e + tau * _f64(torch.where(pm, rho.value(torch.where(pm, z, zero)), zero)).sum((1, 2))
+    return e

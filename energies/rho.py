@@ -42,6 +42,15 @@ class Rho:
         edge weight, which gives a curvature bound independent of Y (``curvature="constant"``)."""
         return float(self.derivative(torch.zeros((), dtype=torch.float64)))
 
+    def kernel_sensitivity(self) -> float:
+        """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error
+        in z. The kernels that compute z by an expansion keep that error times this below their bound
+        (:func:`energies.pairwise.expansion_dtype`). Subclasses give it in closed form; the default estimates
+        it from differences of rho' on the validation grid, times 4."""
+        g = self.derivative(_GRID)
+        slope = ((g[:-1] - g[1:]).abs() / (_GRID[1:] - _GRID[:-1])).max()
+        return 4.0 * float(slope) / max(float(g[0]), 1e-300)
+
     def spec(self) -> str:
         return self.name
 
@@ -66,6 +75,9 @@ class ExpRho(Rho):
     def derivative(self, z):
         return torch.exp(-z)
 
+    def kernel_sensitivity(self):
+        return 1.0
+
 
 @register_rho("relu")
 class ReluRho(Rho):
@@ -84,6 +96,9 @@ class ReluRho(Rho):
 
     def derivative(self, z):
         return kinks.relu(self.c - z)
+
+    def kernel_sensitivity(self):
+        return 1.0 / self.c
 
     def spec(self):
         return f"relu:{self.c:g}"
@@ -174,6 +189,11 @@ class SoftplusRho(Rho):
         d = self.c - z
         return torch.clamp(d, min=0.0) + self.t * torch.nn.functional.softplus(-d.abs() / self.t)
 
+    def kernel_sensitivity(self):
+        """|rho''| = sigmoid((c - z) / t) <= sigmoid(c / t) on z >= 0, over rho'(0)."""
+        a = self.c / self.t
+        return 1.0 / (1.0 + math.exp(-a)) / max(self.max_derivative(), 1e-300)
+
     def spec(self):
         return f"softplus:{self.c:g}:{self.t:g}"
 
@@ -187,6 +207,9 @@ class CauchyRho(Rho):
 
     def derivative(self, z):
         return 1.0 / (1.0 + z)
+
+    def kernel_sensitivity(self):
+        return 1.0
 
 
 @register_rho("lp")
@@ -221,6 +244,10 @@ class LpRho(Rho):
         h = 0.5 * self.p
         return h * torch.clamp(z, min=self.eps) ** (h - 1.0)
 
+    def kernel_sensitivity(self):
+        """rho' is flat below eps and falls fastest just above it: ``sup |rho''| / rho'(0) = (1 - p/2) / eps``."""
+        return (1.0 - 0.5 * self.p) / self.eps
+
     def spec(self):
         return f"lp:{self.p:g}:{self.eps:g}"
 
@@ -248,6 +275,8 @@ def get_rho(spec) -> Rho:
 _CHECKED: Dict[str, bool] = {}
 #: z grid of :func:`check_rho`: 0 and 241 points from 1e-12 to 1e12 (ratio 10^0.1)
 _GRID = torch.cat([torch.zeros(1), torch.logspace(-12, 12, 241)]).to(torch.float64)
+#: far points where value and derivative must still be finite (a bounded rho such as relu:C must not overflow)
+_FAR = torch.tensor([1e20, 1e50, 1e100, 1e200, 1e300], dtype=torch.float64)
 #: slack of the value checks, relative to the values compared (float64 rounding of rho and of a difference)
 _VALUE_SLACK = 1e-9
 
@@ -256,8 +285,8 @@ def check_rho(rho: Rho) -> None:
     """Validate a penalty once per spec on a grid of z in [0, 1e12]; an :class:`EnergyError` names the
     first z where a property fails:
 
-    * ``rho(z)`` and ``rho'(z)`` finite (a rho whose value is NaN or inf would make every energy, and so
-      every descent verdict, meaningless);
+    * ``rho(z)`` and ``rho'(z)`` finite, on the grid and at z = 1e20 ... 1e300 (a rho whose value is NaN or
+      inf would make every energy, and so every descent verdict, meaningless);
     * ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave);
     * value and derivative agree: for grid points z1 < z2 a concave, differentiable rho satisfies
       ``rho'(z2) (z2 - z1) <= rho(z2) - rho(z1) <= rho'(z1) (z2 - z1)`` (checked with a slack of
@@ -268,11 +297,8 @@ def check_rho(rho: Rho) -> None:
     with kinks.paused():
         g = rho.derivative(_GRID)
         v = rho.value(_GRID)
-    for what, x in (("rho'(z)", g), ("rho(z)", v)):
-        bad = ~torch.isfinite(x)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise EnergyError(f"rho {rho.spec()}: {what} = {float(x[i])} is not finite at z={float(_GRID[i]):.3g}")
+        far_g, far_v = rho.derivative(_FAR), rho.value(_FAR)
+    _check_finite(rho, (("rho'(z)", g, _GRID), ("rho(z)", v, _GRID)))
     if bool((g < 0).any()):
         raise EnergyError(f"rho {rho.spec()} is not non-decreasing: rho'(z)={float(g[g < 0][0]):.3g} < 0 at "
                           f"z={float(_GRID[g < 0][0]):.3g}")
@@ -290,4 +316,13 @@ def check_rho(rho: Rho) -> None:
         raise EnergyError(f"rho {rho.spec()}: value and derivative disagree between z={float(_GRID[i]):.3g} and "
                           f"z={float(_GRID[i + 1]):.3g}: rho rises by {float(dv[i]):.6g}, but a concave rho with "
                           f"these derivatives rises by between {float(g[i + 1] * dz[i]):.6g} and {float(g[i] * dz[i]):.6g}")
+    _check_finite(rho, (("rho'(z)", far_g, _FAR), ("rho(z)", far_v, _FAR)))
     _CHECKED[key] = True
+
+
+def _check_finite(rho: Rho, checks) -> None:
+    for what, x, zs in checks:
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise EnergyError(f"rho {rho.spec()}: {what} = {float(x[i])} is not finite at z={float(zs[i]):.3g}")

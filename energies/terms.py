@@ -65,17 +65,16 @@ class EnergyTerm(torch.nn.Module):
 
     def curvature(self, Y: torch.Tensor, graph: TokenGraph):
         """A per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate at Y:
-        H <= diag(c) (x) I_d. Smooth terms only; indicators have a proximal map instead."""
+        H <= diag(c) (x) I_d, so ``E(Y + D) <= E(Y) + <grad E(Y), D> + sum_u c_u |D_u|^2 / 2`` for every D (the
+        surrogate majorizes the term). Smooth terms only; indicators have a proximal map instead. It sets
+        both the step (:class:`~unfold.prox.ProxMMStep`) and the resolution part of the descent tolerance
+        (:func:`unfold.trace.resolution`)."""
         raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
 
-    def rounding_curvature(self, graph: TokenGraph):
-        """A bound L (scalar or ``(B,)``) with ``E(Y + D) <= E(Y) + <grad E(Y), D> + L ||D||^2 / 2`` for every Y
-        and D (the largest rise of the term's curvature; concave parts count 0): what rounding Y by D can
-        add to the term where its gradient vanishes. Used by the descent tolerance
-        (:func:`unfold.trace.tolerance`). Indicators: 0 (rounding a non-negative float keeps its sign)."""
-        if self.is_indicator:
-            return 0.0
-        raise NotImplementedError(f"{type(self).__name__} has no rounding curvature bound")
+    def min_curvature(self) -> float:
+        """A lower bound, over every Y, of the per-token curvature bound :meth:`curvature` (0 unless a term
+        knows better): a proximal MM step needs the sum over its terms to be positive, checked when built."""
+        return 0.0
 
     def pass_value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The value as the layers' own pass computes it (Y's dtype, float64 sums); ``value`` is the
@@ -142,7 +141,6 @@ class PairwiseAttention(EnergyTerm):
         self.tau = tau
         self.kernel = kernel
         self.metric = metric
-        self.rho_prime0 = self.rho.max_derivative()
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
         """``Z = Y W`` (queries = keys), or Y itself without a metric."""
@@ -156,8 +154,17 @@ class PairwiseAttention(EnergyTerm):
     def _back(self, G: torch.Tensor) -> torch.Tensor:
         return G if self.metric is None else G @ self.metric.to(dtype=G.dtype).T
 
+    def _metric(self, Y: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.metric is not None and self.metric.shape[0] != Y.shape[-1]:
+            raise TokenError(f"tokens have d={Y.shape[-1]} features but the attention metric is "
+                             f"{tuple(self.metric.shape)}")
+        return self.metric
+
     def value(self, Y, graph):
-        return pairwise_energy(self.features(Y.to(ACCUM_DTYPE)), graph, self.rho, self.tau, self.kernel)
+        """The independent float64 evaluation: explicit differences ``W^T (y_u - y_v)`` of every pair."""
+        Y = Y.to(ACCUM_DTYPE)
+        W = self._metric(Y)
+        return pairwise_energy(Y, graph, self.rho, self.tau, self.kernel, None if W is None else W.to(ACCUM_DTYPE))
 
     def neighbour_sums(self, Y, graph):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
@@ -166,20 +173,20 @@ class PairwiseAttention(EnergyTerm):
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
         with no pull) and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
-        out = pairwise_pass(self.features(Y), graph, self.rho, self.tau, self.kernel)
+        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, metric=self._metric(Y))
         return out.agg, out.deg
 
     def mm_pass(self, Y, graph, value: bool = True):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
-        Z = self.features(Y)
-        out = pairwise_pass(Z, graph, self.rho, self.tau, self.kernel, energy=value)
+        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=value, metric=self._metric(Y))
         grad = graph.zero_padded(self._back(-out.agg))
         return grad, out.deg, out.energy
 
     def pass_value(self, Y, graph):
         """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
-        return pairwise_pass(self.features(Y), graph, self.rho, self.tau, self.kernel, energy=True, num=False).energy
+        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=True, num=False,
+                             metric=self._metric(Y)).energy
 
     def mm(self, Y, graph, value: bool = True):
         grad, deg, value = self.mm_pass(Y, graph, value)
@@ -189,12 +196,6 @@ class PairwiseAttention(EnergyTerm):
 
     def curvature(self, Y, graph):
         return self.mm(Y, graph)[1]
-
-    def rounding_curvature(self, graph):
-        """``2 rho'(0) max_u deg(u) ||W||_2^2`` per example: the Hessian of ``tau rho(z)`` is rho' times the
-        metric Laplacian (<= 2 D ||W||^2, rho' <= rho'(0)) plus a rho'' part that is <= 0 (concave)."""
-        deg = graph.degree().amax(-1).to(ACCUM_DTYPE) if graph.num_nodes else torch.zeros(graph.batch_size)
-        return 2.0 * self.rho_prime0 * deg * self.metric_norm2().to(ACCUM_DTYPE).cpu().item()
 
     def metric_norm2(self) -> torch.Tensor:
         """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""
@@ -252,7 +253,7 @@ class Residual(EnergyTerm):
     def curvature(self, Y, graph):
         return 1.0
 
-    def rounding_curvature(self, graph):
+    def min_curvature(self):
         return 1.0
 
     def mm(self, Y, graph, value: bool = True):
@@ -306,9 +307,6 @@ class FeedForward(EnergyTerm):
     def pass_value(self, Y, graph):
         return 0.5 * _f64_sum(self.grad(Y, graph) * Y)
 
-    def rounding_curvature(self, graph):
-        return self.curvature(None, graph)
-
     def curvature(self, Y, graph):
         """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged)."""
         return _cached(self, "_curv", self.W,
@@ -356,7 +354,7 @@ class Centering(EnergyTerm):
     def curvature(self, Y, graph):
         return 1.0  # Hessian 1 1^T / d per token
 
-    def rounding_curvature(self, graph):
+    def min_curvature(self):
         return 1.0
 
 
@@ -389,7 +387,7 @@ class Rescaling(EnergyTerm):
         """1: the concave part -r ||y|| is majorized by its tangent, leaving the Hessian I of ||y||^2 / 2."""
         return 1.0
 
-    def rounding_curvature(self, graph):
+    def min_curvature(self):
         return 1.0
 
     def grad(self, Y, graph):

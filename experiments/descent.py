@@ -106,6 +106,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"python -m experiments.descent: error: --{name} must be >= 1", file=sys.stderr)
             return 2
+    if not 0 <= args.seed < 2 ** 63:
+        print(f"python -m experiments.descent: error: --seed must lie in [0, 2^63), got {args.seed}", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     records, reports = sweep(args.samples, args.layers, args.n, args.d, args.seed)

@@ -23,15 +23,15 @@ def model(mode="guaranteed"):
 @pytest.fixture
 def faulty(monkeypatch):
     """Every layer adds 0.5 to the first example's tokens after its step: a real energy increase."""
-    original = ProxMMStep.step_with_energy
+    original = ProxMMStep.step_with_trace
 
     def bumped(self, Y, graph, values=True):
-        out, vals = original(self, Y, graph, values)
+        out, vals, curv = original(self, Y, graph, values)
         bump = torch.zeros_like(out)
         bump[0] = 0.5
-        return out + bump, vals
+        return out + bump, vals, curv
 
-    monkeypatch.setattr(ProxMMStep, "step_with_energy", bumped)
+    monkeypatch.setattr(ProxMMStep, "step_with_trace", bumped)
 
 
 def test_a_correct_model_passes_strict_and_warn():

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K")
     p.add_argument("--input", default=None, help="one n x d token matrix (.npy) instead of random samples")
     p.add_argument("--tol-factor", type=float, default=DEFAULT_TOL_FACTOR,
-                   help=f"tol = factor * eps(dtype) * (sum_k |E_k| + eps * L * ||Y||^2), factor in "
+                   help=f"tol = factor * eps(dtype) * (sum_k |E_k| + eps * sum_u c_u |y_u|^2), factor in "
                         f"[{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}]")
     p.add_argument("--plot", default=None, help="write an energy-descent plot (PNG) here")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
@@ -70,6 +70,9 @@ def _load_input(path: str) -> np.ndarray:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:
         raise CheckError(f"--input file {path!r} could not be read as .npy: {exc}") from None
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise CheckError(f"--input file {path!r} is an .npz archive, not one .npy matrix")
     if arr.ndim != 2:
         raise CheckError(f"--input must hold one n x d matrix, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.floating):
@@ -99,8 +102,20 @@ def _validate(args) -> None:
                          f"got {args.tol_factor}") from None
     if not math.isfinite(args.scale) or args.scale <= 0:
         raise CheckError(f"--scale must be a finite number > 0, got {args.scale}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {args.device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {args.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise CheckError(f"--device {args.device}: CUDA is not available on this machine")
+    if not 0 <= args.seed < 2 ** 63:
+        raise CheckError(f"--seed must lie in [0, 2^63), got {args.seed}")
+    if args.plot is not None:
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if os.path.isdir(args.plot) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise CheckError(f"--plot {args.plot!r}: not a writable file path (its folder must exist and be writable)")
     if args.update == "printed" and args.residual != "none":
         raise CheckError("--update printed (eq. 38) has no initial residual: use --residual none")
 
@@ -145,8 +160,11 @@ def run(args) -> dict:
     if args.plot:
         from .plot import plot_report
 
-        plot_report(report, args.plot, title=f"{graph.name}, rho={out['config']['rho']}, "
-                                            f"update={args.update}, alpha={args.alpha:g}")
+        try:
+            plot_report(report, args.plot, title=f"{graph.name}, rho={out['config']['rho']}, "
+                                                f"update={args.update}, alpha={args.alpha:g}")
+        except (OSError, ValueError) as exc:
+            raise CheckError(f"--plot {args.plot!r} could not be written: {exc}") from None
         out["plot"] = args.plot
     return out
 

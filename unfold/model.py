@@ -45,7 +45,7 @@ from energies.terms import ACCUM_DTYPE, Centering, FeedForward, NonNegativity, P
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import DescentReport, EnergyTrace, report_from_values
+from .trace import DescentReport, EnergyTrace, report_from_values, resolution
 
 __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES"]
 
@@ -266,18 +266,17 @@ class UnfoldedTransformer(nn.Module):
         values: List[Dict[str, torch.Tensor]] = []
         res: List[torch.Tensor] = []
         states: List[torch.Tensor] = []
-        L = energy.rounding_curvature(graph).to(X.device) if trace else None
         if self.mode == "guaranteed":
             Y = kinks.relu(X) if self.use_relu else X
             step = ProxMMStep(energy, self.alpha)
             for _ in range(self.layers if layers is None else int(layers)):
                 if keep_states:
                     states.append(Y)
-                if trace:
-                    res.append(_sumsq(Y, graph) * L)
-                Y, vals = step.step_with_energy(Y, graph, values=trace)
+                Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace)
                 if trace:
                     values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
+                    res.append(resolution(energy, Y, graph, curv.detach()))
+                Y = Y_next
         else:
             if layers is not None and not 0 <= int(layers) <= self.layers:
                 raise ConfigError(f"mode={self.mode} has {self.layers} untied layers; it cannot unroll {layers} "
@@ -293,28 +292,34 @@ class UnfoldedTransformer(nn.Module):
                 if keep_states:
                     states.append(Y)
                 if trace:
-                    values.append(_values(energy, Y, graph))
-                    res.append(_sumsq(Y, graph) * L)
+                    vals, curv = _values(energy, Y, graph)
+                    values.append(vals)
+                    res.append(resolution(energy, Y, graph, curv))
                 Y = block(Y, allowed) if self.mode == "free" else block(Y, src_key_padding_mask=~mask)
                 Y = graph.zero_padded(Y)
         if keep_states:
             states.append(Y)
         energies = None
         if trace:
-            values.append(_values(energy, Y, graph))
-            res.append(_sumsq(Y, graph) * L)
+            vals, curv = _values(energy, Y, graph)
+            values.append(vals)
+            res.append(resolution(energy, Y, graph, curv))
             energies = EnergyTrace(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
                                    resolution=torch.stack(res, dim=1), indicators=energy.indicators)
         return Y, energies, (states if keep_states else None)
 
 
-def _sumsq(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    """``||Y||_F^2`` per example over real tokens, float64 (the tolerance's resolution scale)."""
-    Yr = graph.zero_padded(Y.detach())
-    return (Yr * Yr).sum(-1).sum(-1, dtype=ACCUM_DTYPE)
-
-
-def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
-    """Every term's value at Y (float64 per example) by the layers' own kernels (energy-only passes)."""
+def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):
+    """``(values, c)``: every term's value at Y (float64 per example) by the layers' own kernels, and the MM
+    curvature bound c at Y (for the tolerance's resolution), from one pass per smooth term."""
+    vals: Dict[str, torch.Tensor] = OrderedDict()
+    curv = 0.0
     with torch.no_grad():
-        return OrderedDict((name, term.pass_value(Y, graph).to(ACCUM_DTYPE)) for name, term in energy.terms.items())
+        for name, term in energy.terms.items():
+            if term.is_indicator:
+                vals[name] = term.pass_value(Y, graph).to(ACCUM_DTYPE)
+                continue
+            _, c, v = term.mm(Y, graph, True)
+            vals[name] = v.to(ACCUM_DTYPE)
+            curv = curv + c
+    return vals, curv

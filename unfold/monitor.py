@@ -8,8 +8,9 @@ an increase, and reported as one. Only layers whose descent is guaranteed are ju
 is a diagnostic, not a promise). The tolerance is the trace's own rule (``tol_rule`` of the
 report: ``tol_factor * eps(dtype) * sum_k |E_k|``, from the dtype and the energy's size) and is
 stated in every message. A step flagged in the training dtype is re-evaluated in float64 on the
-same embedded input before it is reported: rounding in float32 clears there; a real increase does
-not.
+same embedded input (the whole batch, so that the token graph is the same) and judged by the
+independent energy evaluation (explicit differences) before it is reported: rounding in float32, or
+in a kernel's own energy pass, clears there; a real increase does not.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import torch
 
 from energies.errors import ConfigError, DescentError
 
-from .trace import DEFAULT_TOL_FACTOR, check_tol_factor, report_from_values
+from .trace import (DEFAULT_TOL_FACTOR, EnergyTrace, check_tol_factor, report_from_values, resolution,
+                    term_values_or_nan)
 
 __all__ = ["DescentMonitor", "MONITOR_MODES"]
 
@@ -84,16 +86,28 @@ class DescentMonitor:
         return len(confirmed)
 
     def _recheck(self, model, out, samples):
-        """The flagged examples' layers again in float64 on the same embedded input."""
+        """The flagged examples' layers again in float64, judged by the independent energy evaluation.
+
+        The whole batch is re-run (a token graph may depend on the batch, e.g. ``random:P``, so a sub-batch
+        could be a different energy), its states are kept, and every term is evaluated at each state by
+        :meth:`~energies.energy.Energy.term_values` (explicit differences, not the kernel's own pass): what is
+        confirmed is confirmed by an evaluation exact to rounding."""
         if out.inputs is None:
             raise DescentError("the descent monitor needs ModelOutput.inputs (the embedded tokens) to re-check")
         X, mask = out.inputs
-        idx = torch.tensor(samples, device=X.device)
         checker = copy.deepcopy(model).to(torch.float64)
+        X64 = X.to(torch.float64)
         with torch.no_grad():
-            _, energies, _ = checker.encode(X[idx].to(torch.float64), mask[idx], trace=True)
-        rep64 = report_from_values(energies, torch.float64, self.tol_factor, guaranteed=True)
-        return [(samples[v["sample"]], v, rep64.tol_rule) for v in rep64.violations]
+            graph = checker.token_graph(mask)
+            _, _, states = checker.encode(X64, mask, graph, trace=False, keep_states=True)
+            energy = checker.energy(X64)
+            cols = [term_values_or_nan(energy, Y, graph) for Y in states]
+            res = torch.stack([resolution(energy, torch.nan_to_num(Y), graph) for Y in states], dim=1)
+        values = EnergyTrace(((k, torch.stack([c[k] for c in cols], dim=1)) for k in cols[0]), resolution=res,
+                             indicators=energy.indicators)
+        rep64 = report_from_values(values, torch.float64, self.tol_factor, guaranteed=True)
+        flagged = set(samples)
+        return [(v["sample"], v, rep64.tol_rule) for v in rep64.violations if v["sample"] in flagged]
 
     COUNTERS = ("steps", "flagged", "confirmed", "cleared", "tol_rule", "messages")
 

@@ -52,6 +52,9 @@ class ProxMMStep(Step):
         if len(ind) > 1:
             raise StepError(f"ProxMMStep supports one indicator term, got {ind}")
         self.indicator = ind[0] if ind else None
+        if not sum(t.min_curvature() for t in energy.terms.values() if not t.is_indicator) > 0:
+            raise StepError("ProxMMStep needs a curvature bound that is positive on every token for every Y: add a "
+                            "Residual term (or Centering / Rescaling)")
 
     def guaranteed(self) -> bool:
         return 0.0 < self.alpha <= 1.0
@@ -60,6 +63,12 @@ class ProxMMStep(Step):
                          ) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
         """``(Y', values)``: the step from Y and every term's value at Y (float64, per example); with
         ``values=False`` no energy is evaluated and the dict is empty."""
+        out, vals, _ = self.step_with_trace(Y, graph, values)
+        return out, vals
+
+    def step_with_trace(self, Y: torch.Tensor, graph: TokenGraph, values: bool = True):
+        """``(Y', values, c)``: :meth:`step_with_energy` and the curvature bound c ``(B, n)`` of the step (the
+        descent tolerance's resolution at Y uses it, :func:`unfold.trace.resolution`)."""
         grad = torch.zeros_like(Y)
         curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
         vals: Dict[str, torch.Tensor] = OrderedDict()
@@ -73,12 +82,10 @@ class ProxMMStep(Step):
             curv = curv + c
             if values:
                 vals[name] = v
-        if not bool((curv > 0).all()):
-            raise StepError("ProxMMStep needs a positive curvature bound on every token: add a Residual term")
         out = Y - self.alpha * grad / curv[..., None]
         if self.indicator is not None:
             out = kinks.relu(out)
-        return graph.keep_padded(out, Y), vals
+        return graph.keep_padded(out, Y), vals, curv
 
     def update(self, Y, graph):
         return self.step_with_energy(Y, graph, values=False)[0]

@@ -6,13 +6,14 @@ layer (and every sub-step of a :class:`~unfold.steps.Sequence`), and gives every
 
 * **increase**: ``E(Y_{t+1}) > E(Y_t) + tol_t`` with
 
-      tol_t = f * eps * ( sum_k |E_k(Y_t)|  +  eps * L * ||Y_t||_F^2 ),      eps = eps(dtype of Y),
+      tol_t = f * eps * ( sum_k |E_k(Y_t)|  +  eps * sum_u c_u ||y_u||^2 ),      eps = eps(dtype of Y),
 
   ``f = tol_factor`` (finite, ``MIN_TOL_FACTOR <= f <= MAX_TOL_FACTOR``, default 64). The first part is
   the rounding of the energy's own evaluation and of the step (relative to the energy's size); the
   second is the resolution of Y itself: rounding every entry of Y by ``eps |y|`` changes E by at most
-  ``L eps^2 ||Y||^2 / 2`` where its gradient vanishes (L: :meth:`~energies.energy.Energy.rounding_curvature`),
-  so a step that does not move, or moves by rounding only, is never flagged, also at E = 0;
+  ``eps^2 sum_u c_u ||y_u||^2 / 2`` where its gradient vanishes (c_u: the MM curvature bound at Y_t,
+  :meth:`~energies.energy.Energy.curvature`), so a step that does not move, or moves by rounding only,
+  is not flagged, also at E = 0;
 * **non-finite**: a term value that is NaN or -inf, or +inf on a term that is not an indicator, before
   or after the step, or a NaN difference, is a *failed* check, never a pass: such steps count as
   increases, and separately as ``nonfinite``, with the terms named. A step that turns finite tokens
@@ -37,7 +38,7 @@ from energies.terms import ACCUM_DTYPE
 from .steps import Step
 from .strict_json import json_safe
 
-__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "EnergyTrace", "tol_rule", "tolerance", "check_tol_factor",
+__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "EnergyTrace", "tol_rule", "term_values_or_nan", "tolerance", "check_tol_factor",
            "DEFAULT_TOL_FACTOR", "MIN_TOL_FACTOR", "MAX_TOL_FACTOR", "resolution"]
 
 DEFAULT_TOL_FACTOR = 64.0
@@ -50,9 +51,11 @@ Steps = Union[Step, Seq[Step]]
 
 def check_tol_factor(factor) -> float:
     """``factor`` as a float in ``[MIN_TOL_FACTOR, MAX_TOL_FACTOR]``, else a :class:`StepError` naming it."""
+    if isinstance(factor, (bool, str, bytes)):
+        raise StepError(f"tol_factor must be a number, got {factor!r}")
     try:
         f = float(factor)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise StepError(f"tol_factor must be a number, got {factor!r}") from None
     if not (math.isfinite(f) and MIN_TOL_FACTOR <= f <= MAX_TOL_FACTOR):
         raise StepError(f"tol_factor must be a finite number in [{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}], "
@@ -61,13 +64,17 @@ def check_tol_factor(factor) -> float:
 
 
 def _layers(steps: Steps, layers: Optional[int]) -> List[Step]:
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise StepError(f"layers must be an integer >= 1, got {layers!r}")
     if isinstance(steps, Step):
         if layers is None:
-            raise ValueError("layers is required with a single (weight-shared) step")
-        return [steps] * int(layers)
+            raise StepError("layers is required with a single (weight-shared) step")
+        return [steps] * layers
     steps = list(steps)
+    if not steps or not all(isinstance(s, Step) for s in steps):
+        raise StepError("steps must be a Step or a non-empty list of Steps")
     if layers is not None and layers != len(steps):
-        raise ValueError(f"got {len(steps)} untied steps but layers={layers}")
+        raise StepError(f"got {len(steps)} untied steps but layers={layers}")
     return steps
 
 
@@ -101,12 +108,17 @@ class EnergyTrace(OrderedDict):
                    indicators=getattr(first, "indicators", ()))
 
 
-def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    """``L * ||Y||_F^2`` per example ``(B,)`` float64 (real tokens): the resolution part of the tolerance
-    before the factor ``eps^2`` (module docstring)."""
-    L = energy.rounding_curvature(graph).to(Y.device)
-    Yr = graph.zero_padded(Y.detach())
-    return L * (Yr * Yr).sum(-1).sum(-1, dtype=ACCUM_DTYPE)
+def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=None) -> torch.Tensor:
+    """``sum_u c_u ||y_u||^2`` per example ``(B,)`` float64 over real tokens, c_u the energy's MM curvature bound
+    at Y (:meth:`~energies.energy.Energy.curvature`; pass ``curvature`` when the step computed it): the
+    resolution part of the tolerance before its factor ``eps^2``. Rounding Y by D (|D_u| <= eps |y_u|) raises
+    E by at most ``<grad E, D> + sum_u c_u |D_u|^2 / 2`` (the surrogate majorizes E)."""
+    with torch.no_grad():
+        c = energy.curvature(Y, graph) if curvature is None else curvature
+        Yr = graph.zero_padded(Y.detach())
+        sq = (Yr * Yr).sum(-1).to(ACCUM_DTYPE)
+        c = torch.as_tensor(c, dtype=ACCUM_DTYPE, device=Y.device)
+        return torch.nan_to_num((c * sq).sum(-1), nan=0.0)   # a non-finite example fails on its values
 
 
 def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR,
@@ -146,17 +158,37 @@ def _total(values: Dict[str, torch.Tensor]) -> torch.Tensor:
     return out
 
 
+def _side(values: Dict[str, torch.Tensor], indicators) -> Tuple[Dict[str, torch.Tensor], torch.Tensor, torch.Tensor,
+                                                              torch.Tensor]:
+    """``(bad terms, any bad, infeasible, total)`` of one side of a step: a total that is not finite although
+    every term is (the sum overflowed float64) is bad too; only an indicator at +inf makes +inf legitimate."""
+    ind = set(indicators)
+    bad = _nonfinite(values, ind)
+    total = _total(values)
+    infeasible = torch.zeros_like(total, dtype=torch.bool)
+    for k, v in values.items():
+        if k in ind:
+            infeasible = infeasible | (v == math.inf)
+    term_bad = torch.zeros_like(infeasible)
+    for m in bad.values():
+        term_bad = term_bad | m
+    bad["(total)"] = ~torch.isfinite(total) & ~infeasible & ~term_bad      # finite terms, overflowing sum
+    any_bad = term_bad | bad["(total)"]
+    return bad, any_bad, infeasible & ~any_bad, total
+
+
 def _verdict(vb: Dict[str, torch.Tensor], va: Dict[str, torch.Tensor], tol: torch.Tensor, indicators
              ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
-    """``(failed, nonfinite, bad terms)`` per example: failed = rose above tol, or non-finite."""
-    bb, ba = _nonfinite(vb, indicators), _nonfinite(va, indicators)
-    bad_terms = {k: bb[k] | ba.get(k, torch.zeros_like(bb[k])) for k in vb}
-    for k in va:
+    """``(failed, nonfinite, bad terms)`` per example: failed = rose above tol, or non-finite (a term, the total,
+    the difference or the tolerance; bad terms also name ``(total)`` and ``(tolerance)``)."""
+    bb, bad_b, inf_b, tb = _side(vb, indicators)
+    ba, bad_a, inf_a, ta = _side(va, indicators)
+    bad_terms = {k: bb[k] | ba.get(k, torch.zeros_like(bb[k])) for k in bb}
+    for k in ba:
         bad_terms.setdefault(k, ba[k])
-    change = _change(_total(vb), _total(va))
-    nonfinite = torch.isnan(change)
-    for m in bad_terms.values():
-        nonfinite = nonfinite | m
+    bad_terms["(tolerance)"] = ~torch.isfinite(tol)
+    change = torch.where(inf_b & inf_a, torch.zeros_like(tb), ta - tb)   # infeasible -> infeasible: no change
+    nonfinite = bad_b | bad_a | torch.isnan(change) | bad_terms["(tolerance)"]
     return (change > tol) | nonfinite, nonfinite, bad_terms
 
 
@@ -271,6 +303,13 @@ def _max_pos(x: Optional[torch.Tensor]) -> Optional[float]:
     return float(x.clamp_min(0).max()) if x.numel() else 0.0
 
 
+def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+    """Every term's value at Y ``{name: (B,)}``; an example whose real tokens are not all finite gets NaN in
+    every term (where :meth:`Energy.term_values` would refuse the whole batch)."""
+    dead = ~(torch.isfinite(Y) | ~graph.mask[..., None]).flatten(1).all(1)
+    return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead)
+
+
 def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[torch.Tensor] = None
           ) -> Dict[str, torch.Tensor]:
     """Term values at Y; examples marked ``dead`` (their tokens went non-finite) get NaN."""
@@ -292,14 +331,15 @@ class _Tracer:
 
     def run(self, fn, Y: torch.Tensor, layer: int, sub: Optional[int], name: str) -> torch.Tensor:
         Y_next = fn(Y)
-        bad = ~torch.isfinite(Y_next).flatten(1).all(1) & ~self.dead
+        real_finite = torch.isfinite(Y_next) | ~self.graph.mask[..., None]    # padded slots may hold anything
+        bad = ~real_finite.flatten(1).all(1) & ~self.dead
         for s in bad.nonzero().reshape(-1).tolist():
             self.violations.append({"level": "substep" if sub is not None else "layer", "kind": "nonfinite_tokens",
                                     "sample": s, "layer": layer, "substep": sub, "step": name,
                                     "message": f"layer {layer} ({name}) produced non-finite tokens from finite input"})
         if bool(bad.any()):
             self.dead = self.dead | bad
-            Y_next = torch.where(self.dead[:, None, None], torch.zeros_like(Y_next), Y_next)
+            Y_next = torch.where(self.dead[:, None, None] & self.graph.mask[..., None], torch.zeros_like(Y_next), Y_next)
         return Y_next
 
 
@@ -323,6 +363,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     indicators: set = set()
     violations: List[dict] = []
     sub_incs = 0
+    sub_bad: List[torch.Tensor] = []      # per layer: a sub-step went non-finite (fails the layer)
     after: Optional[Dict[str, torch.Tensor]] = None
     prev_energy: Optional[Energy] = None
     for t, step in enumerate(plan):
@@ -331,6 +372,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         before = after if (after is not None and energy is prev_energy) else _eval(energy, Y, graph, tracer.dead)
         r = resolution(energy, Y, graph)
         subs = step.substeps() if substeps else [step]
+        layer_bad = torch.zeros(graph.batch_size, dtype=torch.bool, device=Y.device)
         with torch.no_grad():
             if len(subs) > 1:
                 tol = tolerance(before, Y.dtype, tol_factor, r)
@@ -340,6 +382,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
                     vals_next = _eval(energy, Y_next, graph, tracer.dead)
                     inc, nonfin, bad = _verdict(vals_cur, vals_next, tol, energy.indicators)
                     sub_incs += int(inc.sum())
+                    layer_bad = layer_bad | nonfin
                     for s in inc.nonzero().reshape(-1).tolist():
                         violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep",
                                                      bool(nonfin[s]), bad))
@@ -350,14 +393,12 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
                 after = _eval(energy, Y, graph, tracer.dead)
         pairs.append((before, after))
         res.append(r)
+        sub_bad.append(layer_bad)
         prev_energy = energy
     report = _assemble(pairs, Y.dtype, tol_factor, [s.guaranteed() for s in plan], graph.batch_size, Y.device,
-                       [type(s).__name__ for s in plan], tracer.violations + violations, sub_incs, indicators, res)
+                       [type(s).__name__ for s in plan], tracer.violations + violations, sub_incs, indicators, res,
+                       sub_bad)
     return Y, report
-
-
-def _num(x: float):
-    return x if math.isfinite(x) else json_safe(x)
 
 
 def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, before: Dict[str, torch.Tensor],
@@ -384,11 +425,24 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given). Both default to
     the attributes of an :class:`EnergyTrace`."""
     tol_factor = check_tol_factor(tol_factor)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
+    if not isinstance(values, dict) or not values:
+        raise StepError("values must be a non-empty dict {term: (S, T+1) tensor}")
+    shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in values.items()}
+    first = next(iter(values.values()))
+    if any(sh is None or len(sh) != 2 for sh in shapes.values()) or len(set(shapes.values())) != 1:
+        raise StepError(f"values must be (S, T+1) tensors of one shape, got {shapes}")
+    S, T1 = first.shape
+    if T1 < 2:
+        raise StepError(f"values need at least two layer boundaries (T+1 >= 2) to judge a step, got T+1 = {T1}")
+    values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()} if not isinstance(values, EnergyTrace) else values
     if resolution is None:
         resolution = getattr(values, "resolution", None)
+    if resolution is not None and (tuple(resolution.shape) != (S, T1) or not bool(
+            (~torch.isnan(resolution) & (resolution >= 0)).all())):
+        raise StepError(f"resolution must be a non-negative (S, T+1) = ({S}, {T1}) tensor without NaN")
     indicators = tuple(indicators) or getattr(values, "indicators", ())
-    first = next(iter(values.values()))
-    S, T1 = first.shape
     cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
     pairs = list(zip(cols[:-1], cols[1:]))
     res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
@@ -398,8 +452,10 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
 
 def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[bool], S: int, device,
               step_names: List[str], violations: Optional[List[dict]] = None, sub_incs: int = 0,
-              indicators: Iterable[str] = (), res: Optional[List[torch.Tensor]] = None) -> DescentReport:
-    """The report of layers whose energies before and after are ``pairs[t] = (before, after)``."""
+              indicators: Iterable[str] = (), res: Optional[List[torch.Tensor]] = None,
+              sub_bad: Optional[List[torch.Tensor]] = None) -> DescentReport:
+    """The report of layers whose energies before and after are ``pairs[t] = (before, after)``; ``sub_bad[t]``:
+    examples whose layer t went non-finite at a sub-step (the layer fails even if its end is finite)."""
     violations = list(violations or [])
     indicators = tuple(indicators)
     befores, afters, tols, incs, nonfins = [], [], [], [], []
@@ -409,6 +465,9 @@ def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[boo
     for t, (vb, va) in enumerate(pairs):
         tol = tolerance(vb, dtype, tol_factor, None if res is None else res[t])
         inc, nonfin, bad = _verdict(vb, va, tol, indicators)
+        if sub_bad is not None:
+            nonfin = nonfin | sub_bad[t]
+            inc = inc | sub_bad[t]
         for s in inc.nonzero().reshape(-1).tolist():
             violations.append(_violation(s, t, None, step_names[t], vb, va, tol, "layer", bool(nonfin[s]), bad))
         befores.append(_total(vb)); afters.append(_total(va)); tols.append(tol); incs.append(inc); nonfins.append(nonfin)
@@ -442,5 +501,5 @@ def tol_rule(tol_factor: float, dtype: torch.dtype) -> str:
     eps = torch.finfo(dtype).eps
     name = str(dtype).replace("torch.", "")
     return (f"E_t+1 > E_t + tol is an increase, tol = {tol_factor:g} * eps({name}) * (sum_k |E_k(Y_t)| + eps({name}) "
-            f"* L * ||Y_t||^2) = {tol_factor * eps:.3g} * scale (+ {tol_factor * eps * eps:.3g} * L||Y||^2); "
-            f"a NaN or inf energy (+inf allowed on indicators) fails")
+            f"* sum_u c_u ||y_u||^2) = {tol_factor * eps:.3g} * scale (+ {tol_factor * eps * eps:.3g} * sum_u c_u "
+            f"||y_u||^2, c_u the MM curvature bound at Y_t); a NaN or inf energy (+inf allowed on indicators) fails")

@@ -67,12 +67,13 @@ class PairwisePass(NamedTuple):
     agg: Optional[torch.Tensor]     # (B, n, d)  sum_v gamma_uv (y_v - y_u), or None (energy-only pass)
     deg: torch.Tensor               # (B, n)     sum_v gamma_uv
     energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
-    Y: Optional[torch.Tensor] = None  # the (zero-padded) tokens of the pass, for :attr:`num`
+    Y: Optional[torch.Tensor] = None       # the (zero-padded) tokens of the pass, for :attr:`num`
+    metric: Optional[torch.Tensor] = None  # the pass's metric W, for :attr:`num`
 
     @property
     def num(self) -> Optional[torch.Tensor]:
-        """``sum_v gamma_uv y_v = agg_u + deg_u y_u`` ``(B, n, d)`` (not translation invariant)."""
-        return None if self.agg is None else self.agg + self.deg[..., None] * self.Y
+        """``sum_v gamma_uv z_v = agg_u + deg_u z_u`` ``(B, n, d)``, z = W^T y (not translation invariant)."""
+        return None if self.agg is None else self.agg + self.deg[..., None] * _apply(self.Y, self.metric)
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
@@ -123,25 +124,27 @@ def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float):
 
 
 def _centred(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-    """Y minus the mean of each example's real tokens (padded slots stay 0). z and agg depend on
-    differences only, so this changes nothing but the rounding of the expansion; the mean is detached
-    (translation invariance makes its gradient contribution zero)."""
+    """Y (zero on padded slots) minus the mean of each example's real tokens (padded slots stay 0). z and agg
+    depend on differences only, so this changes nothing but the rounding of the expansion; the mean is
+    detached (translation invariance makes its gradient contribution zero)."""
     m = graph.mask.to(Y.dtype)[..., None]
-    mean = (Y.detach() * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1.0)
+    mean = Y.detach().sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1.0)
     return (Y - mean) * m
 
 
-def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0) -> Optional[torch.dtype]:
+def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0,
+                    sq: Optional[torch.Tensor] = None) -> Optional[torch.dtype]:
     """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves the edge weights
     to ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
     differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``; a weight rho'(z) then moves
     by ``|dz| * sensitivity`` relative to the largest (:meth:`~energies.rho.Rho.kernel_sensitivity`, at least 1
     here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
-    ``torch.compile``, which keeps Yc's dtype)."""
+    ``torch.compile``, which keeps Yc's dtype). ``sq``: ``|y_u|^2`` of Yc when already computed."""
     own = Yc.dtype if Yc.dtype in EXPANSION_Z_ERROR else torch.float32
     if torch.compiler.is_compiling() or Yc.numel() == 0:
         return own
-    scale = float((Yc.detach() * Yc.detach()).sum(-1).max()) / tau * max(1.0, float(sensitivity))
+    sq = (Yc.detach() * Yc.detach()).sum(-1) if sq is None else sq.detach()
+    scale = float(sq.max()) / tau * max(1.0, float(sensitivity))
     for dt in dict.fromkeys((own, torch.float64)):
         if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
             return dt
@@ -156,7 +159,8 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
 PAD_LOGIT = 1.0e4
 
 
-def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, num: bool):
+def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, num: bool,
+                   sq: Optional[torch.Tensor] = None):
     """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
     ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y. Explicit: ``(B, n, n)`` logits with the diagonal
     exactly 0. Fused: one flash-attention call; the biases are folded into two extra features,
@@ -169,13 +173,14 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         diff = torch.exp(logits - lse) @ Y - Y if num else None
         return diff, lse[..., 0]
-    half_sq = 0.5 * (Y * Y).sum(-1)
-    one = torch.ones_like(half_sq)
-    key_bias = torch.where(graph.mask, -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
-    extra_q, extra_k = torch.stack([one, -half_sq], -1), torch.stack([key_bias, one], -1)
-    q = torch.cat([Y, extra_q], -1)[:, None]
-    k = torch.cat([Y, extra_k], -1)[:, None]
-    v = torch.cat([Y, torch.zeros_like(extra_q)], -1)[:, None]
+    half_sq = 0.5 * ((Y * Y).sum(-1) if sq is None else sq)
+    B, n, d = Y.shape
+    q, k = Y.new_empty(B, 1, n, d + 2), Y.new_empty(B, 1, n, d + 2)
+    q[:, 0, :, :d], k[:, 0, :, :d] = Y, Y
+    q[:, 0, :, d], q[:, 0, :, d + 1] = 1.0, -half_sq
+    k[:, 0, :, d] = torch.where(graph.mask, -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
+    k[:, 0, :, d + 1] = 1.0
+    v = torch.nn.functional.pad(Y, (0, 2))[:, None]
     attn, lse = fused_attention(q, k, v, 1.0 / tau)
     return (attn[:, 0, :, :-2] - Y if num else None), lse[:, 0]
 
@@ -193,24 +198,26 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     kernel = pick_kernel(graph, rho, kernel)
     Y = graph.zero_padded(Y)
     if kernel == "edges":
-        return _edges_pass(Y, graph, rho, tau, energy, num, metric)._replace(Y=_apply(Y, metric))
+        return _edges_pass(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
     Zc = _apply(_centred(Y, graph), metric)
-    dt = expansion_dtype(Zc, tau, rho.kernel_sensitivity())
-    if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile
-        out = _streamed_pass(Zc, graph, rho, tau, energy, num, explicit=True)
+    sq = (Zc * Zc).sum(-1)
+    dt = expansion_dtype(Zc, tau, rho.kernel_sensitivity(), sq=sq)
+    if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
+        # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
+        out = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
     elif dt != Y.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
         out = _expansion_pass(_apply(_centred(Y.to(dt), graph), metric), graph, rho, tau, kernel, energy, num)
         out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
     else:
-        out = _expansion_pass(Zc, graph, rho, tau, kernel, energy, num)
-    return out._replace(Y=_apply(Y, metric))
+        out = _expansion_pass(Zc, graph, rho, tau, kernel, energy, num, sq)
+    return out._replace(Y=Y, metric=metric)
 
 
 def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, energy: bool,
-                    num: bool) -> PairwisePass:
-    """The complete-graph kernels on centred tokens Y (:func:`pairwise_pass`)."""
+                    num: bool, sq: Optional[torch.Tensor] = None) -> PairwisePass:
+    """The complete-graph kernels on centred tokens Y (:func:`pairwise_pass`); ``sq``: ``|y_u|^2`` if known."""
     if kernel in ("softmax", "fused"):
-        diff, lse = _softmax_parts(Y, graph, tau, kernel == "fused", num)
+        diff, lse = _softmax_parts(Y, graph, tau, kernel == "fused", num, sq)
         real = graph.mask.to(Y.dtype)
         log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
         deg = torch.expm1(log_s)

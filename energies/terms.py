@@ -76,6 +76,10 @@ class EnergyTerm(torch.nn.Module):
         knows better): a proximal MM step needs the sum over its terms to be positive, checked when built."""
         return 0.0
 
+    def pass_value_and_curvature(self, Y: torch.Tensor, graph: TokenGraph):
+        """``(pass_value, curvature)`` at Y, from one pass where the term can (the last layer of a trace)."""
+        return self.pass_value(Y, graph), self.curvature(Y, graph)
+
     def pass_value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The value as the layers' own pass computes it (Y's dtype, float64 sums); ``value`` is the
         independent float64 evaluation. Equal up to rounding."""
@@ -183,6 +187,16 @@ class PairwiseAttention(EnergyTerm):
         grad = graph.zero_padded(self._back(-out.agg))
         return grad, out.deg, out.energy
 
+    def pass_value_and_curvature(self, Y, graph):
+        """One energy-only pass: the value and the curvature bound from its degrees (no neighbour sums)."""
+        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=True, num=False, metric=self._metric(Y))
+        return out.energy, self._curvature_from(out.deg, graph)
+
+    def _curvature_from(self, deg: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        if self.curvature_kind == "constant":
+            deg = self.max_weight * graph.degree().to(device=deg.device, dtype=deg.dtype)
+        return 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype)
+
     def pass_value(self, Y, graph):
         """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
         return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=True, num=False,
@@ -190,9 +204,7 @@ class PairwiseAttention(EnergyTerm):
 
     def mm(self, Y, graph, value: bool = True):
         grad, deg, value = self.mm_pass(Y, graph, value)
-        if self.curvature_kind == "constant":
-            deg = self.max_weight * graph.degree().to(device=deg.device, dtype=deg.dtype)
-        return grad, 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype), value
+        return grad, self._curvature_from(deg, graph), value
 
     def curvature(self, Y, graph):
         return self.mm(Y, graph)[1]

@@ -35,6 +35,15 @@ class Dist:
         return self.rank == 0
 
 
+def rank_from_env() -> int:
+    """This process's global rank as torchrun sets it (``RANK``), 0 outside a distributed launch; readable
+    before the process group exists."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def setup(device_type: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:

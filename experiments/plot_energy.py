@@ -21,6 +21,8 @@ import torch
 
 from unfold.plot import pyplot, save_figure
 
+from .checkpoint import safe_load
+
 
 def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, extra_layers=None) -> str:
     import numpy as np
@@ -91,7 +93,7 @@ def plot_run(run_dir: str):
     for p in (trace_path, hist_path):
         if not os.path.isfile(p):
             raise FileNotFoundError(f"{p} is missing: is {run_dir!r} a finished training run?")
-    trace = torch.load(trace_path, weights_only=False)
+    trace = safe_load(trace_path)
     with open(hist_path) as fh:
         history = json.load(fh)
     metrics = {}

@@ -271,7 +271,9 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
     from .train import build_model
 
     if checkpoint is not None:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        from .checkpoint import safe_load
+
+        state = safe_load(checkpoint)
         cfg = validate(state["config"])
         weights = state["model"]
         emb = weights["embed.weight"]   # GloVe-initialised embeddings set their own width (50)

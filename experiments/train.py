@@ -25,8 +25,9 @@ from unfold.trace import EnergyTrace, report_from_values
 
 from .atomic import atomic_open
 from . import distributed
-from .checkpoint import LAST, load_checkpoint, save_checkpoint
+from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
 from .config import dump_config, load_config
+from .runlock import RunLock, check_fresh
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -170,9 +171,23 @@ def make_scheduler(opt, lr: float, total_steps: int):
                                                pct_start=max(0.1, 2.5 / total_steps))
 
 
-def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, Any]:
+def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bool = False) -> Dict[str, Any]:
     """Train and evaluate (module docstring). ``resume``: continue from the run's last checkpoint
-    (:mod:`experiments.checkpoint`), to the same result as an uninterrupted run."""
+    (:mod:`experiments.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
+    the whole run (:mod:`experiments.runlock`): a second run into it is refused; a folder that holds a run
+    already is refused unless ``overwrite``."""
+    lock = RunLock(run_dir)
+    if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
+        lock.acquire()
+        if not resume:
+            check_fresh(run_dir, overwrite)
+    try:
+        return _train(cfg, run_dir, resume, overwrite, lock)
+    finally:
+        lock.release()
+
+
+def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, overwrite: bool, lock: "RunLock") -> Dict[str, Any]:
     tc = cfg["train"]
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
@@ -185,7 +200,10 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, 
         device = torch.device("cuda", dd.local_rank)
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
     if dd.is_main:
-        os.makedirs(run_dir, exist_ok=True)
+        lock.acquire()          # creates the folder; a second run into it is refused from here on
+        if not resume:
+            check_fresh(run_dir, overwrite)
+        clean_temporaries(run_dir)
         if not resume:
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
             vocab.save(os.path.join(run_dir, "vocab.json"))
@@ -292,11 +310,12 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False) -> Dict[str, 
     if not dd.is_main:
         distributed.teardown(dd)
         return {}
-    state = torch.load(os.path.join(run_dir, "best.pt"), map_location=device, weights_only=False)
+    state = safe_load(os.path.join(run_dir, "best.pt"), map_location=device)
     model.load_state_dict(state["model"])
     test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device)
     trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device)
-    atomic_save({"energies": energies, "energy_min": floor, "extra_layers": EXTRA_LAYERS,
+    atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
+                 "energy_min": floor, "extra_layers": EXTRA_LAYERS,
                  "dtype": tc["check_dtype"], "mode": model.mode, "guaranteed": model.mode == "guaranteed"},
                 os.path.join(run_dir, "energy_trace.pt"))
     metrics = {
@@ -323,19 +342,22 @@ def main(argv=None) -> int:
     p.add_argument("--config", default=None, help="YAML config (experiments/configs/NAME.yaml)")
     p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run a folder holds already (refused otherwise)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
     args = p.parse_args(argv)
     try:
         if args.resume:
-            if args.config or args.overrides or args.run_dir:
-                raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir or overrides")
+            if args.config or args.overrides or args.run_dir or args.overwrite:
+                raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir, "
+                                  "--overwrite or overrides")
             run_dir = args.resume
             cfg = load_config(os.path.join(run_dir, "config.yaml"))
             metrics = train(cfg, run_dir, resume=True)
         else:
             cfg = load_config(args.config, args.overrides)
             run_dir = args.run_dir or os.path.join("runs", cfg["name"])
-            metrics = train(cfg, run_dir)
+            metrics = train(cfg, run_dir, overwrite=args.overwrite)
     except UnfoldError as exc:
         print(f"python -m experiments.train: error: {exc}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
     for f in ("best.pt", "config.yaml", "vocab.json", "history.json", "energy_trace.pt", "energy_descent.png",
               "training_curves.png"):
         assert (run / f).stat().st_size > 0, f
-    trace = torch.load(run / "energy_trace.pt", weights_only=False)
+    trace = torch.load(run / "energy_trace.pt", weights_only=True)
     assert all(v.shape == (150, 3) and v.dtype == torch.float64 for v in trace["energies"].values())
     # plots are redrawn from the saved data
     os.remove(run / "energy_descent.png")
@@ -219,7 +219,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
     assert _strip_timing(got) == _strip_timing(want)
     assert _strip_timing(json.loads((run / "history.json").read_text())) == \
         _strip_timing(json.loads((ref / "history.json").read_text()))
-    a, b = (torch.load(d / "best.pt", weights_only=False)["model"] for d in (run, ref))
+    a, b = (torch.load(d / "best.pt", weights_only=True)["model"] for d in (run, ref))
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
@@ -254,7 +254,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_path):
     assert "stopping; the last good checkpoint is" in proc.stderr
     for f in ("last.pt", "best.pt"):
         if (run / f).exists():
-            torch.load(run / f, weights_only=False)
+            torch.load(run / f, weights_only=True)
 
 
 def test_exponent_floats_without_a_dot_are_floats():

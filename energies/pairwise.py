@@ -46,7 +46,7 @@ import torch
 from .errors import EnergyError
 from .fused import fused_available, fused_attention
 from .graph import TokenGraph
-from .rho import ExpRho, Rho
+from .rho import ExpRho, Rho, kernel_sensitivity
 
 __all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "explicit_z", "expansion_dtype", "PairwisePass",
            "pairwise_pass", "weighted_neighbour_sums", "pairwise_energy", "EXPANSION_Z_ERROR"]
@@ -116,11 +116,19 @@ def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> to
     return torch.clamp(d2, min=0.0) / (2.0 * tau)
 
 
-def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float):
-    """``(z, K_v - y_u)`` for queries Y ``(B, n, d)`` and keys K ``(B, m, d)`` from explicit differences
-    ``(B, n, m, d)``: exact to rounding at any scale, at d times the memory of :func:`dense_z`."""
-    diff = K[:, None, :, :] - Y[:, :, None, :]
+def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float, metric: Optional[torch.Tensor] = None):
+    """``(z, W^T (k_v - y_u))`` for queries Y ``(B, n, d)`` and keys K ``(B, m, d)`` from explicit differences
+    ``(B, n, m, d)``, taken in token space and then mapped by the metric W (if any): exact to rounding at any
+    scale, at d times the memory of :func:`dense_z`."""
+    diff = _apply(K[:, None, :, :] - Y[:, :, None, :], metric)
     return (diff * diff).sum(-1) / (2.0 * tau), diff
+
+
+def _explicit_tile(Y: torch.Tensor, width: int, cap: int) -> int:
+    """Keys per tile of explicit differences: at most ``cap`` and ``EXPLICIT_TILE_ELEMENTS`` elements of
+    ``(B, n, tile, width)``."""
+    B, n, _ = Y.shape
+    return max(1, min(cap, EXPLICIT_TILE_ELEMENTS // max(1, B * n * width)))
 
 
 def _centred(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -201,7 +209,7 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
         return _edges_pass(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
     Zc = _apply(_centred(Y, graph), metric)
     sq = (Zc * Zc).sum(-1)
-    dt = expansion_dtype(Zc, tau, rho.kernel_sensitivity(), sq=sq)
+    dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
         out = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
@@ -320,8 +328,7 @@ def _streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ene
     differences (any scale), with tiles small enough to hold ``EXPLICIT_TILE_ELEMENTS``."""
     tile = tile or STREAM_TILE
     if explicit:
-        B, n, d = Y.shape
-        tile = max(1, min(tile, EXPLICIT_TILE_ELEMENTS // max(1, B * n * d)))
+        tile = _explicit_tile(Y, Y.shape[-1], tile)
     agg, deg, e = _StreamedSums.apply(Y, graph.mask, rho, tau, tile, energy, explicit)
     return PairwisePass(agg if num else None, deg, e if energy else None)
 
@@ -347,15 +354,13 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     if not graph.is_complete:
         return _edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy
     B, n, d = Y.shape
-    width = d if metric is None else d + metric.shape[-1]
-    tile = max(1, min(n, EXPLICIT_TILE_ELEMENTS // max(1, B * n * width)))
+    tile = _explicit_tile(Y, d if metric is None else d + metric.shape[-1], n)
     rows = torch.arange(n, device=Y.device)
     mask = graph.mask
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
     e = torch.zeros(B, dtype=torch.float64, device=Y.device)
     for s in range(0, n, tile):
-        diff = _apply(Y[:, None, s:s + tile, :] - Y[:, :, None, :], metric)
-        z = (diff * diff).sum(-1) / (2.0 * tau)
+        z, _ = explicit_z(Y, Y[:, s:s + tile], tau, metric)
         pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] < rows[None, s:s + tile])  # each pair once
         e = e + tau * _f64(torch.where(pm, rho.value(torch.where(pm, z, zero)), zero)).sum((1, 2))
     return e

@@ -23,7 +23,7 @@ from . import kinks
 from .errors import EnergyError
 from .registry import registrar
 
-__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "RHOS", "register_rho", "get_rho"]
+__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "kernel_sensitivity", "RHOS", "register_rho", "get_rho"]
 
 
 class Rho:
@@ -250,6 +250,16 @@ class LpRho(Rho):
 
     def spec(self):
         return f"lp:{self.p:g}:{self.eps:g}"
+
+
+def kernel_sensitivity(rho: Rho) -> float:
+    """``rho.kernel_sensitivity()``, computed once per penalty object (its parameters do not change) and outside
+    any kink tape: the kernels ask for it on every pass."""
+    cached = rho.__dict__.get("_kernel_sensitivity")
+    if cached is None:
+        with kinks.paused():
+            cached = rho._kernel_sensitivity = float(rho.kernel_sensitivity())
+    return cached
 
 
 def get_rho(spec) -> Rho:

@@ -148,17 +148,14 @@ class PairwiseAttention(EnergyTerm):
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
         """``Z = Y W`` (queries = keys), or Y itself without a metric."""
-        if self.metric is None:
-            return Y
-        if self.metric.shape[0] != Y.shape[-1]:
-            raise TokenError(f"tokens have d={Y.shape[-1]} features but the attention metric is "
-                             f"{tuple(self.metric.shape)}")
-        return Y @ self.metric.to(dtype=Y.dtype)
+        W = self._metric(Y)
+        return Y if W is None else Y @ W.to(dtype=Y.dtype)
 
     def _back(self, G: torch.Tensor) -> torch.Tensor:
         return G if self.metric is None else G @ self.metric.to(dtype=G.dtype).T
 
     def _metric(self, Y: torch.Tensor) -> Optional[torch.Tensor]:
+        """The metric W (None without one), checked against the tokens' width."""
         if self.metric is not None and self.metric.shape[0] != Y.shape[-1]:
             raise TokenError(f"tokens have d={Y.shape[-1]} features but the attention metric is "
                              f"{tuple(self.metric.shape)}")
@@ -174,40 +171,47 @@ class PairwiseAttention(EnergyTerm):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
         return weighted_neighbour_sums(self.features(Y), graph, self.rho, self.tau, self.kernel)
 
+    def _pass(self, Y, graph, energy: bool = False, num: bool = True):
+        """The layers' kernel pass on the features W^T y (:func:`~energies.pairwise.pairwise_pass`)."""
+        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=energy, num=num, metric=self._metric(Y))
+
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
         with no pull) and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
-        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, metric=self._metric(Y))
+        out = self._pass(Y, graph)
         return out.agg, out.deg
 
     def mm_pass(self, Y, graph, value: bool = True):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
-        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=value, metric=self._metric(Y))
+        out = self._pass(Y, graph, energy=value)
         grad = graph.zero_padded(self._back(-out.agg))
         return grad, out.deg, out.energy
 
     def pass_value_and_curvature(self, Y, graph):
         """One energy-only pass: the value and the curvature bound from its degrees (no neighbour sums)."""
-        out = pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=True, num=False, metric=self._metric(Y))
-        return out.energy, self._curvature_from(out.deg, graph)
+        out = self._pass(Y, graph, energy=True, num=False)
+        return out.energy, self._curvature_from(Y, graph, out.deg)
 
-    def _curvature_from(self, deg: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    def _curvature_from(self, Y, graph: TokenGraph, deg: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``2 deg ||W||^2`` with the weighted degrees ``deg`` of a pass at Y (adaptive), or with
+        ``rho'(0) x degree`` (constant: no pass needed)."""
         if self.curvature_kind == "constant":
-            deg = self.max_weight * graph.degree().to(device=deg.device, dtype=deg.dtype)
+            deg = self.max_weight * graph.degree().to(device=Y.device, dtype=Y.dtype)
         return 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype)
 
     def pass_value(self, Y, graph):
         """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
-        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=True, num=False,
-                             metric=self._metric(Y)).energy
+        return self._pass(Y, graph, energy=True, num=False).energy
 
     def mm(self, Y, graph, value: bool = True):
         grad, deg, value = self.mm_pass(Y, graph, value)
-        return grad, self._curvature_from(deg, graph), value
+        return grad, self._curvature_from(Y, graph, deg), value
 
     def curvature(self, Y, graph):
-        return self.mm(Y, graph)[1]
+        """From the degrees of a pass without neighbour sums or energy (none with constant curvature)."""
+        deg = None if self.curvature_kind == "constant" else self._pass(Y, graph, num=False).deg
+        return self._curvature_from(Y, graph, deg)
 
     def metric_norm2(self) -> torch.Tensor:
         """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""

@@ -17,8 +17,6 @@ import math
 import os
 import sys
 
-import torch
-
 from unfold.plot import pyplot, save_figure
 
 from .checkpoint import safe_load

@@ -177,17 +177,22 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     the whole run (:mod:`experiments.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
     lock = RunLock(run_dir)
-    if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
+
+    def claim() -> None:
+        """Hold the folder (creating it) and refuse one that holds a run already, unless resuming or overwriting."""
         lock.acquire()
         if not resume:
             check_fresh(run_dir, overwrite)
+
+    if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
+        claim()
     try:
-        return _train(cfg, run_dir, resume, overwrite, lock)
+        return _train(cfg, run_dir, resume, claim)
     finally:
         lock.release()
 
 
-def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, overwrite: bool, lock: "RunLock") -> Dict[str, Any]:
+def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim) -> Dict[str, Any]:
     tc = cfg["train"]
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
@@ -200,9 +205,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, overwrite: bool, loc
         device = torch.device("cuda", dd.local_rank)
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
     if dd.is_main:
-        lock.acquire()          # creates the folder; a second run into it is refused from here on
-        if not resume:
-            check_fresh(run_dir, overwrite)
+        claim()                 # a second run into the folder is refused from here on
         clean_temporaries(run_dir)
         if not resume:
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))

@@ -8,7 +8,6 @@ occur (the output says), and 2 with a message on bad options or bad files.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys

@@ -45,7 +45,7 @@ from energies.terms import ACCUM_DTYPE, Centering, FeedForward, NonNegativity, P
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import DescentReport, EnergyTrace, report_from_values
+from .trace import DescentReport, EnergyTrace, report_from_values, resolution
 
 __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES"]
 
@@ -275,7 +275,7 @@ class UnfoldedTransformer(nn.Module):
                 Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace)
                 if trace:
                     values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
-                    res.append(_resolution(Y, curv))
+                    res.append(resolution(energy, Y, graph, curv))
                 Y = Y_next
         else:
             if layers is not None and not 0 <= int(layers) <= self.layers:
@@ -294,7 +294,7 @@ class UnfoldedTransformer(nn.Module):
                 if trace:
                     vals, curv = _values(energy, Y, graph)
                     values.append(vals)
-                    res.append(_resolution(Y, curv))
+                    res.append(resolution(energy, Y, graph, curv))
                 Y = block(Y, allowed) if self.mode == "free" else block(Y, src_key_padding_mask=~mask)
                 Y = graph.zero_padded(Y)
         if keep_states:
@@ -303,19 +303,9 @@ class UnfoldedTransformer(nn.Module):
         if trace:
             vals, curv = _values(energy, Y, graph)
             values.append(vals)
-            res.append(_resolution(Y, curv))
-            energies = EnergyTrace(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
-                                   resolution=torch.stack(res, dim=1), indicators=energy.indicators)
+            res.append(resolution(energy, Y, graph, curv))
+            energies = EnergyTrace.from_layers(values, res, energy.indicators)
         return Y, energies, (states if keep_states else None)
-
-
-def _resolution(Y: torch.Tensor, curv) -> torch.Tensor:
-    """``sum_u c_u ||y_u||^2`` per example (float64) for the model's states, which are zero on padded slots:
-    :func:`unfold.trace.resolution` in three operations."""
-    with torch.no_grad():
-        sq = (Y.detach() * Y.detach()).sum(-1)
-        return torch.nan_to_num((curv * sq).sum(-1, dtype=ACCUM_DTYPE) if torch.is_tensor(curv)
-                                else float(curv) * sq.sum(-1, dtype=ACCUM_DTYPE), nan=0.0)
 
 
 def _values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):

@@ -101,10 +101,9 @@ class DescentMonitor:
             graph = checker.token_graph(mask)
             _, _, states = checker.encode(X64, mask, graph, trace=False, keep_states=True)
             energy = checker.energy(X64)
-            cols = [term_values_or_nan(energy, Y, graph) for Y in states]
-            res = torch.stack([resolution(energy, torch.nan_to_num(Y), graph) for Y in states], dim=1)
-        values = EnergyTrace(((k, torch.stack([c[k] for c in cols], dim=1)) for k in cols[0]), resolution=res,
-                             indicators=energy.indicators)
+            values = EnergyTrace.from_layers([term_values_or_nan(energy, Y, graph) for Y in states],
+                                             [resolution(energy, torch.nan_to_num(Y), graph) for Y in states],
+                                             energy.indicators)
         rep64 = report_from_values(values, torch.float64, self.tol_factor, guaranteed=True)
         flagged = set(samples)
         return [(v["sample"], v, rep64.tol_rule) for v in rep64.violations if v["sample"] in flagged]

@@ -99,6 +99,13 @@ class EnergyTrace(OrderedDict):
         self.indicators = tuple(indicators)
 
     @classmethod
+    def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
+                    indicators: Iterable[str] = ()) -> "EnergyTrace":
+        """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T."""
+        return cls(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
+                   resolution=torch.stack(resolution, dim=1), indicators=indicators)
+
+    @classmethod
     def cat(cls, traces: List["EnergyTrace"]) -> "EnergyTrace":
         """Traces of batches joined along the example axis (on CPU)."""
         first = traces[0]
@@ -115,10 +122,9 @@ def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=Non
     E by at most ``<grad E, D> + sum_u c_u |D_u|^2 / 2`` (the surrogate majorizes E)."""
     with torch.no_grad():
         c = energy.curvature(Y, graph) if curvature is None else curvature
-        Yr = graph.zero_padded(Y.detach())
-        sq = (Yr * Yr).sum(-1).to(ACCUM_DTYPE)
-        c = torch.as_tensor(c, dtype=ACCUM_DTYPE, device=Y.device)
-        return torch.nan_to_num((c * sq).sum(-1), nan=0.0)   # a non-finite example fails on its values
+        Yd = Y.detach()
+        sq = torch.where(graph.mask, (Yd * Yd).sum(-1), torch.zeros((), dtype=Y.dtype, device=Y.device))
+        return torch.nan_to_num((c * sq).sum(-1, dtype=ACCUM_DTYPE), nan=0.0)   # a non-finite example fails on its values
 
 
 def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR,
@@ -303,10 +309,15 @@ def _max_pos(x: Optional[torch.Tensor]) -> Optional[float]:
     return float(x.clamp_min(0).max()) if x.numel() else 0.0
 
 
+def _nonfinite_examples(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """``(B,)`` bool: examples with a non-finite real token (padded slots may hold anything)."""
+    return ~(torch.isfinite(Y) | ~graph.mask[..., None]).flatten(1).all(1)
+
+
 def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
     """Every term's value at Y ``{name: (B,)}``; an example whose real tokens are not all finite gets NaN in
     every term (where :meth:`Energy.term_values` would refuse the whole batch)."""
-    dead = ~(torch.isfinite(Y) | ~graph.mask[..., None]).flatten(1).all(1)
+    dead = _nonfinite_examples(Y, graph)
     return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead)
 
 
@@ -331,8 +342,7 @@ class _Tracer:
 
     def run(self, fn, Y: torch.Tensor, layer: int, sub: Optional[int], name: str) -> torch.Tensor:
         Y_next = fn(Y)
-        real_finite = torch.isfinite(Y_next) | ~self.graph.mask[..., None]    # padded slots may hold anything
-        bad = ~real_finite.flatten(1).all(1) & ~self.dead
+        bad = _nonfinite_examples(Y_next, self.graph) & ~self.dead
         for s in bad.nonzero().reshape(-1).tolist():
             self.violations.append({"level": "substep" if sub is not None else "layer", "kind": "nonfinite_tokens",
                                     "sample": s, "layer": layer, "substep": sub, "step": name,
@@ -436,13 +446,13 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     S, T1 = first.shape
     if T1 < 2:
         raise StepError(f"values need at least two layer boundaries (T+1 >= 2) to judge a step, got T+1 = {T1}")
-    values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()} if not isinstance(values, EnergyTrace) else values
     if resolution is None:
         resolution = getattr(values, "resolution", None)
+    indicators = tuple(indicators) or getattr(values, "indicators", ())
+    values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()}
     if resolution is not None and (tuple(resolution.shape) != (S, T1) or not bool(
             (~torch.isnan(resolution) & (resolution >= 0)).all())):
         raise StepError(f"resolution must be a non-negative (S, T+1) = ({S}, {T1}) tensor without NaN")
-    indicators = tuple(indicators) or getattr(values, "indicators", ())
     cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
     pairs = list(zip(cols[:-1], cols[1:]))
     res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]

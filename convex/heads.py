@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from energies.errors import ConfigError, TokenError
+from energies.checks import check_int, check_seed
 from energies.registry import registrar
 
 __all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
@@ -70,32 +71,45 @@ class Head:
     name = "head"
     equation = ""
 
-    def __init__(self, d: int, s: int, c: int, seed: int = 0, **_):
-        for k, v in (("d", d), ("s", s), ("c", c)):
-            if int(v) < 1:
-                raise ConfigError(f"head {self.name}: {k} must be >= 1, got {v}")
-        self.d, self.s, self.c, self.seed = int(d), int(s), int(c), int(seed)
+    def __init__(self, d: int, s: int, c: int, seed: int = 0, **options):
+        if options:
+            raise ConfigError(f"head {self.name} takes no option(s) {sorted(options)}")
+        self.d, self.s, self.c = (check_int(v, f"head {self.name}: {k}", 1, error=ConfigError)
+                                  for k, v in (("d", d), ("s", s), ("c", c)))
+        self.seed = check_seed(seed, f"head {self.name}: seed", ConfigError)
 
     # ---------------------------------------------------------------- structure
     def blocks(self) -> List[Tuple[int, int]]:
         raise NotImplementedError
 
     def prepare(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict:
+        """The data the operators read. Refuses (:class:`TokenError`) no examples, non-finite features, and
+        features whose products overflow (every prepared tensor must be finite)."""
         if not isinstance(X, torch.Tensor) or X.ndim != 3 or X.shape[1:] != (self.s, self.d):
             raise TokenError(f"head {self.name} needs features (N, s={self.s}, d={self.d}), "
                              f"got {tuple(getattr(X, 'shape', ()))}")
+        if X.shape[0] < 1:
+            raise TokenError(f"head {self.name} needs at least one example, got N=0")
         if not X.dtype.is_floating_point:
             raise TokenError(f"head {self.name}: features must be floating point, got {X.dtype}")
         if not bool(torch.isfinite(X).all()):
             raise TokenError(f"head {self.name}: features hold NaN or Inf")
         if mask is None:
             mask = torch.ones(X.shape[:2], dtype=torch.bool, device=X.device)
-        if mask.shape != X.shape[:2] or mask.dtype != torch.bool:
-            raise TokenError(f"head {self.name}: mask must be bool {tuple(X.shape[:2])}, got {mask.dtype} "
-                             f"{tuple(mask.shape)}")
+        if not isinstance(mask, torch.Tensor) or mask.shape != X.shape[:2] or mask.dtype != torch.bool:
+            raise TokenError(f"head {self.name}: mask must be bool {tuple(X.shape[:2])}, got "
+                             f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+        mask = mask.to(X.device)
         X = X * mask[..., None].to(X.dtype)
         pi = pooling(mask, X.dtype)
-        return {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi)}
+        data = {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi)}
+        for key, value in data.items():
+            parts = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point and not bool(torch.isfinite(v).all())
+                   for v in parts):
+                raise TokenError(f"head {self.name}: the features' products overflow {X.dtype} (prepared {key!r} "
+                                 f"is not finite; largest |feature| {float(X.abs().max()):.3g}): rescale the features")
+        return data
 
     def _prepare(self, X, mask, pi) -> dict:
         return {}
@@ -196,8 +210,8 @@ class MLPGated(_FeatureHead):
     equation = "8"
 
     def __init__(self, d, s, c, gates: int = 4, seed: int = 0, **kw):
-        super().__init__(d, s, c, seed)
-        self.m = int(gates)
+        super().__init__(d, s, c, seed, **kw)
+        self.m = check_int(gates, f"head {self.name}: gates", 1, error=ConfigError)
         self.H = _gates((self.m, self.d), self.seed)
 
     def blocks(self):
@@ -249,9 +263,9 @@ class BFNO(FNOLinear):
     equation = "30"
 
     def __init__(self, d, s, c, groups: int = 2, seed: int = 0, **kw):
-        super().__init__(d, s, c, seed)
-        self.B = int(groups)
-        if self.B < 1 or self.d % self.B or self.c % self.B:
+        super().__init__(d, s, c, seed, **kw)
+        self.B = check_int(groups, f"head {self.name}: groups", 1, error=ConfigError)
+        if self.d % self.B or self.c % self.B:
             raise ConfigError(f"bfno needs groups dividing d={self.d} and c={self.c}, got groups={groups}")
         self.db, self.cb = self.d // self.B, self.c // self.B
 
@@ -284,8 +298,8 @@ class SAGated(_FeatureHead):
     equation = "123"
 
     def __init__(self, d, s, c, gates: int = 2, seed: int = 0, **kw):
-        super().__init__(d, s, c, seed)
-        self.m = int(gates)
+        super().__init__(d, s, c, seed, **kw)
+        self.m = check_int(gates, f"head {self.name}: gates", 1, error=ConfigError)
         self.H = _gates((self.m, self.d, self.d), self.seed)
 
     def blocks(self):
@@ -374,9 +388,9 @@ class SABlock(SALinear):
     equation = "14"
 
     def __init__(self, d, s, c, groups: int = 2, seed: int = 0, **kw):
-        super().__init__(d, s, c, seed)
-        self.B = int(groups)
-        if self.B < 1 or self.d % self.B:
+        super().__init__(d, s, c, seed, **kw)
+        self.B = check_int(groups, f"head {self.name}: groups", 1, error=ConfigError)
+        if self.d % self.B:
             raise ConfigError(f"sa_block needs groups dividing d={self.d}, got groups={groups}")
 
     def _groups(self):
@@ -448,8 +462,8 @@ class MixerGated(MixerLinear):
     equation = "133"
 
     def __init__(self, d, s, c, gates: int = 2, seed: int = 0, **kw):
-        super().__init__(d, s, c, seed)
-        self.m = int(gates)
+        super().__init__(d, s, c, seed, **kw)
+        self.m = check_int(gates, f"head {self.name}: gates", 1, error=ConfigError)
         self.H = _gates((self.m, self.s, self.s), self.seed)
 
     def blocks(self):
@@ -461,6 +475,6 @@ class MixerGated(MixerLinear):
 
 def make_head(name: str, d: int, s: int, c: int, **options) -> Head:
     """A head by name (``HEADS``); options: ``gates`` (gated heads), ``groups`` (sa_block, bfno), ``seed``."""
-    if name not in HEADS:
+    if not isinstance(name, str) or name not in HEADS:
         raise ConfigError(f"unknown convex head {name!r}; valid: {sorted(HEADS)}")
     return HEADS[name](d, s, c, **options)

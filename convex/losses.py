@@ -26,6 +26,32 @@ class Loss:
     #: bound on the Hessian of ell in its output (the step size is 1 / (curvature ||A||^2 / N))
     curvature = 1.0
 
+    def targets(self, Y, N: int, c: int, like: torch.Tensor) -> torch.Tensor:
+        """The targets as a finite ``(N, c)`` tensor of ``like``'s dtype and device, from either integer class
+        labels ``(N,)`` in ``[0, c)`` (one-hot) or a floating ``(N, c)`` matrix; a :class:`ConfigError` names
+        what is wrong (a label out of range, NaN or Inf, the wrong shape)."""
+        if not isinstance(Y, torch.Tensor):
+            raise ConfigError(f"targets must be a tensor: labels (N={N},) or a matrix (N={N}, c={c}), "
+                              f"got {type(Y).__name__}")
+        if Y.dtype == torch.bool or Y.dtype.is_complex:
+            raise ConfigError(f"targets must be integer labels or a floating matrix, got dtype {Y.dtype}")
+        if not Y.dtype.is_floating_point:          # class labels
+            if Y.shape != (N,):
+                raise ConfigError(f"target labels must be (N={N},), got {tuple(Y.shape)}")
+            if N and (int(Y.min()) < 0 or int(Y.max()) >= c):
+                bad = int(((Y < 0) | (Y >= c)).nonzero()[0, 0])
+                raise ConfigError(f"target labels must be integers in [0, {c}), got {int(Y[bad])} at example {bad}")
+            return torch.nn.functional.one_hot(Y.long(), c).to(like)
+        if Y.shape != (N, c):
+            raise ConfigError(f"targets must be (N={N}, c={c}), got {tuple(Y.shape)}")
+        if not bool(torch.isfinite(Y).all()):
+            i = int((~torch.isfinite(Y)).any(-1).nonzero()[0, 0])
+            raise ConfigError(f"targets hold NaN or Inf (example {i})")
+        return self._check_values(Y.to(like))
+
+    def _check_values(self, Y: torch.Tensor) -> torch.Tensor:
+        return Y
+
     def value(self, R: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -60,6 +86,18 @@ class SquaredLoss(Loss):
 @register_loss("cross_entropy")
 class CrossEntropyLoss(Loss):
     curvature = 0.5
+    #: how far a target row may be from the probability simplex (rounding of soft labels)
+    SIMPLEX_TOL = 1e-9
+
+    def _check_values(self, Y):
+        """Cross-entropy targets are distributions over the classes (one-hot or soft labels): the conjugate
+        (and so the duality gap) is only defined there."""
+        off = (Y < -self.SIMPLEX_TOL).any(-1) | ((Y.sum(-1) - 1.0).abs() > self.SIMPLEX_TOL * Y.shape[-1])
+        if bool(off.any()):
+            i = int(off.nonzero()[0, 0])
+            raise ConfigError(f"cross-entropy targets must be probability rows (one-hot or soft labels, >= 0, "
+                              f"summing to 1); example {i} is {[round(float(v), 6) for v in Y[i][:8]]}")
+        return Y
 
     def value(self, R, Y):
         return (torch.logsumexp(R, -1) - (Y * R).sum(-1)).mean()
@@ -75,6 +113,6 @@ class CrossEntropyLoss(Loss):
 def get_loss(name) -> Loss:
     if isinstance(name, Loss):
         return name
-    if name not in LOSSES:
+    if not isinstance(name, str) or name not in LOSSES:
         raise ConfigError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
     return LOSSES[name]()

@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from energies.errors import ConfigError
+from energies.errors import ConfigError, TokenError
+from energies.checks import check_int, check_number
 from unfold.trace import DescentReport, report_from_values
 
 from .heads import Head
@@ -44,6 +45,9 @@ SHRINK = 0.9   # L is multiplied by this before each step (adaptive step size), 
 def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
     """Singular-value thresholding: the prox of ``tau ||.||_*`` (and, with ``with_norm``, the nuclear
     norm of the result, sum of the thresholded singular values, at no extra cost)."""
+    if not isinstance(Z, torch.Tensor) or Z.ndim != 2:
+        raise ConfigError(f"svt needs a matrix, got {tuple(getattr(Z, 'shape', ()))}")
+    tau = check_number(tau, "svt threshold tau", "nonnegative", ConfigError)
     U, S, Vh = torch.linalg.svd(Z, full_matrices=False)
     S = torch.clamp(S - tau, min=0.0)
     k = int((S > 0).sum())
@@ -57,6 +61,7 @@ def nuclear(Z: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
     """Singular values above ``rtol`` times the largest over all blocks, per block."""
+    rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
     svals = [torch.linalg.svdvals(z) for z in Z]
     top = max([float(s.max()) if s.numel() else 0.0 for s in svals] + [0.0])
     return [int((s > rtol * top).sum()) if top > 0 else 0 for s in svals]
@@ -64,6 +69,7 @@ def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
 
 def operator_norm2(head: Head, data: dict, iters: int = 30, seed: int = 0) -> float:
     """``||A||_2^2`` by power iteration on A*A (an estimate from below; backtracking covers the rest)."""
+    iters = check_int(iters, "iters", 1, error=ConfigError)
     gen = torch.Generator().manual_seed(seed)
     X = data["X"]
     Z = [torch.randn(r, q, generator=gen, dtype=torch.float64).to(X) for r, q in head.blocks()]
@@ -80,27 +86,75 @@ def _dual_norm(G: Sequence[torch.Tensor]) -> float:
     return max(float(torch.linalg.matrix_norm(g, ord=2)) for g in G)
 
 
+def _problem(head: Head, data: dict, Y, loss) -> "tuple[Loss, torch.Tensor]":
+    """``(loss, targets)`` checked against the head and its prepared data (:meth:`Head.prepare`): the
+    targets as a finite ``(N, c)`` tensor (integer labels in [0, c) are one-hot encoded)."""
+    if not isinstance(head, Head):
+        raise ConfigError(f"head must be a convex.Head, got {type(head).__name__}")
+    if not isinstance(data, dict) or not isinstance(data.get("X"), torch.Tensor):
+        raise ConfigError("data must be the dict that head.prepare(X, mask) returns")
+    X = data["X"]
+    if X.shape[0] < 1:
+        raise TokenError(f"head {head.name} needs at least one example, got N=0")
+    loss = get_loss(loss)
+    return loss, loss.targets(Y, X.shape[0], head.c, X)
+
+
+def _finite(values: Dict[str, float], what: str) -> Dict[str, float]:
+    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+    if bad:
+        raise TokenError(f"{what} is not finite ({', '.join(f'{k}={v}' for k, v in bad.items())}): the features, "
+                         "targets or iterate overflow float64; rescale the features")
+    return values
+
+
 def beta_max(head: Head, data: dict, Y: torch.Tensor, loss="cross_entropy") -> float:
     """``max_g ||A_g*(grad l(0))||_2``: Z = 0 solves the problem iff beta >= beta_max."""
-    loss = get_loss(loss)
+    loss, Y = _problem(head, data, Y, loss)
     R0 = torch.zeros_like(Y)
-    return _dual_norm(head.adjoint(loss.grad(R0, Y), data))
+    return _finite({"beta_max": _dual_norm(head.adjoint(loss.grad(R0, Y), data))}, "beta_max")["beta_max"]
 
 
 def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tensor], beta: float,
                 loss="cross_entropy") -> Dict[str, float]:
     """Primal value, dual value at the scaled gradient, duality gap (absolute and relative), the
-    optimality ratio ``max_g ||A_g*(grad l)||_2 / beta`` (<= 1 at the optimum)."""
-    loss = get_loss(loss)
+    optimality ratio ``max_g ||A_g*(grad l)||_2 / beta`` (<= 1 at the optimum). A certificate is never
+    made of non-finite values: a :class:`TokenError` says what overflowed."""
+    loss, Y = _problem(head, data, Y, loss)
+    beta = check_number(beta, "beta", "positive", ConfigError)
+    return _certificate(head, data, Y, _blocks(head, Z, "Z", data["X"]), beta, loss)
+
+
+def _certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tensor], beta: float,
+                 loss: Loss) -> Dict[str, float]:
+    """:func:`certificate` on arguments already checked (the solver's own calls)."""
     R = head.forward(Z, data)
     l, pen = float(loss.value(R, Y)), float(beta * nuclear(Z))
     norm = _dual_norm(head.adjoint(loss.grad(R, Y), data))
     t = 1.0 if norm <= beta else beta / norm
     dual = float(loss.dual_value(R, Y, t))
     P = l + pen
+    _finite({"loss": l, "penalty": pen, "dual": dual, "dual_norm": norm}, "the certificate")
     gap = max(P - dual, 0.0)
     return {"objective": P, "loss": l, "penalty": pen, "dual": dual, "duality_gap": gap,
-            "duality_gap_rel": gap / max(abs(P), 1e-300), "optimality_ratio": norm / beta if beta > 0 else math.inf}
+            "duality_gap_rel": gap / max(abs(P), 1e-300), "optimality_ratio": norm / beta}
+
+
+def _blocks(head: Head, Z, what: str, like: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+    """``Z`` checked: finite floating blocks of the head's shapes (moved to ``like``'s dtype and device if given)."""
+    shapes = head.blocks()
+    if not isinstance(Z, (list, tuple)) or len(Z) != len(shapes):
+        got = f"{len(Z)} block(s)" if isinstance(Z, (list, tuple)) else type(Z).__name__
+        raise ConfigError(f"{what} must be a list of {len(shapes)} block(s) of shapes {shapes}, got {got}")
+    out = []
+    for g, (z, shape) in enumerate(zip(Z, shapes)):
+        if not isinstance(z, torch.Tensor) or tuple(z.shape) != tuple(shape) or not z.dtype.is_floating_point:
+            raise ConfigError(f"{what}[{g}] must be a floating {shape} tensor, got "
+                              f"{tuple(getattr(z, 'shape', ()))} {getattr(z, 'dtype', type(z).__name__)}")
+        if not bool(torch.isfinite(z).all()):
+            raise ConfigError(f"{what}[{g}] holds NaN or Inf")
+        out.append(z if like is None else z.to(like))
+    return out
 
 
 @dataclass
@@ -142,18 +196,27 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
     to Z*, the objective second order), so ``tol`` below that only spends iterations.
     ``fixed_lipschitz``: a constant L, no backtracking (for experiments and negative controls: an L
     below the true constant breaks the majorization, and the trace shows it)."""
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise ConfigError(f"unknown solver method {method!r}; valid: {list(METHODS)}")
-    if not (beta > 0 and math.isfinite(beta)):
-        raise ConfigError(f"beta must be a finite number > 0, got {beta}")
-    loss: Loss = get_loss(loss)
+    beta = check_number(beta, "beta", "positive", ConfigError)
+    loss, Y = _problem(head, data, Y, loss)
+    max_iter = check_int(max_iter, "max_iter", 1, error=ConfigError)
+    tol = check_number(tol, "tol", "nonnegative", ConfigError)
+    check_every = check_int(check_every, "check_every", 1, error=ConfigError)
+    if fixed_lipschitz is not None:
+        fixed_lipschitz = check_number(fixed_lipschitz, "fixed_lipschitz", "positive", ConfigError)
     X = data["X"]
-    if Y.shape != (X.shape[0], head.c):
-        raise ConfigError(f"targets must be (N={X.shape[0]}, c={head.c}), got {tuple(Y.shape)}")
-    Y = Y.to(X)
     t0 = time.perf_counter()
-    Z = [z.to(X).clone() for z in Z0] if Z0 is not None else [torch.zeros(r, q).to(X) for r, q in head.blocks()]
-    L = float(fixed_lipschitz) if fixed_lipschitz else max(loss.curvature * operator_norm2(head, data) / X.shape[0], 1e-12)
+    Z = ([z.clone() for z in _blocks(head, Z0, "Z0", X)] if Z0 is not None
+         else [torch.zeros(r, q).to(X) for r, q in head.blocks()])
+    if fixed_lipschitz:
+        L = fixed_lipschitz
+    else:
+        norm2 = operator_norm2(head, data)
+        if not math.isfinite(norm2):
+            raise TokenError(f"head {head.name}: ||A||^2 overflows float64 (largest |feature| "
+                             f"{float(X.abs().max()):.3g}): rescale the features")
+        L = max(loss.curvature * norm2 / X.shape[0], 1e-12)
 
     def smooth(Zs):
         R = head.forward(Zs, data)
@@ -180,6 +243,7 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         return Zn, float(fn), beta * sum(n for _, n in parts)
 
     lx, px = float(smooth(Z)[0]), float(beta * nuclear(Z))
+    _finite({"loss": lx, "penalty": px}, "the objective at the start")
     losses, pens, cands, lips = [lx], [px], [], []
     Yk, t = Z, 1.0
     converged, it = False, 0
@@ -200,12 +264,12 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         losses.append(lz)
         pens.append(pz)
         if it % check_every == 0:
-            cert = certificate(head, data, Y, Z, beta, loss)
+            cert = _certificate(head, data, Y, Z, beta, loss)
             if cert["duality_gap_rel"] <= tol:
                 converged = True
                 break
     if not converged:                      # the certificate of the final iterate (already made when converged)
-        cert = certificate(head, data, Y, Z, beta, loss)
+        cert = _certificate(head, data, Y, Z, beta, loss)
         converged = cert["duality_gap_rel"] <= tol
     trace = {"loss": torch.tensor([losses], dtype=torch.float64), "penalty": torch.tensor([pens], dtype=torch.float64)}
     return ConvexSolution(Z=Z, beta=float(beta), method=method, iterations=it, converged=converged, certificate=cert,
@@ -217,6 +281,8 @@ def map_back(head: Head, Z: Sequence[torch.Tensor], rtol: float = 1e-9):
     """The equivalent non-convex heads: per block, one head per singular pair above ``rtol`` (relative),
     split evenly, ``u = sqrt(sigma) U_k``, ``v = sqrt(sigma) V_k``, so that the weight decay
     ``beta/2 (||W1||^2 + ||W2||^2)`` equals ``beta sigma``, the nuclear norm's share."""
+    rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
+    Z = _blocks(head, Z, "Z")
     heads = []
     top = max(float(torch.linalg.svdvals(z).max()) if z.numel() else 0.0 for z in Z)
     for g, z in enumerate(Z):

@@ -15,11 +15,16 @@ materialises it as all pairs ``u < v`` of real tokens when an edge list is neede
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from typing import Callable, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 
+from . import checks
+from .checks import one_line
 from .errors import GraphError, TokenError
 from .registry import registrar
 
@@ -43,7 +48,15 @@ __all__ = [
 
 def mask_from_lengths(lengths, n: int) -> torch.Tensor:
     """Padding mask ``(B, n)``, ``True`` on the first ``lengths[b]`` slots of example ``b``."""
-    lengths = torch.as_tensor(lengths, dtype=torch.long)
+    n = check_int(n, "n (slots per example)", 1)
+    try:
+        raw = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):
+        raise GraphError(f"lengths must be a 1-D sequence of integers, got {lengths!r}") from None
+    if raw.dtype == torch.bool or raw.dtype.is_complex or (raw.dtype.is_floating_point and not (
+            bool(torch.isfinite(raw).all()) and bool((raw == raw.round()).all()))):
+        raise GraphError(f"lengths must be integers, got {raw.tolist() if raw.numel() <= 16 else raw.dtype}")
+    lengths = raw.to(torch.long)
     if lengths.ndim != 1:
         raise GraphError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
     if (lengths < 0).any() or (lengths > n).any():
@@ -108,6 +121,25 @@ def _canonical_edges(edge_index, total: int, n: int) -> torch.Tensor:
     return torch.stack([canon // total, canon % total])
 
 
+def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """:func:`energies.checks.check_int` raising :class:`GraphError`."""
+    return checks.check_int(value, what, minimum, maximum, GraphError)
+
+
+def check_number(value, what: str, rule: str = "finite") -> float:
+    """:func:`energies.checks.check_number` raising :class:`GraphError`."""
+    return checks.check_number(value, what, rule, GraphError)
+
+
+def check_seed(value, what: str = "seed") -> int:
+    """:func:`energies.checks.check_seed` raising :class:`GraphError`."""
+    return checks.check_seed(value, what, GraphError)
+
+
+#: the most token slots (batch_size x num_nodes) of a graph: flat edge keys ``u * slots + v`` stay in int64
+MAX_SLOTS = 2 ** 31
+
+
 class TokenGraph:
     """Undirected graph over ``batch_size`` examples of ``num_nodes`` token slots each.
 
@@ -128,10 +160,13 @@ class TokenGraph:
     """
 
     def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom"):
-        if int(batch_size) < 1 or int(num_nodes) < 1:
-            raise GraphError(f"batch_size and num_nodes must be >= 1, got {batch_size} and {num_nodes}")
-        self.batch_size = int(batch_size)
-        self.num_nodes = int(num_nodes)
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+        self.num_nodes = check_int(num_nodes, "num_nodes", 1)
+        if self.batch_size * self.num_nodes > MAX_SLOTS:
+            raise GraphError(f"batch_size x num_nodes = {self.batch_size * self.num_nodes} token slots, more than "
+                             f"{MAX_SLOTS} (edge keys u * slots + v must fit in int64)")
+        if not isinstance(name, str):
+            raise GraphError(f"graph name must be a string, got {type(name).__name__}")
         self.name = name
         self.mask = _check_mask(mask, self.batch_size, self.num_nodes)
         self.is_complete = edge_index is None
@@ -232,6 +267,28 @@ register_graph = registrar(GRAPHS)
 """``@register_graph("name")`` registers a builder ``f(n, *args, batch_size=1, mask=None, seed=0)``."""
 
 
+def _sizes(n, batch_size, seed=0) -> Tuple[int, int, int]:
+    """A builder's ``(n, batch_size, seed)`` validated (the sizes integers >= 1 with at most :data:`MAX_SLOTS`
+    slots in all, the seed in [0, 2**63))."""
+    n, batch_size = check_int(n, "n (tokens per example)", 1), check_int(batch_size, "batch_size", 1)
+    if n * batch_size > MAX_SLOTS:
+        raise GraphError(f"n x batch_size = {n} x {batch_size} token slots, more than {MAX_SLOTS}")
+    return n, batch_size, check_seed(seed)
+
+
+#: the most edges (over the whole batch) a builder materialises: 2 x 2**28 int64 ids take 4 GiB, and validating
+#: them several times that. The complete graph stays implicit and is not counted.
+MAX_EDGES = 2 ** 28
+
+
+def _check_edges(count: float, batch_size: int, what: str) -> None:
+    """Refuse, before any allocation, a graph of more than :data:`MAX_EDGES` edges in all."""
+    if count * batch_size > MAX_EDGES:
+        raise GraphError(f"{what} would have {count:.3g} edges per example x batch_size {batch_size}, more than "
+                         f"the {MAX_EDGES} edges a builder materialises; use a smaller n, radius or p (or 'complete', "
+                         "which stays implicit)")
+
+
 def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str) -> TokenGraph:
     """Offset a per-example ``(2, m)`` pattern over the batch and build the graph."""
     offs = torch.arange(batch_size)[:, None] * n
@@ -240,14 +297,17 @@ def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str)
     return TokenGraph(batch_size, n, mask, torch.stack([src, dst]), name=name)
 
 
-def _pairs_at_offsets(n: int, offsets) -> torch.Tensor:
-    """All pairs ``(i, i + o)`` inside ``[0, n)`` for the given positive offsets: O(|E|) memory."""
+def _pairs_at_offsets(n: int, offsets, batch_size: int = 1, what: str = "graph") -> torch.Tensor:
+    """All pairs ``(i, i + o)`` inside ``[0, n)`` for the given positive offsets: O(|E|) memory. The callers
+    pass offsets below n only (at most n - 1 of them), so time and memory are O(n + |E|) whatever the spec;
+    more than :data:`MAX_EDGES` edges in all is refused before anything is allocated."""
+    offsets = [o for o in offsets if 0 < o < n]
+    _check_edges(sum(n - o for o in offsets), batch_size, what)
     src, dst = [], []
     for o in offsets:
-        if 0 < o < n:
-            i = torch.arange(n - o)
-            src.append(i)
-            dst.append(i + o)
+        i = torch.arange(n - o)
+        src.append(i)
+        dst.append(i + o)
     if not src:
         return torch.zeros(2, 0, dtype=torch.long)
     return torch.stack([torch.cat(src), torch.cat(dst)])
@@ -256,14 +316,18 @@ def _pairs_at_offsets(n: int, offsets) -> torch.Tensor:
 @register_graph("complete")
 def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
     return TokenGraph(batch_size, n, mask, None, name="complete")
 
 
 @register_graph("window")
 def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
-    """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``."""
+    """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``. A radius of n - 1 or more
+    is the complete graph's edge list (the radius is clamped to n - 1: O(n + |E|) for any k)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "window radius k")
-    return _from_pattern(_pairs_at_offsets(n, range(1, k + 1)), n, batch_size, mask, f"window:{k}")
+    return _from_pattern(_pairs_at_offsets(n, range(1, min(k, n - 1) + 1), batch_size, f"window:{k} on n={n}"),
+                         n, batch_size, mask, f"window:{k}")
 
 
 @register_graph("strided")
@@ -271,22 +335,28 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
     """Sparse Transformer strided pattern (Child et al. 2019) with stride ``k``.
 
     The union of its two heads: the local head ``0 < |i - j| < k`` and the strided head
-    ``|i - j| = 0 (mod k)``.
+    ``|i - j| = 0 (mod k)``. A stride of n or more leaves the local head alone, all pairs (offsets are
+    clamped to n - 1: O(n + |E|) for any k).
     """
+    n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "stride k")
     if k < 2:
         raise GraphError(f"stride k must be >= 2, got {k}")
-    offsets = sorted(set(range(1, k)) | set(range(k, n, k)))
-    return _from_pattern(_pairs_at_offsets(n, offsets), n, batch_size, mask, f"strided:{k}")
+    offsets = sorted(set(range(1, min(k, n))) | set(range(k, n, k)))
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"strided:{k} on n={n}"), n, batch_size, mask,
+                         f"strided:{k}")
 
 
 @register_graph("dilated")
 def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
-    """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``."""
+    """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``. Offsets of n or more join no pair, so the
+    radius is clamped to ``(n - 1) // k`` (O(n + |E|) for any k and radius; no edge when k >= n)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "dilation k")
     radius = _positive_int(radius, "dilated radius")
-    return _from_pattern(_pairs_at_offsets(n, [k * m for m in range(1, radius + 1)]),
-                         n, batch_size, mask, f"dilated:{k}:{radius}")
+    reach = min(radius, (n - 1) // k)
+    return _from_pattern(_pairs_at_offsets(n, [k * m for m in range(1, reach + 1)], batch_size,
+                                           f"dilated:{k}:{radius} on n={n}"), n, batch_size, mask, f"dilated:{k}:{radius}")
 
 
 @register_graph("star")
@@ -296,6 +366,7 @@ def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     The relay is the first real token of each example (a [CLS]-like slot); the other real
     tokens form a ring in sequence order (closed when there are at least three of them).
     """
+    n, batch_size, _ = _sizes(n, batch_size, seed)
     mask_t = _check_mask(mask, batch_size, n)
     src, dst = [], []
     for b in range(batch_size):
@@ -315,19 +386,67 @@ def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     return TokenGraph(batch_size, n, mask_t, ei, name="star")
 
 
+#: up to this many candidate pairs per example, :func:`random` draws one uniform number per pair (its
+#: realisations for a seed are those of every earlier version); above, it draws the edge count and then the
+#: edges themselves: the same distribution in O(n + |E|) time and memory.
+RANDOM_PAIRWISE_MAX = 2 ** 21
+
+
+def _distinct(N: int, m: int, gen: torch.Generator) -> torch.Tensor:
+    """``m`` distinct integers drawn uniformly from ``[0, N)`` (a uniform m-subset), sorted; ``m <= N / 2``."""
+    out = torch.zeros(0, dtype=torch.long)
+    while out.numel() < m:
+        draw = torch.randint(0, N, (int(1.1 * (m - out.numel())) + 16,), generator=gen)
+        out = torch.unique(torch.cat([out, draw]))
+    if out.numel() > m:   # a uniform subset of the distinct draws (themselves a uniform subset given their count)
+        out = torch.sort(out[torch.randperm(out.numel(), generator=gen)[:m]]).values
+    return out
+
+
+def _upper_pairs(k: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row-major index k of the strict upper triangle of an n x n matrix -> ``(i, j)``, ``i < j``."""
+    def start(i):
+        return i * (2 * n - i - 1) // 2
+
+    i = torch.floor(((2 * n - 1) - torch.sqrt(torch.clamp((2.0 * n - 1) ** 2 - 8.0 * k.double(), min=0.0))) / 2).long()
+    i = i.clamp(0, n - 2)
+    for _ in range(3):   # float64 rounding may leave i off by one either way
+        i = torch.where(k < start(i), i - 1, i)
+        i = torch.where(k >= start(i + 1), i + 1, i)
+    return i, k - start(i) + i + 1
+
+
 @register_graph("random")
 def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
-    """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``."""
-    p = float(p)
-    if not (0.0 <= p <= 1.0):
-        raise GraphError(f"edge probability p must lie in [0, 1], got {p}")
-    gen = torch.Generator().manual_seed(int(seed))
-    iu = torch.triu_indices(n, n, offset=1)
+    """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``, independently.
+
+    O(n + |E|) time and memory above :data:`RANDOM_PAIRWISE_MAX` candidate pairs per example."""
+    n, batch_size, seed = _sizes(n, batch_size, seed)
+    p = check_number(p, "edge probability p", "probability")
+    pairs = n * (n - 1) // 2
+    _check_edges(p * pairs, batch_size, f"random:{p:g} on n={n}")
+    gen = torch.Generator().manual_seed(seed)
     src, dst = [], []
-    for b in range(batch_size):
-        keep = torch.rand(iu.shape[1], generator=gen) < p
-        src.append(iu[0, keep] + b * n)
-        dst.append(iu[1, keep] + b * n)
+    if pairs <= RANDOM_PAIRWISE_MAX:
+        iu = torch.triu_indices(n, n, offset=1)
+        for b in range(batch_size):
+            keep = torch.rand(iu.shape[1], generator=gen) < p
+            src.append(iu[0, keep] + b * n)
+            dst.append(iu[1, keep] + b * n)
+    else:
+        counts = torch.binomial(torch.full((batch_size,), float(pairs), dtype=torch.float64),
+                                torch.full((batch_size,), p, dtype=torch.float64), generator=gen)
+        for b in range(batch_size):
+            m = min(int(counts[b]), pairs)
+            if 2 * m <= pairs:
+                keys = _distinct(pairs, m, gen)
+            else:             # dense: draw the pairs left out (fewer), keep the rest (|E| >= pairs / 2)
+                keep = torch.ones(pairs, dtype=torch.bool)
+                keep[_distinct(pairs, pairs - m, gen)] = False
+                keys = keep.nonzero().reshape(-1)
+            i, j = _upper_pairs(keys, n)
+            src.append(i + b * n)
+            dst.append(j + b * n)
     ei = torch.stack([torch.cat(src), torch.cat(dst)])
     return TokenGraph(batch_size, n, mask, ei, name=f"random:{p:g}")
 
@@ -339,6 +458,9 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
     ``shared=True``: ids in ``[0, n)``, the same graph for every example of the batch.
     ``shared=False``: flat ids in ``[0, batch_size * n)`` (PyG batching), one graph per example.
     """
+    n, batch_size, _ = _sizes(n, batch_size)
+    if not isinstance(shared, (bool, np.bool_)):
+        raise GraphError(f"shared must be True or False, got {shared!r}")
     if shared:
         canon = _canonical_edges(edge_index, n, n)  # validates once, on per-example ids
         return _from_pattern(canon, n, batch_size, mask, name)
@@ -377,31 +499,51 @@ def from_pyg(data) -> Tuple[TokenGraph, Optional[torch.Tensor]]:
 
 
 def _positive_int(v, what: str) -> int:
+    """A graph parameter (a spec's text or a number) as an integer >= 1, of any size (builders clamp)."""
     try:
-        iv = int(v)
-    except (TypeError, ValueError):
+        iv = check_int(v, what)
+    except GraphError:
         raise GraphError(f"{what} must be an integer, got {v!r}") from None
-    if iv < 1 or iv != float(v):
+    if iv < 1:
         raise GraphError(f"{what} must be a positive integer, got {v!r}")
     return iv
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_arity(builder) -> Tuple[int, int]:
+    """How many ``:`` arguments a builder's spec takes (its positional parameters after n, before batch_size)."""
+    try:
+        params = list(inspect.signature(builder).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return 0, 2 ** 31
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 0, 2 ** 31
+    spec = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in ("batch_size", "mask", "seed")]
+    return sum(p.default is p.empty for p in spec), len(spec)
 
 
 def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Build a graph from a short spec: ``complete | window:K | strided:K | dilated:K[:R] | star |
     random:P`` or a path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``)."""
-    spec = str(spec)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise GraphError(f"graph spec must be a string or a path, got {type(spec).__name__}")
+    spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise GraphError(f"graph spec must be a non-empty string, got {spec!r}")
+    n, batch_size, seed = _sizes(n, batch_size, seed)
     if spec.endswith(".npy") or os.path.sep in spec:
-        import numpy as np
-
+        if os.path.isdir(spec):
+            raise GraphError(f"graph file {spec!r} is a folder, not a .npy edge list")
         if not os.path.isfile(spec):
             raise GraphError(f"graph file {spec!r} does not exist")
         try:
             arr = np.load(spec, allow_pickle=False)
-            if not isinstance(arr, np.ndarray):
-                arr.close()
-                raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
         except Exception as exc:  # numpy raises several types on a corrupt file
-            raise GraphError(f"graph file {spec!r} could not be read as .npy: {exc}") from None
+            raise GraphError(f"graph file {spec!r} could not be read as .npy: {one_line(exc, 200)}") from None
+        if not isinstance(arr, np.ndarray):
+            arr.close()
+            raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
         if not np.issubdtype(arr.dtype, np.integer):
             raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
         return from_edge_index(torch.from_numpy(arr.astype("int64")), n, batch_size, mask, name=spec)
@@ -409,6 +551,10 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
     if name not in GRAPHS:
         raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")
     args = [a for a in rest.split(":") if a] if rest else []
+    lo, hi = _spec_arity(GRAPHS[name])
+    if not lo <= len(args) <= hi:
+        takes = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        raise GraphError(f"graph {name!r} takes {takes} argument(s) after its name, got {len(args)} in spec {spec!r}")
     try:
         return GRAPHS[name](n, *args, batch_size=batch_size, mask=mask, seed=seed)
     except TypeError as exc:

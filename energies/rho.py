@@ -106,7 +106,10 @@ class ReluRho(Rho):
 
 def _finite_positive(rho: str, field: str, value) -> float:
     """A rho parameter as a float: finite and > 0, else an :class:`EnergyError` naming it."""
-    v = float(value)
+    try:
+        v = math.nan if isinstance(value, (bool, str, bytes)) else float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        v = math.nan
     if not (math.isfinite(v) and v > 0):
         raise EnergyError(f"{rho} rho needs a finite {field} > 0, got {field}={value}")
     return v
@@ -223,7 +226,7 @@ class LpRho(Rho):
     """
 
     def __init__(self, p: float = 1.0, eps: float = 1e-3):
-        self.p, self.eps = float(p), _finite_positive("lp", "floor eps", eps)
+        self.p, self.eps = _finite_positive("lp", "p", p), _finite_positive("lp", "floor eps", eps)
         if not (0.0 < self.p <= 2.0):
             raise EnergyError(f"lp rho needs 0 < p <= 2, got p={p}")
         h = 0.5 * self.p

@@ -16,8 +16,9 @@ from typing import Optional
 import torch
 
 from .errors import EnergyError, TokenError
+from .checks import check_number
 from .graph import TokenGraph
-from .pairwise import pairwise_energy, pairwise_pass, weighted_neighbour_sums
+from .pairwise import KERNELS, pairwise_energy, pairwise_pass, weighted_neighbour_sums
 from .rho import Rho, get_rho
 
 __all__ = [
@@ -137,11 +138,18 @@ class PairwiseAttention(EnergyTerm):
             if not (math.isfinite(self.max_weight) and self.max_weight >= 0):
                 raise EnergyError(f"curvature='constant' needs a finite rho'(0), got {self.max_weight} for "
                                   f"rho={self.rho.spec()}")
-        tau = float(tau)
-        if not (tau > 0 and math.isfinite(tau)):
-            raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau}")
-        if metric is not None and (not isinstance(metric, torch.Tensor) or metric.ndim != 2):
-            raise EnergyError(f"attention metric W must be a (d, d_h) tensor, got {getattr(metric, 'shape', metric)}")
+        try:
+            tau = check_number(tau, "tau", "positive", EnergyError)
+        except EnergyError:
+            raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau!r}") from None
+        if kernel not in ("auto",) + KERNELS:
+            raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {['auto'] + list(KERNELS)}")
+        if metric is not None:
+            if not isinstance(metric, torch.Tensor) or metric.ndim != 2 or min(metric.shape) < 1:
+                raise EnergyError(f"attention metric W must be a (d, d_h) tensor with d, d_h >= 1, got "
+                                  f"{tuple(metric.shape) if isinstance(metric, torch.Tensor) else type(metric).__name__}")
+            if not metric.dtype.is_floating_point:   # (its values are not read here: models build this term per forward)
+                raise EnergyError(f"attention metric W must be a floating tensor, got dtype {metric.dtype}")
         self.tau = tau
         self.kernel = kernel
         self.metric = metric
@@ -243,8 +251,9 @@ class Residual(EnergyTerm):
         if B is not None:
             if not isinstance(B, torch.Tensor) or not B.dtype.is_floating_point:
                 raise EnergyError("residual anchor B must be a floating torch.Tensor")
-            if B.ndim not in (2, 3):
-                raise EnergyError(f"residual anchor B must have shape (n, d) or (B, n, d), got {tuple(B.shape)}")
+            if B.ndim not in (2, 3) or min(B.shape) < 1:
+                raise EnergyError(f"residual anchor B must have shape (n, d) or (B, n, d) with every size >= 1, "
+                                  f"got {tuple(B.shape)}")
             if not torch.isfinite(B).all():
                 raise EnergyError("residual anchor B holds NaN or Inf")
         self.B = B
@@ -297,8 +306,9 @@ class FeedForward(EnergyTerm):
         super().__init__()
         if not isinstance(W, torch.Tensor) or not W.dtype.is_floating_point:
             raise EnergyError("feed-forward weight W must be a floating torch.Tensor")
-        if W.ndim != 2 or W.shape[0] != W.shape[1]:
-            raise EnergyError(f"feed-forward weight W must be square (d, d), got {tuple(W.shape)}")
+        if W.ndim != 2 or W.shape[0] != W.shape[1] or W.shape[0] < 1:
+            raise EnergyError(f"feed-forward weight W must be square (d, d) with d >= 1, got {tuple(W.shape)}")
+        sym_tol = check_number(sym_tol, "sym_tol", "nonnegative_or_inf", EnergyError)   # inf: no symmetry check
         if not torch.isfinite(W).all():
             raise EnergyError("feed-forward weight W holds NaN or Inf")
         asym = (W - W.T).abs().max().item()
@@ -387,9 +397,7 @@ class Rescaling(EnergyTerm):
 
     def __init__(self, radius: Optional[float] = None):
         super().__init__()
-        if radius is not None and not float(radius) > 0:
-            raise EnergyError(f"rescaling radius must be > 0, got {radius}")
-        self.radius = None if radius is None else float(radius)
+        self.radius = None if radius is None else check_number(radius, "rescaling radius", "positive", EnergyError)
 
     def r(self, d: int) -> float:
         return math.sqrt(d) if self.radius is None else self.radius

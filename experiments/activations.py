@@ -21,22 +21,26 @@ apply), and what makes a model no spline.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Dict, List
 
 import torch
 
-from energies.errors import ConfigError, UnfoldError
+from energies.errors import ConfigError
+from unfold.cli import positive_int, run_main
 from unfold.strict_json import dumps as json_dumps
 
 from . import data as D
 from .config import load_config
+from .data import output_folder_arg
+from .plot_energy import RunFileError, number_of, read_json
+from .runlock import RunFolderError
 from .spline_probe import degree_analysis, load_model, probe_model
 from .train import atomic_write_text, train
 
-MM, STANDARD = "experiments/configs/default.yaml", "experiments/configs/free.yaml"
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+MM, STANDARD = os.path.join(CONFIGS, "default.yaml"), os.path.join(CONFIGS, "free.yaml")
 
 #: name -> (form, activation, base config, overrides)
 VARIANTS: Dict[str, tuple] = {
@@ -65,10 +69,39 @@ def probe_sentence(cfg, run_dir: str, n: int) -> torch.Tensor:
     return ids[int(long_enough[0])][:n]
 
 
+def variant_config(name: str, epochs: int, common=()) -> Dict[str, Any]:
+    """The validated config of one variant (:data:`VARIANTS`); ``common`` overrides apply on top."""
+    form, activation, base, overrides = VARIANTS[name]
+    return load_config(base, [f"name={name}", f"train.epochs={epochs}", "train.progress=false", *overrides, *common])
+
+
+#: what the table reads from a run's metrics.json
+METRIC_NUMBERS = ("test_accuracy", "val_accuracy", "energy_first_mean", "energy_last_mean", "train_seconds")
+METRIC_COUNTS = ("energy_steps", "energy_increases")
+
+
+def read_metrics(path: str) -> Dict[str, Any]:
+    """A reused run's ``metrics.json``, checked to hold what the table reads (:data:`METRIC_NUMBERS` as
+    numbers, :data:`METRIC_COUNTS` as integers, ``mode`` a string), else a :class:`RunFileError` naming
+    the file and the key (``--force`` retrains)."""
+    metrics = read_json(path, dict)
+    missing = [k for k in METRIC_NUMBERS + METRIC_COUNTS + ("mode",) if k not in metrics]
+    if missing:
+        raise RunFileError(f"{path} has no {missing}; retrain with --force")
+    for key in METRIC_NUMBERS:
+        metrics[key] = number_of(metrics[key], path, key)
+    for key in METRIC_COUNTS:
+        if isinstance(metrics[key], bool) or not isinstance(metrics[key], int) or metrics[key] < 0:
+            raise RunFileError(f"{path}: {key!r} must be an integer >= 0, got {metrics[key]!r:.80}")
+    if not isinstance(metrics["mode"], str):
+        raise RunFileError(f"{path}: 'mode' must be a string, got {metrics['mode']!r:.80}")
+    return metrics
+
+
 def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, common=()) -> Dict[str, Any]:
     """Train (or reuse) one variant and probe it; ``common`` overrides apply on top (e.g. a dataset)."""
     form, activation, base, overrides = VARIANTS[name]
-    cfg = load_config(base, [f"name={name}", f"train.epochs={epochs}", "train.progress=false", *overrides, *common])
+    cfg = variant_config(name, epochs, common)
     run_dir = os.path.join(out, name)
     metrics_path = os.path.join(run_dir, "metrics.json")
     cfg_path = os.path.join(run_dir, "config.yaml")
@@ -77,12 +110,14 @@ def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, com
              and load_config(cfg_path) == cfg                       # keys added since then take their defaults
              and os.path.getmtime(best_path) <= os.path.getmtime(metrics_path))   # not an interrupted retraining
     if reuse:
-        with open(metrics_path) as fh:
-            metrics = json.load(fh)
+        metrics = read_metrics(metrics_path)
         print(f"{name}: reusing {metrics_path}", file=sys.stderr)
     else:
         print(f"{name}: training ({' '.join(overrides)})", file=sys.stderr)
-        metrics = train(cfg, run_dir)
+        try:
+            metrics = train(cfg, run_dir, overwrite=force)       # --force replaces the folder's run
+        except RunFolderError as exc:
+            raise RunFolderError(f"{exc} (here: --force retrains)") from None
     model = load_model(checkpoint=os.path.join(run_dir, "best.pt"))
     first = probe_model(model, layers=1, ids=probe_sentence(cfg, run_dir, probe_n), t_max=1.0)
     bound, reasons = degree_analysis(model)
@@ -111,29 +146,34 @@ def markdown(rows: List[Dict[str, Any]], epochs: int) -> str:
     return (f"{epochs} epochs, seed 0; energies checked in float64 on the test set.\n\n" + head + "\n".join(lines) + "\n")
 
 
+PROG = "python -m experiments.activations"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.activations", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/activations")
-    p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--only", nargs="+", metavar="NAME", help=f"a subset of: {' '.join(VARIANTS)}")
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). Every
+    variant's config (``--set`` included) is checked before the first one trains."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=output_folder_arg, default="runs/activations")
+    p.add_argument("--epochs", type=positive_int, default=6)
+    p.add_argument("--only", nargs="+", metavar="NAME", choices=list(VARIANTS),
+                   help=f"a subset of: {' '.join(VARIANTS)}")
     p.add_argument("--force", action="store_true", help="retrain runs that already have metrics")
-    p.add_argument("--probe-n", type=int, default=6, help="tokens of the probed sentence")
+    p.add_argument("--probe-n", type=positive_int, default=6, help="tokens of the probed sentence")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="config overrides for every variant")
     args = p.parse_args(argv)
-    names = args.only or list(VARIANTS)
-    try:
-        unknown = [n for n in names if n not in VARIANTS]
-        if unknown:
-            raise ConfigError(f"unknown variant(s) {unknown}; valid: {list(VARIANTS)}")
+    names = list(dict.fromkeys(args.only or VARIANTS))
+
+    def body() -> int:
+        for name in names:             # a bad --set fails here, before hours of training
+            variant_config(name, args.epochs, args.set)
         rows = [run_variant(n, args.out, args.epochs, args.force, args.probe_n, args.set) for n in names]
-    except UnfoldError as exc:
-        print(f"python -m experiments.activations: error: {exc}", file=sys.stderr)
-        return 2
-    table = markdown(rows, args.epochs)
-    atomic_write_text(table, os.path.join(args.out, "table.md"))
-    atomic_write_text(json_dumps(rows, indent=1), os.path.join(args.out, "results.json"))
-    print(table)
-    return 0
+        table = markdown(rows, args.epochs)
+        atomic_write_text(table, os.path.join(args.out, "table.md"))
+        atomic_write_text(json_dumps(rows, indent=1), os.path.join(args.out, "results.json"))
+        print(table)
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

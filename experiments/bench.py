@@ -30,6 +30,7 @@ import torch
 
 from energies.graph import complete, window
 from energies.terms import PairwiseAttention
+from unfold.cli import run_main
 from unfold.model import UnfoldedTransformer
 from unfold.steps import AttentionStep
 from unfold.strict_json import dumps as json_dumps
@@ -307,28 +308,54 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
                         "window_memory_loglog_slope": "~1 (linear in |E|)"}}
 
 
+PROG = "python -m experiments.bench"
+
+
+def suite_arg(text: str) -> str:
+    """argparse ``type=``: the name of a suite (:data:`SUITES`)."""
+    if text not in SUITES:
+        raise argparse.ArgumentTypeError(f"unknown suite {text!r}; valid: {sorted(SUITES)}")
+    return text
+
+
+def device_arg(text: str) -> torch.device:
+    """argparse ``type=``: ``cpu``, ``cuda`` or ``cuda:K`` naming a device this machine has."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index is not None):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: expected cpu, cuda or cuda:K")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), "
+                                             f"cuda:0 .. cuda:{count - 1}")
+    return device
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.splitlines()[0])
-    p.add_argument("suite", help=f"one of {sorted(SUITES)}")
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("suite", type=suite_arg, help=f"one of {sorted(SUITES)}")
     p.add_argument("--quick", action="store_true", help="a small version (checks the JSON, not the speed)")
     p.add_argument("--json", action="store_true", help="only the JSON line")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default=torch.device("cpu"), help="cpu (default), cuda or cuda:K")
     args = p.parse_args(argv)
-    if args.suite not in SUITES:
-        print(f"python -m experiments.bench: error: unknown suite {args.suite!r}; valid: {sorted(SUITES)}",
-              file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("python -m experiments.bench: error: CUDA is not available", file=sys.stderr)
-        return 2
-    result = {"suite": args.suite, "device": str(device), "quick": args.quick, "threads": torch.get_num_threads()}
-    result.update(SUITES[args.suite](args.quick, device))
-    if not args.json:
-        for k, v in result["ratios"].items():
-            print(f"{k}: {v:.3f}  (target {result['targets'].get(k, '-')})")
-    print(json_dumps(result))
-    return 0
+
+    def body() -> int:
+        device = args.device
+        result = {"suite": args.suite, "device": str(device), "quick": args.quick, "threads": torch.get_num_threads()}
+        result.update(SUITES[args.suite](args.quick, device))
+        if not args.json:
+            for k, v in result["ratios"].items():
+                print(f"{k}: {v:.3f}  (target {result['targets'].get(k, '-')})")
+        print(json_dumps(result))
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

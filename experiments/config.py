@@ -7,14 +7,18 @@ types listed in :data:`NULLABLE`).
 from __future__ import annotations
 
 import copy
+import math
 import os
-from typing import Any, Dict, Iterable, Optional
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import yaml
 
-from energies.errors import ConfigError
+from energies.errors import ConfigError, UnfoldError
 
-__all__ = ["DEFAULTS", "load_config", "apply_overrides", "validate", "dump_config", "ConfigError"]
+__all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
+           "ConfigError"]
 
 DEFAULTS: Dict[str, Any] = {
     "name": "default",
@@ -60,7 +64,8 @@ DEFAULTS: Dict[str, Any] = {
         "device": "cpu",
         "threads": None,
         "trace": True,                  # energy trace during training (model dtype)
-        "monitor": "warn",              # descent monitor on the training trace: off | warn | strict
+        "monitor": None,                # descent monitor on the training trace: off | warn | strict (null: warn
+                                        # with the trace on, off without it)
         "check_dtype": "float64",       # dtype of the descent check on the test set
         "max_train_examples": None,     # subsample the training split (smoke runs)
         "progress": True,
@@ -70,16 +75,146 @@ DEFAULTS: Dict[str, Any] = {
 NULLABLE = {
     ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("model", "d_head"): (int,),
     ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
+    ("train", "monitor"): (str,),
 }
-CHOICES = {
-    ("data", "glove"): ("none", "frozen", "finetune"),
-    ("model", "mode"): ("guaranteed", "free", "baseline"),
-    ("model", "curvature"): ("adaptive", "constant"),
-    ("model", "attention"): ("softmax", "relu", "softplus"),
-    ("model", "norm"): ("post", "none"),
-    ("train", "check_dtype"): ("float32", "float64"),
-    ("train", "monitor"): ("off", "warn", "strict"),
+
+#: largest sizes accepted (a guard against typos that would allocate terabytes, far above any CPU/GPU run)
+MAX_SIZE = 2 ** 16
+MAX_COUNT = 2 ** 31 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric range ``lo <= v <= hi`` (``<`` on an open end); ints when ``integer``; always finite."""
+
+    lo: float
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+
+    def holds(self, v) -> bool:
+        if not math.isfinite(v):
+            return False
+        return (v > self.lo if self.lo_open else v >= self.lo) and (v < self.hi if self.hi_open else v <= self.hi)
+
+    def describe(self) -> str:
+        what = "an integer" if self.integer else "a finite number"
+        fmt = (lambda v: str(int(v))) if self.integer else (lambda v: f"{v:g}")
+        lo = f"{'(' if self.lo_open else '['}{fmt(self.lo)}"
+        hi = f"{fmt(self.hi)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
+        return f"{what} in {lo}, {hi}"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A non-empty string, optionally matching ``pattern`` (full match) or passing ``check`` (which raises
+    an :class:`~energies.errors.UnfoldError`); ``rule`` says in words what is accepted."""
+
+    rule: str = "a non-empty string"
+    pattern: Optional[str] = None
+    check: Optional[Callable[[str], Any]] = None
+
+
+def _check_rho(spec: str) -> None:
+    from energies.rho import get_rho
+
+    get_rho(spec)
+
+
+def _check_graph(spec: str) -> None:
+    """Parse the spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to n);
+    an edge-list file is read and checked on as many tokens as its largest id needs."""
+    from energies.graph import graph_from_spec
+
+    n = 4
+    if spec.endswith(".npy") and os.path.isfile(spec):
+        import numpy as np
+
+        try:
+            arr = np.load(spec, allow_pickle=False, mmap_mode="r")
+            n = int(arr.max()) + 1 if getattr(arr, "size", 0) and np.issubdtype(arr.dtype, np.integer) else 4
+        except Exception:  # noqa: BLE001 -- graph_from_spec reports an unreadable file with its reason
+            pass
+    if n > MAX_SIZE:
+        raise ConfigError(f"config key 'model.graph'={spec!r}: edge ids up to {n - 1}, beyond the longest "
+                          f"sequence (data.max_len <= {MAX_SIZE})")
+    graph_from_spec(spec, max(n, 4))
+
+
+def _check_device(spec: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"config key 'train.device' must be a torch device such as cpu, cuda or cuda:1, "
+                          f"got {spec!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"config key 'train.device' must be cpu or cuda[:K], got {spec!r}")
+
+
+def _choices(where: tuple) -> tuple:
+    """Valid values of a choice key, read from the library's registries (never retyped here)."""
+    from unfold.attention import ACTIVATIONS
+    from unfold.model import CURVATURES, MODES, NORMS
+
+    return {("model", "mode"): tuple(MODES), ("model", "curvature"): tuple(CURVATURES),
+            ("model", "attention"): tuple(sorted(ACTIVATIONS)), ("model", "norm"): tuple(NORMS),
+            ("data", "glove"): ("none", "frozen", "finetune"), ("train", "check_dtype"): ("float32", "float64"),
+            ("train", "monitor"): ("off", "warn", "strict")}[where]
+
+
+CHOICE_KEYS = (("data", "glove"), ("model", "mode"), ("model", "curvature"), ("model", "attention"),
+               ("model", "norm"), ("train", "check_dtype"), ("train", "monitor"))
+
+#: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
+#: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.
+RULES: Dict[tuple, Any] = {
+    ("name",): Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
+                    pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}"),
+    ("data", "dataset"): Text(),
+    ("data", "seed"): Range(0, 2 ** 32 - 1, integer=True),
+    ("data", "max_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "min_freq"): Range(1, MAX_COUNT, integer=True),
+    ("data", "max_vocab"): Range(1, MAX_COUNT, integer=True),
+    ("data", "data_dir"): Text(),
+    ("data", "text_field"): Text(),
+    ("data", "label_field"): Text(),
+    ("model", "d"): Range(1, MAX_SIZE, integer=True),
+    ("model", "heads"): Range(1, 1024, integer=True),
+    ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
+    ("model", "layers"): Range(1, 1024, integer=True),
+    ("model", "rho"): Text("a rho spec: exp | relu:C | softplus:C:T | cauchy | lp:P or a registered name",
+                           check=_check_rho),
+    ("model", "tau"): Range(0, 1e12, lo_open=True),
+    ("model", "graph"): Text("a graph spec: complete | window:K | strided:K | dilated:K[:R] | star | random:P "
+                             "or a .npy edge list", check=_check_graph),
+    ("model", "alpha"): Range(0, 1, lo_open=True),
+    ("model", "ffn_mult"): Range(1, 64, integer=True),
+    ("model", "dropout"): Range(0, 1, hi_open=True),
+    ("model", "attention_temperature"): Range(0, 1e6, lo_open=True),
+    ("train", "epochs"): Range(1, 10 ** 6, integer=True),
+    ("train", "batch_size"): Range(1, 2 ** 20, integer=True),
+    ("train", "lr"): Range(0, math.inf, lo_open=True, hi_open=True),
+    ("train", "weight_decay"): Range(0, math.inf, hi_open=True),
+    ("train", "grad_clip"): Range(0, math.inf, hi_open=True),
+    ("train", "seed"): Range(0, 2 ** 63 - 1, integer=True),
+    ("train", "device"): Text("cpu | cuda | cuda:K", check=_check_device),
+    ("train", "threads"): Range(1, 4096, integer=True),
+    ("train", "max_train_examples"): Range(1, MAX_COUNT, integer=True),
 }
+
+
+def monitor_mode(cfg: Dict[str, Any]) -> str:
+    """``train.monitor`` with its default resolved: warn when the training trace is on, off otherwise."""
+    tc = cfg["train"]
+    return tc["monitor"] or ("warn" if tc["trace"] else "off")
+
+
+def choices(where: tuple) -> tuple:
+    """The valid values of choice key ``where`` (a tuple such as ``("model", "mode")``)."""
+    return _choices(where)
 
 
 def _valid_keys(defaults: Dict[str, Any]) -> str:
@@ -100,13 +235,46 @@ def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], 
             base[key] = value
 
 
+def _check_rule(where: tuple, value) -> None:
+    name = ".".join(where)
+    if where in CHOICE_KEYS and value not in choices(where):
+        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {value!r}")
+    rule = RULES.get(where)
+    if isinstance(rule, Range):
+        if rule.integer and isinstance(value, float):
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {value!r}")
+        if not rule.holds(value):
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {value!r}")
+    elif isinstance(rule, Text):
+        if not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value)):
+            raise ConfigError(f"config key {name!r} must be {rule.rule}, got {value!r}")
+        if rule.check is not None:
+            try:
+                rule.check(value)
+            except ConfigError:
+                raise
+            except UnfoldError as exc:
+                raise ConfigError(f"config key {name!r}={value!r}: {exc}") from None
+
+
+def _check_cross(cfg: Dict[str, Any]) -> None:
+    """Rules between keys: each names both keys and their values."""
+    tc = cfg["train"]
+    if tc["monitor"] not in (None, "off") and not tc["trace"]:
+        raise ConfigError(f"config key 'train.monitor'={tc['monitor']!r} watches the training energy trace, which "
+                          "train.trace=false turns off: set train.trace=true or train.monitor=off")
+
+
 def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tuple = ()) -> Dict[str, Any]:
-    """Type-check every value against the defaults; returns ``cfg``."""
+    """Check every value's type against the defaults and its declared rule (:data:`RULES`, :func:`choices`),
+    then (at the top level) the rules between keys; returns ``cfg``, numbers normalised (int -> float keys)."""
     for key, default in defaults.items():
         where = path + (key,)
         value = cfg.get(key, default)
         name = ".".join(where)
         if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config section {name!r} must be a mapping, got {type(value).__name__}")
             validate(value, default, where)
             continue
         if value is None:
@@ -126,9 +294,19 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
         if not isinstance(value, allowed):
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, "
                               f"got {type(value).__name__} {value!r}")
-        if where in CHOICES and value not in CHOICES[where]:
-            raise ConfigError(f"config key {name!r} must be one of {list(CHOICES[where])}, got {value!r}")
+        _check_rule(where, value)
+    if not path:
+        _check_cross(cfg)
     return cfg
+
+
+def _is_text_key(where: tuple) -> bool:
+    node: Any = DEFAULTS
+    for k in where:
+        if not isinstance(node, dict) or k not in node:
+            return False
+        node = node[k]
+    return isinstance(node, str) or str in NULLABLE.get(where, ())
 
 
 def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
@@ -142,6 +320,8 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        if _is_text_key(tuple(keys)) and value is not None:
+            value = raw        # a text key takes the text as typed (YAML would read "hf:x" as a mapping, "007" as 7)
         nested: Dict[str, Any] = value
         for k in reversed(keys):
             nested = {k: nested}
@@ -154,14 +334,21 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Di
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
         if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist")
+            raise ConfigError(f"config file {path!r} does not exist" + (" (it is a folder)" if os.path.isdir(path) else ""))
         try:
-            with open(path) as fh:
-                loaded = yaml.safe_load(fh) or {}
+            with open(path, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+        loaded = {} if loaded is None else loaded
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "
+                              f"got a YAML {type(loaded).__name__}")
         if "name" not in loaded:
-            loaded["name"] = os.path.splitext(os.path.basename(path))[0]
+            stem = os.path.splitext(os.path.basename(path))[0]
+            loaded["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "config"
         _merge(cfg, loaded, DEFAULTS, "")
     apply_overrides(cfg, overrides)
     return validate(cfg)

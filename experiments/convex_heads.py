@@ -27,15 +27,30 @@ import torch
 
 from convex import HEADS, make_head, map_back, solve
 from convex.solver import beta_max
-from energies.errors import ConfigError, UnfoldError
+from energies.errors import CheckpointError, ConfigError, TokenError
+from unfold.cli import nonnegative_float, positive_int, run_main, seed_int
 from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
 from .config import load_config
 from .train import atomic_write_text, build_data
 
+PROG = "python -m experiments.convex_heads"
 HEAD_OPTIONS = {"mlp_gated": {"gates": 4}, "sa_gated": {"gates": 2}, "mixer_gated": {"gates": 2},
                 "sa_block": {"groups": 2}, "bfno": {"groups": 2}}
+#: the most float64 entries the blocks Z of one head may have (512 MB), checked before it is fitted
+MAX_BLOCK_ENTRIES = 2 ** 26
+
+
+def beta_fraction(text: str) -> float:
+    """``--beta-frac``: beta as a fraction of beta_max, in (0, 1] (at 1 and above the solution is Z = 0)."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number in (0, 1] (beta / beta_max)")
+    return v
 
 
 def _subset(tensors, n, seed, tokens):
@@ -67,9 +82,20 @@ def token_features(kind: str, ids, mask, glove, model=None, batch: int = 256) ->
 def projection(X: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     """Top ``dim`` right singular vectors of the real training tokens, scaled to unit token RMS."""
     T = X[mask]
+    if T.shape[0] < 1:
+        raise TokenError("the training examples hold no real token")
+    if not bool(torch.isfinite(T).all()):
+        raise TokenError("the training features hold NaN or Inf")
+    if dim > min(T.shape):
+        raise ConfigError(f"--dim {dim} exceeds the rank bound of the training features: {T.shape[1]} features, "
+                          f"{T.shape[0]} real tokens")
     _, S, Vh = torch.linalg.svd(T, full_matrices=False)
     P = Vh[:dim].T
-    return P / float((T @ P).pow(2).sum(-1).mean().sqrt())
+    rms = float((T @ P).pow(2).sum(-1).mean().sqrt())
+    if not (math.isfinite(rms) and rms > 0):
+        raise TokenError(f"the training features cannot be scaled to unit RMS (RMS of the projection {rms:g}; "
+                         f"largest |feature| {float(T.abs().max()):.3g})")
+    return P / rms
 
 
 def fit_all(kind, train, test, Xtr, Xte, heads: List[str], args) -> Dict[str, dict]:
@@ -77,10 +103,14 @@ def fit_all(kind, train, test, Xtr, Xte, heads: List[str], args) -> Dict[str, di
     P = projection(Xtr, mtr, args.dim)
     Xtr, Xte = Xtr @ P * mtr[..., None], Xte @ P * mte[..., None]
     c = int(max(ytr.max(), yte.max())) + 1
-    Y = torch.nn.functional.one_hot(ytr, c).to(torch.float64)
+    Y = ytr                                   # class labels: the solver one-hot encodes (and checks) them
     rows = {}
     for name in heads:
         head = make_head(name, args.dim, Xtr.shape[1], c, seed=args.seed, **HEAD_OPTIONS.get(name, {}))
+        entries = sum(r * q for r, q in head.blocks())
+        if entries > MAX_BLOCK_ENTRIES:
+            raise ConfigError(f"head {name} with --dim {args.dim}, --tokens {args.tokens} and {c} classes has "
+                              f"{entries} convex variables, more than {MAX_BLOCK_ENTRIES}: lower --dim or --tokens")
         t0 = time.perf_counter()
         data = head.prepare(Xtr, mtr)
         bmax = beta_max(head, data, Y)
@@ -144,65 +174,115 @@ def markdown(rows: Dict[str, dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.convex_heads", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a small version (under two minutes on a CPU)")
     p.add_argument("--features", nargs="+", default=["glove", "model"], choices=["glove", "model"])
     p.add_argument("--checkpoint", default="runs/default/best.pt", help="trained unfolded model for 'model' features")
     p.add_argument("--config", default="experiments/configs/default.yaml", help="data section of this config")
     p.add_argument("--heads", nargs="+", default=sorted(HEADS), metavar="HEAD")
     p.add_argument("--out", default="runs/convex_heads")
-    p.add_argument("--dim", type=int, default=None, help="feature dimension after projection (default 12, quick 6)")
-    p.add_argument("--tokens", type=int, default=None, help="tokens kept per text (default 32, quick 16)")
-    p.add_argument("--train-examples", type=int, default=None, help="default 2000, quick 300")
-    p.add_argument("--beta-frac", type=float, default=0.02)
+    p.add_argument("--dim", type=positive_int, default=None, help="feature dimension after projection (default 12, quick 6)")
+    p.add_argument("--tokens", type=positive_int, default=None, help="tokens kept per text (default 32, quick 16)")
+    p.add_argument("--train-examples", type=positive_int, default=None, help="default 2000, quick 300")
+    p.add_argument("--beta-frac", type=beta_fraction, default=0.02, help="beta / beta_max, in (0, 1]")
     p.add_argument("--method", default="fista", choices=["fista", "pg"])
-    p.add_argument("--max-iter", type=int, default=None, help="default 2000, quick 800")
-    p.add_argument("--tol", type=float, default=1e-7)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-iter", type=positive_int, default=None, help="default 2000, quick 800")
+    p.add_argument("--tol", type=nonnegative_float, default=1e-7, help="relative duality gap to stop at (>= 0)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="end with one JSON line of per-head results")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides (data section)")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_out(path: str) -> None:
+    """``--out``: a folder that exists and is writable, or can be created (its nearest existing parent is a
+    writable folder); checked before any work, so that a run never fails at its end."""
+    if not path:
+        raise ConfigError("--out must name a folder, got ''")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--out {path!r} is a file, not a folder")
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"--out {path!r}: {probe!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {path!r}: folder {probe!r} is not writable")
+
+
+def load_trained(checkpoint: str):
+    """``(model, vocab)`` of a training run's checkpoint (and the run's ``vocab.json`` beside it); any failure
+    is a :class:`CheckpointError` naming the file."""
+    from .data import Vocab
+    from .spline_probe import load_model
+
+    if os.path.isdir(checkpoint):
+        raise CheckpointError(f"--checkpoint {checkpoint!r} is a folder, not a checkpoint file")
+    try:
+        model = load_model(checkpoint=checkpoint)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--checkpoint: {exc}") from None
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"--checkpoint {checkpoint!r} is not a training checkpoint of this project "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:160]})") from None
+    vocab_path = os.path.join(os.path.dirname(checkpoint), "vocab.json")
+    try:
+        vocab = Vocab.load(vocab_path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"--checkpoint {checkpoint!r}: its run's vocabulary {vocab_path!r} cannot be read "
+                              f"({' '.join(str(exc).split())[:160]})") from None
+    return model, vocab
+
+
+def main(argv=None) -> int:
+    return run_main(PROG, lambda: _main(argv))
+
+
+def _main(argv) -> int:
+    args = build_parser().parse_args(argv)
     q = args.quick
     args.dim = args.dim or (6 if q else 12)
     args.tokens = args.tokens or (16 if q else 32)
     args.train_examples = args.train_examples or (300 if q else 2000)
     args.max_iter = args.max_iter or (800 if q else 2000)
-    try:
-        unknown = [h for h in args.heads if h not in HEADS]
-        if unknown:
-            raise ConfigError(f"unknown head(s) {unknown}; valid: {sorted(HEADS)}")
-        cfg = load_config(args.config, [f"data.max_len={args.tokens}", *args.set])
-        if cfg["data"]["glove"] == "none" and "glove" in args.features:
-            raise ConfigError("glove features need data.glove != none")
-        splits, vocab, tensors, glove = build_data(cfg)
-        n_test = 300 if q else None
-        train = _subset(tensors["train"], args.train_examples, args.seed, args.tokens)
-        test = _subset(tensors["test"], n_test, args.seed, args.tokens)
-        rows: Dict[str, dict] = {}
-        for kind in args.features:
-            model = None
-            if kind == "model":
-                if not os.path.isfile(args.checkpoint):
-                    print(f"model features skipped: {args.checkpoint} does not exist (train one with "
-                          "python -m experiments.train --config experiments/configs/default.yaml)", file=sys.stderr)
-                    continue
-                from .data import Vocab, encode
-                from .spline_probe import load_model
+    args.heads = list(dict.fromkeys(args.heads))
+    args.features = list(dict.fromkeys(args.features))
+    unknown = [h for h in args.heads if h not in HEADS]
+    if unknown:
+        raise ConfigError(f"unknown head(s) {unknown}; valid: {sorted(HEADS)}")
+    check_out(args.out)
+    cfg = load_config(args.config, [f"data.max_len={args.tokens}", *args.set])
+    if cfg["data"]["glove"] == "none" and "glove" in args.features:
+        raise ConfigError("glove features need data.glove != none")
+    trained = None           # the model is loaded (and checked) before any data is read
+    if "model" in args.features:
+        if os.path.isfile(args.checkpoint) or os.path.isdir(args.checkpoint):
+            trained = load_trained(args.checkpoint)
+        else:
+            print(f"model features skipped: {args.checkpoint} does not exist (train one with "
+                  "python -m experiments.train --config experiments/configs/default.yaml)", file=sys.stderr)
+    splits, vocab, tensors, glove = build_data(cfg)
+    n_test = 300 if q else None
+    train = _subset(tensors["train"], args.train_examples, args.seed, args.tokens)
+    test = _subset(tensors["test"], n_test, args.seed, args.tokens)
+    rows: Dict[str, dict] = {}
+    for kind in args.features:
+        model = None
+        if kind == "model":
+            if trained is None:
+                continue
+            from .data import encode
 
-                model = load_model(checkpoint=args.checkpoint)
-                run_vocab = Vocab.load(os.path.join(os.path.dirname(args.checkpoint), "vocab.json"))
-                enc = {n: encode(ex, run_vocab, args.tokens) for n, ex in (("train", splits.train), ("test", splits.test))}
-                tr = _subset(enc["train"], args.train_examples, args.seed, args.tokens)
-                te = _subset(enc["test"], n_test, args.seed, args.tokens)
-            else:
-                tr, te = train, test
-            Xtr = token_features(kind, tr[0], tr[1], glove, model)
-            Xte = token_features(kind, te[0], te[1], glove, model)
-            rows.update(fit_all(kind, tr, te, Xtr, Xte, args.heads, args))
-    except UnfoldError as exc:
-        print(f"python -m experiments.convex_heads: error: {exc}", file=sys.stderr)
-        return 2
+            model, run_vocab = trained
+            enc = {n: encode(ex, run_vocab, args.tokens) for n, ex in (("train", splits.train), ("test", splits.test))}
+            tr = _subset(enc["train"], args.train_examples, args.seed, args.tokens)
+            te = _subset(enc["test"], n_test, args.seed, args.tokens)
+        else:
+            tr, te = train, test
+        Xtr = token_features(kind, tr[0], tr[1], glove, model)
+        Xte = token_features(kind, te[0], te[1], glove, model)
+        rows.update(fit_all(kind, tr, te, Xtr, Xte, args.heads, args))
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows, args)
     atomic_write_text(table, os.path.join(args.out, "table.md"))

@@ -38,9 +38,11 @@ Command line::
     python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR]
 
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}``
-a line, in the order the trainer sees them) and ``labels.json``; ``load_dataset(DIR)`` reads such
-a directory back unchanged. Both commands exit with status 2 and a one-line message on a
-:class:`DataError`.
+a line, in the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)``
+reads such a directory back unchanged. Both commands run under :func:`unfold.cli.run_main`: bad input
+(a :class:`DataError`, a file where a folder is expected, ...) exits with status 2 and one line.
+
+Every loaded dataset carries at least two classes, in its training split too (:func:`check_classes`).
 """
 from __future__ import annotations
 
@@ -54,9 +56,11 @@ import html
 import importlib.util
 import io
 import json
+import math
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,10 +75,12 @@ import numpy as np
 import torch
 
 from energies.errors import UnfoldError
+from unfold.cli import folder_arg, folder_problem, output_folder_arg, run_main, seed_int
 from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
 
+PROG = "python -m experiments.data"
 DATA_DIR_ENV = "UNFOLD_DATA"
 DEFAULT_DATA_DIR = pathlib.Path("~/.cache/unfolded-transformers")
 MANIFEST = "manifest.json"
@@ -115,14 +121,35 @@ class Splits:
 def data_dir(path=None) -> pathlib.Path:
     """The data directory: ``path`` if given, else ``$UNFOLD_DATA``, else ``~/.cache/unfolded-transformers``.
 
-    The directory is not created here (``fetch`` creates it).
+    The directory is not created here (``fetch`` creates it); one that exists but is not a folder is a
+    :class:`DataError`.
     """
     if path is None or str(path) == "":
         path = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
-    return pathlib.Path(path).expanduser()
+    path = pathlib.Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DataError(f"the data directory {path} is not a folder")
+    return path
 
 
 _data_dir = data_dir  # for functions whose ``data_dir`` parameter shadows the function
+
+
+def check_folder(path, what: str, writable: bool = False) -> pathlib.Path:
+    """``path`` as a :class:`pathlib.Path` when :func:`folder_problem` finds nothing wrong, else a
+    :class:`DataError` naming ``what`` (e.g. ``--out``) and the path."""
+    why = folder_problem(path, writable)
+    if why:
+        raise DataError(f"{what} {str(path)!r} {why}")
+    return pathlib.Path(path).expanduser()
+
+
+def split_seed_arg(text: str) -> int:
+    """argparse ``type=``: a split seed, an integer in ``[0, 2**32)`` (what ``RandomState`` accepts)."""
+    seed = seed_int(text)
+    if seed >= 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, 2**32) (a split seed)")
+    return seed
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -352,22 +379,47 @@ def _label_table(values) -> tuple[dict, list[str]]:
 
 
 def _records_to_examples(records, text_field, label_field, where) -> list[tuple[str, object]]:
-    """``(text, raw label)`` pairs from dict records; a missing column lists the columns found."""
+    """``(text, raw label)`` pairs from dict records (``record i`` counts from 0, in file order).
+
+    Checked: every record is an object with both columns (a missing one lists the columns found); the
+    label is present and not empty, a string, an integer or an integral float, and not a number that is
+    not finite (``nan``, ``inf``: a missing value written by a spreadsheet or pandas); text and label are
+    valid Unicode (a lone surrogate from a JSON escape could not be written back)."""
     out = []
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise DataError(f"{where}: record {i} is not an object: {rec!r:.80}")
         missing = [c for c in (text_field, label_field) if c not in rec]
         if missing:
-            raise DataError(f"{where}: record {i} has no column(s) {missing}; columns found: {sorted(rec)}")
+            raise DataError(f"{where}: record {i} has no column(s) {missing}; columns found: {sorted(map(str, rec))}")
         label = rec[label_field]
         if label is None or (isinstance(label, str) and not label.strip()):
-            raise DataError(f"{where}: record {i} has an empty label")
-        if isinstance(label, (list, dict, float)) and not (isinstance(label, float) and label.is_integer()):
-            raise DataError(f"{where}: record {i} has an unusable label {label!r}")
+            raise DataError(f"{where}: record {i} has an empty label ({label_field!r})")
+        if isinstance(label, str) and _non_finite_number(label):
+            raise DataError(f"{where}: record {i} has label {label.strip()!r} ({label_field!r}), not a class: "
+                            "a missing value?")
+        if not isinstance(label, (str, int, float)) or (isinstance(label, float) and not label.is_integer()):
+            raise DataError(f"{where}: record {i} has an unusable label {label!r} ({label_field!r}): expected a "
+                            "string or an integer")
         text = rec[text_field]
-        out.append(("" if text is None else str(text), label.strip() if isinstance(label, str) else label))
+        text = "" if text is None else str(text)
+        for what, value in ((text_field, text), (label_field, label)):
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise DataError(f"{where}: record {i}: {what!r} is not valid Unicode ({e.reason} at "
+                                    f"character {e.start})") from None
+        out.append((text, label.strip() if isinstance(label, str) else label))
     return out
+
+
+def _non_finite_number(text: str) -> bool:
+    """Whether ``text`` reads as a number that is not finite (``nan``, ``-inf``, ``Infinity``, ...)."""
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _read_jsonl(path: pathlib.Path) -> list:
@@ -379,7 +431,7 @@ def _read_jsonl(path: pathlib.Path) -> list:
                 if line.strip():
                     try:
                         out.append(json.loads(line))
-                    except ValueError as e:
+                    except (ValueError, RecursionError) as e:
                         raise DataError(f"{path}:{n}: not valid JSON ({e})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read ({e})") from None
@@ -410,7 +462,7 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
     if suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return _read_jsonl(path)
         except OSError as e:
             raise DataError(f"{path}: cannot read ({e})") from None
@@ -554,29 +606,83 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
         raise DataError(f"dataset name must be a string, got {type(name).__name__}")
     name = os.fspath(name)
     if name in DATASETS:
-        return DATASETS[name](seed=seed, data_dir=data_dir)
+        return check_classes(DATASETS[name](seed=seed, data_dir=data_dir))
     if name.startswith("hf:"):
-        return _load_hf(name[3:], seed, text_field, label_field)
+        return check_classes(_load_hf(name[3:], seed, text_field, label_field))
+    if not name.strip():
+        raise DataError(f"the dataset name is empty; valid names: {_valid_names()}")
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
-        return _load_directory(path, text_field, label_field)
+        return check_classes(_load_directory(path, text_field, label_field))
     if path.suffix.lower() in (".csv", ".jsonl", ".json"):
-        return _load_file(path, seed, text_field, label_field)
+        return check_classes(_load_file(path, seed, text_field, label_field))
     raise DataError(f"unknown dataset {name!r}; valid names: {_valid_names()}")
 
 
-def export(splits: Splits, out) -> pathlib.Path:
-    """Write ``splits`` to directory ``out``: train/val/test.jsonl and labels.json (atomic writes).
+def check_classes(splits: Splits) -> Splits:
+    """``splits`` unchanged when its examples carry at least two classes, and its training split too;
+    otherwise a :class:`DataError` naming the dataset and the one class (a classifier trained on one
+    class predicts it everywhere and reports a meaningless 100 % accuracy). Returns ``splits``."""
+    def one(examples) -> str | None:
+        labels = {lab for _, lab in examples}
+        if len(labels) != 1:
+            return None
+        (lab,) = labels
+        name = repr(splits.label_names[lab]) if 0 <= lab < len(splits.label_names) else repr(lab)
+        return f"{name}, {len(examples)} example{'s' if len(examples) != 1 else ''}"
 
-    Each line is ``{"text": ..., "label": int}``; the order is the order of the splits.
+    if not splits.train:
+        raise DataError(f"dataset {splits.name}: the training split is empty")
+    every = one(splits.train + splits.val + splits.test)
+    if every is not None:
+        raise DataError(f"dataset {splits.name} holds one class only ({every}): a classifier needs at least two")
+    train = one(splits.train)
+    if train is not None:
+        raise DataError(f"dataset {splits.name}: its training split holds one class only ({train}): a classifier "
+                        "needs at least two")
+    return splits
+
+
+def export(splits: Splits, out) -> pathlib.Path:
+    """Write ``splits`` to directory ``out``: train/val/test.jsonl and labels.json.
+
+    Each line is ``{"text": ..., "label": int}``; the order is the order of the splits. All or nothing:
+    the files are written into a temporary folder beside ``out``, which then becomes ``out`` (or, when
+    ``out`` exists already, whose files replace those of ``out`` one by one, each rename atomic); on any
+    error the temporary folder and the parent folders made for it are removed, ``out`` is left as it was.
+    ``out`` must not be a file (:func:`check_folder`).
     """
-    out = pathlib.Path(out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    for s in SPLIT_NAMES:
-        lines = "".join(json_dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
-                        for t, lab in getattr(splits, s))
-        _atomic_write_bytes(out / f"{s}.jsonl", lines.encode("utf-8"))
-    _atomic_write_bytes(out / "labels.json", (json_dumps(splits.label_names, ensure_ascii=False) + "\n").encode())
+    out = check_folder(out, "export folder", writable=True)
+    files = {f"{s}.jsonl": "".join(json_dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
+                                   for t, lab in getattr(splits, s)).encode("utf-8") for s in SPLIT_NAMES}
+    files["labels.json"] = (json_dumps(splits.label_names, ensure_ascii=False) + "\n").encode("utf-8")
+    made = []                                    # parent folders created here, removed again on failure
+    tmp = None
+    try:
+        for parent in reversed(out.absolute().parents):
+            if not parent.exists():
+                parent.mkdir()
+                made.append(parent)
+        tmp = out.parent / f".{out.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        tmp.mkdir()                             # (not mkdtemp: an export is an ordinary folder, not a private one)
+        for name, data in files.items():
+            _atomic_write_bytes(tmp / name, data)
+        if out.exists():
+            for name in files:
+                os.replace(tmp / name, out / name)
+        else:
+            os.rename(tmp, out)
+            tmp = None
+    except BaseException as exc:
+        if made:
+            shutil.rmtree(made[0], ignore_errors=True)
+        if isinstance(exc, OSError):             # named after the folder asked for, not a temporary one
+            raise DataError(f"export folder {out} cannot be written ({exc.strerror or exc}: "
+                            f"{exc.filename})") from None
+        raise
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -771,23 +877,12 @@ def load_glove(vocab: Vocab, data_dir=None, seed: int = 0, std: float = 0.1):
     missing from GloVe get ``N(0, std**2)`` entries drawn from ``torch.Generator`` seeded with
     ``seed`` (std 0.1 by default, small next to the GloVe entries whose std is about 0.6, so
     unknown words start near the origin). ``coverage`` is the fraction of ordinary tokens
-    (specials excluded) found in GloVe.
+    (specials excluded) found in GloVe. The files are checked by :func:`_read_glove`.
     """
     root = _data_dir(data_dir)
     emb_path = _require_file(root, GLOVE_EMB, "glove")
     vocab_path = _require_file(root, GLOVE_VOCAB, "glove")
-    try:
-        emb = np.load(emb_path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise _corrupt("glove", emb_path, root, e) from None
-    try:
-        words = vocab_path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as e:
-        raise _corrupt("glove", vocab_path, root, e) from None
-    if words and words[-1] == "":
-        words.pop()
-    if emb.ndim != 2 or emb.shape[0] != len(words):
-        raise _corrupt("glove", emb_path, root, f"matrix of shape {emb.shape} for {len(words)} words")
+    emb, words = _read_glove(root, emb_path, vocab_path)
     row_of = {w: i for i, w in enumerate(words)}
     gen = torch.Generator().manual_seed(int(seed))
     weights = torch.randn(len(vocab), emb.shape[1], generator=gen, dtype=torch.float32) * float(std)
@@ -804,6 +899,53 @@ def load_glove(vocab: Vocab, data_dir=None, seed: int = 0, std: float = 0.1):
         weights[torch.tensor(ids)] = torch.from_numpy(np.ascontiguousarray(emb[np.asarray(rows)], dtype=np.float32))
     ordinary = len(vocab) - len(Vocab.SPECIALS)
     return weights, (len(ids) / ordinary if ordinary else 0.0)
+
+
+_WHITESPACE = re.compile(r"\s")
+
+
+def _read_glove(root: pathlib.Path, emb_path: pathlib.Path, vocab_path: pathlib.Path) -> tuple[np.ndarray, list]:
+    """``(matrix, words)`` of the GloVe files, checked line by line: GloVe line ``k`` is the word on line
+    ``k`` of the vocabulary file (one column: a non-empty word without whitespace) and row ``k`` of the
+    matrix (``GLOVE_DIM`` finite numbers), so a line has 1 + 50 columns. A vocabulary line with more or
+    fewer columns (a GloVe text file put there by hand, spaces, an empty line), a matrix that is
+    not 2-D numbers of ``GLOVE_DIM`` columns, a row with NaN or Inf, or a count of words that differs
+    from the count of rows is a :class:`DataError` naming the file and the line."""
+    try:
+        emb = np.load(emb_path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise _corrupt("glove", emb_path, root, e) from None
+    if not isinstance(emb, np.ndarray) or emb.dtype.kind not in "fiu":
+        raise _corrupt("glove", emb_path, root, f"holds {getattr(emb, 'dtype', type(emb).__name__)} values, "
+                                                "not numbers")
+    if emb.ndim != 2 or emb.shape[1] != GLOVE_DIM:
+        raise _corrupt("glove", emb_path, root, f"matrix of shape {emb.shape}: each line needs {GLOVE_DIM} "
+                                                f"values (1 + {GLOVE_DIM} columns with the word)")
+    try:
+        text = vocab_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise _corrupt("glove", vocab_path, root, e) from None
+    words = text.split("\n")
+    if words and words[-1] == "":
+        words.pop()
+    if _WHITESPACE.search(text.replace("\n", "")) or "" in words:
+        k, word = next((k, w) for k, w in enumerate(words, 1) if not w or _WHITESPACE.search(w))
+        cols = len(word.split())
+        what = ("is empty" if not word else f"has {cols} columns ({word[:60]!r})" if cols > 1
+                else f"has whitespace around its word ({word[:60]!r})")
+        raise _corrupt("glove", vocab_path, root, f"line {k} {what}; expected one word a line (its {GLOVE_DIM} "
+                                                  f"values are row {k} of {emb_path.name})")
+    if emb.shape[0] != len(words):
+        raise _corrupt("glove", emb_path, root, f"matrix of shape {emb.shape} for {len(words)} words")
+    if emb.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(emb).all(axis=1))
+        if bad.size:
+            k = int(bad[0])
+            col = int(np.flatnonzero(~np.isfinite(emb[k]))[0])
+            raise _corrupt("glove", emb_path, root,
+                           f"line {k + 1} (word {words[k]!r}) holds {emb[k, col]} in column {col + 1}; "
+                           f"{bad.size} line(s) with NaN or Inf")
+    return emb, words
 
 
 # --------------------------------------------------------------------------------------------
@@ -1193,7 +1335,7 @@ def fetch(names=("rotten_tomatoes",), data_dir=None, quiet: bool = False, force:
     unknown = [n for n in names if n not in SOURCES]
     if unknown:
         raise DataError(f"cannot fetch {unknown}; valid names: {', '.join(SOURCES)}")
-    root = _data_dir(data_dir)
+    root = check_folder(_data_dir(data_dir), "data directory", writable=True)  # before any download
     root.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     report = {}
@@ -1231,40 +1373,47 @@ def fetch(names=("rotten_tomatoes",), data_dir=None, quiet: bool = False, force:
 # Command line
 # --------------------------------------------------------------------------------------------
 
+def _nonempty_arg(text: str) -> str:
+    """argparse ``type=``: a non-empty string (a dataset name, a column name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def main(argv=None) -> int:
-    """``fetch`` and ``export`` subcommands; a :class:`DataError` exits 2 with one line on stderr."""
-    p = argparse.ArgumentParser(prog="python -m experiments.data",
-                                description="Fetch text datasets and GloVe vectors; export splits.")
+    """``fetch`` and ``export`` subcommands under :func:`unfold.cli.run_main` (bad input: one line, exit 2)."""
+    p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download the data files (default: all of them)")
-    f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME",
+    f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME", choices=list(SOURCES),
                    help=f"one or more of {', '.join(SOURCES)} (default: all)")
-    f.add_argument("--data-dir", default=None, help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
+    f.add_argument("--data-dir", type=output_folder_arg, default=None,
+                   help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
     f.add_argument("--force", action="store_true", help="download again even if present and valid")
     f.add_argument("--quiet", action="store_true")
     e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
-    e.add_argument("--dataset", required=True, help=_valid_names())
-    e.add_argument("--out", required=True, help="output directory")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--data-dir", default=None)
-    e.add_argument("--text-field", default="text")
-    e.add_argument("--label-field", default="label")
+    e.add_argument("--dataset", required=True, type=_nonempty_arg, help=_valid_names())
+    e.add_argument("--out", required=True, type=output_folder_arg, help="output directory")
+    e.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
+    e.add_argument("--data-dir", type=folder_arg, default=None)
+    e.add_argument("--text-field", type=_nonempty_arg, default="text")
+    e.add_argument("--label-field", type=_nonempty_arg, default="label")
     args = p.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.command == "fetch":
             report = fetch(args.dataset or list(SOURCES), data_dir=args.data_dir, quiet=args.quiet,
                            force=args.force)
             print(json_dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
-        else:
-            splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
-                                  text_field=args.text_field, label_field=args.label_field)
-            out = export(splits, args.out)
-            print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
-                              "label_names": splits.label_names, **splits.sizes()}))
-    except DataError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-    return 0
+            return 0
+        splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
+                              text_field=args.text_field, label_field=args.label_field)
+        out = export(splits, args.out)
+        print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
+                          "label_names": splits.label_names, **splits.sizes()}))
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import time
 import torch
 
 from energies.graph import graph_from_spec
+from experiments.data import output_folder_arg
+from unfold.cli import positive_int, run_main, seed_int
 from unfold.steps import AttentionStep
 from unfold.trace import trace_descent
 from unfold.strict_json import dumps as json_dumps
@@ -90,31 +92,46 @@ def write_markdown(records, totals, path: str) -> None:
         fh.write("\n".join(lines) + "\n")
 
 
+PROG = "python -m experiments.descent"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.descent", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/descent")
-    p.add_argument("--samples", type=int, default=16)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--n", type=int, default=32)
-    p.add_argument("--d", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). The
+    output folder is checked before the sweep and created after it: a failed sweep writes nothing."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=output_folder_arg, default="runs/descent", help="output folder (default runs/descent)")
+    p.add_argument("--samples", type=positive_int, default=16, help="random token matrices per graph")
+    p.add_argument("--layers", type=positive_int, default=12, help="MM steps unrolled")
+    p.add_argument("--n", type=_tokens_arg, default=32, help=f"tokens per matrix, >= {MIN_TOKENS}")
+    p.add_argument("--d", type=positive_int, default=16, help="token width")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--quick", action="store_true", help="4 samples, 4 layers, n = 12")
     args = p.parse_args(argv)
     if args.quick:
         args.samples, args.layers, args.n = 4, 4, 12
-    for name in ("samples", "layers", "n", "d"):
-        if getattr(args, name) < 1:
-            print(f"python -m experiments.descent: error: --{name} must be >= 1", file=sys.stderr)
-            return 2
-    if not 0 <= args.seed < 2 ** 63:
-        print(f"python -m experiments.descent: error: --seed must lie in [0, 2^63), got {args.seed}", file=sys.stderr)
-        return 2
-    os.makedirs(args.out, exist_ok=True)
+    return run_main(PROG, lambda: _run(args))
+
+
+#: fewest tokens of a sweep: attention relates pairs of tokens, one token has none (0 increases would say nothing)
+MIN_TOKENS = 2
+
+
+def _tokens_arg(text: str) -> int:
+    """argparse ``type=``: a token count, an integer >= :data:`MIN_TOKENS`."""
+    n = positive_int(text)
+    if n < MIN_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {MIN_TOKENS} (attention relates pairs of "
+                                         "tokens)")
+    return n
+
+
+def _run(args) -> int:
     t0 = time.perf_counter()
     records, reports = sweep(args.samples, args.layers, args.n, args.d, args.seed)
     printed, exact = negative_control(max(args.samples, 16) * 4, max(args.layers, 10), args.seed)
     from unfold.plot import plot_report
 
+    os.makedirs(args.out, exist_ok=True)
     plot_sweep(reports, os.path.join(args.out, "descent.png"), args.layers)
     plot_report(printed, os.path.join(args.out, "negative_control.png"),
                 title="negative control: printed eq. 38 update, random:0.3 graph, n=32, d=4 (red x: increases)")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch_geometric.utils import stochastic_blockmodel_graph
 
+from unfold.cli import positive_int, run_main, seed_int
 from unfold.pyg import UnfoldedAttentionConv
 from unfold.trace import report_from_values
 from unfold.strict_json import dumps as json_dumps
@@ -94,16 +95,21 @@ def train(layers: int, epochs: int, data, seed: int = 0, hidden: int = 32):
             "layer_steps": steps, "energies": [] if last is None else last.tolist()}
 
 
+PROG = "python -m experiments.pyg_sbm"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.pyg_sbm", description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=positive_int, default=4, help="UnfoldedAttentionConv steps, >= 1")
+    p.add_argument("--epochs", type=positive_int, default=100)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     args = p.parse_args(argv)
-    if args.layers < 1 or args.epochs < 1:
-        print("python -m experiments.pyg_sbm: error: --layers and --epochs must be >= 1", file=sys.stderr)
-        return 2
+    return run_main(PROG, lambda: _run(args))
+
+
+def _run(args) -> int:
     data = sbm_data(seed=args.seed)
     ours = train(args.layers, args.epochs, data, args.seed)
     mlp = train(0, args.epochs, data, args.seed)

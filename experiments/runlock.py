@@ -11,11 +11,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 from typing import Optional
 
 from energies.errors import UnfoldError
+from unfold.cli import folder_problem
 
-__all__ = ["RunLock", "RunFolderError", "check_fresh", "RUN_FILES"]
+__all__ = ["RunLock", "RunFolderError", "check_fresh", "check_writable", "RUN_FILES"]
 
 LOCK = ".lock"
 #: files that mark a folder as holding a run (its results or checkpoints)
@@ -94,3 +96,19 @@ def check_fresh(run_dir: str, overwrite: bool = False) -> None:
             os.unlink(os.path.join(run_dir, f))
         except FileNotFoundError:
             pass
+
+
+def check_writable(run_dir: str, need_bytes: int = 0) -> None:
+    """Before any work: refuse a run folder that is a file (or lies under one) or cannot be written
+    (:func:`unfold.cli.folder_problem`: a real write probe, nothing left behind), or whose disk has less than
+    ``need_bytes`` free."""
+    why = folder_problem(run_dir, writable=True)
+    if why:
+        raise RunFolderError(f"run folder {run_dir!r} {why}")
+    probe = os.path.abspath(run_dir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    if free < need_bytes:
+        raise RunFolderError(f"run folder {run_dir!r}: {free / 2 ** 20:.1f} MiB free on its disk, the run needs "
+                             f"about {need_bytes / 2 ** 20:.1f} MiB (checkpoints and results)")

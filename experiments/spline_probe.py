@@ -28,6 +28,7 @@ where the paper's argument does not apply.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 from typing import Callable, Iterable, List, Optional, Tuple
@@ -37,8 +38,9 @@ import torch
 from torch import nn
 
 from energies import kinks
-from energies.errors import UnfoldError
+from energies.errors import CheckpointError, ConfigError, UnfoldError
 from unfold.attention import Attention
+from unfold.cli import finite_float, nonnegative_int, one_line, positive_float, positive_int, run_main, seed_int
 from unfold.model import UnfoldedTransformer, _FreeLayer
 from unfold.strict_json import dumps as json_dumps
 
@@ -161,6 +163,39 @@ def _slope(coef: np.ndarray, t: float, t_max: float) -> np.ndarray:
     return np.polynomial.chebyshev.chebval(t / t_max, np.polynomial.chebyshev.chebder(coef)) / t_max
 
 
+#: the largest polynomial degree the probe fits (a static bound above it is capped, as in :func:`probe_model`)
+MAX_DEGREE = 100
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+#: the range of ``tol``, a fit's largest residual relative to the output scale: below float64 round-off
+#: (about 1e-15) an exact polynomial fails; above 1e-6 smooth maps pass (softplus attention, at the default
+#: ``t_max``, fits degree 8 within 1e-4)
+TOL_RANGE = (1e-14, 1e-6)
+
+
+def check_probe_options(t_max=3.0, grid=1025, max_degree=12, tol=1e-9) -> None:
+    """The probe's options in range, else a :class:`ConfigError` naming the option and the value: ``t_max``
+    finite > 0 (the ray is ``[-t_max, t_max]``), ``grid`` an integer >= 2, ``max_degree`` an integer in
+    ``[0, MAX_DEGREE]``, ``tol`` in :data:`TOL_RANGE`."""
+    if not (_is_real(t_max) and t_max > 0):
+        raise ConfigError(f"t_max must be a finite number > 0, got {t_max!r}")
+    if not (_is_int(grid) and grid >= 2):
+        raise ConfigError(f"grid must be an integer >= 2, got {grid!r}")
+    if not (_is_int(max_degree) and 0 <= max_degree <= MAX_DEGREE):
+        raise ConfigError(f"max_degree must be an integer in [0, {MAX_DEGREE}], got {max_degree!r}")
+    if not (_is_real(tol) and TOL_RANGE[0] <= tol <= TOL_RANGE[1]):
+        raise ConfigError(f"tol must be a number in [{TOL_RANGE[0]:g}, {TOL_RANGE[1]:g}] (a residual relative to "
+                          f"the output scale), got {tol!r}")
+
+
 def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 3.0, grid: int = 1025,
           max_degree: int = 12, tol: float = 1e-9) -> dict:
     """Probe ``t -> f(t)`` on ``[-t_max, t_max]`` (``f`` evaluates the module in float64; see the
@@ -170,7 +205,13 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     on the piece, :mod:`energies.kinks`), which equals f on the piece and is defined on the whole
     ray: for a spline it is one polynomial there, so the fit is made on ``[-t_max, t_max]``, not only
     on the piece. (A smooth non-polynomial map is fitted by a low degree on a short enough interval;
-    on the whole ray it is not, and that is what separates softmax from ReLU here.)"""
+    on the whole ray it is not, and that is what separates softmax from ReLU here.)
+
+    Checked (:class:`ConfigError`, :func:`check_probe_options`): the options; an output that is not
+    finite somewhere on the ray (overflow far out) gives no verdict but an error. The verdict is only as
+    good as the ray is long: on a short ray (``t_max`` well below the scale on which the map bends, e.g.
+    0.5 for softmax attention at ``tol=1e-9``) a smooth map is fitted by a polynomial too."""
+    check_probe_options(t_max=t_max, grid=grid, max_degree=max_degree, tol=tol)
 
     def at(t: float, replay=None):
         out, tp = run_taped(module, lambda: f(t), replay)
@@ -178,6 +219,10 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
 
     ts = np.linspace(-t_max, t_max, grid)
     samples = [at(float(t)) for t in ts]
+    bad = next((float(t) for t, (y, _) in zip(ts, samples) if not np.isfinite(y).all()), None)
+    if bad is not None:      # overflow (finite weights, a far point of the ray): evidence of nothing
+        raise ConfigError(f"the output is not finite at t = {bad:.6g} (float64 overflow): no verdict; lower "
+                          f"t_max={t_max!r}")
     pats = [tp.pattern() for _, tp in samples]
     scale = max(max(float(np.abs(y).max()) for y, _ in samples), 1e-300)
     breaks: List[float] = []
@@ -266,24 +311,73 @@ def probe_attention(activation: str = "relu", n: int = 6, d: int = 4, heads: int
 def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, overrides: Iterable[str] = (),
                vocab_size: int = 1000, num_classes: int = 2) -> UnfoldedTransformer:
     """A model from a config file (random weights) or a training checkpoint (``best.pt``, whose config
-    it holds; ``config`` then overrides nothing), in float64 and eval mode."""
-    from .config import load_config, validate
+    it holds; ``config`` then overrides nothing), in float64 and eval mode. A checkpoint is read with
+    :func:`experiments.checkpoint.safe_load` and checked by :func:`checkpoint_model`."""
+    from .config import load_config
     from .train import build_model
 
     if checkpoint is not None:
-        from .checkpoint import safe_load
-
-        state = safe_load(checkpoint)
-        cfg = validate(state["config"])
-        weights = state["model"]
-        emb = weights["embed.weight"]   # GloVe-initialised embeddings set their own width (50)
-        model = build_model(cfg, emb.shape[0], weights["head.weight"].shape[0],
-                            glove=torch.zeros_like(emb) if cfg["data"]["glove"] != "none" else None)
-        model.load_state_dict(weights)
+        model = checkpoint_model(checkpoint)
     else:
         cfg = load_config(config, overrides)
         model = build_model(cfg, vocab_size, num_classes)
     return model.double().eval()
+
+
+def _with_defaults(cfg: dict, defaults: dict) -> dict:
+    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (section by section)."""
+    out = copy.deepcopy(defaults)
+    for key, value in cfg.items():
+        both = isinstance(defaults.get(key), dict) and isinstance(value, dict)
+        out[key] = _with_defaults(value, defaults[key]) if both else copy.deepcopy(value)
+    return out
+
+
+def checkpoint_model(path: str) -> UnfoldedTransformer:
+    """The model a checkpoint holds, checked, else a :class:`CheckpointError` naming the file: a dict with a
+    ``config`` (valid once the keys it lacks take their defaults, :func:`experiments.config.validate`) and a
+    ``model`` state dict (names -> tensors) with 2-D ``embed.weight`` and ``head.weight``, every floating
+    weight finite (a NaN weight makes every output NaN: nothing to probe), and the weights fit the model the
+    config describes."""
+    from .checkpoint import safe_load
+    from .config import DEFAULTS, validate
+    from .train import build_model
+
+    state = safe_load(path)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a model checkpoint (best.pt: a dict "
+                              "with 'config' and 'model')")
+    missing = [k for k in ("config", "model") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path} has no {missing}: not a model checkpoint (best.pt); keys found: "
+                              f"{sorted(map(str, state))[:12]}")
+    if not isinstance(state["config"], dict):
+        raise CheckpointError(f"{path}: 'config' must be a dict, got a {type(state['config']).__name__}")
+    weights = state["model"]
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in weights.items()):
+        raise CheckpointError(f"{path}: 'model' must be a state dict (parameter name -> tensor), got a "
+                              f"{type(weights).__name__} holding other values")
+    for key in ("embed.weight", "head.weight"):
+        if key not in weights or weights[key].ndim != 2 or min(weights[key].shape) < 1:
+            raise CheckpointError(f"{path}: 'model' needs a non-empty 2-D {key!r}, got "
+                                  f"{tuple(weights[key].shape) if key in weights else 'none'}")
+    bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise CheckpointError(f"{path}: weights {bad[:3]} hold NaN or Inf; every output would be NaN")
+    try:
+        cfg = validate(_with_defaults(state["config"], DEFAULTS))   # keys added since it was written: defaults
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: its config is not valid ({exc})") from None
+    emb = weights["embed.weight"]   # GloVe-initialised embeddings set their own width (50)
+    try:
+        model = build_model(cfg, emb.shape[0], weights["head.weight"].shape[0],
+                            glove=torch.zeros_like(emb) if cfg["data"]["glove"] != "none" else None)
+        model.load_state_dict(weights)
+    except (RuntimeError, ValueError) as exc:   # missing / unexpected keys, shapes; UnfoldError is a ValueError
+        raise CheckpointError(f"{path}: its weights do not fit the model its config describes "
+                              f"({one_line(exc)[:300]})") from None
+    return model
 
 
 def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: Optional[int] = None,
@@ -318,44 +412,76 @@ def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: O
     return out
 
 
+PROG = "python -m experiments.spline_probe"
+
+
+def _degree_arg(text: str) -> int:
+    """argparse ``type=``: a polynomial degree, an integer in ``[0, MAX_DEGREE]``."""
+    value = nonnegative_int(text)
+    if value > MAX_DEGREE:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, {MAX_DEGREE}]")
+    return value
+
+
+def _tol_arg(text: str) -> float:
+    """argparse ``type=``: a relative residual in :data:`TOL_RANGE`."""
+    value = finite_float(text)
+    if not TOL_RANGE[0] <= value <= TOL_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number in [{TOL_RANGE[0]:g}, {TOL_RANGE[1]:g}] "
+                                         "(between float64 round-off and a fit that lets smooth maps pass)")
+    return value
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.spline_probe", description=__doc__.splitlines()[0])
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--attention", choices=["softmax", "relu", "softplus"], help="one standard attention module")
     src.add_argument("--config", help="a model config (random weights), e.g. experiments/configs/default.yaml")
     src.add_argument("--checkpoint", help="a trained model: runs/NAME/best.pt")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--cross", choices=["context", "x", "both"], help="probe encoder-decoder attention")
-    p.add_argument("--layers", type=int, help="guaranteed mode: unroll this many layers")
-    p.add_argument("--n", type=int, default=6, help="tokens (model probes)")
-    p.add_argument("--max-degree", type=int, help="default 12 (modules) or the static bound (models)")
-    p.add_argument("--tol", type=float, default=1e-9)
-    p.add_argument("--t-max", type=float, default=3.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--causal", action="store_true", help="causal self-attention (with --attention)")
+    p.add_argument("--cross", choices=["context", "x", "both"],
+                   help="probe encoder-decoder attention (with --attention)")
+    p.add_argument("--layers", type=positive_int, help="unroll this many layers (model probes; untied modes: at "
+                                                        "most the model's own)")
+    p.add_argument("--n", type=positive_int, default=6, help="tokens")
+    p.add_argument("--max-degree", type=_degree_arg, help=f"in [0, {MAX_DEGREE}]; default 12 (modules) or the "
+                                                          "static bound (models)")
+    p.add_argument("--tol", type=_tol_arg, default=1e-9,
+                   help=f"largest relative residual of a fit, in [{TOL_RANGE[0]:g}, {TOL_RANGE[1]:g}]")
+    p.add_argument("--t-max", type=positive_float, default=3.0,
+                   help="the ray is t in [-T_MAX, T_MAX]; a short ray lets smooth maps pass as polynomials")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     p.add_argument("overrides", nargs="*", help="section.key=value config overrides (with --config)")
     args = p.parse_args(argv)
+    if args.overrides and args.config is None:
+        p.error(f"config overrides {args.overrides[:3]} need --config")
+    if args.attention is None and (args.causal or args.cross):
+        p.error("argument --causal/--cross: probe one attention module, only with --attention")
+    if args.attention is not None and args.layers is not None:
+        p.error("argument --layers: unrolls a model (--config, --checkpoint), not one --attention module")
     kw = dict(tol=args.tol, t_max=args.t_max)
     if args.max_degree is not None:
         kw["max_degree"] = args.max_degree
-    try:
+
+    def body() -> int:
         if args.attention:
-            out = probe_attention(args.attention, causal=args.causal, cross=args.cross, seed=args.seed, **kw)
+            out = probe_attention(args.attention, n=args.n, causal=args.causal, cross=args.cross, seed=args.seed, **kw)
         else:
             model = load_model(args.config, args.checkpoint, args.overrides)
             out = probe_model(model, n=args.n, seed=args.seed, layers=args.layers, **kw)
-    except UnfoldError as exc:
-        print(f"python -m experiments.spline_probe: error: {exc}", file=sys.stderr)
-        return 2
-    if not args.json:
-        print(f"{out['module']}: {out['verdict']}, degree {out['degree']}, static bound "
-              f"{out['static_degree_bound']}, {out['pieces']} pieces, max residual {out['max_residual']:.2e}, "
-              f"continuity gap {out['max_continuity_gap']:.2e}, slope jump {out['max_slope_jump']:.2e}")
-        for why in out.get("non_spline_parts", []):
-            print(f"  not a spline: {why}")
-    out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
-    print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
-    return 0
+        if not args.json:
+            print(f"{out['module']}: {out['verdict']}, degree {out['degree']}, static bound "
+                  f"{out['static_degree_bound']}, {out['pieces']} pieces, max residual {out['max_residual']:.2e}, "
+                  f"continuity gap {out['max_continuity_gap']:.2e}, slope jump {out['max_slope_jump']:.2e}")
+            for why in out.get("non_spline_parts", []) + ([out["non_finite"]] if "non_finite" in out else []):
+                print(f"  not a spline: {why}")
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+        print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

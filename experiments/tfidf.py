@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 import torch
 
-from experiments.data import DataError, Splits, load_dataset, tokenize
+from experiments.data import DataError, Splits, check_classes, folder_arg, load_dataset, split_seed_arg, tokenize
+from unfold.cli import positive_float, positive_int, run_main
 from unfold.strict_json import dumps as json_dumps
 
 
@@ -142,16 +143,25 @@ def tfidf_logreg(splits: Splits, ngram=(1, 2), min_df: int = 1, Cs=(0.25, 0.5, 1
     """Fit TF-IDF + logistic regression on ``splits.train``, pick C on val, score test.
 
     The fit is deterministic (zero init, full batch); ``seed`` only seeds torch for form's sake
-    and is reported. Returns ``test_accuracy``, ``val_accuracy``, ``best_C``,
+    and is reported. Refused (:class:`DataError`): an empty split, training data of one class
+    (:func:`experiments.data.check_classes`), a C that is not a finite positive number, no n-gram kept
+    (``min_df`` above every count). Returns ``test_accuracy``, ``val_accuracy``, ``best_C``,
     ``val_accuracy_by_C``, ``features`` (number of n-grams) and ``seconds``.
     """
-    if not Cs or any(not (isinstance(c, (int, float)) and c > 0) for c in Cs):
-        raise DataError(f"Cs must be a non-empty list of positive numbers, got {Cs!r}")
-    if not splits.train or not splits.val:
-        raise DataError("TF-IDF baseline needs non-empty train and val splits")
+    if not Cs or any(isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0)
+                     for c in Cs):
+        raise DataError(f"Cs must be a non-empty list of finite positive numbers, got {Cs!r}")
+    empty = [s for s in ("train", "val", "test") if not getattr(splits, s)]
+    if empty:
+        raise DataError(f"dataset {splits.name}: the TF-IDF baseline needs non-empty train, val and test splits; "
+                        f"empty: {', '.join(empty)}")
+    check_classes(splits)      # one class in training: any classifier is "100 % accurate", which means nothing
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     vec = TfidfVectorizer(ngram, min_df, sublinear_tf).fit([t for t, _ in splits.train])
+    if not vec.index:          # a bias-only model: its "accuracy" is the majority class share, not a baseline
+        raise DataError(f"dataset {splits.name}: no {ngram[0]}-{ngram[1]}-gram occurs in min_df={min_df} of its "
+                        f"{len(splits.train)} training texts: no features")
     Xs = {s: vec.transform([t for t, _ in getattr(splits, s)]) for s in ("train", "val", "test")}
     ys = {s: torch.tensor([lab for _, lab in getattr(splits, s)], dtype=torch.long) for s in ("train", "val", "test")}
     by_C, models, init = {}, {}, None
@@ -175,34 +185,39 @@ def tfidf_logreg(splits: Splits, ngram=(1, 2), min_df: int = 1, Cs=(0.25, 0.5, 1
     return best
 
 
+PROG = "python -m experiments.tfidf"
+
+
 def main(argv=None) -> int:
-    """Command line: run the baseline on one dataset; the last line printed is JSON."""
-    p = argparse.ArgumentParser(prog="python -m experiments.tfidf", description=__doc__.splitlines()[0])
+    """Command line: run the baseline on one dataset; the last line printed is JSON (errors:
+    :func:`unfold.cli.run_main`)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="rotten_tomatoes", help="a name load_dataset accepts")
-    p.add_argument("--seed", type=int, default=0, help="split seed")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--min-df", type=int, default=1)
-    p.add_argument("--ngram", type=int, nargs=2, default=(1, 2), metavar=("LO", "HI"))
+    p.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
+    p.add_argument("--data-dir", type=folder_arg, default=None)
+    p.add_argument("--min-df", type=positive_int, default=1)
+    p.add_argument("--ngram", type=positive_int, nargs=2, default=(1, 2), metavar=("LO", "HI"))
     p.add_argument("--sublinear-tf", action="store_true")
-    p.add_argument("--Cs", type=float, nargs="+", default=[0.25, 0.5, 1, 2, 4, 8, 16])
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--Cs", type=positive_float, nargs="+", default=[0.25, 0.5, 1, 2, 4, 8, 16])
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: the sparse products are small and memory-bound)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     args = p.parse_args(argv)
-    if args.threads >= 1:
+    if args.ngram[0] > args.ngram[1]:
+        p.error(f"argument --ngram: LO {args.ngram[0]} must not exceed HI {args.ngram[1]}")
+
+    def body() -> int:
         torch.set_num_threads(args.threads)
-    try:
         splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir)
         res = tfidf_logreg(splits, ngram=tuple(args.ngram), min_df=args.min_df, Cs=tuple(args.Cs),
                            seed=args.seed, sublinear_tf=args.sublinear_tf)
-    except DataError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-    if not args.json:
-        print(f"{res['dataset']}: {res['features']} features, best C = {res['best_C']}, "
-              f"val {res['val_accuracy']:.4f}, test {res['test_accuracy']:.4f} ({res['seconds']:.1f} s)")
-    print(json_dumps(res, sort_keys=True))
-    return 0
+        if not args.json:
+            print(f"{res['dataset']}: {res['features']} features, best C = {res['best_C']}, "
+                  f"val {res['val_accuracy']:.4f}, test {res['test_accuracy']:.4f} ({res['seconds']:.1f} s)")
+        print(json_dumps(res, sort_keys=True))
+        return 0
+
+    return run_main(PROG, body)
 
 
 if __name__ == "__main__":

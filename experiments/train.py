@@ -17,17 +17,19 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from energies.errors import CheckpointError, ConfigError, UnfoldError
+from energies.errors import CheckpointError, ConfigError, EnergyError, StepError, TokenError, UnfoldError
 from unfold.model import UnfoldedTransformer
 from unfold.monitor import DescentMonitor
+from unfold.cli import run_main
 from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values
 
 from .atomic import atomic_open
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
-from .config import dump_config, load_config
-from .runlock import RunLock, check_fresh
+from .config import dump_config, load_config, monitor_mode
+from .fingerprint import compare_fingerprints, data_fingerprint
+from .runlock import RunLock, check_fresh, check_writable
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -73,10 +75,7 @@ def build_data(cfg: Dict[str, Any]):
     dc = cfg["data"]
     splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"],
                             text_field=dc["text_field"], label_field=dc["label_field"])
-    train = splits.train
-    limit = cfg["train"]["max_train_examples"]
-    if limit is not None:
-        train = train[:limit]
+    train = train_examples(cfg, splits)
     vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
                (("train", train), ("val", splits.val), ("test", splits.test))}
@@ -85,6 +84,46 @@ def build_data(cfg: Dict[str, Any]):
         glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
         print(f"GloVe 50d: {coverage:.1%} of the vocabulary found", file=sys.stderr)
     return splits, vocab, tensors, glove
+
+
+def train_examples(cfg: Dict[str, Any], splits) -> list:
+    """The training examples a run uses: the training split, its first ``train.max_train_examples`` when set.
+    A subsample holding one class only is refused (it would train to a meaningless 100 %)."""
+    limit = cfg["train"]["max_train_examples"]
+    train = splits.train if limit is None else splits.train[:limit]
+    classes = {y for _, y in train}
+    if len(classes) < 2:
+        raise ConfigError(f"train.max_train_examples={limit}: the first {len(train)} training examples of "
+                          f"{splits.name} hold one class only ({sorted(classes)}); use more examples")
+    return train
+
+
+def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
+    """The data fingerprint of a run (:mod:`experiments.fingerprint`): vocabulary, the splits as trained on."""
+    return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)
+
+
+def check_device(spec: str) -> torch.device:
+    """``train.device`` as a device this machine has (CUDA present, the index in range), before any work."""
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={spec!r} but CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"train.device={spec!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def check_buildable(cfg: Dict[str, Any]) -> int:
+    """Build the model on the meta device (no memory, no data) so that every model-level rule between keys is
+    checked before anything is loaded or written; returns its parameter count without the embedding."""
+    with torch.device("meta"):
+        model = build_model(cfg, 2, 2)
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embed."))
+
+
+#: bytes a run needs on disk beyond its checkpoints (plots, JSON, vocabulary)
+RUN_OVERHEAD_BYTES = 16 * 2 ** 20
 
 
 def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None
@@ -162,6 +201,19 @@ def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
     return stats, energies, acc, floor
 
 
+class TrainingError(UnfoldError):
+    """Training cannot go on: the loss became NaN or infinite."""
+
+
+def last_good(run_dir: str) -> str:
+    """A sentence naming the run's last good checkpoint and best model, or saying there are none yet."""
+    last, best = os.path.join(run_dir, LAST), os.path.join(run_dir, "best.pt")
+    if not os.path.exists(last):
+        return "No epoch finished: there is no checkpoint."
+    return f"The last good checkpoint is {last} (resume: python -m experiments.train --resume {run_dir}), " \
+           f"the best model {best}."
+
+
 def make_scheduler(opt, lr: float, total_steps: int):
     """One-cycle schedule with 10 % warm-up (at least two steps of it: torch's OneCycleLR divides by
     zero when the warm-up is under two steps); a constant rate for runs of fewer than 4 steps."""
@@ -176,6 +228,10 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     (:mod:`experiments.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
     the whole run (:mod:`experiments.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
+    check_device(cfg["train"]["device"])
+    params = check_buildable(cfg)
+    # best + last + prev + the staged checkpoint, each model + two Adam moments in float32
+    check_writable(run_dir, need_bytes=RUN_OVERHEAD_BYTES + 4 * 3 * 4 * params)
     lock = RunLock(run_dir)
 
     def claim() -> None:
@@ -197,20 +253,19 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim) -> Dict[str, 
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
     torch.manual_seed(tc["seed"])
-    device = torch.device(tc["device"])
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UnfoldError("train.device=cuda but CUDA is not available on this machine")
+    device = check_device(tc["device"])
     dd = distributed.setup(device.type)
     if dd.enabled and device.type == "cuda":
         device = torch.device("cuda", dd.local_rank)
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
+    data_fp = fingerprint(cfg, splits, vocab)
+    model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
     if dd.is_main:
         claim()                 # a second run into the folder is refused from here on
         clean_temporaries(run_dir)
         if not resume:
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
             vocab.save(os.path.join(run_dir, "vocab.json"))
-    model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"{cfg['name']}: mode={model.mode} params={params} train/val/test="
           f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
@@ -223,23 +278,37 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim) -> Dict[str, 
     history = []
     best_val, best_epoch = -1.0, -1
     train_inc = train_steps = 0
-    monitor = DescentMonitor(tc["monitor"] if tc["trace"] else "off")
+    monitor = DescentMonitor(monitor_mode(cfg))
     start_epoch, elapsed = 1, 0.0
     if resume:
         ck, ck_path = load_checkpoint(run_dir, map_location=device)
         if ck["config"] != cfg:
             raise CheckpointError(f"{ck_path} was written by another config than {run_dir}/config.yaml")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
-        gen.set_state(ck["data_rng"])
-        torch.set_rng_state(ck["torch_rng"])
-        if ck.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ck["cuda_rng"])
-        history, best_val, best_epoch = ck["history"], ck["best_val"], ck["best_epoch"]
-        train_inc, train_steps, untrained, elapsed = ck["train_inc"], ck["train_steps"], ck["untrained"], ck["elapsed"]
-        monitor.load_state(ck["monitor"])
-        start_epoch = ck["epoch"] + 1
+        stored_fp = ck.get("data_fingerprint")
+        if not isinstance(stored_fp, dict):
+            raise CheckpointError(f"{ck_path} holds no data fingerprint (written before fingerprints were stored, "
+                                  "or damaged): the data it was trained on cannot be checked; start a new run")
+        changed = compare_fingerprints(stored_fp, data_fp)
+        if changed:
+            raise CheckpointError(f"the data of {splits.name} changed since {run_dir} started ({', '.join(changed)} "
+                                  "differ from the fingerprint in its checkpoint): resuming would bind the trained "
+                                  "weights to other words or examples; restore the data or start a new run")
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+            gen.set_state(ck["data_rng"])
+            torch.set_rng_state(ck["torch_rng"])
+            if ck.get("cuda_rng") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(ck["cuda_rng"])
+            history, best_val, best_epoch = list(ck["history"]), float(ck["best_val"]), int(ck["best_epoch"])
+            train_inc, train_steps = int(ck["train_inc"]), int(ck["train_steps"])
+            untrained, elapsed = dict(ck["untrained"]), float(ck["elapsed"])
+            monitor.load_state(ck["monitor"])
+            start_epoch = int(ck["epoch"]) + 1
+        except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise CheckpointError(f"{ck_path} does not fit this run ({type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:300]})") from None
         print(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}", file=sys.stderr)
     else:
         untrained = check_descent(model, tensors["test"], cfg, device)[0] if dd.is_main else None
@@ -247,65 +316,80 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim) -> Dict[str, 
     if dd.enabled:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     t_start = time.perf_counter() - elapsed
-    for epoch in range(start_epoch, tc["epochs"] + 1):
-        model.train()
-        bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
-        loss_sum = correct = seen = 0
-        for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
-            global_size = len(batch[2])
-            ids, mask, labels, weight = distributed.shard(batch, dd)
-            ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-            out = net(ids, mask, trace=tc["trace"])
-            if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
-                loss = torch.nn.functional.cross_entropy(out.logits, labels, reduction="sum") * (
-                    weight * dd.world / global_size)
-            else:
-                loss = torch.nn.functional.cross_entropy(out.logits, labels)
-            if not torch.isfinite(loss):
-                last = os.path.join(run_dir, LAST)
-                raise UnfoldError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping; the last good "
-                                  f"checkpoint is {last if os.path.exists(last) else 'none (first epoch)'}, "
-                                  f"the best model {os.path.join(run_dir, 'best.pt')}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc["grad_clip"]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
-            opt.step()
-            sched.step()
-            loss_sum += loss.item() * (global_size / dd.world if dd.enabled else labels.numel())
-            correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
-            seen += labels.numel() * int(weight)
-            if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
-                rep = out.report(monitor.tol_factor)
-                train_inc += rep.num_increases
-                train_steps += rep.steps
-                monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
-            bar.update(i, loss=loss_sum / seen, acc=correct / seen)
-        bar.close()
-        loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
-        g_inc, g_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
-        if not dd.is_main:
-            continue
-        val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
-        rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
-               "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
-               "train_energy_increases": g_inc, "train_energy_steps": g_steps}
-        history.append(rec)
-        print(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
-              f"val loss {val_loss:.4f} acc {val_acc:.4f}", file=sys.stderr)
-        if val_acc > best_val:
-            best_val, best_epoch = val_acc, epoch
-            atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
-                        os.path.join(run_dir, "best.pt"))
-        atomic_write_text(json_dumps(history, indent=1), os.path.join(run_dir, "history.json"))
-        save_checkpoint(run_dir, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng": torch.get_rng_state(), "data_rng": gen.get_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "epoch": epoch, "history": history, "best_val": best_val, "best_epoch": best_epoch,
-            "train_inc": train_inc, "train_steps": train_steps, "untrained": untrained,
-            "monitor": monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
-            "vocab": vocab.itos})
+    where = {"epoch": start_epoch, "batch": 0}   # for the message when interrupted
+    try:
+        for epoch in range(start_epoch, tc["epochs"] + 1):
+            model.train()
+            bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
+            loss_sum = correct = seen = 0
+            where["epoch"] = epoch
+            for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
+                where["batch"] = i
+                global_size = len(batch[2])
+                ids, mask, labels, weight = distributed.shard(batch, dd)
+                ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+                out = net(ids, mask, trace=tc["trace"])
+                if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
+                    loss = torch.nn.functional.cross_entropy(out.logits, labels, reduction="sum") * (
+                        weight * dd.world / global_size)
+                else:
+                    loss = torch.nn.functional.cross_entropy(out.logits, labels)
+                if not torch.isfinite(loss):
+                    raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
+                                        + last_good(run_dir) + " Lower train.lr or set train.grad_clip.")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if tc["grad_clip"]:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
+                opt.step()
+                sched.step()
+                loss_sum += loss.item() * (global_size / dd.world if dd.enabled else labels.numel())
+                correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
+                seen += labels.numel() * int(weight)
+                if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
+                    rep = out.report(monitor.tol_factor)
+                    train_inc += rep.num_increases
+                    train_steps += rep.steps
+                    monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
+                bar.update(i, loss=loss_sum / seen, acc=correct / seen)
+            bar.close()
+            loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
+            g_inc, g_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
+            if not dd.is_main:
+                continue
+            val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
+            rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
+                   "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
+                   "train_energy_increases": g_inc, "train_energy_steps": g_steps}
+            history.append(rec)
+            print(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
+                  f"val loss {val_loss:.4f} acc {val_acc:.4f}", file=sys.stderr)
+            if val_acc > best_val:
+                best_val, best_epoch = val_acc, epoch
+                atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
+                            os.path.join(run_dir, "best.pt"))
+            atomic_write_text(json_dumps(history, indent=1), os.path.join(run_dir, "history.json"))
+            save_checkpoint(run_dir, {
+                "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "torch_rng": torch.get_rng_state(), "data_rng": gen.get_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "epoch": epoch, "history": history, "best_val": best_val, "best_epoch": best_epoch,
+                "train_inc": train_inc, "train_steps": train_steps, "untrained": untrained,
+                "monitor": monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
+                "vocab": vocab.itos, "data_fingerprint": data_fp})
+    except TrainingError:
+        raise
+    except UnfoldError as exc:   # e.g. diverged weights that the forward pass's input checks refuse
+        # the forward's input checks on values computed from the weights (the data are token ids): divergence
+        diverged = isinstance(exc, (TokenError, EnergyError, StepError))
+        raise TrainingError(f"{exc}: stopping at epoch {where['epoch']}, batch {where['batch']}. "
+                            + ("The weights have diverged: lower train.lr or set train.grad_clip. "
+                               if diverged else "") + last_good(run_dir)) from None
+    except KeyboardInterrupt:
+        if dd.is_main:
+            print(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run_dir)}",
+                  file=sys.stderr)
+        raise
     train_seconds = time.perf_counter() - t_start
     train_inc, train_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
     monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared = (
@@ -349,21 +433,23 @@ def main(argv=None) -> int:
                    help="replace the run a folder holds already (refused otherwise)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
     args = p.parse_args(argv)
-    try:
-        if args.resume:
-            if args.config or args.overrides or args.run_dir or args.overwrite:
-                raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir, "
-                                  "--overwrite or overrides")
-            run_dir = args.resume
-            cfg = load_config(os.path.join(run_dir, "config.yaml"))
-            metrics = train(cfg, run_dir, resume=True)
-        else:
-            cfg = load_config(args.config, args.overrides)
-            run_dir = args.run_dir or os.path.join("runs", cfg["name"])
-            metrics = train(cfg, run_dir, overwrite=args.overwrite)
-    except UnfoldError as exc:
-        print(f"python -m experiments.train: error: {exc}", file=sys.stderr)
-        return 2
+    return run_main("python -m experiments.train", lambda: _main(args))
+
+
+def _main(args) -> int:
+    if args.resume:
+        if args.config or args.overrides or args.run_dir or args.overwrite:
+            raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir, "
+                              "--overwrite or overrides")
+        run_dir = args.resume
+        if not os.path.isdir(run_dir):
+            raise CheckpointError(f"--resume {run_dir!r}: no such run folder")
+        cfg = load_config(os.path.join(run_dir, "config.yaml"))
+        metrics = train(cfg, run_dir, resume=True)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        run_dir = args.run_dir or os.path.join("runs", cfg["name"])
+        metrics = train(cfg, run_dir, overwrite=args.overwrite)
     if not metrics:      # a rank other than 0 of a distributed run: rank 0 reports
         return 0
     summary = {k: metrics[k] for k in ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params",

@@ -3,7 +3,9 @@
 Unrolls attention MM steps on random token matrices (or one given matrix) over a chosen graph
 and penalty, traces the energy at every layer per example and per term, and reports every
 step whose energy went up by more than the stated tolerance. Exits 0 whether or not increases
-occur (the output says), and 2 with a message on bad options or bad files.
+occur (the output says), and 2 with one ``error:`` line on a bad option or a bad file (the project's
+error contract, :func:`unfold.cli.run_main`): every option is checked before any work, and nothing is
+written unless the run succeeds (the plot lands whole or not at all).
 """
 from __future__ import annotations
 
@@ -20,11 +22,16 @@ from energies.errors import UnfoldError
 from energies.graph import graph_from_spec
 from energies.rho import get_rho
 
+from .cli import finite_float, positive_float, positive_int, run_main
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe
 from .trace import DEFAULT_TOL_FACTOR, MAX_TOL_FACTOR, MIN_TOL_FACTOR, check_tol_factor, trace_descent
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+PROG = "python -m unfold.check"
+#: the largest token tensor (samples x n x d entries) and unroll depth the checker builds
+MAX_TOKEN_ENTRIES = 2 ** 27
+MAX_LAYERS = 100_000
 
 
 class CheckError(UnfoldError):
@@ -32,13 +39,15 @@ class CheckError(UnfoldError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m unfold.check", description=__doc__.splitlines()[0],
+    """The options: argparse converters (:mod:`unfold.cli`) refuse what is not a number, or not a finite one;
+    :func:`_validate` checks each range, device, file and path by name, before any work."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--graph", default="complete",
                    help="complete | window:K | strided:K | dilated:K[:R] | star | random:P | path to a .npy 2 x m edge list")
     p.add_argument("--rho", default="exp", help="exp | relu[:C] | cauchy | lp:P[:EPS]")
-    p.add_argument("--alpha", type=float, default=1.0, help="residual weight, 0 < alpha <= 1")
-    p.add_argument("--tau", type=float, default=None, help="temperature (default sqrt(d))")
+    p.add_argument("--alpha", type=finite_float, default=1.0, help="residual weight, 0 < alpha <= 1")
+    p.add_argument("--tau", type=finite_float, default=None, help="temperature (default sqrt(d))")
     p.add_argument("--update", choices=UPDATES, default="exact",
                    help="exact MM step, or 'printed' (supplement eq. 38, the negative control)")
     p.add_argument("--kernel", choices=["auto", "edges", "dense", "softmax", "fused", "streamed"], default="auto")
@@ -46,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--residual", choices=["none", "input"], default="none",
                    help="R(Y) = |Y|^2/2 (none) or the initial residual |Y - Y_0|^2/2 (input)")
     p.add_argument("--layers", type=int, default=8, help="unrolled layers T (weights shared)")
-    p.add_argument("--samples", type=int, default=16, help="random token matrices S")
-    p.add_argument("--n", type=int, default=None, help="tokens per matrix (default 32)")
-    p.add_argument("--d", type=int, default=None, help="features per token (default 16)")
-    p.add_argument("--scale", type=float, default=1.0, help="std of the random tokens")
+    p.add_argument("--samples", type=positive_int, default=16, help="random token matrices S")
+    p.add_argument("--n", type=positive_int, default=None, help="tokens per matrix (default 32)")
+    p.add_argument("--d", type=positive_int, default=None, help="features per token (default 16)")
+    p.add_argument("--scale", type=positive_float, default=1.0, help="std of the random tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K")
@@ -63,34 +72,70 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_input(path: str) -> np.ndarray:
+    if os.path.isdir(path):
+        raise CheckError(f"--input {path!r} is a folder, not a .npy file")
     if not os.path.isfile(path):
         raise CheckError(f"--input file {path!r} does not exist")
     try:
         arr = np.load(path, allow_pickle=False)
-    except Exception as exc:
-        raise CheckError(f"--input file {path!r} could not be read as .npy: {exc}") from None
+    except Exception as exc:   # numpy raises several types on a corrupt or unreadable file
+        raise CheckError(f"--input file {path!r} could not be read as .npy: {' '.join(str(exc).split())[:200]}") from None
     if not isinstance(arr, np.ndarray):
         arr.close()
         raise CheckError(f"--input file {path!r} is an .npz archive, not one .npy matrix")
-    if arr.ndim != 2:
-        raise CheckError(f"--input must hold one n x d matrix, got shape {arr.shape}")
+    if arr.ndim != 2 or min(arr.shape) < 1:
+        raise CheckError(f"--input must hold one n x d matrix with n, d >= 1, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.floating):
         raise CheckError(f"--input must hold floating-point numbers, got dtype {arr.dtype}")
+    if arr.size > MAX_TOKEN_ENTRIES:
+        raise CheckError(f"--input has {arr.size} entries, more than the checker's limit of {MAX_TOKEN_ENTRIES}")
     if not np.isfinite(arr).all():
         i, j = np.argwhere(~np.isfinite(arr))[0]
         raise CheckError(f"--input holds a non-finite value at token {i}, feature {j}")
     return arr
 
 
+def _check_device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r} (there is one cpu device)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CheckError(f"--device {text}: CUDA is not available on this machine")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise CheckError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def _check_plot(path: str) -> None:
+    """``--plot``: a file path whose folder exists and is writable, in a format matplotlib writes."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path or os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise CheckError(f"--plot {path!r}: not a writable file path (its folder must exist and be writable)")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = sorted(FigureCanvasBase.get_supported_filetypes())
+        if ext not in formats:
+            raise CheckError(f"--plot {path!r}: format {ext!r} is not one matplotlib writes ({', '.join(formats)})")
+
+
 def _validate(args) -> None:
+    """Every option, before any work (each error names its flag and value)."""
     if not (0.0 < args.alpha <= 1.0):
         raise CheckError(f"--alpha must lie in (0, 1], got {args.alpha}")
     if args.tau is not None and not (args.tau > 0 and math.isfinite(args.tau)):
         raise CheckError(f"--tau must be > 0, got {args.tau}")
-    for name in ("layers", "samples"):
-        if getattr(args, name) < 1:
-            raise CheckError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("n", "d"):
+    if not 1 <= args.layers <= MAX_LAYERS:
+        raise CheckError(f"--layers must be >= 1 and at most {MAX_LAYERS}, got {args.layers}")
+    for name in ("samples", "n", "d"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise CheckError(f"--{name} must be >= 1, got {v}")
@@ -101,22 +146,35 @@ def _validate(args) -> None:
                          f"got {args.tol_factor}") from None
     if not math.isfinite(args.scale) or args.scale <= 0:
         raise CheckError(f"--scale must be a finite number > 0, got {args.scale}")
-    try:
-        device = torch.device(args.device)
-    except (RuntimeError, ValueError):
-        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {args.device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {args.device!r}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CheckError(f"--device {args.device}: CUDA is not available on this machine")
+    _check_device(args.device)
     if not 0 <= args.seed < 2 ** 63:
         raise CheckError(f"--seed must lie in [0, 2^63), got {args.seed}")
+    if args.input is None:
+        entries = args.samples * (args.n or 32) * (args.d or 16)
+        if entries > MAX_TOKEN_ENTRIES:
+            raise CheckError(f"--samples x --n x --d = {entries} token entries, more than the checker's limit of "
+                             f"{MAX_TOKEN_ENTRIES}")
     if args.plot is not None:
-        folder = os.path.dirname(os.path.abspath(args.plot))
-        if os.path.isdir(args.plot) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise CheckError(f"--plot {args.plot!r}: not a writable file path (its folder must exist and be writable)")
+        _check_plot(args.plot)
     if args.update == "printed" and args.residual != "none":
         raise CheckError("--update printed (eq. 38) has no initial residual: use --residual none")
+
+
+def _write_plot(report, path: str, title: str) -> None:
+    """The plot written to a temporary file beside ``path``, then renamed over it: whole or not at all."""
+    from .plot import plot_report
+
+    folder, base = os.path.split(os.path.abspath(path))
+    ext = os.path.splitext(base)[1] or ".png"
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.tmp{ext}")
+    try:
+        plot_report(report, tmp, title=title)
+        os.replace(tmp, path)
+    except (OSError, ValueError) as exc:
+        raise CheckError(f"--plot {path!r} could not be written: {' '.join(str(exc).split())[:200]}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def run(args) -> dict:
@@ -131,6 +189,9 @@ def run(args) -> dict:
             if v is not None and v != {"n": n, "d": d}[name]:
                 raise CheckError(f"--{name} {v} does not match --input of shape {arr.shape}")
         Y = torch.from_numpy(np.ascontiguousarray(arr)).to(dtype)[None]
+        if not bool(torch.isfinite(Y).all()):
+            raise CheckError(f"--input {args.input!r} holds values beyond the range of --dtype {args.dtype} "
+                             f"(largest magnitude {float(np.abs(arr).max()):.3g})")
         samples = 1
     else:
         n, d = args.n or 32, args.d or 16
@@ -157,13 +218,8 @@ def run(args) -> dict:
     out.update(report.summary())
     out = json_safe(out)
     if args.plot:
-        from .plot import plot_report
-
-        try:
-            plot_report(report, args.plot, title=f"{graph.name}, rho={out['config']['rho']}, "
-                                                f"update={args.update}, alpha={args.alpha:g}")
-        except (OSError, ValueError) as exc:
-            raise CheckError(f"--plot {args.plot!r} could not be written: {exc}") from None
+        _write_plot(report, args.plot, f"{graph.name}, rho={out['config']['rho']}, update={args.update}, "
+                                       f"alpha={args.alpha:g}")
         out["plot"] = args.plot
     return out
 
@@ -196,13 +252,14 @@ def _print_human(out: dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # argparse exits 2 on unknown options
-    try:
-        out = run(args)
-    except UnfoldError as exc:
-        print(f"python -m unfold.check: error: {exc}", file=sys.stderr)
-        return 2
+    """The checker under the project's error contract (:func:`unfold.cli.run_main`); argparse exits 2 itself
+    on an unknown option or a value its converter refuses."""
+    return run_main(PROG, lambda: _main(argv))
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    args = build_parser().parse_args(argv)
+    out = run(args)
     _print_human(out)
     if args.json:
         print(json_dumps(out))

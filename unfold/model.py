@@ -82,8 +82,6 @@ class _FreeLayer(nn.Module):
     def __init__(self, d: int, heads: int, ffn_mult: int, dropout: float, activation: str = "softmax",
                  temperature: float = 1.0, norm: str = "post"):
         super().__init__()
-        if d % heads:
-            raise ConfigError(f"model.d={d} must be divisible by model.heads={heads}")
         self.attn = Attention(d, heads, activation, temperature=temperature, bias=True, dropout=dropout)
         self.ffn = nn.Sequential(nn.Linear(d, ffn_mult * d), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_mult * d, d))
         self.ln1, self.ln2 = (nn.LayerNorm(d), nn.LayerNorm(d)) if norm == "post" else (nn.Identity(), nn.Identity())
@@ -166,6 +164,8 @@ class UnfoldedTransformer(nn.Module):
             raise ConfigError(f"model.alpha must lie in (0, 1], got {alpha}")
         if tau is not None and not float(tau) > 0:
             raise ConfigError(f"model.tau must be > 0, got {tau}")
+        if mode != "guaranteed" and int(d) % int(heads):
+            raise ConfigError(f"model.d={d} must be divisible by model.heads={heads} in {mode} mode")
         if mode == "baseline" and graph != "complete":
             raise ConfigError("model.mode=baseline (torch.nn.TransformerEncoder) supports only graph=complete")
         get_rho(rho)

@@ -29,7 +29,7 @@ from energies.energy import Energy
 from energies.errors import StepError
 from energies.graph import TokenGraph
 
-from .steps import Step, _check_alpha, register_step
+from .steps import Step, _check_alpha, _check_energy, register_step
 
 __all__ = ["ProxMMStep"]
 
@@ -46,7 +46,7 @@ class ProxMMStep(Step):
 
     def __init__(self, energy: Energy, alpha: float = 1.0):
         super().__init__()
-        self.energy = energy
+        self.energy = _check_energy(energy, "ProxMMStep")
         self.alpha = _check_alpha(alpha)
         ind = [n for n, t in energy.terms.items() if t.is_indicator]
         if len(ind) > 1:

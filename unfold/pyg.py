@@ -25,6 +25,7 @@ import math
 from collections import OrderedDict
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch_geometric.nn import MessagePassing
@@ -32,6 +33,7 @@ from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
 from energies import kinks
 from energies.errors import GraphError, StepError, TokenError
+from energies.checks import check_int, check_number
 from energies.rho import get_rho
 from energies.terms import ACCUM_DTYPE
 
@@ -62,17 +64,19 @@ class UnfoldedAttentionConv(MessagePassing):
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None, rho: str = "exp",
                  tau: Optional[float] = None, alpha: float = 1.0, relu: bool = False):
         super().__init__(aggr="add", node_dim=0)
-        if int(channels) < 1 or int(heads) < 1:
-            raise StepError(f"channels and heads must be >= 1, got channels={channels}, heads={heads}")
-        self.channels, self.heads = int(channels), int(heads)
+        self.channels = check_int(channels, "channels", 1, error=StepError)
+        self.heads = check_int(heads, "heads", 1, error=StepError)
+        if head_channels is not None:   # a head maps d features to d_h <= d (more adds nothing: W W^T has rank <= d)
+            head_channels = check_int(head_channels, "head_channels", 1, self.channels, StepError)
         self.rho = get_rho(rho)
         self.alpha = _check_alpha(alpha)
+        if not isinstance(relu, (bool, np.bool_)):
+            raise StepError(f"relu must be True or False, got {relu!r}")
         self.relu = bool(relu)
-        metric = head_channels is not None or heads > 1
-        self.head_channels = int(head_channels or channels) if metric else self.channels
-        self.tau = float(tau) if tau is not None else math.sqrt(self.head_channels)
-        if not self.tau > 0:
-            raise StepError(f"tau must be > 0, got {tau}")
+        metric = head_channels is not None or self.heads > 1
+        self.head_channels = (head_channels or self.channels) if metric else self.channels
+        self.tau = (check_number(tau, "tau", "positive", StepError) if tau is not None
+                    else math.sqrt(self.head_channels))
         if relu and not metric:
             raise StepError("relu=True needs the proximal form: give head_channels (a learned metric)")
         self.W = nn.Parameter(torch.randn(self.heads, self.channels, self.head_channels)
@@ -85,11 +89,17 @@ class UnfoldedAttentionConv(MessagePassing):
         skips the message passing (agg, deg None): an energy-only pass."""
         if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != self.channels:
             raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
-        if not x.dtype.is_floating_point or not bool(torch.isfinite(x).all()):
+        if not x.dtype.is_floating_point:
             raise TokenError(f"x must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
+        if x0 is not None and (not isinstance(x0, torch.Tensor) or not x0.dtype.is_floating_point):
+            raise TokenError(f"x0 must be a floating tensor like x, got {getattr(x0, 'dtype', type(x0).__name__)}")
         b = torch.zeros_like(x) if x0 is None else x0.to(x.dtype)
         if b.shape != x.shape:
             raise TokenError(f"x0 has shape {tuple(b.shape)}, x has {tuple(x.shape)}")
+        finite = torch.isfinite(x).all() if x0 is None else torch.isfinite(x).all() & torch.isfinite(b).all()
+        if not bool(finite):   # one host sync for both, as before x0 was checked
+            bad = "x" if not bool(torch.isfinite(x).all()) else "x0"
+            raise TokenError(f"{bad} must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
         ei = undirected_edges(edge_index, x.shape[0])
         N = x.shape[0]
         z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)

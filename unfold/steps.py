@@ -17,6 +17,7 @@ import torch
 from energies import kinks
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
+from energies.checks import check_number
 from energies.graph import TokenGraph, check_tokens
 from energies.pairwise import KERNELS, edge_z
 from energies.registry import registrar
@@ -46,10 +47,16 @@ register_step = registrar(STEPS, "kind")
 
 
 def _check_alpha(alpha, what: str = "alpha") -> float:
-    a = float(alpha)
-    if not (0.0 < a <= 1.0):
-        raise StepError(f"residual weight {what} must lie in (0, 1], got {what}={alpha}")
-    return a
+    try:
+        return check_number(alpha, what, "unit", StepError)
+    except StepError:
+        raise StepError(f"residual weight {what} must lie in (0, 1], got {what}={alpha!r}") from None
+
+
+def _check_energy(energy, owner: str) -> Energy:
+    if not isinstance(energy, Energy):
+        raise StepError(f"{owner} needs an Energy (energies.Energy), got {type(energy).__name__}")
+    return energy
 
 
 class Step(torch.nn.Module):
@@ -109,11 +116,11 @@ class AttentionStep(Step):
     def __init__(self, rho="exp", tau: float = 1.0, alpha: float = 1.0, B: Optional[torch.Tensor] = None,
                  update: str = "exact", kernel: str = "auto"):
         super().__init__()
-        if update not in UPDATES:
+        if not isinstance(update, str) or update not in UPDATES:
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        if kernel not in ("auto",) + KERNELS:
+        if not isinstance(kernel, str) or kernel not in ("auto",) + KERNELS:
             raise StepError(f"unknown attention kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
@@ -195,11 +202,9 @@ class GradientStep(Step):
 
     def __init__(self, energy: Energy, step_size: float, lipschitz: Optional[float] = None):
         super().__init__()
-        self.energy = energy
-        self.step_size = float(step_size)
-        if not self.step_size > 0:
-            raise StepError(f"step_size must be > 0, got {step_size}")
-        self._L = lipschitz
+        self.energy = _check_energy(energy, type(self).__name__)
+        self.step_size = check_number(step_size, "step_size", "positive", StepError)
+        self._L = None if lipschitz is None else check_number(lipschitz, "lipschitz", "positive", StepError)
 
     def lipschitz(self) -> Optional[float]:
         return self._L
@@ -295,6 +300,9 @@ def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
     """Largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g
     under the alternating steps y' = y - alpha1 grad f(y), y'' = y' - alpha2 grad g(y'), given
     alpha2 L_h <= 1 (supplement eq. 46): 1 / b with b = 1 - alpha1 / alpha2 + alpha1 L_g."""
+    alpha1 = check_number(alpha1, "alpha1", "positive", StepError)
+    alpha2 = check_number(alpha2, "alpha2", "positive", StepError)
+    L_g = check_number(L_g, "L_g", "nonnegative", StepError)
     b = 1.0 - alpha1 / alpha2 + alpha1 * L_g
     return math.inf if b <= 0 else 1.0 / b
 
@@ -320,7 +328,13 @@ class Sequence(Step):
 
     def __init__(self, steps: Iterable[Step]):
         super().__init__()
-        self.steps = torch.nn.ModuleList(list(steps))
+        if isinstance(steps, Step) or not isinstance(steps, Iterable):
+            raise StepError(f"a Sequence takes an iterable of steps, got {type(steps).__name__}")
+        steps = list(steps)
+        for i, s in enumerate(steps):
+            if not isinstance(s, Step):
+                raise StepError(f"Sequence step {i} must be a Step, got {type(s).__name__}")
+        self.steps = torch.nn.ModuleList(steps)
         if not len(self.steps):
             raise StepError("a Sequence needs at least one step")
         energy = Energy()

@@ -1,0 +1,88 @@
+"""Argument checks shared by the framework's constructors: each returns the value converted, or raises the
+caller's error type (a :class:`~energies.errors.UnfoldError` subclass) naming the argument and the value.
+
+They run once, when an object is built or an input enters, never in a forward pass (no host sync there).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .errors import UnfoldError
+
+__all__ = ["check_int", "check_number", "check_seed", "NUMBER_RULES", "one_line"]
+
+
+def one_line(text, limit: Optional[int] = None) -> str:
+    """``text`` (an exception's message) with every run of whitespace folded into one space, cut to ``limit``."""
+    out = " ".join(str(text).split())
+    return out if limit is None or len(out) <= limit else out[:limit - 3] + "..."
+
+
+
+def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None,
+              error: type = UnfoldError) -> int:
+    """``value`` as a Python int: an integer (int, numpy or 0-d torch integer, an integral float, or a decimal
+    string such as a spec's ``"3"``) in ``[minimum, maximum]``; a bool, a fraction, NaN or Inf is refused."""
+    if minimum is not None and maximum is not None:
+        rule = f"an integer in [{minimum}, {maximum}]"
+    elif minimum is not None:
+        rule = f"an integer >= {minimum}"
+    else:
+        rule = "an integer" if maximum is None else f"an integer <= {maximum}"
+    iv = None
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        pass
+    elif isinstance(value, str):
+        try:
+            iv = int(value.strip())
+        except ValueError:
+            iv = None
+    elif isinstance(value, numbers.Integral):
+        iv = int(value)
+    elif isinstance(value, numbers.Real):
+        f = float(value)
+        iv = int(f) if math.isfinite(f) and f.is_integer() else None
+    elif isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        f = float(value)
+        iv = int(f) if math.isfinite(f) and f.is_integer() else None
+    if iv is None or (minimum is not None and iv < minimum) or (maximum is not None and iv > maximum):
+        raise error(f"{what} must be {rule}, got {value!r}")
+    return iv
+
+
+#: the rules of :func:`check_number`: name -> (predicate on a float, wording)
+NUMBER_RULES = {
+    "finite": (math.isfinite, "a finite number"),
+    "positive": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "nonnegative": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "nonnegative_or_inf": (lambda v: v >= 0, "a number >= 0 (inf allowed)"),
+    "unit": (lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"),
+    "probability": (lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]"),
+}
+
+
+def check_number(value, what: str, rule: str = "finite", error: type = UnfoldError) -> float:
+    """``value`` as a float obeying ``rule`` (a key of :data:`NUMBER_RULES`: ``finite``, ``positive``,
+    ``nonnegative``, ``nonnegative_or_inf``, ``unit`` = (0, 1], ``probability`` = [0, 1]); a bool or a
+    non-number is refused."""
+    ok, wording = NUMBER_RULES[rule]
+    f = None
+    if not isinstance(value, (bool, np.bool_, bytes)) and not (isinstance(value, torch.Tensor)
+                                                               and (value.numel() != 1 or value.dtype == torch.bool)):
+        try:
+            f = float(value)
+        except (TypeError, ValueError, OverflowError, RuntimeError):
+            f = None
+    if f is None or not ok(f):
+        raise error(f"{what} must be {wording}, got {value!r}")
+    return f
+
+
+def check_seed(value, what: str = "seed", error: type = UnfoldError) -> int:
+    """A random seed: an integer in [0, 2**63 - 1] (what ``torch.Generator.manual_seed`` accepts)."""
+    return check_int(value, what, 0, 2 ** 63 - 1, error)

@@ -1,0 +1,49 @@
+"""Fingerprint of the data a run was trained on, checked when the run is resumed.
+
+A resumed run must see the same id-to-word mapping and the same examples as the run it continues; a
+changed dataset (new rows, another split seed, a re-fetched file, another ``min_freq``) would otherwise
+resume silently with embeddings bound to other words. :func:`data_fingerprint` hashes (SHA-256) the
+vocabulary in id order, each split's ``(text, label)`` rows in order, and the label names;
+:func:`compare_fingerprints` names every part that differs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Dict, Iterable, List, Optional, Sequence
+
+__all__ = ["data_fingerprint", "compare_fingerprints", "PARTS"]
+
+PARTS = ("vocab", "train", "val", "test", "label_names")
+
+
+def _digest(items: Iterable) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def data_fingerprint(vocab_itos: Sequence[str], train: Sequence, val: Sequence, test: Sequence,
+                     label_names: Optional[Sequence[str]]) -> Dict[str, object]:
+    """``{part: sha256 hex}`` for :data:`PARTS`, plus the split sizes (for the message)."""
+    rows = {"train": train, "val": val, "test": test}
+    out: Dict[str, object] = {"vocab": _digest(vocab_itos)}
+    for name, examples in rows.items():
+        out[name] = _digest([str(t), int(y)] for t, y in examples)
+    out["label_names"] = _digest(list(label_names or []))
+    out["sizes"] = {"vocab": len(vocab_itos), **{name: len(ex) for name, ex in rows.items()}}
+    return out
+
+
+def compare_fingerprints(stored: Dict[str, object], now: Dict[str, object]) -> List[str]:
+    """The parts of :data:`PARTS` that differ, each with its sizes then and now (empty: same data)."""
+    diff = []
+    for part in PARTS:
+        if stored.get(part) != now.get(part):
+            then_n = (stored.get("sizes") or {}).get(part)
+            now_n = (now.get("sizes") or {}).get(part)
+            sizes = f" ({then_n} -> {now_n} entries)" if then_n is not None and now_n is not None else ""
+            diff.append(f"{part}{sizes}")
+    return diff

@@ -1,0 +1,464 @@
+"""Every public constructor of the library checks its arguments when built (issue 13): a bad value raises the
+typed error (:mod:`energies.errors`) naming the argument, a good one builds something that runs. And graph
+specs whose radius reaches far beyond n are clamped, in O(n + |E|): the same edges as radius n - 1."""
+import math
+
+import pytest
+import torch
+
+import energies as E
+import unfold as U
+from convex import make_head, solve
+from convex.solver import beta_max, certificate, map_back, operator_norm2, rank, svt
+from energies.errors import ConfigError, EnergyError, GraphError, StepError, TokenError
+from unfold.pyg import UnfoldedAttentionConv
+
+NAN, INF = math.nan, math.inf
+
+
+def raises(error, call, *names):
+    """``call()`` raises exactly ``error`` (a subclass of UnfoldError) whose message names every ``names``."""
+    with pytest.raises(error) as info:
+        call()
+    assert type(info.value) is error, f"{type(info.value).__name__}: {info.value}"
+    for name in names:
+        assert str(name).lower() in str(info.value).lower(), f"{name!r} not named in {info.value}"
+
+
+# ============================================================================ graphs
+BAD_SIZES = [0, -1, 2.5, True, NAN, INF, "x", None, "3.0"]
+BUILDERS = {
+    "complete": lambda n=8, **kw: E.complete(n, **kw),
+    "window": lambda n=8, **kw: E.window(n, 2, **kw),
+    "strided": lambda n=8, **kw: E.strided(n, 3, **kw),
+    "dilated": lambda n=8, **kw: E.dilated(n, 2, 2, **kw),
+    "star": lambda n=8, **kw: E.star(n, **kw),
+    "random": lambda n=8, **kw: E.random(n, 0.5, **kw),
+}
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("bad", BAD_SIZES, ids=repr)
+def test_graph_builders_refuse_bad_sizes(builder, bad):
+    raises(GraphError, lambda: BUILDERS[builder](n=bad), "n", repr(bad))
+    raises(GraphError, lambda: BUILDERS[builder](batch_size=bad), "batch_size")
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("bad", [-1, 2 ** 64, 1.5, NAN, True, "seed"], ids=repr)
+def test_graph_builders_refuse_bad_seeds(builder, bad):
+    raises(GraphError, lambda: BUILDERS[builder](seed=bad), "seed")
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+def test_graph_builders_accept_integral_sizes(builder):
+    import numpy as np
+
+    for n in (1, 5, np.int64(5), 5.0, torch.tensor(5)):
+        g = BUILDERS[builder](n=n, batch_size=np.int32(2), seed=np.int64(3))
+        assert (g.batch_size, g.num_nodes) == (2, int(n))
+        Y = torch.randn(2, int(n), 3, dtype=torch.float64)
+        assert torch.isfinite(E.attention_energy().value(Y, g)).all()
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.TokenGraph(2.5, 4), ["batch_size", "2.5"]),
+    (lambda: E.TokenGraph(1, 0), ["num_nodes"]),
+    (lambda: E.TokenGraph(1, True), ["num_nodes"]),
+    (lambda: E.TokenGraph(1, 4, name=3), ["name"]),
+    (lambda: E.mask_from_lengths([2.5, 1], 4), ["lengths"]),
+    (lambda: E.mask_from_lengths([NAN], 4), ["lengths"]),
+    (lambda: E.mask_from_lengths([True], 4), ["lengths"]),
+    (lambda: E.mask_from_lengths([5], 4), ["lengths"]),
+    (lambda: E.mask_from_lengths([1], 0), ["n"]),
+    (lambda: E.mask_from_lengths(["a"], 4), ["lengths"]),
+    (lambda: E.random(8, NAN), ["probability p", "nan"]),
+    (lambda: E.random(8, 1.5), ["probability p"]),
+    (lambda: E.random(8, -0.1), ["probability p"]),
+    (lambda: E.random(8, "half"), ["probability p"]),
+    (lambda: E.random(8, True), ["probability p"]),
+    (lambda: E.window(8, 0), ["window radius k"]),
+    (lambda: E.window(8, 2.5), ["window radius k", "2.5"]),
+    (lambda: E.window(8, True), ["window radius k"]),
+    (lambda: E.window(8, NAN), ["window radius k"]),
+    (lambda: E.strided(8, 1), ["stride k"]),
+    (lambda: E.strided(8, -4), ["stride k"]),
+    (lambda: E.dilated(8, 0), ["dilation k"]),
+    (lambda: E.dilated(8, 2, 0), ["dilated radius"]),
+    (lambda: E.dilated(8, 2, 1.5), ["dilated radius"]),
+    (lambda: E.from_edge_index(torch.tensor([[0], [1]]), 2.5), ["n", "2.5"]),
+    (lambda: E.from_edge_index(torch.tensor([[0], [1]]), 4, shared="yes"), ["shared"]),
+    (lambda: E.graph_from_spec("complete", 2.5), ["n", "2.5"]),
+    (lambda: E.graph_from_spec("window:3", 8, batch_size=0), ["batch_size"]),
+    (lambda: E.graph_from_spec("random:0.5", 8, seed=-1), ["seed"]),
+    (lambda: E.graph_from_spec("", 8), ["graph spec"]),
+    (lambda: E.graph_from_spec(3, 8), ["graph spec"]),
+    (lambda: E.graph_from_spec("window:1e100", 8), ["window radius k", "1e100"]),
+    (lambda: E.graph_from_spec("window:2:3", 8), ["window"]),
+])
+def test_graph_arguments_are_named(call, names):
+    raises(GraphError, call, *names)
+
+
+def edges_of(g):
+    return {tuple(e) for e in g.edges().T.tolist()}
+
+
+N = 64
+ALL_PAIRS = N * (N - 1) // 2
+
+
+@pytest.mark.parametrize("spec", ["window:63", "window:64", "window:100000000", f"window:{10 ** 18}",
+                                  "strided:64", "strided:100000000", f"strided:{10 ** 18}",
+                                  "dilated:1:63", "dilated:1:100000000", f"dilated:1:{10 ** 18}"])
+def test_a_radius_beyond_n_is_clamped_to_all_pairs(spec):
+    """A window (or stride, or dilated reach) of n - 1 or more covers every pair: the same edges as window:63,
+    built in O(n + |E|) (a radius of 10**18 would otherwise loop 10**18 times)."""
+    g = E.graph_from_spec(spec, N, batch_size=2)
+    assert g.num_edges().tolist() == [ALL_PAIRS, ALL_PAIRS]
+    assert edges_of(g) == edges_of(E.graph_from_spec("window:63", N, batch_size=2))
+    assert g.name == spec
+
+
+@pytest.mark.parametrize("k, radius", [(3, 21), (3, 22), (3, 10 ** 9), (7, 10 ** 18), (63, 5)])
+def test_dilated_reach_is_clamped_to_offsets_below_n(k, radius):
+    g = E.dilated(N, k, radius)
+    reach = min(radius, (N - 1) // k)
+    assert edges_of(g) == {(i, i + k * m) for m in range(1, reach + 1) for i in range(N - k * m)}
+    assert edges_of(g) == edges_of(E.dilated(N, k, (N - 1) // k))
+
+
+@pytest.mark.parametrize("spec", ["dilated:64", "dilated:100000000:3", f"dilated:{10 ** 18}:{10 ** 18}"])
+def test_a_dilation_beyond_n_joins_no_pair(spec):
+    assert E.graph_from_spec(spec, N).num_edges().tolist() == [0]
+
+
+def test_strided_clamp_keeps_both_heads_below_n():
+    for k in (2, 5, 8, 63):
+        want = {(i, j) for i in range(N) for j in range(i + 1, N) if j - i < k or (j - i) % k == 0}
+        assert edges_of(E.strided(N, k)) == want
+
+
+def test_random_graph_of_a_huge_n_is_linear_in_edges():
+    """n = 10**6 has 5 * 10**11 candidate pairs; p = 1e-9 keeps about 500 of them: the builder draws the
+    edge count and then the edges (O(n + |E|)), not one number per pair."""
+    n = 10 ** 6
+    g = E.random(n, 1e-9, batch_size=2, seed=1)
+    counts = g.num_edges()
+    assert ((counts > 350) & (counts < 650)).all()
+    src, dst = g.edges()
+    assert (src < dst).all() and (src // n == dst // n).all()
+    assert torch.equal(g.edges(), E.random(n, 1e-9, batch_size=2, seed=1).edges())
+    assert E.random(n, 0.0).num_edges().tolist() == [0]
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.window(10 ** 6, 10 ** 18), ["window:", "edges"]),          # clamped to all pairs: 5e11 edges
+    (lambda: E.graph_from_spec(f"strided:{10 ** 18}", 10 ** 6), ["strided", "edges"]),
+    (lambda: E.dilated(10 ** 5, 1, 10 ** 9, batch_size=1000), ["dilated", "edges"]),
+    (lambda: E.random(10 ** 5, 0.5), ["random:0.5", "edges"]),
+    (lambda: E.random(10 ** 6, 1e-3, batch_size=1000), ["random", "edges"]),
+    (lambda: E.complete(2 ** 32), ["slots"]), (lambda: E.graph_from_spec("window:3", 2 ** 31, batch_size=2), ["slots"]),
+    (lambda: E.TokenGraph(2 ** 20, 2 ** 12), ["slots"]),
+])
+def test_graphs_beyond_the_memory_budget_are_refused_before_any_allocation(call, names):
+    """Clamping keeps a graph O(n + |E|); a graph whose |E| itself is out of reach is refused, by count."""
+    raises(GraphError, call, *names)
+
+
+@pytest.mark.parametrize("p", [0.01, 0.7])
+def test_random_graph_above_the_pairwise_regime_has_the_right_density(p):
+    n = 2050                       # 2,100,225 candidate pairs: just above RANDOM_PAIRWISE_MAX
+    assert n * (n - 1) // 2 > E.graph.RANDOM_PAIRWISE_MAX
+    g = E.random(n, p, seed=3)
+    pairs = n * (n - 1) // 2
+    m = int(g.num_edges()[0])
+    assert abs(m - p * pairs) <= 6 * math.sqrt(pairs * p * (1 - p)) + 1
+    src, dst = g.edges()
+    assert (src < dst).all() and (dst < n).all()
+
+
+def test_random_graph_below_the_regime_keeps_its_realisations():
+    """Up to RANDOM_PAIRWISE_MAX pairs the graph for a seed is the one drawn pair by pair (as before)."""
+    n, p = 30, 0.3
+    gen = torch.Generator().manual_seed(5)
+    iu = torch.triu_indices(n, n, offset=1)
+    keep = torch.rand(iu.shape[1], generator=gen) < p
+    assert edges_of(E.random(n, p, seed=5)) == {tuple(e) for e in iu[:, keep].T.tolist()}
+
+
+# ============================================================================ energy terms
+W4 = torch.randn(4, 3, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    ({"tau": 0}, ["tau"]), ({"tau": -1.0}, ["tau"]), ({"tau": NAN}, ["tau", "nan"]), ({"tau": INF}, ["tau", "inf"]),
+    ({"tau": "x"}, ["tau"]), ({"tau": True}, ["tau"]), ({"tau": None}, ["tau"]),
+    ({"rho": "gauss"}, ["gauss"]), ({"rho": "relu:-1"}, ["relu", "c"]), ({"rho": "lp:nan"}, ["lp"]),
+    ({"kernel": "flash"}, ["kernel", "flash"]), ({"kernel": 3}, ["kernel"]),
+    ({"curvature": "exact"}, ["curvature", "exact"]),
+    ({"metric": torch.randn(4)}, ["metric"]), ({"metric": [[1.0]]}, ["metric"]),
+    ({"metric": torch.zeros(4, 0)}, ["metric"]), ({"metric": torch.ones(4, 3, dtype=torch.long)}, ["metric", "dtype"]),
+])
+def test_pairwise_attention_arguments(kwargs, names):
+    raises(EnergyError, lambda: E.PairwiseAttention(**kwargs), *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.Residual(torch.full((4, 3), NAN)), ["anchor b", "nan"]),
+    (lambda: E.Residual(torch.zeros(4, 3, dtype=torch.long)), ["anchor b"]),
+    (lambda: E.Residual(torch.zeros(4)), ["anchor b", "shape"]),
+    (lambda: E.Residual(torch.zeros(0, 3)), ["anchor b"]),
+    (lambda: E.FeedForward(torch.zeros(3, 4)), ["weight w", "square"]),
+    (lambda: E.FeedForward(torch.zeros(0, 0)), ["weight w"]),
+    (lambda: E.FeedForward(torch.full((3, 3), INF)), ["weight w", "inf"]),
+    (lambda: E.FeedForward(torch.eye(3), sym_tol=-1), ["sym_tol"]),
+    (lambda: E.FeedForward(torch.eye(3), sym_tol=NAN), ["sym_tol"]),
+    (lambda: E.FeedForward(torch.tensor([[0.0, 1.0], [0.0, 0.0]])), ["symmetric"]),
+    (lambda: E.Rescaling(0), ["radius"]), (lambda: E.Rescaling(-2), ["radius"]),
+    (lambda: E.Rescaling(INF), ["radius", "inf"]), (lambda: E.Rescaling(NAN), ["radius"]),
+    (lambda: E.Rescaling("big"), ["radius"]), (lambda: E.Rescaling(True), ["radius"]),
+])
+def test_energy_term_arguments(call, names):
+    raises(EnergyError, call, *names)
+
+
+def test_energy_terms_build_and_evaluate_with_good_arguments():
+    g = E.window(6, 2, batch_size=2)
+    Y = torch.randn(2, 6, 4, dtype=torch.float64)
+    S = torch.randn(4, 4, dtype=torch.float64)
+    terms = [E.PairwiseAttention("exp", tau=2, kernel="edges", metric=W4), E.PairwiseAttention(tau=0.5, curvature="constant"),
+             E.Residual(torch.randn(6, 4, dtype=torch.float64)), E.FeedForward((S + S.T) / 2, sym_tol=0),
+             E.FeedForward(S, sym_tol=INF),
+             E.Rescaling(1.5), E.Rescaling(), E.Centering(), E.NonNegativity()]
+    for t in terms:
+        assert t.value(Y, g).shape == (2,)
+
+
+# ============================================================================ steps
+ENERGY = E.attention_energy()
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.AttentionStep(alpha=0), ["alpha"]), (lambda: U.AttentionStep(alpha=1.5), ["alpha"]),
+    (lambda: U.AttentionStep(alpha=NAN), ["alpha", "nan"]), (lambda: U.AttentionStep(alpha="x"), ["alpha"]),
+    (lambda: U.AttentionStep(alpha=True), ["alpha"]), (lambda: U.AttentionStep(update="fast"), ["update", "fast"]),
+    (lambda: U.AttentionStep(update=["exact"]), ["update"]), (lambda: U.AttentionStep(kernel="flash"), ["kernel", "flash"]),
+    (lambda: U.AttentionStep(update="printed", B=torch.zeros(3, 2)), ["printed"]),
+    (lambda: U.GradientStep(ENERGY, 0), ["step_size"]), (lambda: U.GradientStep(ENERGY, -0.5), ["step_size"]),
+    (lambda: U.GradientStep(ENERGY, NAN), ["step_size", "nan"]), (lambda: U.GradientStep(ENERGY, INF), ["step_size"]),
+    (lambda: U.GradientStep(ENERGY, "big"), ["step_size"]), (lambda: U.GradientStep(ENERGY, True), ["step_size"]),
+    (lambda: U.GradientStep(ENERGY, 0.1, lipschitz=0), ["lipschitz"]),
+    (lambda: U.GradientStep(ENERGY, 0.1, lipschitz=-1), ["lipschitz"]),
+    (lambda: U.GradientStep(ENERGY, 0.1, lipschitz=NAN), ["lipschitz", "nan"]),
+    (lambda: U.GradientStep(ENERGY, 0.1, lipschitz=INF), ["lipschitz", "inf"]),
+    (lambda: U.GradientStep(ENERGY, 0.1, lipschitz="x"), ["lipschitz"]),
+    (lambda: U.GradientStep("energy", 0.1), ["energy", "str"]),
+    (lambda: U.FeedForwardStep(torch.eye(3), step_size=NAN), ["step_size"]),
+    (lambda: U.FeedForwardStep(torch.eye(3), step_size=0), ["step_size"]),
+    (lambda: U.Sequence([]), ["at least one"]), (lambda: U.Sequence([U.ReLUProxStep(), 3]), ["step 1", "int"]),
+    (lambda: U.Sequence(U.ReLUProxStep()), ["iterable"]), (lambda: U.Sequence(7), ["iterable"]),
+    (lambda: U.ProxMMStep(ENERGY, alpha=0), ["alpha"]), (lambda: U.ProxMMStep(ENERGY, alpha=NAN), ["alpha"]),
+    (lambda: U.ProxMMStep(None), ["energy"]),
+    (lambda: U.theorem41_bound(0.1, 0, 1.0), ["alpha2"]), (lambda: U.theorem41_bound(NAN, 0.1, 1.0), ["alpha1"]),
+    (lambda: U.theorem41_bound(0.1, 0.1, -1), ["l_g"]),
+])
+def test_step_arguments(call, names):
+    raises(StepError, call, *names)
+
+
+def test_step_terms_name_their_own_arguments():
+    raises(EnergyError, lambda: U.RescaleStep(radius=0), "radius")
+    raises(EnergyError, lambda: U.layernorm_step(radius=NAN), "radius")
+    raises(EnergyError, lambda: U.AttentionStep(tau=0), "tau")
+    raises(EnergyError, lambda: U.AttentionStep(rho="gauss"), "gauss")
+    raises(EnergyError, lambda: U.FeedForwardStep(torch.ones(2, 3)), "square")
+
+
+def test_steps_build_and_run_with_good_arguments():
+    g = E.star(7, batch_size=2)
+    Y = torch.randn(2, 7, 3, dtype=torch.float64)
+    S = torch.randn(3, 3, dtype=torch.float64)
+    steps = [U.AttentionStep("cauchy", tau=1.5, alpha=0.5, kernel="edges"), U.AttentionStep(update="printed"),
+             U.GradientStep(ENERGY, 0.1, lipschitz=2.0), U.FeedForwardStep((S + S.T) / 10, step_size=0.5),
+             U.Sequence([U.AttentionStep(alpha=0.5), U.ReLUProxStep()]), U.layernorm_step(2.0),
+             U.ProxMMStep(ENERGY, alpha=0.7), U.RescaleStep()]
+    for step in steps:
+        out = step(Y, g)
+        assert out.shape == Y.shape and torch.isfinite(out).all()
+    assert U.theorem41_bound(0.1, 0.2, 0.0) == 2.0
+
+
+# ============================================================================ UnfoldedAttentionConv
+@pytest.mark.parametrize("kwargs, names", [
+    ({"channels": 0}, ["channels"]), ({"channels": -3}, ["channels"]), ({"channels": 2.5}, ["channels", "2.5"]),
+    ({"channels": True}, ["channels"]), ({"channels": "six"}, ["channels"]), ({"channels": NAN}, ["channels"]),
+    ({"heads": 0}, ["heads"]), ({"heads": 1.5}, ["heads"]), ({"heads": False}, ["heads"]),
+    ({"head_channels": 0}, ["head_channels"]), ({"head_channels": -2}, ["head_channels"]),
+    ({"head_channels": 2.5}, ["head_channels"]), ({"head_channels": 7}, ["head_channels", "7"]),
+    ({"head_channels": True}, ["head_channels"]),
+    ({"tau": 0}, ["tau"]), ({"tau": -1}, ["tau"]), ({"tau": NAN}, ["tau", "nan"]), ({"tau": INF}, ["tau", "inf"]),
+    ({"tau": "hot"}, ["tau"]),
+    ({"alpha": 0}, ["alpha"]), ({"alpha": 1.5}, ["alpha"]), ({"alpha": NAN}, ["alpha"]),
+    ({"relu": "yes"}, ["relu"]), ({"relu": 1}, ["relu"]), ({"relu": True}, ["relu=true needs"]),
+])
+def test_unfolded_attention_conv_arguments(kwargs, names):
+    kw = {"channels": 6, **kwargs}
+    raises(StepError, lambda: UnfoldedAttentionConv(**kw), *names)
+
+
+def test_unfolded_attention_conv_rho_is_named():
+    raises(EnergyError, lambda: UnfoldedAttentionConv(6, rho="gauss"), "gauss")
+
+
+def conv_case(n=10, d=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    ei = torch.tensor([[i for i in range(n - 1)], [i + 1 for i in range(n - 1)]])
+    return x, ei
+
+
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_unfolded_attention_conv_refuses_a_non_finite_anchor(bad):
+    x, ei = conv_case()
+    x0 = x.clone()
+    x0[3, 2] = bad
+    for conv in (UnfoldedAttentionConv(6).double(), UnfoldedAttentionConv(6, heads=2, head_channels=3).double()):
+        raises(TokenError, lambda: conv(x, ei, x0), "x0")
+        raises(TokenError, lambda: conv.energy(x, ei, x0), "x0")
+    raises(TokenError, lambda: UnfoldedAttentionConv(6)(x, ei, x0.long()), "x0")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"heads": 2}, {"heads": 3, "head_channels": 2, "relu": True},
+                                    {"head_channels": 6, "tau": 0.5, "alpha": 0.3, "rho": "cauchy"},
+                                    {"channels": 6.0, "heads": torch.tensor(2), "head_channels": 1}])
+def test_unfolded_attention_conv_builds_and_descends_with_good_arguments(kwargs):
+    kw = {"channels": 6, **kwargs}
+    conv = UnfoldedAttentionConv(**kw).double()
+    x, ei = conv_case()
+    with torch.no_grad():
+        out, vals = conv(x, ei, x, return_energy=True)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    with torch.no_grad():
+        assert float(conv.energy(out, ei, x)) <= float(sum(vals.values())) + 1e-9
+
+
+# ============================================================================ convex heads and solver
+S_, D_, C_ = 5, 4, 2
+
+
+def toy(n=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, S_, D_, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, C_, (n,), generator=gen)
+    return X, torch.ones(n, S_, dtype=torch.bool), y
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: make_head("mlp_linear", 0, S_, C_), ["d", "0"]), (lambda: make_head("mlp_linear", 2.5, S_, C_), ["d", "2.5"]),
+    (lambda: make_head("mlp_linear", D_, True, C_), ["s"]), (lambda: make_head("mlp_linear", D_, S_, -1), ["c"]),
+    (lambda: make_head("mlp_linear", D_, S_, NAN), ["c"]), (lambda: make_head("sa_linear", D_, S_, C_, seed=-1), ["seed"]),
+    (lambda: make_head("mlp_gated", D_, S_, C_, gates=0), ["gates"]),
+    (lambda: make_head("sa_gated", D_, S_, C_, gates=1.5), ["gates"]),
+    (lambda: make_head("mixer_gated", D_, S_, C_, gates="many"), ["gates"]),
+    (lambda: make_head("sa_block", D_, S_, C_, groups=0), ["groups"]),
+    (lambda: make_head("sa_block", D_, S_, C_, groups=3), ["groups"]),
+    (lambda: make_head("bfno", D_, S_, C_, groups=2.5), ["groups"]),
+    (lambda: make_head("mlp_linear", D_, S_, C_, gates=2), ["option", "gates"]),
+    (lambda: make_head(["mlp_linear"], D_, S_, C_), ["unknown convex head"]),
+])
+def test_convex_head_arguments(call, names):
+    raises(ConfigError, call, *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda h: h.prepare(torch.zeros(0, S_, D_, dtype=torch.float64)), ["at least one example"]),
+    (lambda h: h.prepare(torch.full((2, S_, D_), NAN, dtype=torch.float64)), ["nan"]),
+    (lambda h: h.prepare(torch.full((2, S_, D_), 1e200, dtype=torch.float64)), ["overflow"]),
+    (lambda h: h.prepare(torch.zeros(2, S_, D_, dtype=torch.float64), mask=[[True] * S_] * 2), ["mask"]),
+])
+def test_convex_head_data(call, names):
+    raises(TokenError, lambda: call(make_head("sa_linear", D_, S_, C_)), *names)
+
+
+def solver_case(name="mlp_linear", n=24):
+    X, mask, y = toy(n)
+    head = make_head(name, D_, S_, C_)
+    return head, head.prepare(X, mask), y
+
+
+@pytest.mark.parametrize("change, names", [
+    (lambda y: y + C_, ["labels", "[0, 2)"]), (lambda y: y - 1, ["labels", "-1"]),
+    (lambda y: y[:-1], ["labels", "(n=24,)"]),
+    (lambda y: torch.nn.functional.one_hot(y, C_).double().masked_fill(y[:, None] == 0, NAN), ["nan"]),
+    (lambda y: torch.nn.functional.one_hot(y, C_).double() * INF, ["nan or inf"]),
+    (lambda y: torch.nn.functional.one_hot(y, C_).double() * 2, ["probability rows"]),
+    (lambda y: -torch.nn.functional.one_hot(y, C_).double() + 0.5, ["probability rows"]),
+    (lambda y: y.double(), ["(n=24, c=2)"]), (lambda y: y.bool(), ["dtype"]), (lambda y: y.tolist(), ["tensor"]),
+])
+def test_solver_targets(change, names):
+    head, data, y = solver_case()
+    Y = change(y)
+    raises(ConfigError, lambda: solve(head, data, Y, 0.01, max_iter=5), *names)
+    raises(ConfigError, lambda: beta_max(head, data, Y), *names)
+    raises(ConfigError, lambda: certificate(head, data, Y, [torch.zeros(D_, C_, dtype=torch.float64)], 0.01), *names)
+
+
+def test_squared_loss_targets_must_be_finite():
+    head, data, y = solver_case()
+    Y = torch.randn(24, C_, dtype=torch.float64)
+    Y[2, 1] = NAN
+    raises(ConfigError, lambda: solve(head, data, Y, 0.01, loss="squared", max_iter=5), "nan", "example 2")
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    ({"beta": 0}, ["beta"]), ({"beta": NAN}, ["beta"]), ({"beta": INF}, ["beta"]),
+    ({"max_iter": 0}, ["max_iter"]), ({"max_iter": 2.5}, ["max_iter"]), ({"max_iter": -1}, ["max_iter"]),
+    ({"tol": NAN}, ["tol", "nan"]), ({"tol": -1}, ["tol"]), ({"tol": INF}, ["tol"]),
+    ({"check_every": 0}, ["check_every"]), ({"fixed_lipschitz": 0}, ["fixed_lipschitz"]),
+    ({"fixed_lipschitz": NAN}, ["fixed_lipschitz"]), ({"method": "adam"}, ["method", "adam"]),
+    ({"loss": "hinge"}, ["hinge"]), ({"loss": None}, ["loss"]),
+    ({"Z0": [torch.zeros(3, 3, dtype=torch.float64)]}, ["z0[0]"]), ({"Z0": torch.zeros(D_, C_)}, ["z0"]),
+    ({"Z0": [torch.full((D_, C_), NAN, dtype=torch.float64)]}, ["z0[0]", "nan"]),
+    ({"Z0": []}, ["z0"]),
+])
+def test_solver_arguments(kwargs, names):
+    head, data, y = solver_case()
+    kw = {"beta": 0.01, **kwargs}
+    raises(ConfigError, lambda: solve(head, data, y, **kw), *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda h, d, y: solve("mlp_linear", d, y, 0.01), ["head"]),
+    (lambda h, d, y: solve(h, {"x": 1}, y, 0.01), ["data"]),
+    (lambda h, d, y: svt(torch.eye(3), -1), ["tau"]), (lambda h, d, y: svt(torch.eye(3), NAN), ["tau"]),
+    (lambda h, d, y: svt(torch.ones(3), 0.1), ["matrix"]),
+    (lambda h, d, y: rank([torch.eye(3)], rtol=NAN), ["rtol"]),
+    (lambda h, d, y: map_back(h, [torch.eye(D_, C_, dtype=torch.float64)], rtol=-1), ["rtol"]),
+    (lambda h, d, y: map_back(h, [torch.eye(3)]), ["z[0]"]),
+    (lambda h, d, y: operator_norm2(h, d, iters=0), ["iters"]),
+    (lambda h, d, y: certificate(h, d, y, [torch.zeros(D_, C_, dtype=torch.float64)], 0), ["beta"]),
+])
+def test_solver_helpers(call, names):
+    head, data, y = solver_case()
+    raises(ConfigError, lambda: call(head, data, y), *names)
+
+
+def test_solver_refuses_to_certify_overflowing_features():
+    """Features finite but so large that the operator overflows: no certificate on NaN, a named error."""
+    head = make_head("mlp_linear", D_, S_, C_)
+    X, mask, y = toy()
+    data = head.prepare(X * 1e160, mask)
+    raises(TokenError, lambda: solve(head, data, y, 0.01, max_iter=5), "overflow")
+
+
+def test_labels_and_one_hot_targets_give_the_same_solution():
+    head, data, y = solver_case()
+    Y = torch.nn.functional.one_hot(y, C_).double()
+    bm = beta_max(head, data, y)
+    assert bm == beta_max(head, data, Y)
+    a = solve(head, data, y, 0.2 * bm, max_iter=200)
+    b = solve(head, data, Y, 0.2 * bm, max_iter=200)
+    assert a.certificate == b.certificate and a.converged
+    soft = 0.5 * Y + 0.25                              # soft labels: rows in the simplex are fine
+    assert math.isfinite(solve(head, data, soft, 0.2 * bm, max_iter=20).certificate["objective"])

@@ -1,0 +1,146 @@
+"""What every command-line entry point of the project shares: one way to fail.
+
+:func:`run_main` runs a CLI body and turns what can go wrong into one line on stderr and an exit code:
+
+* a framework error (:class:`~energies.errors.UnfoldError`, bad input) -> ``PROG: error: MESSAGE``, exit 2;
+* an operating-system error (missing file, a folder where a file was expected, permission denied, disk full)
+  -> ``PROG: error: MESSAGE (PATH)``, exit 2;
+* Ctrl-C -> ``PROG: interrupted``, exit 130 (the shell's convention, 128 + SIGINT);
+* anything else is a bug: ``PROG: internal error: TYPE: MESSAGE``, exit 1, with the traceback only when
+  ``UNFOLD_DEBUG=1`` is set.
+
+argparse ``type=`` converters for the checks every CLI repeats (:func:`positive_int`, :func:`finite_float`,
+...) raise :class:`argparse.ArgumentTypeError`, which argparse reports as
+``PROG: error: argument --FLAG: ...`` with exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import traceback
+from typing import Callable
+
+from energies.checks import one_line
+from energies.errors import UnfoldError
+
+__all__ = ["run_main", "one_line", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
+           "positive_float", "nonnegative_float", "probability"]
+
+DEBUG_ENV = "UNFOLD_DEBUG"
+
+
+def _os_message(exc: OSError) -> str:
+    reason = exc.strerror or (errno.errorcode.get(exc.errno, "") if exc.errno else "") or str(exc)
+    path = exc.filename if exc.filename is not None else ""
+    return f"{reason}: {path!s}" if path else one_line(exc)
+
+
+def run_main(prog: str, body: Callable[[], int]) -> int:
+    """Run ``body()`` (which returns the exit code) with the project's error contract (module docstring)."""
+    try:
+        return body()
+    except UnfoldError as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: error: {_os_message(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        print(f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)} "
+              f"(set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _number(kind: Callable, text: str, ok: Callable, rule: str):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 1, "an integer >= 1")
+
+
+def nonnegative_int(text: str) -> int:
+    return _number(int, text, lambda v: v >= 0, "an integer >= 0")
+
+
+def seed_int(text: str) -> int:
+    """A random seed: an integer in [0, 2**63 - 1] (what ``torch.Generator.manual_seed`` accepts)."""
+    return _number(int, text, lambda v: 0 <= v < 2 ** 63, "an integer in [0, 2**63 - 1]")
+
+
+def finite_float(text: str) -> float:
+    return _number(float, text, math.isfinite, "a finite number")
+
+
+def positive_float(text: str) -> float:
+    return _number(float, text, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def nonnegative_float(text: str) -> float:
+    return _number(float, text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+
+
+def probability(text: str) -> float:
+    return _number(float, text, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+
+
+def folder_problem(path, writable: bool = False):
+    """Why ``path`` cannot be used as a folder, or None when it can: it is empty or not a valid path, it
+    exists and is not a folder, its nearest existing ancestor is not a folder (so it cannot be created), or
+    (``writable``) that folder or ancestor cannot be written -- probed by creating and removing a temporary
+    file, which is right for permission bits, read-only mounts and root alike."""
+    if str(path) == "":
+        return "is an empty path"
+    if "\0" in str(path):
+        return "is not a usable path (it holds a NUL byte)"
+    p = pathlib.Path(path).expanduser()
+    try:
+        if p.exists() and not p.is_dir():
+            return "is a file, not a folder"
+        probe = p
+        while not probe.exists() and probe.parent != probe:   # the nearest ancestor that exists
+            probe = probe.parent
+        if not probe.is_dir():
+            return f"cannot be created: {probe} is a file, not a folder"
+    except (OSError, ValueError) as e:                        # a NUL byte, a name too long, ...
+        return f"is not a usable path ({e})"
+    if writable:
+        try:
+            with tempfile.TemporaryFile(dir=probe, prefix=".write-probe-"):
+                pass
+        except OSError as e:
+            why = e.strerror or str(e)
+            return f"is not writable ({why})" if probe == p else f"cannot be created: {probe} is not writable ({why})"
+    return None
+
+
+def folder_arg(text: str) -> str:
+    """argparse ``type=``: a folder that exists or can be created (not a file); see :func:`folder_problem`."""
+    why = folder_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
+    return text
+
+
+def output_folder_arg(text: str) -> str:
+    """argparse ``type=``: a folder that can be written (existing or to be created); see :func:`folder_problem`."""
+    why = folder_problem(text, writable=True)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
+    return text

@@ -11,7 +11,7 @@ only good checkpoint at risk:
 
 Killed at any instant, the folder holds a loadable checkpoint: before 3 the old ``last.pt`` or ``prev.pt``;
 between 3 and 4 ``prev.pt`` (the old ``last.pt``); after 4 both (tested by killing a process at every
-stage, ``tests/test_checkpoint_safety.py``). Temporary files a killed save left behind are removed by
+stage, ``tests/test_run_safety.py``). Temporary files a killed save left behind are removed by
 :func:`clean_temporaries` when a run (re)starts in the folder.
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimiser, scheduler,

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 import yaml
 
 from energies.errors import ConfigError, UnfoldError
+from unfold.cli import read_document
 
 __all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
            "ConfigError"]
@@ -333,15 +334,8 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Di
     """Defaults <- YAML file <- overrides, validated. ``name`` defaults to the file's stem."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"config file {path!r} does not exist" + (" (it is a folder)" if os.path.isdir(path) else ""))
-        try:
-            with open(path, encoding="utf-8") as fh:
-                loaded = yaml.safe_load(fh)
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+        loaded = read_document(path, yaml.safe_load, ConfigError, f"config file {path!r}", "YAML",
+                               (yaml.YAMLError,))
         loaded = {} if loaded is None else loaded
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "

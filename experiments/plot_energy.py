@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from energies.errors import UnfoldError
-from unfold.cli import one_line, run_main
+from unfold.cli import read_document, run_main
 from unfold.plot import pyplot, save_figure
 
 from .checkpoint import safe_load
@@ -138,15 +138,7 @@ class RunFileError(UnfoldError):
 def read_json(path: str, kind: type = dict):
     """The JSON value in ``path``, checked to be a ``kind`` (``dict``: an object, ``list``: an array).
     Missing, a folder, not UTF-8, not JSON, or another kind of value: :class:`RunFileError` naming the file."""
-    if not os.path.isfile(path):
-        raise RunFileError(f"{path} is missing" + (" (it is a folder)" if os.path.isdir(path) else ""))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            value = json.load(fh)
-    except UnicodeDecodeError as exc:
-        raise RunFileError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except (ValueError, RecursionError) as exc:
-        raise RunFileError(f"{path} is not valid JSON ({one_line(exc)[:200]})") from None
+    value = read_document(path, json.load, RunFileError, path, "JSON", (ValueError, RecursionError))
     if not isinstance(value, kind):
         raise RunFileError(f"{path} holds a JSON {_json_kind(value)}, expected a JSON "
                            f"{'object' if kind is dict else 'array'}")

@@ -331,7 +331,7 @@ CASES = [
     (SPLINE, ["--checkpoint", "{ws}/ck/list.pt", "--cross", "x"], ["--cross", "--attention"]),
     (SPLINE, ["--attention", "softmax", "--layers", "2"], ["--layers", "--attention"]),
     # --- experiments.spline_probe: files
-    (SPLINE, ["--config", "{ws}/absent.yaml"], ["absent.yaml", "does not exist"]),
+    (SPLINE, ["--config", "{ws}/absent.yaml"], ["absent.yaml", "missing"]),
     (SPLINE, ["--config", "{ws}/bad.yaml"], ["bad.yaml", "not valid yaml"]),
     (SPLINE, ["--config", "{ws}/list.yaml"], ["list.yaml", "mapping"]),
     (SPLINE, ["--config", "{ws}/latin.jsonl"], ["latin.jsonl", "utf-8"]),

@@ -316,3 +316,13 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
 
     with RunLock(str(run)):          # the lock went with the process
         pass
+
+
+@pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
+def test_divergence_stops_with_epoch_batch_and_checkpoint_named_in_every_mode(tmp_path, toy, mode):
+    """train.lr=1e30: the weights overflow after one step; the run stops with exit 2 and one line naming the
+    epoch, the batch and the (absent) checkpoint -- whether the loss or the forward pass's input checks see it."""
+    line = expect_refusal(TRAIN, ["--config", TINY, "--run-dir", "run", f"data.dataset={toy}", "data.glove=none",
+                                  f"model.mode={mode}", "train.lr=1e30", "train.epochs=2", "train.progress=false"],
+                          str(tmp_path), names=["epoch 1, batch", "checkpoint"], writes=True, watch=[toy])
+    assert "diverged" in line or "loss is" in line, line

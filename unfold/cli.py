@@ -28,7 +28,7 @@ from typing import Callable
 from energies.checks import one_line
 from energies.errors import UnfoldError
 
-__all__ = ["run_main", "one_line", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
+__all__ = ["run_main", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
            "positive_float", "nonnegative_float", "probability"]
 
 DEBUG_ENV = "UNFOLD_DEBUG"
@@ -144,3 +144,17 @@ def output_folder_arg(text: str) -> str:
     if why:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
+
+
+def read_document(path: str, parse: Callable, error: type, label: str, fmt: str, parse_errors: tuple = (ValueError,)):
+    """``parse(open file)`` of the UTF-8 text file ``path``; a missing file (or a folder), text that is not UTF-8,
+    or a ``parse_errors`` exception becomes ``error`` naming ``label`` (e.g. "config file 'x.yaml'") and why."""
+    if not os.path.isfile(path):
+        raise error(f"{label} is missing" + (" (it is a folder)" if os.path.isdir(path) else " (no such file)"))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return parse(fh)
+    except UnicodeDecodeError as exc:
+        raise error(f"{label} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except parse_errors as exc:
+        raise error(f"{label} is not valid {fmt} ({one_line(exc, 200)})") from None

@@ -10,6 +10,7 @@ import copy
 import math
 import os
 import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -95,7 +96,7 @@ class Range:
     integer: bool = False
 
     def holds(self, v) -> bool:
-        if not math.isfinite(v):
+        if not isinstance(v, int) and not math.isfinite(v):   # an int of any size is compared exactly
             return False
         return (v > self.lo if self.lo_open else v >= self.lo) and (v < self.hi if self.hi_open else v <= self.hi)
 
@@ -115,6 +116,15 @@ class Text:
     rule: str = "a non-empty string"
     pattern: Optional[str] = None
     check: Optional[Callable[[str], Any]] = None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 6, 6, 80, 80, 40
+
+
+def _show(value) -> str:
+    """A bounded repr for messages: a YAML alias bomb or a 5,000-digit number prints in a few dozen characters."""
+    return _REPR.repr(value)
 
 
 def _check_rho(spec: str) -> None:
@@ -239,23 +249,23 @@ def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], 
 def _check_rule(where: tuple, value) -> None:
     name = ".".join(where)
     if where in CHOICE_KEYS and value not in choices(where):
-        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {value!r}")
+        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {_show(value)}")
     rule = RULES.get(where)
     if isinstance(rule, Range):
         if rule.integer and isinstance(value, float):
-            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {value!r}")
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
         if not rule.holds(value):
-            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {value!r}")
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
     elif isinstance(rule, Text):
         if not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value)):
-            raise ConfigError(f"config key {name!r} must be {rule.rule}, got {value!r}")
+            raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")
         if rule.check is not None:
             try:
                 rule.check(value)
             except ConfigError:
                 raise
             except UnfoldError as exc:
-                raise ConfigError(f"config key {name!r}={value!r}: {exc}") from None
+                raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
 
 
 def _check_cross(cfg: Dict[str, Any]) -> None:
@@ -294,7 +304,7 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, got bool {value!r}")
         if not isinstance(value, allowed):
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, "
-                              f"got {type(value).__name__} {value!r}")
+                              f"got {type(value).__name__} {_show(value)}")
         _check_rule(where, value)
     if not path:
         _check_cross(cfg)
@@ -319,7 +329,7 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
         keys = dotted.strip().split(".")
         try:
             value = yaml.safe_load(raw)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):   # ValueError: an integer beyond Python's digit limit
             value = raw
         if _is_text_key(tuple(keys)) and value is not None:
             value = raw        # a text key takes the text as typed (YAML would read "hf:x" as a mapping, "007" as 7)
@@ -335,7 +345,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Di
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
         loaded = read_document(path, yaml.safe_load, ConfigError, f"config file {path!r}", "YAML",
-                               (yaml.YAMLError,))
+                               (yaml.YAMLError, ValueError))
         loaded = {} if loaded is None else loaded
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "

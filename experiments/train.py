@@ -437,8 +437,11 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    if args.resume:
-        if args.config or args.overrides or args.run_dir or args.overwrite:
+    for flag, value in (("--resume", args.resume), ("--run-dir", args.run_dir)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} must name a folder, got an empty path")
+    if args.resume is not None:
+        if args.config or args.overrides or args.run_dir is not None or args.overwrite:
             raise ConfigError("--resume RUN_DIR takes the run's own config.yaml: no --config, --run-dir, "
                               "--overwrite or overrides")
         run_dir = args.resume
@@ -448,7 +451,7 @@ def _main(args) -> int:
         metrics = train(cfg, run_dir, resume=True)
     else:
         cfg = load_config(args.config, args.overrides)
-        run_dir = args.run_dir or os.path.join("runs", cfg["name"])
+        run_dir = args.run_dir if args.run_dir is not None else os.path.join("runs", cfg["name"])
         metrics = train(cfg, run_dir, overwrite=args.overwrite)
     if not metrics:      # a rank other than 0 of a distributed run: rank 0 reports
         return 0

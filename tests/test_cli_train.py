@@ -101,6 +101,10 @@ BAD_FILES = [
     ("unknown.yaml", b"model:\n  widht: 3\n", ["widht"]),
     ("binary.yaml", bytes(range(256)), ["binary.yaml"]),
     ("badname.yaml", b"name: ../up\n", ["name", "../up"]),
+    # an alias bomb: about 10**10 elements by reference; the message must stay short (bounded repr)
+    ("bomb.yaml", ("model:\n  d: [&x0 [1,1,1,1,1,1,1,1,1,1], " + ", ".join(
+        f"&x{i} [" + ",".join([f"*x{i - 1}"] * 10) + "]" for i in range(1, 10)) + "]\n").encode(), ["model.d", "list"]),
+    ("hugeint.yaml", b"model:\n  d: 1" + b"0" * 400 + b"\n", ["model.d"]),
 ]
 
 
@@ -122,6 +126,12 @@ def test_bad_paths_and_flags_are_refused(tmp_path, toy):
         (["--resume", "afile"], ["afile"]),
         (["--resume", "x", "--config", TINY], ["--resume"]),
         (["--bogus-flag"], ["--bogus-flag"]),
+        (["--run-dir", "", *cfg], ["--run-dir", "empty"]),
+        (["--resume", ""], ["--resume", "empty"]),
+        (["--run-dir", "~nouser_xyz/run", *cfg], ["~nouser_xyz/run"]),
+        ([*cfg, "model.d=1" + "0" * 400], ["model.d"]),
+        ([*cfg, "train.lr=1" + "0" * 5000], ["train.lr"]),
+        ([*cfg, "train.seed=1" + "0" * 400], ["train.seed"]),
         (["--config", TINY, f"data.dataset={toy}/nothing_here", "data.glove=none"], ["nothing_here"]),
         (["--config", TINY, "data.dataset=hf:", "data.glove=none"], ["hf:"]),
     ]

@@ -109,8 +109,8 @@ def folder_problem(path, writable: bool = False):
         return "is an empty path"
     if "\0" in str(path):
         return "is not a usable path (it holds a NUL byte)"
-    p = pathlib.Path(path).expanduser()
     try:
+        p = pathlib.Path(path).expanduser()
         if p.exists() and not p.is_dir():
             return "is a file, not a folder"
         probe = p
@@ -118,7 +118,7 @@ def folder_problem(path, writable: bool = False):
             probe = probe.parent
         if not probe.is_dir():
             return f"cannot be created: {probe} is a file, not a folder"
-    except (OSError, ValueError) as e:                        # a NUL byte, a name too long, ...
+    except (OSError, ValueError, RuntimeError) as e:          # a NUL byte, a name too long, ~nouser ...
         return f"is not a usable path ({e})"
     if writable:
         try:

@@ -133,24 +133,17 @@ def _check_rho(spec: str) -> None:
     get_rho(spec)
 
 
+def _is_graph_file(spec: str) -> bool:
+    return spec.endswith(".npy") or os.path.sep in spec
+
+
 def _check_graph(spec: str) -> None:
-    """Parse the spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to n);
-    an edge-list file is read and checked on as many tokens as its largest id needs."""
+    """Parse a named spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to
+    n). An edge-list file is checked by :func:`_check_cross` against ``data.max_len``."""
     from energies.graph import graph_from_spec
 
-    n = 4
-    if spec.endswith(".npy") and os.path.isfile(spec):
-        import numpy as np
-
-        try:
-            arr = np.load(spec, allow_pickle=False, mmap_mode="r")
-            n = int(arr.max()) + 1 if getattr(arr, "size", 0) and np.issubdtype(arr.dtype, np.integer) else 4
-        except Exception:  # noqa: BLE001 -- graph_from_spec reports an unreadable file with its reason
-            pass
-    if n > MAX_SIZE:
-        raise ConfigError(f"config key 'model.graph'={spec!r}: edge ids up to {n - 1}, beyond the longest "
-                          f"sequence (data.max_len <= {MAX_SIZE})")
-    graph_from_spec(spec, max(n, 4))
+    if not _is_graph_file(spec):
+        graph_from_spec(spec, 4)
 
 
 def _check_device(spec: str) -> None:
@@ -271,6 +264,15 @@ def _check_rule(where: tuple, value) -> None:
 def _check_cross(cfg: Dict[str, Any]) -> None:
     """Rules between keys: each names both keys and their values."""
     tc = cfg["train"]
+    spec = cfg["model"]["graph"]
+    if _is_graph_file(spec):       # its node ids must fit the longest sequence
+        from energies.graph import graph_from_spec
+
+        try:
+            graph_from_spec(spec, cfg["data"]["max_len"])
+        except UnfoldError as exc:
+            raise ConfigError(f"config key 'model.graph'={spec!r} with data.max_len={cfg['data']['max_len']}: "
+                              f"{exc}") from None
     if tc["monitor"] not in (None, "off") and not tc["trace"]:
         raise ConfigError(f"config key 'train.monitor'={tc['monitor']!r} watches the training energy trace, which "
                           "train.trace=false turns off: set train.trace=true or train.monitor=off")

@@ -228,7 +228,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     (:mod:`experiments.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
     the whole run (:mod:`experiments.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
-    check_device(cfg["train"]["device"])
+    device = check_device(cfg["train"]["device"])
     params = check_buildable(cfg)
     # best + last + prev + the staged checkpoint, each model + two Adam moments in float32
     check_writable(run_dir, need_bytes=RUN_OVERHEAD_BYTES + 4 * 3 * 4 * params)
@@ -243,17 +243,16 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
         claim()
     try:
-        return _train(cfg, run_dir, resume, claim)
+        return _train(cfg, run_dir, resume, claim, device)
     finally:
         lock.release()
 
 
-def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim) -> Dict[str, Any]:
+def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch.device) -> Dict[str, Any]:
     tc = cfg["train"]
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
     torch.manual_seed(tc["seed"])
-    device = check_device(tc["device"])
     dd = distributed.setup(device.type)
     if dd.enabled and device.type == "cuda":
         device = torch.device("cuda", dd.local_rank)

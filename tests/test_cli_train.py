@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -117,6 +118,8 @@ def test_a_bad_config_file_is_refused(tmp_path, fname, content, names):
 def test_bad_paths_and_flags_are_refused(tmp_path, toy):
     cfg = ["--config", TINY, f"data.dataset={toy}", "data.glove=none", "train.epochs=1"]
     (tmp_path / "afile").write_text("x")
+    edges = str(tmp_path / "edges.npy")
+    np.save(edges, np.array([[0, 1], [1, 40]]))
     cases = [
         (["--config", "nope.yaml"], ["nope.yaml"]),
         (["--config", "."], ["."]),
@@ -126,6 +129,7 @@ def test_bad_paths_and_flags_are_refused(tmp_path, toy):
         (["--resume", "afile"], ["afile"]),
         (["--resume", "x", "--config", TINY], ["--resume"]),
         (["--bogus-flag"], ["--bogus-flag"]),
+        ([*cfg, f"model.graph={edges}"], ["model.graph", "edges.npy", "data.max_len=32"]),   # id 40 >= max_len 32
         (["--run-dir", "", *cfg], ["--run-dir", "empty"]),
         (["--resume", ""], ["--resume", "empty"]),
         (["--run-dir", "~nouser_xyz/run", *cfg], ["~nouser_xyz/run"]),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import pathlib
 import sys
@@ -25,7 +24,7 @@ import tempfile
 import traceback
 from typing import Callable
 
-from energies.checks import one_line
+from energies.checks import NUMBER_RULES, one_line
 from energies.errors import UnfoldError
 
 __all__ = ["run_main", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
@@ -84,20 +83,17 @@ def seed_int(text: str) -> int:
     return _number(int, text, lambda v: 0 <= v < 2 ** 63, "an integer in [0, 2**63 - 1]")
 
 
-def finite_float(text: str) -> float:
-    return _number(float, text, math.isfinite, "a finite number")
+def _float_rule(rule: str) -> Callable[[str], float]:
+    """An argparse converter for a float obeying :data:`energies.checks.NUMBER_RULES` ``[rule]`` (one
+    definition of each numeric rule for constructors and command lines)."""
+    ok, wording = NUMBER_RULES[rule]
+    return lambda text: _number(float, text, ok, wording)
 
 
-def positive_float(text: str) -> float:
-    return _number(float, text, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
-
-
-def nonnegative_float(text: str) -> float:
-    return _number(float, text, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-
-
-def probability(text: str) -> float:
-    return _number(float, text, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+finite_float = _float_rule("finite")
+positive_float = _float_rule("positive")
+nonnegative_float = _float_rule("nonnegative")
+probability = _float_rule("probability")
 
 
 def folder_problem(path, writable: bool = False):

@@ -7,15 +7,20 @@ energies (see :mod:`unfold`). Main objects:
   :func:`dilated`, :func:`star`, :func:`random`, :func:`from_edge_index`, :func:`from_pyg`;
 * penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``softplus``, ``cauchy``, ``lp``), validated on value and
   derivative when built, each value at full relative precision;
+* pairwise kernels (:data:`KERNELS`, :func:`register_kernel`: ``edges``, ``dense``, ``softmax``, ``fused``,
+  ``streamed``), selected by name or ``auto``;
 * terms (:class:`PairwiseAttention`, :class:`Residual`, :class:`FeedForward`,
-  :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`.
+  :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`;
+  each term owns its value, gradient, curvature bound and Jacobi diagonal (:class:`MMParts`) and, for an
+  indicator, its proximal map.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, StepError, TokenError, UnfoldError
 from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
-from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
+from .pairwise import KERNELS, Kernel, kernel_names, register_kernel
+from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -19,7 +19,7 @@ with the explicit computation.
 """
 from __future__ import annotations
 
-import functools
+from typing import Dict
 
 import torch
 
@@ -33,11 +33,19 @@ def _ops():
     return aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
-@functools.lru_cache(maxsize=None)
+_AVAILABLE: Dict[str, bool] = {}
+
+
+@torch.compiler.assume_constant_result
 def fused_available(device_type: str = "cpu") -> bool:
-    """Whether the fused op exists and agrees with the explicit form on a small case."""
-    if device_type != "cpu":
-        return False
+    """Whether the fused op exists and agrees with the explicit form on a small case (probed once per process;
+    a constant to ``torch.compile``, which does not trace the probe)."""
+    if device_type not in _AVAILABLE:
+        _AVAILABLE[device_type] = device_type == "cpu" and _probe()
+    return _AVAILABLE[device_type]
+
+
+def _probe() -> bool:
     try:
         fwd, _ = _ops()
         q = torch.randn(1, 1, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -42,6 +42,9 @@ __all__ = [
     "GRAPHS",
     "register_graph",
     "graph_from_spec",
+    "canonical_edges",
+    "GraphCache",
+    "MASK_FREE",
     "check_tokens",
 ]
 
@@ -77,19 +80,27 @@ def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
     return mask
 
 
-def _canonical_edges(edge_index, total: int, n: int) -> torch.Tensor:
-    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``.
+def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
+    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``, sorted:
+    the one canonicalisation of every edge list in the framework (token graphs and the PyG conv).
 
     Accepts each edge once (either orientation) or in both orientations (PyG convention).
-    Rejects: wrong shape/dtype, ids out of ``[0, total)``, self loops, an edge repeated
-    in the same orientation, an edge joining two different examples.
+    Rejects: wrong shape/dtype, ids out of ``[0, total)``, an edge joining two different examples and, unless
+    ``lenient`` (PyG inputs: ``add_self_loops`` / multigraph conventions), self loops and an edge repeated in the
+    same orientation, which ``lenient`` drops instead. The ids stay on their device; the checks read them once.
     """
+    return _canonical_edges(edge_index, total, n, lenient)
+
+
+def _canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
+    if isinstance(edge_index, torch.Tensor) and type(edge_index) is not torch.Tensor:
+        edge_index = edge_index.as_subclass(torch.Tensor)   # torch_geometric.EdgeIndex and other subclasses
     ei = torch.as_tensor(edge_index)
     if ei.ndim != 2 or ei.shape[0] != 2:
         raise GraphError(f"edge_index must have shape (2, m), got {tuple(ei.shape)}")
     if ei.dtype.is_floating_point or ei.dtype == torch.bool or ei.dtype.is_complex:
         raise GraphError(f"edge_index must hold integers, got dtype {ei.dtype}")
-    ei = ei.to(torch.long).cpu()
+    ei = ei.to(torch.long)
     if ei.numel() == 0:
         return ei.reshape(2, 0)
     lo, hi = int(ei.min()), int(ei.max())
@@ -99,6 +110,8 @@ def _canonical_edges(edge_index, total: int, n: int) -> torch.Tensor:
             f"edge {bad} = ({ei[0, bad].item()}, {ei[1, bad].item()}) is out of range: "
             f"node ids must lie in [0, {total})"
         )
+    if lenient:
+        ei = ei[:, ei[0] != ei[1]]
     loops = (ei[0] == ei[1]).nonzero()
     if loops.numel():
         k = loops[0, 0].item()
@@ -111,7 +124,7 @@ def _canonical_edges(edge_index, total: int, n: int) -> torch.Tensor:
                          f"{ei[0, k].item() // n} and {ei[1, k].item() // n}")
     key = ei[0] * total + ei[1]
     uniq, counts = torch.unique(key, return_counts=True)
-    if (counts > 1).any():
+    if not lenient and (counts > 1).any():
         dup = uniq[counts > 1][0].item()
         raise GraphError(f"edge ({dup // total}, {dup % total}) is repeated in the same orientation "
                          f"({counts[counts > 1][0].item()} times)")
@@ -173,7 +186,7 @@ class TokenGraph:
         self._edges: Optional[torch.Tensor] = None
         if edge_index is not None:
             canon = _canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
-            flat_mask = self.mask.reshape(-1).cpu()
+            flat_mask = self.mask.reshape(-1).to(canon.device)
             keep = flat_mask[canon[0]] & flat_mask[canon[1]]
             self._edges = canon[:, keep].to(self.mask.device)
 
@@ -202,6 +215,22 @@ class TokenGraph:
         g.__dict__.update(self.__dict__)
         g.mask = self.mask.to(device)
         g._edges = None if self._edges is None else self._edges.to(device)
+        return g
+
+    def with_mask(self, mask) -> "TokenGraph":
+        """The same edges under a new padding mask ``(B, n)`` (on the graph's device): edges touching a padded
+        slot dropped, by one selection on the device. Right for graphs whose edges do not depend on the mask
+        (:data:`MASK_FREE` builders); the complete graph stays implicit (no host read at all)."""
+        g = object.__new__(TokenGraph)
+        g.__dict__.update(self.__dict__)
+        g.mask = _check_mask(mask, self.batch_size, self.num_nodes).to(self.device)
+        if self.is_complete:
+            g._edges = None
+        else:
+            src, dst = self.edges()
+            flat = g.mask.reshape(-1)
+            keep = flat[src] & flat[dst]
+            g._edges = self._edges[:, keep]
         return g
 
     def edges(self) -> torch.Tensor:
@@ -263,8 +292,21 @@ class TokenGraph:
 GRAPHS: Dict[str, Callable[..., TokenGraph]] = {}
 
 
-register_graph = registrar(GRAPHS)
-"""``@register_graph("name")`` registers a builder ``f(n, *args, batch_size=1, mask=None, seed=0)``."""
+#: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping
+#: the edges at padded slots (:meth:`TokenGraph.with_mask`), so that :class:`GraphCache` builds them once per shape
+MASK_FREE = set()
+_register = registrar(GRAPHS)
+
+
+def register_graph(name: str, mask_free: bool = False):
+    """``@register_graph("name")`` registers a builder ``f(n, *args, batch_size=1, mask=None, seed=0)``;
+    ``mask_free=True`` declares that its edges do not depend on the mask (see :data:`MASK_FREE`)."""
+    def deco(builder):
+        _register(name)(builder)
+        (MASK_FREE.add if mask_free else MASK_FREE.discard)(name)
+        return builder
+
+    return deco
 
 
 def _sizes(n, batch_size, seed=0) -> Tuple[int, int, int]:
@@ -313,14 +355,14 @@ def _pairs_at_offsets(n: int, offsets, batch_size: int = 1, what: str = "graph")
     return torch.stack([torch.cat(src), torch.cat(dst)])
 
 
-@register_graph("complete")
+@register_graph("complete", mask_free=True)
 def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9)."""
     n, batch_size, _ = _sizes(n, batch_size, seed)
     return TokenGraph(batch_size, n, mask, None, name="complete")
 
 
-@register_graph("window")
+@register_graph("window", mask_free=True)
 def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``. A radius of n - 1 or more
     is the complete graph's edge list (the radius is clamped to n - 1: O(n + |E|) for any k)."""
@@ -330,7 +372,7 @@ def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> Tok
                          n, batch_size, mask, f"window:{k}")
 
 
-@register_graph("strided")
+@register_graph("strided", mask_free=True)
 def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Sparse Transformer strided pattern (Child et al. 2019) with stride ``k``.
 
@@ -347,7 +389,7 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
                          f"strided:{k}")
 
 
-@register_graph("dilated")
+@register_graph("dilated", mask_free=True)
 def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``. Offsets of n or more join no pair, so the
     radius is clamped to ``(n - 1) // k`` (O(n + |E|) for any k and radius; no edge when k >= n)."""
@@ -416,7 +458,7 @@ def _upper_pairs(k: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return i, k - start(i) + i + 1
 
 
-@register_graph("random")
+@register_graph("random", mask_free=True)
 def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``, independently.
 
@@ -561,6 +603,58 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         raise GraphError(f"bad arguments for graph {name!r} in spec {spec!r}: {exc}") from None
     except GraphError as exc:
         raise GraphError(f"graph spec {spec!r}: {exc}") from None
+
+
+class GraphCache:
+    """Token graphs of one spec for batches of masks, built on the mask's device and cached by shape.
+
+    ``cache(mask)`` equals ``graph_from_spec(spec, n, batch_size=B, mask=mask, seed=seed)`` on the mask's device.
+    The complete graph is implicit: built per call from the mask with no host read. A :data:`MASK_FREE` spec is
+    built once per ``(B, n, device)`` and masked on the device (:meth:`TokenGraph.with_mask`: one selection of
+    the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it is built
+    on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns."""
+
+    def __init__(self, spec: str = "complete", seed: int = 0, maxsize: int = 64):
+        self.spec, self.seed = spec, check_seed(seed)
+        self.maxsize = check_int(maxsize, "maxsize", 1)
+        self._graphs: Dict[tuple, TokenGraph] = {}
+
+    @property
+    def mask_free(self) -> bool:
+        name = self.spec.partition(":")[0]
+        return name in MASK_FREE or self.spec.endswith(".npy") or os.path.sep in self.spec
+
+    def __call__(self, mask: torch.Tensor) -> TokenGraph:
+        B, n = mask.shape
+        if self.spec == "complete":
+            return TokenGraph(B, n, mask, None, name="complete")
+        return self._sparse(mask)
+
+    @torch.compiler.disable
+    def _sparse(self, mask: torch.Tensor) -> TokenGraph:
+        """A sparse graph: built (on the host, outside any compiled region) and cached, then masked."""
+        B, n = mask.shape
+        if self.mask_free:
+            key = (B, n, str(mask.device))
+            if key not in self._graphs:
+                self._store(key, graph_from_spec(self.spec, n, batch_size=B, seed=self.seed).to(mask.device))
+            return self._graphs[key].with_mask(mask)
+        host = mask.detach().cpu()
+        key = (B, n, str(mask.device), host.numpy().tobytes())
+        if key not in self._graphs:
+            self._store(key, graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed).to(mask.device))
+        return self._graphs[key]
+
+    def _store(self, key, graph: TokenGraph) -> None:
+        if len(self._graphs) >= self.maxsize:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = graph
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def __repr__(self) -> str:
+        return f"GraphCache(spec={self.spec!r}, cached={len(self._graphs)})"
 
 
 # ---------------------------------------------------------------------- tokens

@@ -39,7 +39,7 @@ under ``torch.compile``, where the kernel runs as asked).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -48,10 +48,9 @@ from .fused import fused_available, fused_attention
 from .graph import TokenGraph
 from .rho import ExpRho, Rho, kernel_sensitivity
 
-__all__ = ["KERNELS", "pick_kernel", "edge_z", "dense_z", "explicit_z", "expansion_dtype", "PairwisePass",
-           "pairwise_pass", "weighted_neighbour_sums", "pairwise_energy", "EXPANSION_Z_ERROR"]
-
-KERNELS = ("edges", "dense", "softmax", "fused", "streamed")
+__all__ = ["KERNELS", "Kernel", "register_kernel", "kernel_names", "pick_kernel", "edge_z", "dense_z", "explicit_z",
+           "expansion_dtype", "PairwisePass", "pairwise_pass", "weighted_neighbour_sums", "pairwise_energy",
+           "EXPANSION_Z_ERROR"]
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
 STREAM_TILE = 256
 STREAM_MIN_N = 1024
@@ -76,6 +75,69 @@ class PairwisePass(NamedTuple):
         return None if self.agg is None else self.agg + self.deg[..., None] * _apply(self.Y, self.metric)
 
 
+class Kernel(NamedTuple):
+    """A registered pairwise kernel (:func:`register_kernel`).
+
+    ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``. A kernel with ``expansion=False`` gets the
+    zero-padded tokens Y and the metric W (or None) and must form z from them itself; one with
+    ``expansion=True`` gets the centred features ``Z = W^T (y - mean)`` already in the dtype that resolves the
+    expansion ``|a|^2 + |b|^2 - 2 a.b`` (:func:`expansion_dtype`), ``metric=None`` and the keyword ``sq``
+    (``|z_u|^2`` when already computed, else None), so it may use the expansion freely."""
+    name: str
+    run: Callable[..., PairwisePass]
+    #: ``supports(graph, rho)``: None where the kernel applies, else why not, worded to follow
+    #: "the NAME kernel ..." (e.g. "needs the complete graph")
+    supports: Callable[[TokenGraph, Rho], Optional[str]]
+    expansion: bool
+
+
+#: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
+KERNELS: Dict[str, Kernel] = {}
+
+
+def _any_graph(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    return None
+
+
+def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Optional[str]]] = None,
+                    expansion: bool = False):
+    """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
+    kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
+    :class:`Kernel` for the contract. Every kernel must return the same ``agg``, ``deg`` and energy as
+    ``edges`` to rounding (the tests compare each registered kernel with it)."""
+    if not isinstance(name, str) or not name or name == "auto" or ":" in name:
+        raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
+
+    def deco(run):
+        KERNELS[name] = Kernel(name, run, supports or _any_graph, bool(expansion))
+        return run
+
+    return deco
+
+
+def kernel_names():
+    """``['auto', *registered kernels]``: the values a ``kernel`` argument takes."""
+    return ["auto"] + list(KERNELS)
+
+
+def _complete_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    return None if graph.is_complete else f"is for the complete graph; got graph {graph.name!r} (use 'edges')"
+
+
+def _softmax_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    if graph.is_complete and isinstance(rho, ExpRho):
+        return None
+    return f"needs the complete graph and rho='exp'; got graph {graph.name!r}, rho {rho.spec()!r}"
+
+
+def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    why = _softmax_only(graph, rho)
+    if why is None and not fused_available(graph.mask.device.type):
+        why = (f"needs PyTorch's CPU flash-attention op, not available on {graph.mask.device.type!r}; "
+               "use 'softmax' or 'streamed'")
+    return why
+
+
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     """``auto``: on the complete graph with rho = exp the fused kernel where its op exists (CPU),
     else softmax (streamed above ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense,
@@ -89,15 +151,10 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
             return "streamed" if graph.num_nodes > STREAM_MIN_N else "softmax"
         return "streamed" if graph.num_nodes > STREAM_MIN_N else "dense"
     if kernel not in KERNELS:
-        raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {list(KERNELS) + ['auto']}")
-    if kernel == "streamed" and not graph.is_complete:
-        raise EnergyError(f"the streamed kernel is for the complete graph; got graph {graph.name!r} (use 'edges')")
-    if kernel in ("softmax", "fused") and not (graph.is_complete and isinstance(rho, ExpRho)):
-        raise EnergyError(f"the {kernel} kernel needs the complete graph and rho='exp'; "
-                          f"got graph {graph.name!r}, rho {rho.spec()!r}")
-    if kernel == "fused" and not fused_available(graph.mask.device.type):
-        raise EnergyError(f"the fused kernel needs PyTorch's CPU flash-attention op, not available on "
-                          f"{graph.mask.device.type!r}; use 'softmax' or 'streamed'")
+        raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {kernel_names()}")
+    why = KERNELS[kernel].supports(graph, rho)
+    if why is not None:
+        raise EnergyError(f"the {kernel} kernel {why}")
     return kernel
 
 
@@ -198,42 +255,67 @@ def _apply(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
-                  energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None) -> PairwisePass:
+                  energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None,
+                  guard: bool = True) -> PairwisePass:
     """One pass over the graph: ``(agg, deg)`` in Y's dtype and, if asked, the pairwise energy.
     ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass.
     ``metric`` W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then ``(B, n, d_h)``),
-    formed from differences or centred tokens, never from ``Y W`` of tokens far from the origin."""
-    kernel = pick_kernel(graph, rho, kernel)
+    formed from differences or centred tokens, never from ``Y W`` of tokens far from the origin.
+
+    ``guard``: for an expansion kernel, read the tokens' scale (one host read) and widen the dtype, or fall
+    back to explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With
+    ``guard=False`` (a forward pass with the trace off) there is no host read: the expansion runs in the
+    tokens' own dtype on centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``."""
+    kernel = KERNELS[pick_kernel(graph, rho, kernel)]
     Y = graph.zero_padded(Y)
-    if kernel == "edges":
-        return _edges_pass(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
+    if not kernel.expansion:
+        return kernel.run(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
     Zc = _apply(_centred(Y, graph), metric)
     sq = (Zc * Zc).sum(-1)
-    dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq)
+    dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq) if guard else _own_dtype(Zc)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
         out = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
-    elif dt != Y.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
-        out = _expansion_pass(_apply(_centred(Y.to(dt), graph), metric), graph, rho, tau, kernel, energy, num)
+    elif dt != Zc.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
+        out = kernel.run(_apply(_centred(Y.to(dt), graph), metric), graph, rho, tau, energy, num, None)
         out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
     else:
-        out = _expansion_pass(Zc, graph, rho, tau, kernel, energy, num, sq)
+        out = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
     return out._replace(Y=Y, metric=metric)
 
 
-def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, energy: bool,
-                    num: bool, sq: Optional[torch.Tensor] = None) -> PairwisePass:
-    """The complete-graph kernels on centred tokens Y (:func:`pairwise_pass`); ``sq``: ``|y_u|^2`` if known."""
-    if kernel in ("softmax", "fused"):
-        diff, lse = _softmax_parts(Y, graph, tau, kernel == "fused", num, sq)
-        real = graph.mask.to(Y.dtype)
-        log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
-        deg = torch.expm1(log_s)
-        agg = torch.exp(log_s)[..., None] * diff * real[..., None] if num else None
-        e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
-        return PairwisePass(agg, deg, e)
-    if kernel == "streamed":
-        return _streamed_pass(Y, graph, rho, tau, energy, num)
+def _own_dtype(Zc: torch.Tensor) -> torch.dtype:
+    return Zc.dtype if Zc.dtype in EXPANSION_Z_ERROR else torch.float32
+
+
+@register_kernel("softmax", _softmax_only, expansion=True)
+def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused: bool = False) -> PairwisePass:
+    """Softmax over all keys of the logits ``-z_uv`` (self included): ``deg_u = expm1(LSE_u)``,
+    ``agg_u = (1 + deg_u) (P Y - Y)_u``, the energy ``-tau/2 sum_u deg_u`` (module docstring)."""
+    diff, lse = _softmax_parts(Y, graph, tau, fused, num, sq)
+    real = graph.mask.to(Y.dtype)
+    log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
+    deg = torch.expm1(log_s)
+    agg = torch.exp(log_s)[..., None] * diff * real[..., None] if num else None
+    e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
+    return PairwisePass(agg, deg, e)
+
+
+@register_kernel("fused", _fused_only, expansion=True)
+def _fused_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
+    """The softmax kernel in one flash-attention call (:mod:`energies.fused`)."""
+    return _softmax_kernel(Y, graph, rho, tau, energy, num, sq=sq, fused=True)
+
+
+@register_kernel("streamed", _complete_only, expansion=True)
+def _streamed_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
+    """Complete graph, any rho, tiles of ``STREAM_TILE`` keys."""
+    return _streamed_pass(Y, graph, rho, tau, energy, num)
+
+
+@register_kernel("dense", expansion=True)
+def _dense_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
+    """An ``(B, n, n)`` weight matrix masked by the graph's adjacency."""
     z = dense_z(Y, tau)
     pm = graph.pair_mask()
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
@@ -243,6 +325,7 @@ def _expansion_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     return PairwisePass(gamma @ Y - deg[..., None] * Y if num else None, deg, e)
 
 
+@register_kernel("edges")
 def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
                 metric: Optional[torch.Tensor] = None) -> PairwisePass:
     """Gather/scatter over the canonical edge list: ``agg`` from the explicit differences of each edge (taken

@@ -19,17 +19,34 @@ from typing import Callable, Dict
 
 import torch
 
-from . import kinks
 from .errors import EnergyError
 from .registry import registrar
 
 __all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "kernel_sensitivity", "RHOS", "register_rho", "get_rho"]
 
 
-class Rho:
-    """A penalty: ``value(z)`` is rho, ``derivative(z)`` is rho' (the kernel gamma), for z >= 0."""
+class Rho(torch.nn.Module):
+    """A penalty: ``value(z)`` is rho, ``derivative(z)`` is rho' (the kernel gamma), for z >= 0.
+
+    A module without parameters, so that the modules holding it (terms, encoders, convs) carry it and hooks
+    reach its kinks: a piecewise rho evaluates its ReLU through an ``nn.ReLU`` submodule (``ReluRho.kink``),
+    which forward hooks see (the spline probe records and freezes sign patterns this way). ``rho(z)`` is
+    ``rho.value(z)``."""
 
     name = "rho"
+
+    def __new__(cls, *args, **kwargs):
+        # a module from the start, so that a subclass whose __init__ skips super().__init__() may still assign
+        # parameters or modules (as it could when Rho was a plain class)
+        obj = super().__new__(cls)
+        torch.nn.Module.__init__(obj)
+        return obj
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.value(z)
 
     def value(self, z: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -88,14 +105,16 @@ class ReluRho(Rho):
     """
 
     def __init__(self, c: float = 1.0):
+        super().__init__()
         self.c = _finite_positive("relu", "c", c)
+        self.kink = torch.nn.ReLU()
 
     def value(self, z):
         m = torch.clamp(z, max=self.c)
         return m * (self.c - 0.5 * m)   # c m - m^2 / 2 with c - m/2 >= c/2: full relative precision
 
     def derivative(self, z):
-        return kinks.relu(self.c - z)
+        return self.kink(self.c - z)
 
     def kernel_sensitivity(self):
         return 1.0 / self.c
@@ -166,6 +185,7 @@ class SoftplusRho(Rho):
     """
 
     def __init__(self, c: float = 1.0, t: float = 1.0):
+        super().__init__()
         self.c, self.t = _finite_positive("softplus", "c", c), _finite_positive("softplus", "t", t)
 
     def value(self, z):
@@ -226,6 +246,7 @@ class LpRho(Rho):
     """
 
     def __init__(self, p: float = 1.0, eps: float = 1e-3):
+        super().__init__()
         self.p, self.eps = _finite_positive("lp", "p", p), _finite_positive("lp", "floor eps", eps)
         if not (0.0 < self.p <= 2.0):
             raise EnergyError(f"lp rho needs 0 < p <= 2, got p={p}")
@@ -256,19 +277,31 @@ class LpRho(Rho):
 
 
 def kernel_sensitivity(rho: Rho) -> float:
-    """``rho.kernel_sensitivity()``, computed once per penalty object (its parameters do not change) and outside
-    any kink tape: the kernels ask for it on every pass."""
+    """``rho.kernel_sensitivity()``, computed once per penalty object (its parameters do not change): the kernels
+    ask for it on every pass. Computed when the penalty is built (:func:`get_rho`), so that no later pass, hooked
+    or compiled, evaluates it."""
     cached = rho.__dict__.get("_kernel_sensitivity")
     if cached is None:
-        with kinks.paused():
-            cached = rho._kernel_sensitivity = float(rho.kernel_sensitivity())
+        cached = rho.__dict__["_kernel_sensitivity"] = float(rho.kernel_sensitivity())
     return cached
+
+
+def _adopt(rho: Rho) -> Rho:
+    """A user's Rho subclass whose ``__init__`` did not call ``super().__init__()`` made a complete module (its
+    attributes kept), so that modules can hold it."""
+    if "_modules" not in rho.__dict__:
+        saved = dict(rho.__dict__)
+        torch.nn.Module.__init__(rho)
+        rho.__dict__.update(saved)
+    return rho
 
 
 def get_rho(spec) -> Rho:
     """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``."""
     if isinstance(spec, Rho):
+        _adopt(spec)
         check_rho(spec)
+        kernel_sensitivity(spec)
         return spec
     name, _, rest = str(spec).partition(":")
     if name not in RHOS:
@@ -281,7 +314,9 @@ def get_rho(spec) -> Rho:
         rho = RHOS[name](*args)
     except TypeError:
         raise EnergyError(f"too many arguments for rho {name!r} in {spec!r}") from None
+    _adopt(rho)
     check_rho(rho)
+    kernel_sensitivity(rho)
     return rho
 
 
@@ -307,10 +342,9 @@ def check_rho(rho: Rho) -> None:
     key = f"{type(rho).__name__}:{rho.spec()}"
     if _CHECKED.get(key):
         return
-    with kinks.paused():
-        g = rho.derivative(_GRID)
-        v = rho.value(_GRID)
-        far_g, far_v = rho.derivative(_FAR), rho.value(_FAR)
+    g = rho.derivative(_GRID)
+    v = rho.value(_GRID)
+    far_g, far_v = rho.derivative(_FAR), rho.value(_FAR)
     _check_finite(rho, (("rho'(z)", g, _GRID), ("rho(z)", v, _GRID)))
     if bool((g < 0).any()):
         raise EnergyError(f"rho {rho.spec()} is not non-decreasing: rho'(z)={float(g[g < 0][0]):.3g} < 0 at "

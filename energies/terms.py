@@ -11,17 +11,18 @@ Optimization Perspective", main paper and supplement.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
 from .errors import EnergyError, TokenError
 from .checks import check_number
 from .graph import TokenGraph
-from .pairwise import KERNELS, pairwise_energy, pairwise_pass, weighted_neighbour_sums
+from .pairwise import kernel_names, pairwise_energy, pairwise_pass, weighted_neighbour_sums
 from .rho import Rho, get_rho
 
 __all__ = [
+    "MMParts",
     "EnergyTerm",
     "PairwiseAttention",
     "Residual",
@@ -35,14 +36,38 @@ __all__ = [
 ACCUM_DTYPE = torch.float64
 
 
+class MMParts(NamedTuple):
+    """What a smooth term gives a majorized step at Y (:meth:`EnergyTerm.mm`), from one pass where it can.
+
+    ``grad`` ``(B, n, d)``: the gradient at Y (zero on padded slots); ``curvature`` (scalar or ``(B, n)``): a
+    per-token bound c_u on the Hessian of the term's MM surrogate, so that
+    ``E(Y + D) <= E(Y) + <grad, D> + sum_u c_u |D_u|^2 / 2``; ``value`` ``(B,)`` float64 at Y, or None;
+    ``jacobi`` (scalar or ``(B, n)``): the surrogate Hessian's diagonal per token where it is a multiple of the
+    identity on each token (the Jacobi preconditioner of supplement eq. 37), else None."""
+    grad: torch.Tensor
+    curvature: Union[float, torch.Tensor]
+    value: Optional[torch.Tensor]
+    jacobi: Union[None, float, torch.Tensor] = None
+
+
 def _cached(owner, attr: str, tensor: torch.Tensor, compute):
-    """``compute(tensor)``, recomputed only when ``tensor`` was modified (its version counter moved)."""
+    """``compute(tensor)``, recomputed only when ``tensor`` was modified (its version counter moved); computed
+    afresh under ``torch.compile``, which does not trace version counters."""
+    if torch.compiler.is_compiling():
+        return compute(tensor)
     key = (tensor.data_ptr(), tensor._version)
     hit = owner.__dict__.get(attr)
     if hit is None or hit[0] != key:
         hit = (key, compute(tensor))
         owner.__dict__[attr] = hit
     return hit[1]
+
+
+def finite_f64(W: torch.Tensor) -> torch.Tensor:
+    """``W`` detached in float64 with non-finite entries set to 0, for a spectral bound (eigvalsh, SVD) that must
+    not raise on diverged weights: a NaN weight makes the step's output NaN anyway, which the checks catch."""
+    W = W.detach().to(ACCUM_DTYPE)
+    return torch.where(torch.isfinite(W), W, torch.zeros((), dtype=W.dtype, device=W.device))
 
 
 def _f64_sum(x: torch.Tensor) -> torch.Tensor:
@@ -86,10 +111,17 @@ class EnergyTerm(torch.nn.Module):
         independent float64 evaluation. Equal up to rounding."""
         return self.value(Y, graph)
 
-    def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True):
-        """``(grad, curvature, value)`` at Y, the ingredients of a majorized step (one pass where possible);
-        ``value`` is None unless asked for."""
-        return self.grad(Y, graph), self.curvature(Y, graph), (self.value(Y, graph) if value else None)
+    def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True) -> MMParts:
+        """:class:`MMParts` at Y, the ingredients of a majorized step (one pass where possible); ``value`` is None
+        unless asked for. The default: :meth:`grad`, :meth:`curvature` (also as the Jacobi diagonal: a term
+        whose curvature bound is exact on each token, such as the residual, says so by this default)."""
+        c = self.curvature(Y, graph)
+        return MMParts(self.grad(Y, graph), c, (self.value(Y, graph) if value else None), c)
+
+    def prox(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """The proximal map of an indicator term (the projection onto its set, in any per-token metric):
+        ``argmin_X indicator(X) + sum_u c_u |x_u - y_u|^2 / 2``. Indicators only."""
+        raise NotImplementedError(f"{type(self).__name__} is not an indicator; it has no proximal step here")
 
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         return self.value(Y, graph)
@@ -127,7 +159,7 @@ class PairwiseAttention(EnergyTerm):
     CURVATURES = ("adaptive", "constant")
 
     def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None,
-                 curvature: str = "adaptive"):
+                 curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True):
         super().__init__()
         self.rho: Rho = get_rho(rho)
         if curvature not in self.CURVATURES:
@@ -142,8 +174,8 @@ class PairwiseAttention(EnergyTerm):
             tau = check_number(tau, "tau", "positive", EnergyError)
         except EnergyError:
             raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau!r}") from None
-        if kernel not in ("auto",) + KERNELS:
-            raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {['auto'] + list(KERNELS)}")
+        if not isinstance(kernel, str) or kernel not in kernel_names():
+            raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {kernel_names()}")
         if metric is not None:
             if not isinstance(metric, torch.Tensor) or metric.ndim != 2 or min(metric.shape) < 1:
                 raise EnergyError(f"attention metric W must be a (d, d_h) tensor with d, d_h >= 1, got "
@@ -153,6 +185,10 @@ class PairwiseAttention(EnergyTerm):
         self.tau = tau
         self.kernel = kernel
         self.metric = metric
+        #: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once), else from W
+        self._given_norm2 = metric_norm2
+        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.pairwise.pairwise_pass`)
+        self.guard = bool(guard)
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
         """``Z = Y W`` (queries = keys), or Y itself without a metric."""
@@ -181,7 +217,8 @@ class PairwiseAttention(EnergyTerm):
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
         """The layers' kernel pass on the features W^T y (:func:`~energies.pairwise.pairwise_pass`)."""
-        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=energy, num=num, metric=self._metric(Y))
+        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=energy, num=num, metric=self._metric(Y),
+                             guard=self.guard)
 
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
@@ -212,9 +249,11 @@ class PairwiseAttention(EnergyTerm):
         """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
         return self._pass(Y, graph, energy=True, num=False).energy
 
-    def mm(self, Y, graph, value: bool = True):
+    def mm(self, Y, graph, value: bool = True) -> MMParts:
+        """One kernel pass: gradient, curvature bound ``2 deg ||W||^2``, value and, without a metric, the Jacobi
+        diagonal ``deg_u = sum_v gamma_uv`` of the surrogate's Laplacian (supplement eq. 37)."""
         grad, deg, value = self.mm_pass(Y, graph, value)
-        return grad, self._curvature_from(Y, graph, deg), value
+        return MMParts(grad, self._curvature_from(Y, graph, deg), value, deg if self.metric is None else None)
 
     def curvature(self, Y, graph):
         """From the degrees of a pass without neighbour sums or energy (none with constant curvature)."""
@@ -225,8 +264,10 @@ class PairwiseAttention(EnergyTerm):
         """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""
         if self.metric is None:
             return torch.ones(())
+        if self._given_norm2 is not None:
+            return self._given_norm2
         return _cached(self, "_norm2", self.metric,
-                       lambda W: torch.linalg.matrix_norm(W.detach().to(ACCUM_DTYPE), ord=2) ** 2)
+                       lambda W: torch.linalg.matrix_norm(finite_f64(W), ord=2) ** 2)
 
     def grad(self, Y, graph):
         return self.mm_pass(Y, graph)[0]
@@ -246,7 +287,7 @@ class Residual(EnergyTerm):
 
     name = "residual"
 
-    def __init__(self, B: Optional[torch.Tensor] = None):
+    def __init__(self, B: Optional[torch.Tensor] = None, validate: bool = True):
         super().__init__()
         if B is not None:
             if not isinstance(B, torch.Tensor) or not B.dtype.is_floating_point:
@@ -254,7 +295,7 @@ class Residual(EnergyTerm):
             if B.ndim not in (2, 3) or min(B.shape) < 1:
                 raise EnergyError(f"residual anchor B must have shape (n, d) or (B, n, d) with every size >= 1, "
                                   f"got {tuple(B.shape)}")
-            if not torch.isfinite(B).all():
+            if validate and not torch.isfinite(B).all():   # a host read: models that build B themselves skip it
                 raise EnergyError("residual anchor B holds NaN or Inf")
         self.B = B
 
@@ -281,9 +322,9 @@ class Residual(EnergyTerm):
     def min_curvature(self):
         return 1.0
 
-    def mm(self, Y, graph, value: bool = True):
+    def mm(self, Y, graph, value: bool = True) -> MMParts:
         R = graph.zero_padded(Y - self.anchor(Y))
-        return R, 1.0, (0.5 * _f64_sum(R * R) if value else None)
+        return MMParts(R, 1.0, (0.5 * _f64_sum(R * R) if value else None), 1.0)
 
     def pass_value(self, Y, graph):
         R = graph.zero_padded(Y - self.anchor(Y))
@@ -302,21 +343,25 @@ class FeedForward(EnergyTerm):
 
     name = "ffn"
 
-    def __init__(self, W: torch.Tensor, sym_tol: float = 1e-6):
+    def __init__(self, W: torch.Tensor, sym_tol: float = 1e-6, validate: bool = True,
+                 curvature: Optional[torch.Tensor] = None):
         super().__init__()
         if not isinstance(W, torch.Tensor) or not W.dtype.is_floating_point:
             raise EnergyError("feed-forward weight W must be a floating torch.Tensor")
         if W.ndim != 2 or W.shape[0] != W.shape[1] or W.shape[0] < 1:
             raise EnergyError(f"feed-forward weight W must be square (d, d) with d >= 1, got {tuple(W.shape)}")
         sym_tol = check_number(sym_tol, "sym_tol", "nonnegative_or_inf", EnergyError)   # inf: no symmetry check
-        if not torch.isfinite(W).all():
-            raise EnergyError("feed-forward weight W holds NaN or Inf")
-        asym = (W - W.T).abs().max().item()
-        scale = max(W.abs().max().item(), 1.0)
-        if asym > sym_tol * scale:
-            raise EnergyError(f"feed-forward weight W must be symmetric: max |W - W^T| = {asym:.3g} "
-                              "(use (W + W.T) / 2; supplement F.1)")
+        if validate:   # host reads: a model whose W is symmetric by construction skips them
+            if not torch.isfinite(W).all():
+                raise EnergyError("feed-forward weight W holds NaN or Inf")
+            asym = (W - W.T).abs().max().item()
+            scale = max(W.abs().max().item(), 1.0)
+            if asym > sym_tol * scale:
+                raise EnergyError(f"feed-forward weight W must be symmetric: max |W - W^T| = {asym:.3g} "
+                                  "(use (W + W.T) / 2; supplement F.1)")
         self.W = W
+        #: ``max(lambda_max(W), 0)`` when the caller knows it, else computed from W
+        self._given_curvature = curvature
 
     def value(self, Y, graph):
         Y = graph.zero_padded(Y.to(ACCUM_DTYPE))
@@ -326,17 +371,21 @@ class FeedForward(EnergyTerm):
     def grad(self, Y, graph):
         return graph.zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype))
 
-    def mm(self, Y, graph, value: bool = True):
+    def mm(self, Y, graph, value: bool = True) -> MMParts:
         G = self.grad(Y, graph)
-        return G, self.curvature(Y, graph), (0.5 * _f64_sum(G * Y) if value else None)
+        c = self.curvature(Y, graph)
+        return MMParts(G, c, (0.5 * _f64_sum(G * Y) if value else None), c)
 
     def pass_value(self, Y, graph):
         return 0.5 * _f64_sum(self.grad(Y, graph) * Y)
 
     def curvature(self, Y, graph):
-        """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged)."""
+        """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged). A
+        0-d float64 tensor on W's device (no host read)."""
+        if self._given_curvature is not None:
+            return self._given_curvature
         return _cached(self, "_curv", self.W,
-                       lambda W: max(torch.linalg.eigvalsh(W.detach().to(ACCUM_DTYPE)).max().item(), 0.0))
+                       lambda W: torch.linalg.eigvalsh(finite_f64(W)).max().clamp_min(0.0))
 
     def describe(self):
         return f"W{tuple(self.W.shape)}"
@@ -351,6 +400,15 @@ class NonNegativity(EnergyTerm):
 
     name = "relu"
     is_indicator = True
+
+    def __init__(self):
+        super().__init__()
+        #: the projection, a module so that forward hooks see its sign patterns (the spline probe)
+        self.project = torch.nn.ReLU()
+
+    def prox(self, Y, graph):
+        """ReLU: the projection onto Y >= 0, in any per-token (diagonal) metric (main paper Thm 5.1)."""
+        return self.project(Y)
 
     def value(self, Y, graph):
         neg = ((Y.amin(-1) < 0) & graph.mask).any(-1)

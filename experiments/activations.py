@@ -29,6 +29,7 @@ import torch
 
 from energies.errors import ConfigError
 from unfold.cli import positive_int, run_main
+from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 from . import data as D
@@ -127,7 +128,7 @@ def run_variant(name: str, out: str, epochs: int, force: bool, probe_n: int, com
             "energy_first": metrics["energy_first_mean"], "energy_last": metrics["energy_last_mean"],
             "guaranteed": metrics["mode"] == "guaranteed", "train_seconds": metrics["train_seconds"],
             "probe_layer1": {k: first[k] for k in ("verdict", "degree", "pieces", "max_residual", "static_degree_bound")},
-            "static_degree_bound": bound, "non_spline_parts": reasons, "layers": model.layers}
+            "static_degree_bound": bound, "non_spline_parts": reasons, "layers": model.encoder.layers}
 
 
 def markdown(rows: List[Dict[str, Any]], epochs: int) -> str:
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). Every
     variant's config (``--set`` included) is checked before the first one trains."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--out", type=output_folder_arg, default="runs/activations")
     p.add_argument("--epochs", type=positive_int, default=6)
     p.add_argument("--only", nargs="+", metavar="NAME", choices=list(VARIANTS),
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
         print(table)
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,11 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
 * ``scaling``: time and peak memory against n for the complete and window graphs, log-log slopes and
   ``bench/scaling.png``;
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
-  of the same width and depth (``ours_over_torch_steps_per_s``).
+  of the same width and depth (``ours_over_torch_steps_per_s``);
+* ``compile``: ``torch.compile`` readiness of the hot path: graph breaks (``torch._dynamo.explain``) of the
+  default classifier's forward with the trace off (``graph_breaks_trace_off``, target 0) and on
+  (``graph_breaks_trace_on``), of a cached ``UnfoldedAttentionConv`` (``conv_graph_breaks``), and training
+  steps per second of the compiled model over the eager one (``compiled_over_eager_steps_per_s``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import torch
 from energies.graph import complete, window
 from energies.terms import PairwiseAttention
 from unfold.cli import run_main
+from unfold.plugins import add_import_arg
 from unfold.model import UnfoldedTransformer
 from unfold.steps import AttentionStep
 from unfold.strict_json import dumps as json_dumps
@@ -178,6 +183,74 @@ def model_suite(quick: bool, device: torch.device) -> dict:
     return {"figures": figures,
             "ratios": {"ours_over_torch_steps_per_s": figures["guaranteed_steps_per_s"] / figures["baseline_steps_per_s"]},
             "targets": {"ours_over_torch_steps_per_s": ">= 0.8"}}
+
+
+def graph_breaks(fn, *args):
+    """``(count, reasons)`` of ``torch._dynamo.explain(fn)(*args)`` (dynamo's caches reset first)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(fn)(*args)
+    reasons = sorted({(b.reason.splitlines()[0][:160] + (f" @ {b.user_stack[-1].filename.split('/')[-1]}:"
+                                                           f"{b.user_stack[-1].lineno}" if b.user_stack else ""))
+                      for b in ex.break_reasons})
+    return ex.graph_break_count, reasons
+
+
+@suite("compile")
+def compile_suite(quick: bool, device: torch.device) -> dict:
+    from experiments.config import load_config
+    from experiments.train import build_model
+    from torch_geometric.utils import erdos_renyi_graph
+    from unfold.pyg import UnfoldedAttentionConv
+
+    B, n = (4, 16) if quick else (32, 64)
+    cfg = load_config(None, ["model.d=16", "model.layers=2"] if quick else [])   # the default model
+    torch.manual_seed(0)
+    model = build_model(cfg, 5000, 2).to(device).train()
+    ids, _ = _tokens(B, n, 5000, device)
+    gen = torch.Generator().manual_seed(2)        # padded batches, as the data loader makes them
+    mask = (torch.arange(n)[None] < torch.randint(n // 2, n + 1, (B,), generator=gen)[:, None]).to(device)
+    ids = ids * mask
+    labels = torch.randint(0, 2, (B,), generator=torch.Generator().manual_seed(1)).to(device)
+    off, off_why = graph_breaks(lambda i, m: model(i, m, trace=False).logits, ids, mask)
+    on, on_why = graph_breaks(lambda i, m: (lambda o: (o.logits, dict(o.energies)))(model(i, m, trace=True)), ids, mask)
+
+    N, d = (60, 16) if quick else (2000, 64)
+    torch.manual_seed(0)
+    ei = erdos_renyi_graph(N, 8.0 / N).to(device)
+    x, x0 = torch.randn(N, d, device=device), torch.randn(N, d, device=device)
+    conv = UnfoldedAttentionConv(d, heads=2, head_channels=d // 2, relu=True, cached=True).to(device)
+    conv(x.relu(), ei, x0)                       # fills the cache (the preprocessing reads indices on the host)
+    conv_breaks, conv_why = graph_breaks(lambda h: conv(h, ei, x0, return_energy=True), x.relu())
+
+    def trainer(net):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            loss = torch.nn.functional.cross_entropy(net(ids, mask, trace=False).logits, labels)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        return step
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    eager_step, compiled_step = trainer(model), trainer(compiled)
+    t0 = time.perf_counter()
+    compiled_step()                              # compiles forward and backward
+    compile_s = time.perf_counter() - t0
+    times = timeit_interleaved([eager_step, compiled_step], repeat=3 if quick else 15)
+    figures = {"B": B, "n": n, "d": cfg["model"]["d"], "layers": cfg["model"]["layers"], "conv_nodes": N,
+               "conv_edges": int(ei.shape[1]), "eager_steps_per_s": 1.0 / times[0],
+               "compiled_steps_per_s": 1.0 / times[1], "compile_seconds": compile_s,
+               "break_reasons_trace_off": off_why, "break_reasons_trace_on": on_why, "break_reasons_conv": conv_why}
+    return {"figures": figures,
+            "ratios": {"graph_breaks_trace_off": off, "graph_breaks_trace_on": on, "conv_graph_breaks": conv_breaks,
+                       "compiled_over_eager_steps_per_s": times[0] / times[1]},
+            "targets": {"graph_breaks_trace_off": "== 0", "graph_breaks_trace_on": "<= 2", "conv_graph_breaks": "<= 2",
+                        "compiled_over_eager_steps_per_s": "> 1 (reported)"}}
 
 
 # VmHWM (the process's own peak RSS, reset by exec), not ru_maxrss: a child started from a large
@@ -339,6 +412,7 @@ def device_arg(text: str) -> torch.device:
 def main(argv=None) -> int:
     """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("suite", type=suite_arg, help=f"one of {sorted(SUITES)}")
     p.add_argument("--quick", action="store_true", help="a small version (checks the JSON, not the speed)")
     p.add_argument("--json", action="store_true", help="only the JSON line")
@@ -355,7 +429,7 @@ def main(argv=None) -> int:
         print(json_dumps(result))
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

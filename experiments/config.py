@@ -55,6 +55,8 @@ DEFAULTS: Dict[str, Any] = {
         "attention": None,              # free/baseline: softmax (default) | relu | softplus
         "attention_temperature": 1.0,   # softplus attention: t softplus(s / t)
         "norm": None,                   # free: post (default, LayerNorm) | none (add-only blocks)
+        "kernel": "auto",               # guaranteed: a registered pairwise kernel (edges | dense | softmax | fused |
+                                        # streamed | a plug-in's) or auto
     },
     "train": {
         "epochs": 6,
@@ -160,17 +162,19 @@ def _check_device(spec: str) -> None:
 
 def _choices(where: tuple) -> tuple:
     """Valid values of a choice key, read from the library's registries (never retyped here)."""
+    from energies.pairwise import kernel_names
     from unfold.attention import ACTIVATIONS
-    from unfold.model import CURVATURES, MODES, NORMS
+    from unfold.encoders import CURVATURES, ENCODERS, NORMS
 
-    return {("model", "mode"): tuple(MODES), ("model", "curvature"): tuple(CURVATURES),
+    return {("model", "mode"): tuple(ENCODERS), ("model", "curvature"): tuple(CURVATURES),
             ("model", "attention"): tuple(sorted(ACTIVATIONS)), ("model", "norm"): tuple(NORMS),
+            ("model", "kernel"): tuple(kernel_names()),
             ("data", "glove"): ("none", "frozen", "finetune"), ("train", "check_dtype"): ("float32", "float64"),
             ("train", "monitor"): ("off", "warn", "strict")}[where]
 
 
 CHOICE_KEYS = (("data", "glove"), ("model", "mode"), ("model", "curvature"), ("model", "attention"),
-               ("model", "norm"), ("train", "check_dtype"), ("train", "monitor"))
+               ("model", "norm"), ("model", "kernel"), ("train", "check_dtype"), ("train", "monitor"))
 
 #: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
 #: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.
@@ -208,6 +212,17 @@ RULES: Dict[tuple, Any] = {
     ("train", "threads"): Range(1, 4096, integer=True),
     ("train", "max_train_examples"): Range(1, MAX_COUNT, integer=True),
 }
+
+
+def with_defaults(cfg: Dict[str, Any], defaults: Dict[str, Any] = None) -> Dict[str, Any]:
+    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (:data:`DEFAULTS`), section by section: a
+    config written before a key existed reads as it ran."""
+    defaults = DEFAULTS if defaults is None else defaults
+    out = copy.deepcopy(defaults)
+    for key, value in cfg.items():
+        both = isinstance(defaults.get(key), dict) and isinstance(value, dict)
+        out[key] = with_defaults(value, defaults[key]) if both else copy.deepcopy(value)
+    return out
 
 
 def monitor_mode(cfg: Dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from convex import HEADS, make_head, map_back, solve
 from convex.solver import beta_max
 from energies.errors import CheckpointError, ConfigError, TokenError
 from unfold.cli import nonnegative_float, positive_int, run_main, seed_int
+from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
@@ -74,8 +75,7 @@ def token_features(kind: str, ids, mask, glove, model=None, batch: int = 256) ->
     out = []
     for i in range(0, len(ids), batch):
         m = mask[i:i + batch]
-        X = model.token_graph(m).zero_padded(model.embed_tokens(ids[i:i + batch]))
-        out.append(model.encode(X, m)[0])
+        out.append(model.encoder(model.embedding(ids[i:i + batch]), m).Y)
     return torch.cat(out) * mask[..., None]
 
 
@@ -176,6 +176,7 @@ def markdown(rows: Dict[str, dict], args) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--quick", action="store_true", help="a small version (under two minutes on a CPU)")
     p.add_argument("--features", nargs="+", default=["glove", "model"], choices=["glove", "model"])
     p.add_argument("--checkpoint", default="runs/default/best.pt", help="trained unfolded model for 'model' features")
@@ -236,7 +237,7 @@ def load_trained(checkpoint: str):
 
 
 def main(argv=None) -> int:
-    return run_main(PROG, lambda: _main(argv))
+    return run_main(PROG, lambda: _main(argv), argv)
 
 
 def _main(argv) -> int:

@@ -76,6 +76,7 @@ import torch
 
 from energies.errors import UnfoldError
 from unfold.cli import folder_arg, folder_problem, output_folder_arg, run_main, seed_int
+from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
@@ -1383,8 +1384,10 @@ def _nonempty_arg(text: str) -> str:
 def main(argv=None) -> int:
     """``fetch`` and ``export`` subcommands under :func:`unfold.cli.run_main` (bad input: one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
+    add_import_arg(p)
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download the data files (default: all of them)")
+    add_import_arg(f, subcommand=True)
     f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME", choices=list(SOURCES),
                    help=f"one or more of {', '.join(SOURCES)} (default: all)")
     f.add_argument("--data-dir", type=output_folder_arg, default=None,
@@ -1392,6 +1395,7 @@ def main(argv=None) -> int:
     f.add_argument("--force", action="store_true", help="download again even if present and valid")
     f.add_argument("--quiet", action="store_true")
     e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
+    add_import_arg(e, subcommand=True)
     e.add_argument("--dataset", required=True, type=_nonempty_arg, help=_valid_names())
     e.add_argument("--out", required=True, type=output_folder_arg, help="output directory")
     e.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
@@ -1413,7 +1417,7 @@ def main(argv=None) -> int:
                           "label_names": splits.label_names, **splits.sizes()}))
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

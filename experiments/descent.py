@@ -23,6 +23,7 @@ import torch
 from energies.graph import graph_from_spec
 from experiments.data import output_folder_arg
 from unfold.cli import positive_int, run_main, seed_int
+from unfold.plugins import add_import_arg
 from unfold.steps import AttentionStep
 from unfold.trace import trace_descent
 from unfold.strict_json import dumps as json_dumps
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). The
     output folder is checked before the sweep and created after it: a failed sweep writes nothing."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--out", type=output_folder_arg, default="runs/descent", help="output folder (default runs/descent)")
     p.add_argument("--samples", type=positive_int, default=16, help="random token matrices per graph")
     p.add_argument("--layers", type=positive_int, default=12, help="MM steps unrolled")
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.samples, args.layers, args.n = 4, 4, 12
-    return run_main(PROG, lambda: _run(args))
+    return run_main(PROG, lambda: _run(args), argv)
 
 
 #: fewest tokens of a sweep: attention relates pairs of tokens, one token has none (0 increases would say nothing)

@@ -23,6 +23,7 @@ import torch
 
 from energies.errors import UnfoldError
 from unfold.cli import read_document, run_main
+from unfold.plugins import add_import_arg
 from unfold.plot import pyplot, save_figure
 
 from .checkpoint import safe_load
@@ -271,6 +272,7 @@ PROG = "python -m experiments.plot_energy"
 def main(argv=None) -> int:
     """``RUN_DIR``: redraw its plots; errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (runs/NAME)")
     args = p.parse_args(argv)
 
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
         print("\n".join(plot_run(args.run_dir)))
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

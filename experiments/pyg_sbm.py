@@ -20,6 +20,7 @@ from torch import nn
 from torch_geometric.utils import stochastic_blockmodel_graph
 
 from unfold.cli import positive_int, run_main, seed_int
+from unfold.plugins import add_import_arg
 from unfold.pyg import UnfoldedAttentionConv
 from unfold.trace import report_from_values
 from unfold.strict_json import dumps as json_dumps
@@ -101,12 +102,13 @@ PROG = "python -m experiments.pyg_sbm"
 def main(argv=None) -> int:
     """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--layers", type=positive_int, default=4, help="UnfoldedAttentionConv steps, >= 1")
     p.add_argument("--epochs", type=positive_int, default=100)
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     args = p.parse_args(argv)
-    return run_main(PROG, lambda: _run(args))
+    return run_main(PROG, lambda: _run(args), argv)
 
 
 def _run(args) -> int:

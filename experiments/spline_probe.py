@@ -8,7 +8,7 @@ a t-layer ReLU encoder a spline of degree 3^t (Lemma 3.2, Theorem 3.3), and that
 promised to be continuous (Definition 2.2), not C^1 or C^2. Along a ray ``X(t) = X0 + t D`` the probe
 
 1. reads the sign pattern of every ReLU pre-activation (forward hooks on every ``nn.ReLU``, and
-   the ReLU kinks of our own MM steps through :mod:`energies.kinks`) and splits t into pieces where
+   the ReLU kinks of our own MM steps, which are ``nn.ReLU`` modules too) and splits t into pieces where
    the pattern is constant (breakpoints located by bisection);
 2. freezes each piece's pattern (every ReLU becomes multiplication by its fixed 0/1 pattern), which
    gives a map equal to the module on the piece and defined on the whole ray, and fits it with
@@ -28,20 +28,20 @@ where the paper's argument does not apply.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from energies import kinks
 from energies.errors import CheckpointError, ConfigError, UnfoldError
 from unfold.attention import Attention
 from unfold.cli import finite_float, nonnegative_int, one_line, positive_float, positive_int, run_main, seed_int
-from unfold.model import UnfoldedTransformer, _FreeLayer
+from unfold.plugins import add_import_arg
+from unfold.classifier import SequenceClassifier, upgrade_state_dict
+from unfold.encoders import FreeEncoder, FreeLayer, GuaranteedEncoder, TorchEncoder
 from unfold.strict_json import dumps as json_dumps
 
 __all__ = ["probe", "relu_pattern", "static_degree", "degree_analysis", "EncoderBlock", "Encoder", "probe_attention",
@@ -75,16 +75,18 @@ _NOT_SPLINE = {"softmax": "softmax attention (exponential and row normalisation)
 def degree_analysis(module: nn.Module, wrt: str = "both", layers: Optional[int] = None) -> Tuple[Optional[int], List[str]]:
     """``(bound, reasons)``: the degree bound of Lemma 3.2 / Theorem 3.3 for a module built from known
     parts, or ``None`` with the parts that make it no spline (softmax, softplus, LayerNorm, a step
-    divided by a Y-dependent curvature). ``layers`` overrides an UnfoldedTransformer's depth."""
+    divided by a Y-dependent curvature). ``layers`` overrides an encoder's depth."""
     if isinstance(module, Attention):
         if module.activation_name != "relu":
             return None, [_NOT_SPLINE[module.activation_name]]
         return {"both": 3, "context": 2, "x": 1}[wrt], []
-    if isinstance(module, UnfoldedTransformer):
-        return _model_degree(module, layers)
+    if isinstance(module, SequenceClassifier):
+        return degree_analysis(module.encoder, wrt, layers)
+    if isinstance(module, (GuaranteedEncoder, FreeEncoder, TorchEncoder)):
+        return _encoder_degree(module, layers)
     if isinstance(module, nn.LayerNorm):
         return None, ["LayerNorm (division by the standard deviation)"]
-    if isinstance(module, (EncoderBlock, _FreeLayer)):
+    if isinstance(module, (EncoderBlock, FreeLayer)):
         # out = h + ffn(h), h = x + attn(x) [then LayerNorm]: degree of attention times 1 (ReLU-linear ffn)
         parts = [module.attn] + [m for m in module.modules() if isinstance(m, nn.LayerNorm)]
         return _product(degree_analysis(m) for m in parts)
@@ -104,21 +106,20 @@ def _product(results: Iterable[Tuple[Optional[int], List[str]]]) -> Tuple[Option
     return (deg if not reasons else None), reasons
 
 
-def _model_degree(model: UnfoldedTransformer, layers: Optional[int]) -> Tuple[Optional[int], List[str]]:
-    T = model.layers if layers is None else int(layers)
-    if model.mode == "baseline":
-        act = [] if model.attention == "relu" else [_NOT_SPLINE[model.attention]]
+def _encoder_degree(enc: nn.Module, layers: Optional[int]) -> Tuple[Optional[int], List[str]]:
+    T = enc.layers if layers is None else int(layers)
+    if isinstance(enc, TorchEncoder):
+        act = [] if enc.attention == "relu" else [_NOT_SPLINE[enc.attention]]
         return None, act + ["LayerNorm (torch.nn.TransformerEncoderLayer is post-LN)"]
-    if model.mode == "free":
-        return _product(degree_analysis(b) for b in list(model.blocks)[:T])
+    if isinstance(enc, FreeEncoder):
+        return _product(degree_analysis(b) for b in list(enc.blocks)[:T])
     reasons = []
-    rho = model.rho.split(":")[0]
-    if rho != "relu":
-        reasons.append(f"rho={model.rho}: kernel rho' is not piecewise polynomial")
-    if model.curvature == "adaptive":
+    if enc.rho.name != "relu":
+        reasons.append(f"rho={enc.rho.spec()}: kernel rho' is not piecewise polynomial")
+    if enc.curvature == "adaptive":
         reasons.append("each step divides by the weighted degree sum_v rho'(z_uv) (adaptive curvature): "
                        "a rational function of Y on every piece (curvature=constant removes it)")
-    if model.use_layernorm:
+    if enc.use_layernorm:
         reasons.append("LayerNorm rescaling term (division by ||y||)")
     # per step: Y - a grad E(Y) / c with c constant, grad = W W^T sum_v relu(c - z_uv)(y_u - y_v) + linear: cubic
     return (None, reasons) if reasons else (3 ** T, [])
@@ -130,18 +131,50 @@ def static_degree(module: nn.Module, wrt: str = "both", layers: Optional[int] = 
 
 
 # ------------------------------------------------------------------ the probe
-def run_taped(module: nn.Module, fn: Callable[[], torch.Tensor], replay=None) -> Tuple[torch.Tensor, kinks.KinkTape]:
-    """``(fn(), tape)`` with every ReLU that ``fn`` evaluates on one :class:`~energies.kinks.KinkTape`:
-    the ``nn.ReLU`` modules of ``module`` (forward hooks) and every :func:`energies.kinks.relu` (the ReLU
-    kernel of rho = relu:C, the ReLU prox of the MM steps). ``replay``: freeze the pieces to those
-    patterns instead of recording. Functional ``F.relu`` calls are invisible to the tape."""
-    with kinks.tape(replay) as tp, torch.no_grad():
-        hooks = [m.register_forward_hook(tp.hook) for m in module.modules() if isinstance(m, nn.ReLU)]
-        try:
+class KinkTape:
+    """Records sign patterns (``replay=None``) or replays given ones, one per ReLU call, in call order, through
+    forward hooks on ``nn.ReLU`` modules (:func:`run_taped`). Replaying applies ``where(pattern, x, 0)``: the
+    map with its pieces frozen, linear at every kink."""
+
+    def __init__(self, replay: Optional[Sequence[torch.Tensor]] = None):
+        self.signs: List[torch.Tensor] = []
+        self.replay = None if replay is None else list(replay)
+        self.pos = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.replay is None:
+            self.signs.append((x > 0).reshape(-1).detach().cpu())
+            return torch.relu(x)
+        if self.pos >= len(self.replay) or self.replay[self.pos].numel() != x.numel():
+            raise RuntimeError(f"kink tape out of step at ReLU call {self.pos}: the replayed map evaluates "
+                               "different ReLUs than the recorded one")
+        pattern = self.replay[self.pos].reshape(x.shape).to(x.device)
+        self.pos += 1
+        return torch.where(pattern, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+    def hook(self, module, inputs, output):
+        """Forward hook for ``nn.ReLU``: the module's output goes through the tape."""
+        return self(inputs[0])
+
+    def pattern(self) -> torch.Tensor:
+        """All recorded signs, concatenated (empty when no ReLU ran)."""
+        return torch.cat(self.signs) if self.signs else torch.zeros(0, dtype=torch.bool)
+
+
+def run_taped(module: nn.Module, fn: Callable[[], torch.Tensor], replay=None) -> Tuple[torch.Tensor, KinkTape]:
+    """``(fn(), tape)`` with every ReLU that ``fn`` evaluates through an ``nn.ReLU`` module of ``module`` on one
+    :class:`KinkTape` (forward hooks): the ReLUs of feed-forward blocks and ReLU attention, and the library's
+    own kinks, which are modules too: the ReLU kernel of rho = relu:C (``ReluRho.kink``) and the ReLU prox of the
+    MM steps (``NonNegativity.project``). ``replay``: freeze the pieces to those patterns instead of recording.
+    Functional ``F.relu`` calls are invisible to the tape. The hooks live only while ``fn`` runs."""
+    tp = KinkTape(replay)
+    hooks = [m.register_forward_hook(tp.hook) for m in module.modules() if isinstance(m, nn.ReLU)]
+    try:
+        with torch.no_grad():
             out = fn()
-        finally:
-            for h in hooks:
-                h.remove()
+    finally:
+        for h in hooks:
+            h.remove()
     return out, tp
 
 
@@ -202,7 +235,7 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     module docstring). Returns pieces, breakpoints, fitted degrees, residuals, gaps and a verdict.
 
     Each piece is tested through its frozen map (every ReLU replaced by the fixed 0/1 pattern it has
-    on the piece, :mod:`energies.kinks`), which equals f on the piece and is defined on the whole
+    on the piece, :class:`KinkTape`), which equals f on the piece and is defined on the whole
     ray: for a spline it is one polynomial there, so the fit is made on ``[-t_max, t_max]``, not only
     on the piece. (A smooth non-polynomial map is fitted by a low degree on a short enough interval;
     on the whole ray it is not, and that is what separates softmax from ReLU here.)
@@ -309,7 +342,7 @@ def probe_attention(activation: str = "relu", n: int = 6, d: int = 4, heads: int
 
 
 def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, overrides: Iterable[str] = (),
-               vocab_size: int = 1000, num_classes: int = 2) -> UnfoldedTransformer:
+               vocab_size: int = 1000, num_classes: int = 2) -> SequenceClassifier:
     """A model from a config file (random weights) or a training checkpoint (``best.pt``, whose config
     it holds; ``config`` then overrides nothing), in float64 and eval mode. A checkpoint is read with
     :func:`experiments.checkpoint.safe_load` and checked by :func:`checkpoint_model`."""
@@ -325,18 +358,16 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
 
 
 def _with_defaults(cfg: dict, defaults: dict) -> dict:
-    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (section by section)."""
-    out = copy.deepcopy(defaults)
-    for key, value in cfg.items():
-        both = isinstance(defaults.get(key), dict) and isinstance(value, dict)
-        out[key] = _with_defaults(value, defaults[key]) if both else copy.deepcopy(value)
-    return out
+    """:func:`experiments.config.with_defaults`."""
+    from .config import with_defaults
+    return with_defaults(cfg, defaults)
 
 
-def checkpoint_model(path: str) -> UnfoldedTransformer:
+def checkpoint_model(path: str) -> SequenceClassifier:
     """The model a checkpoint holds, checked, else a :class:`CheckpointError` naming the file: a dict with a
     ``config`` (valid once the keys it lacks take their defaults, :func:`experiments.config.validate`) and a
-    ``model`` state dict (names -> tensors) with 2-D ``embed.weight`` and ``head.weight``, every floating
+    ``model`` state dict (names -> tensors) with 2-D ``embedding.embed.weight`` (``embed.weight`` in checkpoints
+    written before the encoders were modules: their keys are upgraded) and ``head.weight``, every floating
     weight finite (a NaN weight makes every output NaN: nothing to probe), and the weights fit the model the
     config describes."""
     from .checkpoint import safe_load
@@ -358,9 +389,11 @@ def checkpoint_model(path: str) -> UnfoldedTransformer:
                                                 for k, v in weights.items()):
         raise CheckpointError(f"{path}: 'model' must be a state dict (parameter name -> tensor), got a "
                               f"{type(weights).__name__} holding other values")
-    for key in ("embed.weight", "head.weight"):
+    weights = upgrade_state_dict(dict(weights))
+    for key in ("embedding.embed.weight", "head.weight"):
         if key not in weights or weights[key].ndim != 2 or min(weights[key].shape) < 1:
-            raise CheckpointError(f"{path}: 'model' needs a non-empty 2-D {key!r}, got "
+            raise CheckpointError(f"{path}: 'model' needs a non-empty 2-D {key!r} ({key.split('.', 1)[-1]!r} in "
+                                  "checkpoints of earlier versions), got "
                                   f"{tuple(weights[key].shape) if key in weights else 'none'}")
     bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if bad:
@@ -369,7 +402,7 @@ def checkpoint_model(path: str) -> UnfoldedTransformer:
         cfg = validate(_with_defaults(state["config"], DEFAULTS))   # keys added since it was written: defaults
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its config is not valid ({exc})") from None
-    emb = weights["embed.weight"]   # GloVe-initialised embeddings set their own width (50)
+    emb = weights["embedding.embed.weight"]   # GloVe-initialised embeddings set their own width (50)
     try:
         model = build_model(cfg, emb.shape[0], weights["head.weight"].shape[0],
                             glove=torch.zeros_like(emb) if cfg["data"]["glove"] != "none" else None)
@@ -380,9 +413,9 @@ def checkpoint_model(path: str) -> UnfoldedTransformer:
     return model
 
 
-def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: Optional[int] = None,
+def probe_model(model: SequenceClassifier, n: int = 6, seed: int = 0, layers: Optional[int] = None,
                 ids: Optional[torch.Tensor] = None, **kw) -> dict:
-    """Probe a model's layer stack (embedded tokens X -> Y_T, :meth:`UnfoldedTransformer.encode`) along
+    """Probe a model's encoder (embedded tokens X -> Y_T) along
     the ray ``X0 + t D``: X0 the embeddings of n random tokens, D Gaussian at X0's scale. The embedding,
     pooling and head are outside the probed map (the paper's section 1.11). ``max_degree`` defaults to
     the static bound where there is one (at most 100), else 12. ``ids`` ``(n,)``: start the ray at these
@@ -391,24 +424,25 @@ def probe_model(model: UnfoldedTransformer, n: int = 6, seed: int = 0, layers: O
     gen = torch.Generator().manual_seed(seed)
     model = model.double().eval()
     if ids is None:
-        ids = torch.randint(1, model.embed.num_embeddings, (1, n), generator=gen)
+        ids = torch.randint(1, model.embedding.embed.num_embeddings, (1, n), generator=gen)
     else:
         ids = torch.as_tensor(ids).reshape(1, -1)
         n = ids.shape[1]
     mask = torch.ones(1, n, dtype=torch.bool)
-    graph = model.token_graph(mask)
+    enc = model.encoder
+    graph = enc.token_graph(mask)
     with torch.no_grad():
-        X0 = graph.zero_padded(model.embed_tokens(ids))
+        X0 = graph.zero_padded(model.embedding(ids))
     D = torch.randn(X0.shape, dtype=torch.float64, generator=gen) * X0.pow(2).mean().sqrt()
     bound, reasons = degree_analysis(model, layers=layers)
     if "max_degree" not in kw:
         kw["max_degree"] = min(bound, 100) if bound is not None else 12
-    out = probe(lambda t: model.encode(X0 + t * D, mask, graph, layers=layers)[0], model, **kw)
-    depth = model.layers if layers is None else int(layers)
+    out = probe(lambda t: enc(X0 + t * D, mask, graph=graph, layers=layers).Y, model, **kw)
+    depth = enc.layers if layers is None else int(layers)
     out.update(static_degree_bound=bound, non_spline_parts=reasons,
-               module=f"{model.mode} model, {depth} layers" + (f", rho={model.rho}, curvature={model.curvature}"
-                                                               if model.mode == "guaranteed" else
-                                                               f", attention={model.attention}, norm={model.norm}"))
+               module=f"{enc.kind} model, {depth} layers" + (
+                   f", rho={enc.rho.spec()}, curvature={enc.curvature}" if isinstance(enc, GuaranteedEncoder) else
+                   f", attention={enc.attention}, norm={getattr(enc, 'norm', 'post')}"))
     return out
 
 
@@ -435,6 +469,7 @@ def _tol_arg(text: str) -> float:
 def main(argv=None) -> int:
     """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--attention", choices=["softmax", "relu", "softplus"], help="one standard attention module")
     src.add_argument("--config", help="a model config (random weights), e.g. experiments/configs/default.yaml")
@@ -481,7 +516,7 @@ def main(argv=None) -> int:
         print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

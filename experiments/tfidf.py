@@ -32,6 +32,7 @@ import torch
 
 from experiments.data import DataError, Splits, check_classes, folder_arg, load_dataset, split_seed_arg, tokenize
 from unfold.cli import positive_float, positive_int, run_main
+from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 
@@ -192,6 +193,7 @@ def main(argv=None) -> int:
     """Command line: run the baseline on one dataset; the last line printed is JSON (errors:
     :func:`unfold.cli.run_main`)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--dataset", default="rotten_tomatoes", help="a name load_dataset accepts")
     p.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
     p.add_argument("--data-dir", type=folder_arg, default=None)
@@ -217,7 +219,7 @@ def main(argv=None) -> int:
         print(json_dumps(res, sort_keys=True))
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, argv)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
+import re
 import math
 import os
 import sys
@@ -18,16 +20,18 @@ from typing import Any, Dict, Optional
 import torch
 
 from energies.errors import CheckpointError, ConfigError, EnergyError, StepError, TokenError, UnfoldError
-from unfold.model import UnfoldedTransformer
+from unfold.classifier import SequenceClassifier, TokenEmbedding, upgrade_state_dict
+from unfold.encoders import ENCODERS
 from unfold.monitor import DescentMonitor
 from unfold.cli import run_main
+from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values
 
 from .atomic import atomic_open
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
-from .config import dump_config, load_config, monitor_mode
+from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defaults
 from .fingerprint import compare_fingerprints, data_fingerprint
 from .runlock import RunLock, check_fresh, check_writable
 
@@ -119,23 +123,54 @@ def check_buildable(cfg: Dict[str, Any]) -> int:
     checked before anything is loaded or written; returns its parameter count without the embedding."""
     with torch.device("meta"):
         model = build_model(cfg, 2, 2)
-    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embed."))
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding."))
 
 
 #: bytes a run needs on disk beyond its checkpoints (plots, JSON, vocabulary)
 RUN_OVERHEAD_BYTES = 16 * 2 ** 20
 
 
+#: model keys that configure one kind of encoder only: set on another kind (away from their default) they are
+#: refused, with a hint where one helps
+ENCODER_ONLY_KEYS = ("attention", "norm", "curvature", "kernel")
+_HINTS = {("guaranteed", "attention"): "; in guaranteed mode the attention kernel is rho's derivative: model.rho=exp "
+                                       "(softmax), relu:C (ReLU), softplus:C:T (softplus)",
+          ("guaranteed", "norm"): "; guaranteed mode has the LayerNorm energy terms (model.layernorm)",
+          ("baseline", "norm"): "; the baseline has torch's post-LN layers"}
+
+
 def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None
-                ) -> UnfoldedTransformer:
+                ) -> SequenceClassifier:
+    """The classifier a config describes, composed from the library's registries: a
+    :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``model.mode`` (its constructor's
+    parameters read from the ``model`` keys of the same names) and a linear head. The library's errors, which
+    name its parameters, come back naming the config keys."""
+    from .config import DEFAULTS
+
     mc = cfg["model"]
-    return UnfoldedTransformer(
-        vocab_size, num_classes, d=mc["d"], heads=mc["heads"], d_head=mc["d_head"], layers=mc["layers"],
-        mode=mc["mode"], rho=mc["rho"], tau=mc["tau"], graph=mc["graph"], alpha=mc["alpha"], ffn=mc["ffn"],
-        relu=mc["relu"], layernorm=mc["layernorm"], pretrained=glove,
-        freeze_embed=cfg["data"]["glove"] == "frozen", positional=mc["positional"],
-        max_len=cfg["data"]["max_len"], ffn_mult=mc["ffn_mult"], dropout=mc["dropout"], curvature=mc["curvature"],
-        attention=mc["attention"], attention_temperature=mc["attention_temperature"], norm=mc["norm"])
+    mode = mc["mode"]
+    if mode not in ENCODERS:
+        raise ConfigError(f"config key 'model.mode'={mode!r} is unknown; valid: {sorted(ENCODERS)}")
+    cls = ENCODERS[mode]
+    params = inspect.signature(cls).parameters
+    for key in ENCODER_ONLY_KEYS:
+        if key not in params and mc[key] != DEFAULTS["model"][key]:
+            raise ConfigError(f"config key 'model.{key}'={mc[key]!r} applies to another encoder, not to "
+                              f"model.mode={mode}{_HINTS.get((mode, key), '')}")
+    kwargs = {k: mc[k] for k in params if k in mc and mc[k] is not None}
+    try:   # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
+        embedding = TokenEmbedding(vocab_size, mc["d"], pretrained=glove, freeze=cfg["data"]["glove"] == "frozen",
+                                   positional=mc["positional"], max_len=cfg["data"]["max_len"], dropout=mc["dropout"])
+        head = torch.nn.Linear(mc["d"], num_classes)
+        return SequenceClassifier(embedding, cls(**kwargs), head, dropout=mc["dropout"])
+    except ConfigError as exc:
+        raise ConfigError(_config_names(str(exc), mc)) from None
+
+
+def _config_names(message: str, mc: Dict[str, Any]) -> str:
+    """A library message naming parameters ``name=...`` with the config keys ``model.name=...``."""
+    keys = "|".join(sorted((re.escape(k) for k in mc), key=len, reverse=True))
+    return "config: " + re.sub(rf"(?<![\w.])({keys})(?==)", r"model.\1", message).replace("max_len=", "data.max_len=")
 
 
 def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional[torch.Generator] = None):
@@ -146,7 +181,7 @@ def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional
 
 
 @torch.no_grad()
-def evaluate(model: UnfoldedTransformer, tensors, batch_size: int, device, trace: bool = False):
+def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False):
     """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``."""
     model.eval()
     correct = total = 0
@@ -178,27 +213,50 @@ EXTRA_LAYERS = 32
 
 
 @torch.no_grad()
-def energy_floor(model: UnfoldedTransformer, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS):
+def energy_floor(model: SequenceClassifier, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS):
     """Per-example estimate of min E: the shared step unrolled ``extra`` layers past the trained depth
     (guaranteed mode; E is bounded below there); ``None`` for untied modes."""
-    if model.mode != "guaranteed":
+    if not model.encoder.guaranteed:
         return None
     out = []
     for ids, mask, _ in iterate(tensors, batch_size):
-        energies = model(ids.to(device), mask.to(device), layers=model.layers + extra).energies
+        energies = model(ids.to(device), mask.to(device), layers=model.encoder.layers + extra).energies
         out.append(sum(energies.values()).min(dim=1).values.cpu())
     return torch.cat(out)
 
 
-def check_descent(model: UnfoldedTransformer, tensors, cfg, device):
+def check_descent(model: SequenceClassifier, tensors, cfg, device):
     """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer.
     Returns ``(stats, energies, accuracy, energy_min)``."""
     dtype = DTYPES[cfg["train"]["check_dtype"]]
     checker = copy.deepcopy(model).to(dtype)
     acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True)
-    stats = energy_stats(energies, dtype, guaranteed=model.mode == "guaranteed")
+    stats = energy_stats(energies, dtype, guaranteed=model.encoder.guaranteed)
     floor = energy_floor(checker, tensors, cfg["train"]["batch_size"], device)
     return stats, energies, acc, floor
+
+
+def upgrade_checkpoint(ck: Dict[str, Any], model: torch.nn.Module) -> None:
+    """A checkpoint written before the encoders were modules of their own, brought to today's layout in place: the
+    model keys renamed (:func:`unfold.classifier.upgrade_state_dict`) and the optimizer's per-parameter state
+    permuted from the old parameter order (the checkpoint's key order) to the model's, so that every Adam moment
+    stays with its parameter. A checkpoint of today's layout is left unchanged."""
+    names = list(ck["model"])
+    renamed = upgrade_state_dict({name: name for name in names})      # new name -> old name
+    if all(new == old for new, old in renamed.items()):
+        return
+    ck["model"] = upgrade_state_dict(dict(ck["model"]))
+    new_of = {old: new for new, old in renamed.items()}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    position = {name: j for j, name in enumerate(trainable)}
+    old_order = [name for name in names if new_of[name] in position]   # the old optimizer's parameter order
+    osd = ck["optimizer"]
+    groups = osd["param_groups"]
+    if len(groups) != 1 or len(groups[0]["params"]) != len(old_order) or len(old_order) != len(trainable):
+        raise CheckpointError("the checkpoint's optimizer state does not match the model's parameters; start a new run")
+    ids = groups[0]["params"]
+    osd["state"] = {position[new_of[old]]: osd["state"][ids[i]] for i, old in enumerate(old_order) if ids[i] in osd["state"]}
+    groups[0]["params"] = list(range(len(trainable)))
 
 
 class TrainingError(UnfoldError):
@@ -266,7 +324,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
             vocab.save(os.path.join(run_dir, "vocab.json"))
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    print(f"{cfg['name']}: mode={model.mode} params={params} train/val/test="
+    print(f"{cfg['name']}: mode={cfg['model']['mode']} params={params} train/val/test="
           f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
           file=sys.stderr)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
@@ -281,6 +339,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     start_epoch, elapsed = 1, 0.0
     if resume:
         ck, ck_path = load_checkpoint(run_dir, map_location=device)
+        ck["config"] = with_defaults(ck["config"], DEFAULTS)   # keys added since it was written: their defaults
+        upgrade_checkpoint(ck, model)
         if ck["config"] != cfg:
             raise CheckpointError(f"{ck_path} was written by another config than {run_dir}/config.yaml")
         stored_fp = ck.get("data_fingerprint")
@@ -402,10 +462,10 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device)
     atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
                  "energy_min": floor, "extra_layers": EXTRA_LAYERS,
-                 "dtype": tc["check_dtype"], "mode": model.mode, "guaranteed": model.mode == "guaranteed"},
+                 "dtype": tc["check_dtype"], "mode": cfg["model"]["mode"], "guaranteed": model.encoder.guaranteed},
                 os.path.join(run_dir, "energy_trace.pt"))
     metrics = {
-        "name": cfg["name"], "mode": model.mode, "dataset": splits.name,
+        "name": cfg["name"], "mode": cfg["model"]["mode"], "dataset": splits.name,
         "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": best_val, "best_epoch": best_epoch,
         "check_dtype_test_accuracy": check_acc,
         "train_seconds": train_seconds, "params": params, "device": str(device),
@@ -425,6 +485,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.splitlines()[0])
+    add_import_arg(p)
     p.add_argument("--config", default=None, help="YAML config (experiments/configs/NAME.yaml)")
     p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
@@ -432,7 +493,7 @@ def main(argv=None) -> int:
                    help="replace the run a folder holds already (refused otherwise)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
     args = p.parse_args(argv)
-    return run_main("python -m experiments.train", lambda: _main(args))
+    return run_main("python -m experiments.train", lambda: _main(args), argv)
 
 
 def _main(args) -> int:

@@ -125,7 +125,7 @@ def test_free_and_baseline_take_relu_and_softplus_attention(mode, attention):
     torch.manual_seed(0)
     model = U.UnfoldedTransformer(40, 2, d=16, heads=2, layers=2, mode=mode, attention=attention,
                                   attention_temperature=0.5).double().eval()
-    attn = model.blocks[0].attn if mode == "free" else model.encoder.layers[0].self_attn.attn
+    attn = model.blocks[0].attn if mode == "free" else model.encoder.torch_encoder.layers[0].self_attn.attn
     assert attn.activation_name == attention
     ids, mask = batch(B=4, n=10, vocab=40, seed=9)
     out = model(ids, mask)
@@ -172,33 +172,37 @@ def test_free_and_baseline_are_traced_but_not_guaranteed():
 
 
 def test_model_bad_input_errors():
-    with pytest.raises(ConfigError, match="model.mode='fancy' is unknown; valid"):
+    """The library names its own parameters (no config keys: those are the application's, experiments.config)."""
+    with pytest.raises(ConfigError, match="mode='fancy' is unknown; valid"):
         U.UnfoldedTransformer(10, 2, mode="fancy")
-    with pytest.raises(ConfigError, match=r"alpha must lie in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"alpha must be a number in \(0, 1\]"):
         U.UnfoldedTransformer(10, 2, alpha=1.5)
     with pytest.raises(ConfigError, match="divisible"):
         U.UnfoldedTransformer(10, 2, d=10, heads=3, mode="free")
-    with pytest.raises(ConfigError, match=r"model.attention='relu' applies to the free and baseline.*relu:C"):
+    with pytest.raises(ConfigError, match=r"attention='relu' applies to the free and baseline.*relu:C"):
         U.UnfoldedTransformer(10, 2, attention="relu")
-    with pytest.raises(ConfigError, match=r"model.attention='gelu' is unknown; valid: \['relu', 'softmax', 'softplus'\]"):
+    with pytest.raises(ConfigError, match=r"attention='gelu' is unknown; valid: \['relu', 'softmax', 'softplus'\]"):
         U.UnfoldedTransformer(10, 2, mode="free", attention="gelu")
-    with pytest.raises(ConfigError, match="model.norm applies to the free mode only"):
+    with pytest.raises(ConfigError, match="norm applies to the free encoder only"):
         U.UnfoldedTransformer(10, 2, mode="baseline", norm="none")
-    with pytest.raises(ConfigError, match="model.curvature applies to the guaranteed mode only"):
+    with pytest.raises(ConfigError, match="curvature applies to the guaranteed encoder only"):
         U.UnfoldedTransformer(10, 2, mode="free", curvature="constant")
-    with pytest.raises(ConfigError, match=r"model.curvature='tight' is unknown; valid: \['adaptive', 'constant'\]"):
+    with pytest.raises(ConfigError, match=r"curvature='tight' is unknown; valid: \['adaptive', 'constant'\]"):
         U.UnfoldedTransformer(10, 2, curvature="tight")
     with pytest.raises(ConfigError, match="cannot unroll 5"):
         U.UnfoldedTransformer(10, 2, mode="free", layers=2)(torch.ones(1, 3, dtype=torch.long),
                                                             torch.ones(1, 3, dtype=torch.bool), layers=5)
-    with pytest.raises(ConfigError, match="only graph=complete"):
+    with pytest.raises(ConfigError, match="only graph='complete'"):
         U.UnfoldedTransformer(10, 2, mode="baseline", graph="window:2")
-    model = U.UnfoldedTransformer(10, 2, d=8)
+    model = U.UnfoldedTransformer(10, 2, d=8, validate=True)     # checks of the inputs' values: behind the switch
     ids, mask = batch(B=2, n=5, vocab=10)
     with pytest.raises(ConfigError, match="at least one real token"):
         model(ids, torch.zeros_like(mask))
-    with pytest.raises(ConfigError, match="bool mask"):
-        model(ids, mask.long())
+    with pytest.raises(ConfigError, match="a mask of the same shape"):
+        model(ids, mask[:, :3])
+    model.eval()   # an integer 0/1 attention mask (Hugging Face's convention) is the bool mask
+    assert torch.equal(model(ids, mask.long()).logits, model(ids, mask).logits)
+    assert torch.equal(model(input_ids=ids, attention_mask=mask.int()).logits, model(ids, mask).logits)
 
 
 def test_energy_trace_on_float32_training_forward_has_gradients():

@@ -1,4 +1,5 @@
 """Standard attention activations and the spline probe (Lai, Lim, Liu: attention is a cubic spline)."""
+import importlib.util
 import json
 import math
 
@@ -6,7 +7,6 @@ import pytest
 import torch
 
 import unfold as U
-from energies import kinks
 from energies.errors import ConfigError
 from experiments.spline_probe import (Encoder, EncoderBlock, main, probe, probe_attention, probe_model, run_taped,
                                       static_degree)
@@ -123,7 +123,7 @@ def test_mm_relu_attention_with_adaptive_curvature_is_no_spline_and_says_why():
     out = probe_model(model, **PROBE)
     assert out["verdict"] == "non-spline" and out["degree"] is None and out["static_degree_bound"] is None
     assert any("adaptive curvature" in r for r in out["non_spline_parts"])
-    assert out["pieces"] > 1      # the kinks of relu(C - z) and of the ReLU prox are seen through energies.kinks
+    assert out["pieces"] > 1      # the kinks of relu(C - z) and of the ReLU prox are seen through their modules' hooks
 
 
 @pytest.mark.parametrize("norm,verdict", [("none", "spline"), ("post", "non-spline")])
@@ -150,7 +150,12 @@ def test_kink_tape_replays_the_frozen_map():
     assert not torch.allclose(other, out)                         # negative control: another pattern, another map
     with pytest.raises(RuntimeError, match="kink tape out of step"):
         run_taped(model, f, replay=tape.signs[:1])
-    assert torch.equal(kinks.relu(torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))   # no tape: plain relu
+    # the hooks are gone afterwards, and the core holds no global state for the probe: the model's ReLUs are
+    # modules (the rho kernel's kink, the prox), plain ReLUs outside a taped call
+    assert all(not m._forward_hooks for m in model.modules())
+    assert importlib.util.find_spec("energies.kinks") is None
+    relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU)]
+    assert relus and torch.equal(relus[0](torch.tensor([-1.0, 2.0])), torch.tensor([0.0, 2.0]))
 
 
 def test_probe_cli_on_a_config(capsys):

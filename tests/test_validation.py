@@ -323,7 +323,8 @@ def test_unfolded_attention_conv_refuses_a_non_finite_anchor(bad):
     x, ei = conv_case()
     x0 = x.clone()
     x0[3, 2] = bad
-    for conv in (UnfoldedAttentionConv(6).double(), UnfoldedAttentionConv(6, heads=2, head_channels=3).double()):
+    for conv in (UnfoldedAttentionConv(6, validate=True).double(),        # values: behind the switch (host reads)
+                 UnfoldedAttentionConv(6, heads=2, head_channels=3, validate=True).double()):
         raises(TokenError, lambda: conv(x, ei, x0), "x0")
         raises(TokenError, lambda: conv.energy(x, ei, x0), "x0")
     raises(TokenError, lambda: UnfoldedAttentionConv(6)(x, ei, x0.long()), "x0")

@@ -6,7 +6,12 @@
 * :func:`unroll` (an unrolled model is an iterator over steps) and :func:`trace_descent`
   (per-example, per-layer, per-term energy trace: every step a verdict, descent, increase or
   non-finite, under a stated tolerance rule);
-* :class:`ProxMMStep` (a majorized proximal step on a whole energy), :class:`UnfoldedTransformer`;
+* :func:`mm_step`: the one MM step every MM layer takes (:class:`ProxMMStep`, :class:`AttentionStep`'s exact
+  update, the encoders, the PyG conv);
+* encoders (:data:`ENCODERS`, :func:`register_encoder`): :class:`GuaranteedEncoder`, :class:`FreeEncoder`,
+  :class:`TorchEncoder`, ``(B, n, d)`` tokens and a mask to ``Y_T`` and the energy trace;
+* :class:`SequenceClassifier` (embedding, encoder, pooling, head) and :class:`UnfoldedTransformer` (the
+  experiments' classifier in one constructor);
 * :class:`Attention`: standard attention with a softmax, relu or softplus activation;
 * ``python -m unfold.check``: the descent checker.
 """
@@ -19,8 +24,14 @@ from .prox import ProxMMStep  # noqa: E402
 
 __all__.append("ProxMMStep")
 from .attention import ACTIVATIONS, Attention  # noqa: E402
+from .mm import PRECONDITIONERS, MMStepResult, mm_direction, mm_step  # noqa: E402
+from .encoders import (ENCODERS, Encoder, EncoderOutput, FreeEncoder, GuaranteedEncoder, TorchEncoder,  # noqa: E402
+                       build_encoder, register_encoder)
+from .classifier import SequenceClassifier, TokenEmbedding, masked_mean  # noqa: E402
 from .model import MODES, ModelOutput, UnfoldedTransformer  # noqa: E402
 from .trace import EnergyTrace, check_tol_factor, report_from_values  # noqa: E402
 
 __all__ += ["ACTIVATIONS", "Attention", "MODES", "ModelOutput", "UnfoldedTransformer", "report_from_values",
-            "EnergyTrace", "check_tol_factor"]
+            "EnergyTrace", "check_tol_factor", "PRECONDITIONERS", "MMStepResult", "mm_direction", "mm_step",
+            "ENCODERS", "Encoder", "EncoderOutput", "FreeEncoder", "GuaranteedEncoder", "TorchEncoder", "build_encoder",
+            "register_encoder", "SequenceClassifier", "TokenEmbedding", "masked_mean"]

@@ -18,11 +18,13 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from energies.pairwise import kernel_names
 from energies.errors import UnfoldError
 from energies.graph import graph_from_spec
 from energies.rho import get_rho
 
 from .cli import finite_float, positive_float, positive_int, run_main
+from .plugins import add_import_arg
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe
 from .trace import DEFAULT_TOL_FACTOR, MAX_TOL_FACTOR, MIN_TOL_FACTOR, check_tol_factor, trace_descent
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     :func:`_validate` checks each range, device, file and path by name, before any work."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_import_arg(p)
     p.add_argument("--graph", default="complete",
                    help="complete | window:K | strided:K | dilated:K[:R] | star | random:P | path to a .npy 2 x m edge list")
     p.add_argument("--rho", default="exp", help="exp | relu[:C] | cauchy | lp:P[:EPS]")
@@ -50,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=finite_float, default=None, help="temperature (default sqrt(d))")
     p.add_argument("--update", choices=UPDATES, default="exact",
                    help="exact MM step, or 'printed' (supplement eq. 38, the negative control)")
-    p.add_argument("--kernel", choices=["auto", "edges", "dense", "softmax", "fused", "streamed"], default="auto")
+    p.add_argument("--kernel", choices=kernel_names(), default="auto",
+                   help="a registered pairwise kernel (energies.KERNELS, plug-ins included) or auto")
     p.add_argument("--relu", action="store_true", help="follow each attention step by the ReLU prox step")
     p.add_argument("--residual", choices=["none", "input"], default="none",
                    help="R(Y) = |Y|^2/2 (none) or the initial residual |Y - Y_0|^2/2 (input)")
@@ -254,7 +258,7 @@ def _print_human(out: dict) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """The checker under the project's error contract (:func:`unfold.cli.run_main`); argparse exits 2 itself
     on an unknown option or a value its converter refuses."""
-    return run_main(PROG, lambda: _main(argv))
+    return run_main(PROG, lambda: _main(argv), argv)
 
 
 def _main(argv: Optional[List[str]]) -> int:

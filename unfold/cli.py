@@ -22,12 +22,14 @@ import pathlib
 import sys
 import tempfile
 import traceback
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 from energies.checks import NUMBER_RULES, one_line
 from energies.errors import UnfoldError
 
-__all__ = ["run_main", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
+from .plugins import add_import_arg, load_plugins
+
+__all__ = ["run_main", "add_import_arg", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
            "positive_float", "nonnegative_float", "probability"]
 
 DEBUG_ENV = "UNFOLD_DEBUG"
@@ -39,9 +41,13 @@ def _os_message(exc: OSError) -> str:
     return f"{reason}: {path!s}" if path else one_line(exc)
 
 
-def run_main(prog: str, body: Callable[[], int]) -> int:
-    """Run ``body()`` (which returns the exit code) with the project's error contract (module docstring)."""
+def run_main(prog: str, body: Callable[[], int], argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``body()`` (which returns the exit code) with the project's error contract (module docstring).
+    Plug-ins are loaded first, under the same contract (:mod:`unfold.plugins`): the entry-point group, then
+    every ``--import MODULE`` / ``--import=MODULE`` of ``argv`` (default ``sys.argv[1:]``) before a bare ``--``
+    (none for ``--help``)."""
     try:
+        load_plugins(sys.argv[1:] if argv is None else argv)
         return body()
     except UnfoldError as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)

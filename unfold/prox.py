@@ -20,15 +20,15 @@ terms built with ``curvature="constant"``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 
-from energies import kinks
 from energies.energy import Energy
 from energies.errors import StepError
 from energies.graph import TokenGraph
 
+from . import mm as _mm
 from .steps import Step, _check_alpha, _check_energy, register_step
 
 __all__ = ["ProxMMStep"]
@@ -36,7 +36,8 @@ __all__ = ["ProxMMStep"]
 
 @register_step("prox_mm")
 class ProxMMStep(Step):
-    """``Y <- prox( Y - alpha grad E(Y) / c(Y) )`` with the curvature bound c of every smooth term.
+    """``Y <- prox( Y - alpha grad E(Y) / c(Y) )`` with the curvature bound c of every smooth term: the
+    ``"bound"`` form of :func:`unfold.mm.mm_step`, the one definition of the MM step.
 
     Guarantee: E never increases, for any parameter values, when 0 < alpha <= 1 (module docstring).
     The energy's value at Y is read off the same pass that computes the step (:meth:`step_with_energy`).
@@ -69,23 +70,7 @@ class ProxMMStep(Step):
     def step_with_trace(self, Y: torch.Tensor, graph: TokenGraph, values: bool = True):
         """``(Y', values, c)``: :meth:`step_with_energy` and the curvature bound c ``(B, n)`` of the step (the
         descent tolerance's resolution at Y uses it, :func:`unfold.trace.resolution`)."""
-        grad = torch.zeros_like(Y)
-        curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
-        vals: Dict[str, torch.Tensor] = OrderedDict()
-        for name, term in self.energy.terms.items():
-            if term.is_indicator:
-                if values:
-                    vals[name] = term.value(Y, graph)
-                continue
-            g, c, v = term.mm(Y, graph, values)
-            grad = grad + g
-            curv = curv + c
-            if values:
-                vals[name] = v
-        out = Y - self.alpha * grad / curv[..., None]
-        if self.indicator is not None:
-            out = kinks.relu(out)
-        return graph.keep_padded(out, Y), vals, curv
+        return _mm.mm_step(self.energy, Y, graph, self.alpha, "bound", values)
 
     def update(self, Y, graph):
         return self.step_with_energy(Y, graph, values=False)[0]

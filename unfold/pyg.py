@@ -1,4 +1,4 @@
-"""``UnfoldedAttentionConv``: the attention MM step as a PyTorch Geometric ``MessagePassing`` layer.
+"""``UnfoldedAttentionConv``: the attention MM step as a PyTorch Geometric layer.
 
 Node features X ``(N, d)`` on the undirected graph of ``edge_index`` (either orientation or both;
 self loops and duplicates are dropped), anchor B (``x0``, the initial residual of supplement F.4;
@@ -7,62 +7,96 @@ zero when not given), heads h with metrics W_h ``(d, d_h)``:
     E(X) = sum_h sum_{{u,v} in E} tau rho( ||W_h^T (x_u - x_v)||^2 / (2 tau) ) + 1/2 ||X - B||^2
            [+ indicator(X >= 0) with ``relu=True``]                              (supplement eq. 33)
 
-One layer is one majorization-minimization step on E, with ``gamma^h_uv = rho'(z^h_uv)``:
+One layer is one majorization-minimization step on E (:func:`unfold.mm.mm_step`, the step every MM layer of
+the framework takes), with ``gamma^h_uv = rho'(z^h_uv)``:
 
-* no metric (``head_channels=None``, one head): the exact Jacobi step of eq. 36-37,
+* no metric (``head_channels=None``, one head): the Jacobi step of eq. 36-37,
   ``x_u <- (1 - alpha) x_u + alpha (sum_v gamma_uv x_v + b_u) / (1 + sum_v gamma_uv)``, computed as
-  ``x_u + alpha (sum_v gamma_uv (x_v - x_u) + b_u - x_u) / (1 + deg_u)`` (exactly fixed at a fixed point);
-* learned metrics: the majorized proximal step of :mod:`unfold.prox`,
+  ``x_u + alpha (sum_v gamma_uv (x_v - x_u) + b_u - x_u) / (1 + deg_u)`` (exactly fixed at a fixed point):
+  :class:`~unfold.steps.AttentionStep`'s exact update;
+* learned metrics: the majorized proximal step of :class:`~unfold.prox.ProxMMStep`,
   ``x_u <- [ReLU]( x_u - alpha grad_u E / c_u )``, ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``.
 
-Both never increase E, for any weights and any 0 < alpha <= 1. The energy at the layer's input
-is read off the same message pass (``return_energy=True``): the edge weights and the edge values
-come from the same ``z`` per edge.
+Both never increase E, for any weights and any 0 < alpha <= 1. The energy terms are the library's own
+(:class:`~energies.terms.PairwiseAttention` per head, :class:`~energies.terms.Residual`,
+:class:`~energies.terms.NonNegativity`) on a :class:`~energies.graph.TokenGraph` of the nodes, and the sums
+over edges are the registered ``edges`` kernel (gather/scatter over the canonical edge list, as PyG's message
+passing): nothing is derived twice. The energy at the layer's input comes from the same pass
+(``return_energy=True``).
+
+Graph inputs: a ``(2, E)`` integer ``edge_index`` (or a ``torch_geometric.EdgeIndex``), a sparse adjacency
+``adj_t`` (a ``torch.sparse`` COO/CSR/CSC matrix, or a ``torch_sparse.SparseTensor``), and ``batch`` (the
+node-to-graph vector of a mini-batch) for per-graph energies. Preprocessing (validation, canonical edges,
+the batch layout) reads the indices on the host; ``cached=True`` does it once and reuses it, as PyG's
+``GCNConv(cached=True)`` (transductive settings: one graph). Node features are checked for shape always and
+for finiteness only with ``validate=True`` or under ``torch_geometric.debug()`` (a host read).
 """
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
+import torch_geometric
 from torch import nn
 from torch_geometric.nn import MessagePassing
-from torch_geometric.utils import coalesce, remove_self_loops, to_undirected
 
-from energies import kinks
-from energies.errors import GraphError, StepError, TokenError
 from energies.checks import check_int, check_number
+from energies.energy import Energy
+from energies.errors import GraphError, StepError, TokenError
+from energies.graph import TokenGraph, canonical_edges
 from energies.rho import get_rho
-from energies.terms import ACCUM_DTYPE
+from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64
 
+from . import mm as _mm
 from .steps import _check_alpha
 
-__all__ = ["UnfoldedAttentionConv", "undirected_edges"]
+__all__ = ["UnfoldedAttentionConv", "undirected_edges", "NodeLayout"]
 
 
-def undirected_edges(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Both orientations of every undirected edge once, no self loops; checks ids and dtype."""
+def _edge_tensor(edge_index) -> torch.Tensor:
+    """A ``(2, E)`` integer tensor from an edge_index, an ``EdgeIndex``, a torch sparse adjacency or a
+    ``torch_sparse.SparseTensor`` (each nonzero (i, j) one edge; orientation does not matter here)."""
+    if type(edge_index).__name__ == "SparseTensor" and hasattr(edge_index, "coo"):
+        row, col, _ = edge_index.coo()
+        return torch.stack([row, col])
+    if isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided:
+        if edge_index.ndim != 2 or edge_index.shape[0] != edge_index.shape[1]:
+            raise GraphError(f"a sparse adjacency must be square (N, N), got {tuple(edge_index.shape)}")
+        return edge_index.to_sparse_coo().coalesce().indices()
     if not isinstance(edge_index, torch.Tensor) or edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise GraphError(f"edge_index must be a (2, E) tensor, got {getattr(edge_index, 'shape', type(edge_index))}")
     if edge_index.dtype not in (torch.int64, torch.int32):
         raise GraphError(f"edge_index must hold integer node ids, got dtype {edge_index.dtype}")
-    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise GraphError(f"edge_index holds node ids in [{int(edge_index.min())}, {int(edge_index.max())}], "
-                         f"outside [0, {num_nodes}) for {num_nodes} nodes")
-    ei = remove_self_loops(edge_index.long())[0]
-    return coalesce(to_undirected(ei, num_nodes=num_nodes), num_nodes=num_nodes)
+    return edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
+
+
+def undirected_edges(edge_index, num_nodes: int) -> torch.Tensor:
+    """Both orientations of every undirected edge once, no self loops; checks ids and dtype (the canonical
+    edges of :func:`energies.graph.canonical_edges`, written both ways as PyG's message passing expects)."""
+    ei = canonical_edges(_edge_tensor(edge_index), num_nodes, num_nodes, lenient=True)
+    return torch.stack([torch.cat([ei[0], ei[1]]), torch.cat([ei[1], ei[0]])])
+
+
+class NodeLayout(NamedTuple):
+    """Where the nodes sit in the ``(G, n_max)`` token layout of their graphs: ``slots`` (flat slot per node), or
+    None when there is one graph and the layout is the nodes themselves."""
+    graph: TokenGraph
+    slots: Optional[torch.Tensor]
+    num_nodes: int
 
 
 class UnfoldedAttentionConv(MessagePassing):
     """One attention MM step on a graph (module docstring). Usable like any PyG conv:
-    ``x = conv(x, edge_index, x0)``; ``conv(x, edge_index, x0, return_energy=True)`` also returns
-    the terms of E at the input ``{"attention", "residual"[, "relu"]}`` (float64 scalars);
-    :meth:`energy` evaluates E alone. Apply one conv T times for a true unrolled optimisation."""
+    ``x = conv(x, edge_index, x0)``; ``conv(x, edge_index, x0, return_energy=True)`` also returns the terms
+    of E at the input (float64: scalars, or ``(G,)`` per graph with ``batch``); :meth:`energy` evaluates E
+    alone. Apply one conv T times for a true unrolled optimisation."""
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None, rho: str = "exp",
-                 tau: Optional[float] = None, alpha: float = 1.0, relu: bool = False):
+                 tau: Optional[float] = None, alpha: float = 1.0, relu: bool = False, cached: bool = False,
+                 validate: bool = False):
         super().__init__(aggr="add", node_dim=0)
         self.channels = check_int(channels, "channels", 1, error=StepError)
         self.heads = check_int(heads, "heads", 1, error=StepError)
@@ -70,83 +104,154 @@ class UnfoldedAttentionConv(MessagePassing):
             head_channels = check_int(head_channels, "head_channels", 1, self.channels, StepError)
         self.rho = get_rho(rho)
         self.alpha = _check_alpha(alpha)
-        if not isinstance(relu, (bool, np.bool_)):
-            raise StepError(f"relu must be True or False, got {relu!r}")
-        self.relu = bool(relu)
+        for name, flag in (("relu", relu), ("cached", cached), ("validate", validate)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise StepError(f"{name} must be True or False, got {flag!r}")
+        self.relu, self.cached, self.validate = bool(relu), bool(cached), bool(validate)
         metric = head_channels is not None or self.heads > 1
         self.head_channels = (head_channels or self.channels) if metric else self.channels
         self.tau = (check_number(tau, "tau", "positive", StepError) if tau is not None
                     else math.sqrt(self.head_channels))
         if relu and not metric:
             raise StepError("relu=True needs the proximal form: give head_channels (a learned metric)")
-        self.W = nn.Parameter(torch.randn(self.heads, self.channels, self.head_channels)
-                              / math.sqrt(self.channels)) if metric else None
+        self.W = nn.Parameter(torch.empty(self.heads, self.channels, self.head_channels)) if metric else None
+        self.nonneg = NonNegativity() if self.relu else None
+        self.preconditioner = "bound" if metric else "jacobi"
+        self._cached_layout: Optional[NodeLayout] = None
+        self.reset_parameters()
 
-    # ------------------------------------------------------------------ the one pass
-    def _pass(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor], values: bool,
-              sums: bool = True):
-        """``(z, agg, deg, b, values)`` with ``agg^h_u = sum_v gamma^h_uv (z^h_v - z^h_u)``; ``sums=False``
-        skips the message passing (agg, deg None): an energy-only pass."""
+    def reset_parameters(self) -> None:
+        """W_h with i.i.d. N(0, 1/d) entries; the cached graph is dropped."""
+        super().reset_parameters()
+        if self.W is not None:
+            with torch.no_grad():   # the draws of earlier versions
+                self.W.copy_(torch.randn(self.W.shape) / math.sqrt(self.channels))
+        self._cached_layout = None
+
+    # ------------------------------------------------------------------ graph preprocessing
+    def layout(self, edge_index, num_nodes: int, batch: Optional[torch.Tensor] = None,
+               device: Optional[torch.device] = None) -> NodeLayout:
+        """The token graph of the nodes (cached with ``cached=True``): one example of N nodes, or with
+        ``batch`` one example per graph (``to_dense_batch``'s layout) so that energies come per graph."""
+        if self.cached and self._cached_layout is not None:
+            if self._cached_layout.num_nodes != num_nodes:
+                raise GraphError(f"cached=True: this conv cached a graph of {self._cached_layout.num_nodes} nodes, "
+                                 f"got {num_nodes} (call reset_parameters() to drop it)")
+            return self._cached_layout
+        ei = _edge_tensor(edge_index)
+        device = ei.device if device is None else device
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= num_nodes):
+            raise GraphError(f"edge_index holds node ids in [{int(ei.min())}, {int(ei.max())}], "
+                             f"outside [0, {num_nodes}) for {num_nodes} nodes")
+        if batch is None:
+            canon = canonical_edges(ei, num_nodes, num_nodes, lenient=True)
+            out = NodeLayout(TokenGraph(1, num_nodes, None, canon, name="pyg").to(device), None, num_nodes)
+        else:
+            if (not isinstance(batch, torch.Tensor) or batch.shape != (num_nodes,) or batch.dtype.is_floating_point
+                    or batch.dtype in (torch.bool, torch.complex64, torch.complex128)):
+                raise GraphError(f"batch must be a ({num_nodes},) integer tensor, got "
+                                 f"{getattr(batch, 'shape', type(batch).__name__)} {getattr(batch, 'dtype', '')}")
+            b = batch.to(device=ei.device, dtype=torch.long)
+            if num_nodes and int(b.min()) < 0:
+                raise GraphError(f"batch holds negative graph ids ({int(b.min())})")
+            counts = torch.bincount(b)
+            G, n_max = int(counts.numel()), int(counts.max()) if num_nodes else 1
+            ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+            order = torch.argsort(b, stable=True)
+            local = torch.empty_like(b)
+            local[order] = torch.arange(num_nodes, device=b.device) - ptr[b[order]]
+            slots = b * n_max + local
+            mask = torch.zeros(G * n_max, dtype=torch.bool, device=b.device)
+            mask[slots] = True
+            canon = canonical_edges(slots[ei.long()], G * n_max, n_max, lenient=True)
+            graph = TokenGraph(G, n_max, mask.reshape(G, n_max), canon, name="pyg")
+            out = NodeLayout(graph.to(device), slots.to(device), num_nodes)
+        if self.cached:
+            self._cached_layout = out
+        return out
+
+    def _tokens(self, x: torch.Tensor, lay: NodeLayout) -> torch.Tensor:
+        """Node rows ``(N, d)`` -> tokens ``(G, n_max, d)`` of the layout."""
+        if lay.slots is None:
+            return x[None]
+        g = lay.graph
+        return x.new_zeros(g.total_nodes, x.shape[-1]).index_copy(0, lay.slots, x).reshape(g.batch_size, g.num_nodes, -1)
+
+    @staticmethod
+    def _nodes(Y: torch.Tensor, lay: NodeLayout) -> torch.Tensor:
+        return Y[0] if lay.slots is None else Y.reshape(-1, Y.shape[-1])[lay.slots]
+
+    def _check(self, x, x0):
         if not isinstance(x, torch.Tensor) or x.ndim != 2 or x.shape[1] != self.channels:
             raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
         if not x.dtype.is_floating_point:
             raise TokenError(f"x must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
-        if x0 is not None and (not isinstance(x0, torch.Tensor) or not x0.dtype.is_floating_point):
-            raise TokenError(f"x0 must be a floating tensor like x, got {getattr(x0, 'dtype', type(x0).__name__)}")
-        b = torch.zeros_like(x) if x0 is None else x0.to(x.dtype)
-        if b.shape != x.shape:
-            raise TokenError(f"x0 has shape {tuple(b.shape)}, x has {tuple(x.shape)}")
-        finite = torch.isfinite(x).all() if x0 is None else torch.isfinite(x).all() & torch.isfinite(b).all()
-        if not bool(finite):   # one host sync for both, as before x0 was checked
-            bad = "x" if not bool(torch.isfinite(x).all()) else "x0"
-            raise TokenError(f"{bad} must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
-        ei = undirected_edges(edge_index, x.shape[0])
-        N = x.shape[0]
-        z = x[:, None, :] if self.W is None else torch.einsum("nd,hdk->nhk", x, self.W.to(x.dtype))  # (N, H, k)
-        src, dst = ei
-        ze = ((z[src] - z[dst]) ** 2).sum(-1) / (2.0 * self.tau)                     # (E, H), each pair twice
-        agg = deg = None
-        if sums:
-            out = self.propagate(ei, z=z, gamma=self.rho.derivative(ze), size=(N, N))  # (N, H, k + 1)
-            agg, deg = out[..., :-1], out[..., -1]
-        vals = None
-        if values:
-            vals = OrderedDict(attention=0.5 * self.tau * self.rho.value(ze).to(ACCUM_DTYPE).sum(),
-                               residual=0.5 * ((x - b).to(ACCUM_DTYPE) ** 2).sum())
-            if self.relu:
-                vals["relu"] = torch.where((x >= 0).all(), 0.0, math.inf).to(ACCUM_DTYPE)
-        return z, agg, deg, b, vals
+        if x0 is not None:
+            if not isinstance(x0, torch.Tensor) or not x0.dtype.is_floating_point:
+                raise TokenError(f"x0 must be a floating tensor like x, got {getattr(x0, 'dtype', type(x0).__name__)}")
+            if x0.shape != x.shape:
+                raise TokenError(f"x0 has shape {tuple(x0.shape)}, x has {tuple(x.shape)}")
+        if self.validate or torch_geometric.is_debug_enabled():   # host reads: behind the switch
+            for name, t in (("x", x), ("x0", x0)):
+                if t is not None and not bool(torch.isfinite(t).all()):
+                    raise TokenError(f"{name} must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
 
-    def message(self, z_i: torch.Tensor, z_j: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-        """``[gamma_uv (z_v - z_u), gamma_uv]`` per directed edge v -> u and head (differences only, so a
-        node with no pull gets exactly 0)."""
-        return torch.cat([gamma[..., None] * (z_j - z_i), gamma[..., None]], -1)
+    # ------------------------------------------------------------------ the energy and the step
+    def energy_of(self, x0_tokens: Optional[torch.Tensor]) -> Energy:
+        """E of the module docstring on the layout's tokens, anchored at ``x0_tokens`` (None: B = 0)."""
+        if self.W is None:
+            terms = [("attention", PairwiseAttention(self.rho, self.tau, kernel="edges"))]
+        else:
+            norm2 = torch.linalg.matrix_norm(finite_f64(self.W), ord=2) ** 2                 # (H,), float64
+            names = ["attention"] if self.heads == 1 else [f"head{h}" for h in range(self.heads)]
+            terms = [(names[h], PairwiseAttention(self.rho, self.tau, kernel="edges", metric=self.W[h],
+                                                  metric_norm2=norm2[h])) for h in range(self.heads)]
+        terms.append(("residual", Residual(x0_tokens, validate=False)))
+        if self.nonneg is not None:
+            terms.append(("relu", self.nonneg))
+        return Energy(terms)
 
-    def _prox_parts(self, x, agg, deg, b):
-        """``(grad E, c)`` of the metric form: ``grad_u = -sum_h W_h agg^h_u + x_u - b_u``,
-        ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``."""
-        W = self.W.to(x.dtype)
-        grad = (x - b) - torch.einsum("nhk,hdk->nd", agg, W)
-        norm2 = torch.linalg.matrix_norm(W.detach(), ord=2) ** 2                      # (H,)
-        return grad, 1.0 + 2.0 * (deg * norm2).sum(-1)
+    def _prepare(self, x, edge_index, x0, batch):
+        self._check(x, x0)
+        lay = self.layout(edge_index, x.shape[0], batch, x.device)
+        Y = self._tokens(x, lay)
+        B = None if x0 is None else self._tokens(x0.to(x.dtype), lay)
+        return lay, Y, self.energy_of(B)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None,
-                return_energy: bool = False):
-        z, agg, deg, b, vals = self._pass(x, edge_index, x0, return_energy)
-        if self.W is None:  # exact Jacobi step (eq. 36-37), as an increment: a fixed point stays exactly fixed
-            out = x + self.alpha * (agg[:, 0] + (b - x)) / (1.0 + deg[:, 0])[:, None]
-        else:              # majorized proximal step (unfold.prox)
-            grad, curv = self._prox_parts(x, agg, deg, b)
-            out = x - self.alpha * grad / curv[:, None]
-            if self.relu:
-                out = kinks.relu(out)
-        return (out, vals) if return_energy else out
+    def _values(self, vals, lay: NodeLayout):
+        return OrderedDict((k, v[0] if lay.slots is None else v) for k, v in vals.items())
 
-    def energy(self, x: torch.Tensor, edge_index: torch.Tensor, x0: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """E(x) (float64 scalar), from the same per-edge z as the step (no message passing needed)."""
-        return sum(self._pass(x, edge_index, x0, True, sums=False)[4].values())
+    def forward(self, x: torch.Tensor, edge_index, x0: Optional[torch.Tensor] = None, return_energy: bool = False,
+                batch: Optional[torch.Tensor] = None):
+        if isinstance(x, torch.Tensor) and x.ndim == 2 and x.shape[0] == 0:   # no nodes: nothing moves, E = 0
+            self._check(x, x0)
+            zero = torch.zeros((), dtype=torch.float64, device=x.device)
+            return (x, OrderedDict((k, zero) for k in self.energy_of(None).terms)) if return_energy else x
+        lay, Y, energy = self._prepare(x, edge_index, x0, batch)
+        res = _mm.mm_step(energy, Y, lay.graph, self.alpha, self.preconditioner, values=return_energy)
+        out = self._nodes(res.Y, lay)
+        return (out, self._values(res.values, lay)) if return_energy else out
 
-    def extra_repr(self) -> str:
-        form = "exact" if self.W is None else f"prox, W {tuple(self.W.shape)}"
-        return (f"{self.channels}, heads={self.heads}, rho={self.rho.spec()}, tau={self.tau:g}, "
-                f"alpha={self.alpha:g}, {form}{', relu' if self.relu else ''}")
+    def mm(self, x: torch.Tensor, edge_index, x0: Optional[torch.Tensor] = None, batch: Optional[torch.Tensor] = None):
+        """``(direction, curvature)`` per node: the step is ``prox(x + alpha * direction)`` with
+        ``direction = -grad E / P`` (P the Jacobi diagonal or the curvature bound, :func:`unfold.mm.mm_direction`)
+        and ``curvature`` c_u the summed curvature bound (its majorizer's metric)."""
+        lay, Y, energy = self._prepare(x, edge_index, x0, batch)
+        direction, _, curv = _mm.mm_direction(energy, Y, lay.graph, self.preconditioner)
+        return self._nodes(direction, lay), (curv[0] if lay.slots is None else curv.reshape(-1)[lay.slots])
+
+    def energy(self, x: torch.Tensor, edge_index, x0: Optional[torch.Tensor] = None,
+               batch: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """E(x) (float64: a scalar, or ``(G,)`` per graph with ``batch``), by the same kernel pass as the step's
+        energy (``return_energy=True``), without the neighbour sums."""
+        if isinstance(x, torch.Tensor) and x.ndim == 2 and x.shape[0] == 0:
+            self._check(x, x0)
+            return torch.zeros((), dtype=torch.float64, device=x.device)
+        lay, Y, energy = self._prepare(x, edge_index, x0, batch)
+        total = sum(t.pass_value(Y, lay.graph) for t in energy.terms.values())
+        return total[0] if lay.slots is None else total
+
+    def __repr__(self) -> str:
+        form = "exact" if self.W is None else f"prox, heads={self.heads}, head_channels={self.head_channels}"
+        return (f"{type(self).__name__}({self.channels}, {form}, rho={self.rho.spec()}, tau={self.tau:g}, "
+                f"alpha={self.alpha:g}{', relu' if self.relu else ''}{', cached' if self.cached else ''})")

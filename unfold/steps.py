@@ -14,14 +14,15 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from energies import kinks
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.checks import check_number
 from energies.graph import TokenGraph, check_tokens
-from energies.pairwise import KERNELS, edge_z
+from energies.pairwise import edge_z, kernel_names
 from energies.registry import registrar
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
+
+from . import mm as _mm
 
 __all__ = [
     "Step",
@@ -65,6 +66,9 @@ class Step(torch.nn.Module):
     kind = "step"
     energy: Energy
     guarantee: str = ""
+    #: check the tokens (shape, finite real tokens: one host read) on every call; set False where the
+    #: inputs were validated where they entered (a compiled or GPU training loop)
+    validate: bool = True
 
     def guaranteed(self) -> bool:
         """Whether the stated descent condition holds for the current parameters."""
@@ -74,7 +78,8 @@ class Step(torch.nn.Module):
         raise NotImplementedError
 
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
-        Y = check_tokens(Y, graph)
+        if self.validate:
+            Y = check_tokens(Y, graph)
         return graph.keep_padded(self.update(Y, graph), Y)
 
     def substeps(self) -> List["Step"]:
@@ -120,8 +125,8 @@ class AttentionStep(Step):
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        if not isinstance(kernel, str) or kernel not in ("auto",) + KERNELS:
-            raise StepError(f"unknown attention kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
+        if not isinstance(kernel, str) or kernel not in kernel_names():
+            raise StepError(f"unknown attention kernel {kernel!r}; valid: {kernel_names()}")
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel
@@ -145,10 +150,12 @@ class AttentionStep(Step):
 
             exact:    (agg_u + b_u - y_u) / (1 + deg_u),      printed: agg_u / (deg_u + rho'(0)),
 
-        so a token with no pull and ``b_u = y_u`` gets exactly 0 and a fixed point stays exactly fixed."""
-        agg, deg = self.pairwise.messages(Y, graph)
+        so a token with no pull and ``b_u = y_u`` gets exactly 0 and a fixed point stays exactly fixed. The exact
+        increment is the Jacobi direction of :func:`unfold.mm.mm_direction` (the one definition of the MM step);
+        the printed one is its own rule (the negative control)."""
         if self.update_rule == "exact":
-            return (agg + (self.residual.anchor(Y) - Y)) / (1.0 + deg)[..., None]
+            return _mm.mm_direction(self.energy, Y, graph, "jacobi")[0]
+        agg, deg = self.pairwise.messages(Y, graph)
         c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
         return agg / (deg + c0)[..., None]
 
@@ -254,7 +261,7 @@ class ReLUProxStep(Step):
         return True
 
     def update(self, Y, graph):
-        return kinks.relu(Y)
+        return self.energy.terms["relu"].prox(Y, graph)
 
 
 class TermMinimisingStep(Step):

@@ -1,0 +1,421 @@
+"""Encoders: ``(B, n, d)`` tokens and a padding mask (or a token graph) -> ``Y_T`` and the energy trace.
+
+Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :data:`ENCODERS`:
+
+* :class:`GuaranteedEncoder` (``"guaranteed"``): one MM step with weights shared over the T layers
+  (:func:`unfold.mm.mm_step`, ``"bound"`` preconditioner), on
+
+      E(Y) = sum_h sum_{{u,v} in G} tau rho(||W_h^T (y_u - y_v)||^2 / (2 tau))     (one term per head)
+             + 1/2 ||Y - B||^2 + 1/2 tr(Y S Y^T) + indicator(Y >= 0)
+             [+ LayerNorm centring and rescaling terms, supplement F.3, if ``layernorm``]
+
+  with B = X (the input tokens, initial residual F.4), any W_h and S = A A^T - (1 - eps) I for any A (exactly
+  the symmetric S with I + S >= eps I, so E is bounded below). Read as a network: multi-head attention with
+  queries = keys = W_h^T y and value/output map W_h W_h^T, a symmetric feed-forward map S, the initial
+  residual, ReLU, and a per-token step 1 / c_u. Every layer descends E for ANY parameter values (proof in
+  :mod:`unfold.prox`), trained or not. The energy at layer t is read off the same pass that computes layer t;
+  only E(Y_T) costs one more (energy-only) pass. ``curvature="constant"``: the per-token step uses rho'(0) x
+  degree in place of the weighted degree (a cubic spline per layer with rho = relu:C, Lai, Lim, Liu, Lemma 3.2).
+* :class:`FreeEncoder` (``"free"``): untied standard post-LN transformer layers whose attention (softmax,
+  relu or softplus, :class:`~unfold.attention.Attention`) is restricted to the token graph; ``norm="none"``
+  drops the LayerNorms. Traced against the token-space attention energy
+  E1(Y) = sum_G tau rho(||y_u - y_v||^2 / 2tau) + 1/2 ||Y - B||^2: it shows how far a standard layer strays.
+* :class:`TorchEncoder` (``"baseline"``): ``torch.nn.TransformerEncoder`` of the same width and depth (complete
+  graph), traced with the same E1; a relu or softplus ``attention`` replaces its self-attention.
+
+``encoder(X, mask)`` returns an :class:`EncoderOutput` (``Y``, ``energies``, ``states``, ``report()``). The
+forward pass does no host read with the trace off (``validate=False``, the default): the token graph is built
+on the tokens' device and cached (:class:`~energies.graph.GraphCache`), the energy's terms are built without
+checks (their inputs are the encoder's own tensors), the kernels run without their precision guard's host read;
+``validate=True`` checks the inputs (finite real tokens, no empty example) and turns the guard on, and the trace
+turns it on too. Nothing here knows of config files: :mod:`experiments` builds encoders from this registry.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from energies.checks import check_int, check_number
+from energies.energy import Energy
+from energies.errors import ConfigError
+from energies.graph import GraphCache, TokenGraph, check_tokens
+from energies.pairwise import KERNELS, kernel_names
+from energies.registry import registrar
+from energies.rho import get_rho
+from energies.terms import ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling, Residual
+
+from .attention import ACTIVATIONS, Attention
+from .prox import ProxMMStep
+from .trace import DescentReport, EnergyTrace, report_from_values, resolution
+
+__all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
+           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder"]
+
+ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
+register_encoder = registrar(ENCODERS, "kind")
+"""``@register_encoder("name")`` on an :class:`Encoder` subclass: selectable by name (``model.mode=name``)."""
+
+CURVATURES = PairwiseAttention.CURVATURES
+NORMS = ("post", "none")
+
+
+@dataclass
+class EncoderOutput:
+    #: ``(B, n, d)`` tokens after the last layer
+    Y: torch.Tensor
+    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`), or None
+    energies: Optional[EnergyTrace] = None
+    #: ``[Y_0, ..., Y_T]`` with ``keep_states=True``
+    states: Optional[List[torch.Tensor]] = None
+    #: whether every layer is guaranteed to descend the traced energy
+    guaranteed: bool = False
+
+    def report(self, tol_factor: float = 64.0) -> DescentReport:
+        """The verdict of every layer step of the trace (:func:`~unfold.trace.report_from_values`)."""
+        if self.energies is None:
+            raise ConfigError("no energy trace: call the encoder with trace=True")
+        return report_from_values(self.energies, self.Y.dtype, tol_factor, self.guaranteed)
+
+
+def _flag(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def _choice(value, what: str, valid) -> str:
+    if not isinstance(value, str) or value not in valid:
+        raise ConfigError(f"{what}={value!r} is unknown; valid: {list(valid)}")
+    return value
+
+
+class Encoder(nn.Module):
+    """Base of the registered encoders: ``forward(X, mask=None, graph=None, trace=False, keep_states=False,
+    layers=None) -> EncoderOutput``. Subclasses implement :meth:`layers_of` (the stack) and :meth:`energy`
+    (what is traced); the bookkeeping of the trace is shared here."""
+
+    kind = "encoder"
+    #: every layer descends the traced energy, for any parameters
+    guaranteed = False
+
+    def __init__(self, d: int, layers: int, graph: str = "complete", validate: bool = False):
+        super().__init__()
+        self.d = check_int(d, "d", 1, error=ConfigError)
+        self.layers = check_int(layers, "layers", 1, error=ConfigError)
+        if not isinstance(graph, str) or not graph:
+            raise ConfigError(f"graph must be a graph spec such as 'complete' or 'window:8', got {graph!r}")
+        self.graph_spec = graph
+        self.graphs = GraphCache(graph)
+        self.validate = _flag(validate, "validate")
+
+    def token_graph(self, mask: torch.Tensor) -> TokenGraph:
+        """The token graph of a ``(B, n)`` bool mask, on the mask's device (cached, :class:`GraphCache`)."""
+        return self.graphs(mask)
+
+    def energy(self, B: torch.Tensor) -> Energy:
+        raise NotImplementedError
+
+    def forward(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None, graph: Optional[TokenGraph] = None,
+                trace: bool = False, keep_states: bool = False, layers: Optional[int] = None) -> EncoderOutput:
+        if X.ndim != 3 or X.shape[-1] != self.d:
+            raise ConfigError(f"tokens must be (B, n, {self.d}), got {tuple(X.shape)}")
+        if mask is None:
+            mask = torch.ones(X.shape[:2], dtype=torch.bool, device=X.device) if graph is None else graph.mask
+        elif mask.dtype != torch.bool:
+            mask = mask != 0            # an integer 0/1 attention mask (Hugging Face's convention)
+        if tuple(mask.shape) != tuple(X.shape[:2]):
+            raise ConfigError(f"mask has shape {tuple(mask.shape)}, tokens {tuple(X.shape)}")
+        graph = self.token_graph(mask) if graph is None else graph
+        if self.validate:
+            check_tokens(X, graph, "X")
+            if not bool(mask.any(1).all()):
+                raise ConfigError("every example needs at least one real token (mask row all False)")
+        X = graph.zero_padded(X)
+        return self.run(X, mask, graph, trace, keep_states, layers)
+
+    def run(self, X, mask, graph, trace, keep_states, layers) -> EncoderOutput:
+        raise NotImplementedError
+
+    def finish(self, Y, energy, graph, values, res, states, trace, keep_states, guaranteed) -> EncoderOutput:
+        """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass)."""
+        if keep_states:
+            states.append(Y)
+        energies = None
+        if trace:
+            vals, curv = self.trace_values(energy, Y, graph)
+            values.append(vals)
+            res.append(resolution(energy, Y, graph, curv))
+            energies = EnergyTrace.from_layers(values, res, energy.indicators)
+        return EncoderOutput(Y, energies, states if keep_states else None, guaranteed)
+
+    @staticmethod
+    def trace_values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):
+        """``(values, c)``: every term's value at Y (float64 per example) by the layers' own kernels (energy-only
+        passes) and the MM curvature bound c at Y (for the tolerance's resolution)."""
+        vals: Dict[str, torch.Tensor] = OrderedDict()
+        curv = 0.0
+        with torch.no_grad():
+            for name, term in energy.terms.items():
+                if term.is_indicator:
+                    vals[name] = term.pass_value(Y, graph).to(ACCUM_DTYPE)
+                    continue
+                v, c = term.pass_value_and_curvature(Y, graph)
+                vals[name] = v.to(ACCUM_DTYPE)
+                curv = curv + c
+        return vals, curv
+
+
+@register_encoder("guaranteed")
+class GuaranteedEncoder(Encoder):
+    """The shared MM step of the module docstring. ``d`` width, ``heads``, ``d_head`` (default d // heads),
+    ``layers`` T, ``rho``, ``tau`` (default sqrt(d_head)), ``graph`` spec, ``alpha`` in (0, 1], ``ffn`` (the S
+    term), ``relu`` (the indicator), ``layernorm`` (F.3 terms), ``curvature`` (``adaptive`` | ``constant``),
+    ``kernel`` (a registered pairwise kernel or ``auto``)."""
+
+    guaranteed = True
+    EPS_S = 0.1
+
+    def __init__(self, d: int = 64, heads: int = 2, d_head: Optional[int] = None, layers: int = 4, rho="exp",
+                 tau: Optional[float] = None, graph: str = "complete", alpha: float = 1.0, ffn: bool = True,
+                 relu: bool = True, layernorm: bool = False, curvature: str = "adaptive", kernel: str = "auto",
+                 validate: bool = False):
+        super().__init__(d, layers, graph, validate)
+        self.heads = check_int(heads, "heads", 1, error=ConfigError)
+        self.d_head = check_int(d_head, "d_head", 1, error=ConfigError) if d_head is not None else max(self.d // self.heads, 1)
+        self.rho = get_rho(rho)
+        self.tau = (check_number(tau, "tau", "positive", ConfigError) if tau is not None
+                    else math.sqrt(self.d_head))
+        self.alpha = check_number(alpha, "alpha", "unit", ConfigError)
+        self.use_ffn, self.use_relu = _flag(ffn, "ffn"), _flag(relu, "relu")
+        self.use_layernorm = _flag(layernorm, "layernorm")
+        self.curvature = _choice(curvature, "curvature", CURVATURES)
+        self.kernel = _choice(kernel, "kernel", kernel_names())
+        if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
+            probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long),
+                               name=graph)
+            why = KERNELS[self.kernel].supports(probe, self.rho)
+            if why is not None:
+                raise ConfigError(f"kernel={self.kernel!r} does not apply to graph={graph!r}, rho={self.rho.spec()!r}: "
+                                  f"the {self.kernel} kernel {why}")
+        self.W = nn.Parameter(torch.empty(self.heads, self.d, self.d_head))
+        self.A = nn.Parameter(torch.empty(self.d, self.d)) if self.use_ffn else None
+        self.nonneg = NonNegativity() if self.use_relu else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_h ~ N(0, 1/d) entries; A with S = A A^T - (1 - eps) I = 0."""
+        with torch.no_grad():
+            self.W.copy_(torch.randn(self.W.shape) / math.sqrt(self.d))   # the draws of earlier versions
+            if self.A is not None:
+                self.A.copy_(math.sqrt(1.0 - self.EPS_S) * torch.eye(self.d))
+
+    def ffn_weight(self) -> torch.Tensor:
+        """The symmetric feed-forward weight S = A A^T - (1 - eps) I."""
+        eye = torch.eye(self.d, dtype=self.A.dtype, device=self.A.device)
+        return self.A @ self.A.T - (1.0 - self.EPS_S) * eye
+
+    def energy(self, B: torch.Tensor, guard: bool = True) -> Energy:
+        """The energy every layer descends, anchored at B; ``guard``: the kernels' precision guard."""
+        norm2 = torch.linalg.matrix_norm(finite_f64(self.W), ord=2) ** 2                      # (H,), one call
+        terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, kernel=self.kernel, metric=self.W[h],
+                                                curvature=self.curvature, metric_norm2=norm2[h], guard=guard))
+                 for h in range(self.heads)]
+        terms.append(("residual", Residual(B, validate=False)))
+        if self.A is not None:
+            # S symmetric by construction: no checks; its curvature bound max(lambda_max(S), 0) as a tensor (no host read)
+            terms.append(("ffn", FeedForward(self.ffn_weight(), sym_tol=math.inf, validate=False)))
+        if self.use_layernorm:
+            terms += [("center", Centering()), ("rescale", Rescaling())]
+        if self.nonneg is not None:
+            terms.append(("relu", self.nonneg))
+        return Energy(terms)
+
+    def run(self, X, mask, graph, trace, keep_states, layers):
+        energy = self.energy(X, guard=trace or self.validate)
+        step = ProxMMStep(energy, self.alpha)      # the shared layer: mm_step with the curvature bound
+        Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
+        values: List[Dict[str, torch.Tensor]] = []
+        res: List[torch.Tensor] = []
+        states: List[torch.Tensor] = []
+        for _ in range(self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)):
+            if keep_states:
+                states.append(Y)
+            Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace)
+            if trace:
+                values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
+                res.append(resolution(energy, Y, graph, curv))
+            Y = Y_next
+        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, 0.0 < self.alpha <= 1.0)
+
+    def extra_repr(self) -> str:
+        parts = [f"d={self.d}", f"heads={self.heads}", f"d_head={self.d_head}", f"layers={self.layers}",
+                 f"rho={self.rho.spec()}", f"tau={self.tau:g}", f"graph={self.graph_spec!r}", f"alpha={self.alpha:g}"]
+        parts += [name for name, on in (("ffn", self.use_ffn), ("relu", self.use_relu),
+                                        ("layernorm", self.use_layernorm)) if on]
+        if self.curvature != "adaptive":
+            parts.append(f"curvature={self.curvature}")
+        if self.kernel != "auto":
+            parts.append(f"kernel={self.kernel}")
+        return ", ".join(parts)
+
+
+class _TracedStack(Encoder):
+    """An untied stack traced against E1 = pairwise (token space) + residual (free and baseline encoders)."""
+
+    def __init__(self, d, layers, graph, rho, tau, validate):
+        super().__init__(d, layers, graph, validate)
+        self.rho = get_rho(rho)
+        self.tau = check_number(tau, "tau", "positive", ConfigError) if tau is not None else math.sqrt(self.d)
+
+    def energy(self, B: torch.Tensor) -> Energy:
+        return Energy(attention=PairwiseAttention(self.rho, self.tau), residual=Residual(B, validate=False))
+
+    def blocks_for(self):
+        raise NotImplementedError
+
+    def apply_block(self, block, Y, mask, graph):
+        raise NotImplementedError
+
+    def run(self, X, mask, graph, trace, keep_states, layers):
+        if layers is not None and not 0 <= int(layers) <= self.layers:
+            raise ConfigError(f"this encoder has {self.layers} untied layers; it cannot unroll {layers} "
+                              f"(0 .. {self.layers}: the first layers only)")
+        energy = self.energy(X) if trace else None
+        values: List[Dict[str, torch.Tensor]] = []
+        res: List[torch.Tensor] = []
+        states: List[torch.Tensor] = []
+        Y = X
+        for block in list(self.blocks_for())[:layers]:
+            if keep_states:
+                states.append(Y)
+            if trace:
+                vals, curv = self.trace_values(energy, Y, graph)
+                values.append(vals)
+                res.append(resolution(energy, Y, graph, curv))
+            Y = graph.zero_padded(self.apply_block(block, Y, mask, graph))
+        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, False)
+
+
+class FreeLayer(nn.Module):
+    """Standard transformer layer: attention (:class:`~unfold.attention.Attention`, activation softmax |
+    relu | softplus, restricted to the token graph) and a ReLU feed-forward map, each added to its
+    input; post-LN (``norm="post"``) or the paper's add-only block (``norm="none"``, Lai, Lim, Liu
+    eq. 6 / section 1.10: a spline of degree 3 with ReLU attention)."""
+
+    def __init__(self, d: int, heads: int, ffn_mult: int, dropout: float, activation: str = "softmax",
+                 temperature: float = 1.0, norm: str = "post"):
+        super().__init__()
+        self.attn = Attention(d, heads, activation, temperature=temperature, bias=True, dropout=dropout)
+        self.ffn = nn.Sequential(nn.Linear(d, ffn_mult * d), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_mult * d, d))
+        self.ln1, self.ln2 = (nn.LayerNorm(d), nn.LayerNorm(d)) if norm == "post" else (nn.Identity(), nn.Identity())
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, Y, allowed):
+        Y = self.ln1(Y + self.drop(self.attn(Y, allowed=allowed)))
+        return self.ln2(Y + self.drop(self.ffn(Y)))
+
+
+def _common(heads, ffn_mult, dropout, attention, norm=None):
+    heads = check_int(heads, "heads", 1, error=ConfigError)
+    ffn_mult = check_int(ffn_mult, "ffn_mult", 1, error=ConfigError)
+    dropout = check_number(dropout, "dropout", "probability", ConfigError)
+    if dropout >= 1.0:
+        raise ConfigError(f"dropout must lie in [0, 1), got {dropout}")
+    attention = _choice(attention, "attention", sorted(ACTIVATIONS))
+    return heads, ffn_mult, dropout, attention
+
+
+@register_encoder("free")
+class FreeEncoder(_TracedStack):
+    """Untied standard layers restricted to the token graph (module docstring). ``d``, ``heads`` (must divide
+    d), ``layers``, ``ffn_mult``, ``dropout``, ``attention`` (softmax | relu | softplus) with
+    ``attention_temperature``, ``norm`` (post | none), ``graph``; ``rho`` and ``tau`` (default sqrt(d)) of the
+    traced E1."""
+
+    def __init__(self, d: int = 64, heads: int = 2, layers: int = 4, ffn_mult: int = 2, dropout: float = 0.1,
+                 attention: str = "softmax", attention_temperature: float = 1.0, norm: str = "post",
+                 graph: str = "complete", rho="exp", tau: Optional[float] = None, validate: bool = False):
+        super().__init__(d, layers, graph, rho, tau, validate)
+        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention)
+        if self.d % heads:
+            raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
+        self.heads, self.attention, self.norm = heads, attention, _choice(norm, "norm", NORMS)
+        self.blocks = nn.ModuleList([FreeLayer(self.d, heads, ffn_mult, dropout, attention, attention_temperature,
+                                               self.norm) for _ in range(self.layers)])
+
+    def blocks_for(self):
+        return self.blocks
+
+    def apply_block(self, block, Y, mask, graph):
+        eye = torch.eye(graph.num_nodes, dtype=torch.bool, device=Y.device)
+        allowed = graph.pair_mask() | (eye & mask[:, :, None])
+        allowed = allowed | ~mask[:, :, None]   # padded queries attend somewhere (outputs ignored)
+        return block(Y, allowed)
+
+    def extra_repr(self) -> str:
+        return (f"d={self.d}, heads={self.heads}, layers={self.layers}, attention={self.attention}, norm={self.norm}, "
+                f"graph={self.graph_spec!r}, traced rho={self.rho.spec()}, tau={self.tau:g}")
+
+
+class _AsMultiheadAttention(nn.Module):
+    """:class:`~unfold.attention.Attention` behind ``nn.MultiheadAttention``'s call, so that
+    ``nn.TransformerEncoderLayer`` (the baseline) runs with a relu or softplus activation."""
+
+    #: read by ``nn.TransformerEncoderLayer`` only to decide on its fused fast path, which needs
+    #: ``nn.MultiheadAttention``'s own weights; False sends it down the module path (tensors stay batch-first)
+    batch_first = False
+
+    def __init__(self, attn: Attention):
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, query, key, value, attn_mask=None, key_padding_mask=None, need_weights=False, is_causal=False):
+        real = None
+        if key_padding_mask is not None:   # torch: True (bool) or -inf (float, its canonical form) = ignore this key
+            real = ~key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask == 0
+        if attn_mask is not None or is_causal:
+            raise ConfigError("the baseline's relu/softplus attention takes a key padding mask only")
+        return self.attn(query, key_padding_mask=real), None
+
+
+@register_encoder("baseline")
+class TorchEncoder(_TracedStack):
+    """``torch.nn.TransformerEncoder`` (post-LN, complete graph) traced with E1 (module docstring)."""
+
+    def __init__(self, d: int = 64, heads: int = 2, layers: int = 4, ffn_mult: int = 2, dropout: float = 0.1,
+                 attention: str = "softmax", attention_temperature: float = 1.0, graph: str = "complete", rho="exp",
+                 tau: Optional[float] = None, validate: bool = False):
+        if graph != "complete":
+            raise ConfigError("the baseline encoder (torch.nn.TransformerEncoder) supports only graph='complete'")
+        super().__init__(d, layers, graph, rho, tau, validate)
+        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention)
+        if self.d % heads:
+            raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
+        self.heads, self.attention = heads, attention
+        layer = nn.TransformerEncoderLayer(self.d, heads, ffn_mult * self.d, dropout, batch_first=True)
+        if attention != "softmax":
+            layer.self_attn = _AsMultiheadAttention(Attention(self.d, heads, attention, temperature=attention_temperature,
+                                                              bias=True, dropout=dropout))
+        self.torch_encoder = nn.TransformerEncoder(layer, self.layers, enable_nested_tensor=False)
+
+    def blocks_for(self):
+        return self.torch_encoder.layers
+
+    def apply_block(self, block, Y, mask, graph):
+        return block(Y, src_key_padding_mask=~mask)
+
+    def extra_repr(self) -> str:
+        return (f"d={self.d}, heads={self.heads}, layers={self.layers}, attention={self.attention}, "
+                f"traced rho={self.rho.spec()}, tau={self.tau:g}")
+
+
+def build_encoder(kind: str, **kwargs) -> Encoder:
+    """``ENCODERS[kind](**kwargs)``, an unknown kind refused with the registered names."""
+    if not isinstance(kind, str) or kind not in ENCODERS:
+        raise ConfigError(f"unknown encoder {kind!r}; valid: {sorted(ENCODERS)}")
+    return ENCODERS[kind](**kwargs)

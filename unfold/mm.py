@@ -1,0 +1,89 @@
+"""The one majorization-minimization step: every MM layer of the framework is this function.
+
+For an energy E = sum_k E_k (+ at most one indicator term) whose smooth terms each give, at Y, their
+gradient, a per-token curvature bound c^k_u and, where it exists, the Jacobi diagonal j^k_u of their
+surrogate (:class:`~energies.terms.MMParts`, :meth:`~energies.terms.EnergyTerm.mm`):
+
+    y_u <- prox( y_u - alpha * grad_u E(Y) / P_u ),         P_u = sum_k c^k_u   (``"bound"``)
+                                                            P_u = sum_k j^k_u   (``"jacobi"``)
+
+with ``prox`` the indicator term's proximal map (:meth:`~energies.terms.EnergyTerm.prox`, ReLU for Y >= 0)
+or the identity.
+
+* ``"bound"``: a proximal gradient step on a majorizer of E in the metric diag(P) / alpha, so E never
+  increases for any parameters and 0 < alpha <= 1 (../shared/NOTES.md, "One layer with a descent guarantee
+  for any parameters"): :class:`~unfold.prox.ProxMMStep`, the guaranteed encoder, the PyG conv's metric form.
+* ``"jacobi"``: the Jacobi step of the attention surrogate, P_u = 1 + sum_v gamma_uv (supplement eq. 36-37,
+  Algorithm 3): on E1 = pairwise + residual it is ``y_u + alpha (sum_v gamma_uv (y_v - y_u) + b_u - y_u) /
+  (1 + deg_u)``, and E1 never increases for 0 < alpha <= 1 (Theorem B.2, Prop. B.1):
+  :class:`~unfold.steps.AttentionStep` (``update="exact"``) and the PyG conv's exact form.
+
+The step is formed from the gradient, a difference-only quantity, so a fixed point stays exactly fixed.
+The terms' values at Y come from the same passes when asked for (``values=True``). No host read happens
+here: what the terms' passes read is their own business (the precision guard, :attr:`PairwiseAttention.guard`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, NamedTuple, Tuple
+
+import torch
+
+from energies.energy import Energy
+from energies.errors import StepError
+from energies.graph import TokenGraph
+
+__all__ = ["PRECONDITIONERS", "MMStepResult", "mm_direction", "mm_step"]
+
+PRECONDITIONERS = ("bound", "jacobi")
+
+
+class MMStepResult(NamedTuple):
+    Y: torch.Tensor                         # the step's output (padded slots as in the input)
+    values: "OrderedDict[str, torch.Tensor]"  # each term's value at the input, float64 (empty unless asked)
+    curvature: torch.Tensor                 # (B, n): sum_k c^k_u at the input (the tolerance's resolution uses it)
+
+
+def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditioner: str = "bound",
+                 values: bool = False) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
+    """``(-grad E(Y) / P, values, c)``: the preconditioned descent direction of the module docstring (before the
+    step size alpha and the prox), the terms' values at Y (when asked) and the summed curvature bound c."""
+    grad = torch.zeros_like(Y)
+    curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
+    precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
+    vals: Dict[str, torch.Tensor] = OrderedDict()
+    for name, term in energy.terms.items():
+        if term.is_indicator:
+            if values:
+                vals[name] = term.value(Y, graph)
+            continue
+        parts = term.mm(Y, graph, values)
+        grad = grad + parts.grad
+        curv = curv + parts.curvature
+        if preconditioner == "bound":
+            precond = precond + parts.curvature
+        elif parts.jacobi is None:
+            raise StepError(f"term {name!r} ({type(term).__name__}) has no Jacobi diagonal (a learned metric); "
+                            "use the 'bound' preconditioner")
+        else:
+            precond = precond + parts.jacobi
+        if values:
+            vals[name] = parts.value
+    return -(grad / precond[..., None]), vals, curv
+
+
+def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",
+            values: bool = False) -> MMStepResult:
+    """One MM step ``Y -> prox(Y + alpha * direction)`` (module docstring); padded slots keep their input."""
+    direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values)
+    out = Y + alpha * direction
+    for term in energy.terms.values():
+        if term.is_indicator:
+            out = term.prox(out, graph)
+    return MMStepResult(graph.keep_padded(out, Y), vals, curv)
+
+
+def check_preconditioner(preconditioner) -> str:
+    if not isinstance(preconditioner, str) or preconditioner not in PRECONDITIONERS:
+        raise StepError(f"unknown preconditioner {preconditioner!r}; valid: {list(PRECONDITIONERS)}")
+    return preconditioner

@@ -1,0 +1,146 @@
+"""Plug-ins: modules that register parts by name (rho, energy terms, graphs, kernels, encoders) before a
+command line reads its options or its config.
+
+A plug-in is an ordinary Python module whose import registers its parts with the library's registries
+(``@energies.rho.register_rho("myrho")``, ``@energies.graph.register_graph("mygraph")``, ...). Two ways load one:
+
+* ``--import MODULE`` on any command line (:func:`add_import_arg`; repeatable), or :func:`import_plugins`
+  from Python. The current folder is importable, as under ``python -m``: ``--import myplug`` finds
+  ``./myplug.py``.
+* an installed package that declares a module in the entry-point group :data:`ENTRY_POINT_GROUP`
+  (:func:`load_entry_points`): every command line loads those with no option.
+
+:func:`unfold.cli.run_main` loads both before a command's body runs, and the ``--import`` option itself
+imports its module while the arguments are parsed, so a command called in process with an explicit argument
+list (``main([...])``) loads it too. A plug-in that cannot be found or fails on import is a
+:class:`~energies.errors.ConfigError`: one line naming the module and the reason (exit 2 on a command line).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+from typing import Iterable, List, Set
+
+from energies.checks import one_line
+from energies.errors import ConfigError
+
+__all__ = ["ENTRY_POINT_GROUP", "IMPORT_HELP", "load_entry_points", "import_plugins", "add_import_arg",
+           "import_args", "load_plugins"]
+
+#: the entry-point group an installed package declares its plug-in modules in
+ENTRY_POINT_GROUP = "unfolded_transformers.plugins"
+
+IMPORT_HELP = ("import MODULE first (repeatable): a plug-in that registers rho, energy terms, graphs, kernels or "
+               f"encoders by name; modules of the entry-point group {ENTRY_POINT_GROUP} are loaded too")
+
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+_entry_points_loaded = False
+_imported: Set[str] = set()
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an import failed, in one line: a missing module's own message, else the type and message."""
+    if isinstance(exc, ModuleNotFoundError):
+        return one_line(exc)
+    if isinstance(exc, SyntaxError):
+        where = f" ({os.path.basename(exc.filename or '?')}, line {exc.lineno})" if exc.lineno else ""
+        return f"SyntaxError: {exc.msg}{where}"
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def load_entry_points() -> List[str]:
+    """Import every module of the entry-point group :data:`ENTRY_POINT_GROUP` (once per process); returns
+    the names of the entry points loaded. One that fails raises a :class:`ConfigError` naming it and why."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return []
+    loaded = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        origin = f" of {dist.name} {dist.version}" if dist is not None else ""
+        try:
+            ep.load()
+        except Exception as exc:    # a plug-in's import may raise anything: one line, never a traceback
+            raise ConfigError(f"plug-in entry point {ep.name!r} = {ep.value!r}{origin} (group {ENTRY_POINT_GROUP}) "
+                              f"failed to load: {_reason(exc)}") from None
+        loaded.append(ep.name)
+    _entry_points_loaded = True
+    return loaded
+
+
+def import_plugins(names: Iterable[str]) -> List[str]:
+    """Import each module of ``names`` (dotted module names, each once per process) with the current folder
+    importable; returns the names imported now. A name that is not a module name, or a module that is not
+    found or raises on import, is a :class:`ConfigError` naming it and why (``--import NAME: REASON``)."""
+    done = []
+    for name in names:
+        if name in _imported:
+            continue
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
+            raise ConfigError(f"--import {name!r}: not a Python module name (a dotted name such as myplugin or "
+                              "mypackage.plugins, without a path or .py)")
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        try:
+            importlib.import_module(name)
+        except Exception as exc:    # ImportError, SyntaxError or whatever the module raises
+            hint = f" (give the module's name, not its file: --import {name[:-3]})" if name.endswith(".py") else ""
+            raise ConfigError(f"--import {name}: {_reason(exc)}{hint}") from None
+        _imported.add(name)
+        done.append(name)
+    return done
+
+
+class _ImportAction(argparse.Action):
+    """``--import MODULE``: appended to ``plugins`` (argparse's ``append``) and imported at once (entry points
+    first), so that a ``main(argv)`` called in process loads it before its body reads a registry. A failure
+    exits 2 with one ``PROG: error: ...`` line, like :func:`unfold.cli.run_main`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
+        try:
+            load_entry_points()
+            import_plugins([values])
+        except ConfigError as exc:
+            parser.exit(2, f"{parser.prog}: error: {one_line(exc)}\n")
+
+
+def add_import_arg(parser: argparse.ArgumentParser, subcommand: bool = False) -> argparse.ArgumentParser:
+    """Add ``--import MODULE`` (dest ``plugins``, a list) to ``parser``; returns the parser. ``subcommand``:
+    the parser of a subcommand whose parent has the option too (its default then leaves the parent's list;
+    modules named after the subcommand replace it in ``plugins``, and every one is imported either way)."""
+    parser.add_argument("--import", dest="plugins", action=_ImportAction, metavar="MODULE",
+                        default=argparse.SUPPRESS if subcommand else [], help=IMPORT_HELP)
+    return parser
+
+
+def import_args(argv: Iterable) -> List[str]:
+    """The modules named by ``--import X`` / ``--import=X`` in an argument list, up to a bare ``--``."""
+    argv = [a if isinstance(a, str) else None for a in argv]
+    names = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--import" and i + 1 < len(argv) and argv[i + 1] is not None:
+            names.append(argv[i + 1])
+        elif arg is not None and arg.startswith("--import="):
+            names.append(arg[len("--import="):])
+    return names
+
+
+def load_plugins(argv: Iterable) -> List[str]:
+    """What :func:`unfold.cli.run_main` does first: load the entry-point group, then import every
+    ``--import`` module of ``argv`` (:func:`import_args`); returns the modules imported now. Nothing is
+    loaded for ``-h`` / ``--help``, so that help shows even while an installed plug-in is broken."""
+    argv = list(argv)
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    if "-h" in options or "--help" in options:
+        return []
+    load_entry_points()
+    return import_plugins(import_args(argv))

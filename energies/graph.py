@@ -89,10 +89,6 @@ def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> to
     ``lenient`` (PyG inputs: ``add_self_loops`` / multigraph conventions), self loops and an edge repeated in the
     same orientation, which ``lenient`` drops instead. The ids stay on their device; the checks read them once.
     """
-    return _canonical_edges(edge_index, total, n, lenient)
-
-
-def _canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
     if isinstance(edge_index, torch.Tensor) and type(edge_index) is not torch.Tensor:
         edge_index = edge_index.as_subclass(torch.Tensor)   # torch_geometric.EdgeIndex and other subclasses
     ei = torch.as_tensor(edge_index)
@@ -185,7 +181,7 @@ class TokenGraph:
         self.is_complete = edge_index is None
         self._edges: Optional[torch.Tensor] = None
         if edge_index is not None:
-            canon = _canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
+            canon = canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
             flat_mask = self.mask.reshape(-1).to(canon.device)
             keep = flat_mask[canon[0]] & flat_mask[canon[1]]
             self._edges = canon[:, keep].to(self.mask.device)
@@ -504,7 +500,7 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
     if not isinstance(shared, (bool, np.bool_)):
         raise GraphError(f"shared must be True or False, got {shared!r}")
     if shared:
-        canon = _canonical_edges(edge_index, n, n)  # validates once, on per-example ids
+        canon = canonical_edges(edge_index, n, n)  # validates once, on per-example ids
         return _from_pattern(canon, n, batch_size, mask, name)
     return TokenGraph(batch_size, n, mask, edge_index, name=name)
 

@@ -286,20 +286,10 @@ def kernel_sensitivity(rho: Rho) -> float:
     return cached
 
 
-def _adopt(rho: Rho) -> Rho:
-    """A user's Rho subclass whose ``__init__`` did not call ``super().__init__()`` made a complete module (its
-    attributes kept), so that modules can hold it."""
-    if "_modules" not in rho.__dict__:
-        saved = dict(rho.__dict__)
-        torch.nn.Module.__init__(rho)
-        rho.__dict__.update(saved)
-    return rho
-
 
 def get_rho(spec) -> Rho:
     """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``."""
     if isinstance(spec, Rho):
-        _adopt(spec)
         check_rho(spec)
         kernel_sensitivity(spec)
         return spec
@@ -314,7 +304,6 @@ def get_rho(spec) -> Rho:
         rho = RHOS[name](*args)
     except TypeError:
         raise EnergyError(f"too many arguments for rho {name!r} in {spec!r}") from None
-    _adopt(rho)
     check_rho(rho)
     kernel_sensitivity(rho)
     return rho

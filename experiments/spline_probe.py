@@ -357,11 +357,6 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
     return model.double().eval()
 
 
-def _with_defaults(cfg: dict, defaults: dict) -> dict:
-    """:func:`experiments.config.with_defaults`."""
-    from .config import with_defaults
-    return with_defaults(cfg, defaults)
-
 
 def checkpoint_model(path: str) -> SequenceClassifier:
     """The model a checkpoint holds, checked, else a :class:`CheckpointError` naming the file: a dict with a
@@ -371,7 +366,7 @@ def checkpoint_model(path: str) -> SequenceClassifier:
     weight finite (a NaN weight makes every output NaN: nothing to probe), and the weights fit the model the
     config describes."""
     from .checkpoint import safe_load
-    from .config import DEFAULTS, validate
+    from .config import validate, with_defaults
     from .train import build_model
 
     state = safe_load(path)
@@ -399,7 +394,7 @@ def checkpoint_model(path: str) -> SequenceClassifier:
     if bad:
         raise CheckpointError(f"{path}: weights {bad[:3]} hold NaN or Inf; every output would be NaN")
     try:
-        cfg = validate(_with_defaults(state["config"], DEFAULTS))   # keys added since it was written: defaults
+        cfg = validate(with_defaults(state["config"]))   # keys added since it was written: defaults
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its config is not valid ({exc})") from None
     emb = weights["embedding.embed.weight"]   # GloVe-initialised embeddings set their own width (50)

@@ -145,8 +145,6 @@ def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: O
     :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``model.mode`` (its constructor's
     parameters read from the ``model`` keys of the same names) and a linear head. The library's errors, which
     name its parameters, come back naming the config keys."""
-    from .config import DEFAULTS
-
     mc = cfg["model"]
     mode = mc["mode"]
     if mode not in ENCODERS:

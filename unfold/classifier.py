@@ -17,7 +17,7 @@ from torch import nn
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError
 
-from .encoders import Encoder
+from .encoders import Encoder, bool_mask
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "TokenEmbedding", "SequenceClassifier", "masked_mean", "upgrade_state_dict"]
@@ -131,13 +131,7 @@ class SequenceClassifier(nn.Module):
         mask = attention_mask if mask is None else mask
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
             raise ConfigError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
-        if mask is None:
-            mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
-        elif mask.dtype != torch.bool:
-            mask = mask != 0
-        if ids.shape != mask.shape:
-            raise ConfigError(f"ids {tuple(ids.shape)} and a mask of the same shape are required, "
-                              f"got mask {tuple(mask.shape)}")
+        mask = bool_mask(mask, ids.shape, ids.device, "ids")
         if self.validate and not bool(mask.any(1).all()):
             raise ConfigError("every example needs at least one real token (mask row all False)")
         graph = self.encoder.token_graph(mask)

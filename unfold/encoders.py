@@ -54,7 +54,7 @@ from .prox import ProxMMStep
 from .trace import DescentReport, EnergyTrace, report_from_values, resolution
 
 __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
-           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder"]
+           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask"]
 
 ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
 register_encoder = registrar(ENCODERS, "kind")
@@ -80,6 +80,19 @@ class EncoderOutput:
         if self.energies is None:
             raise ConfigError("no energy trace: call the encoder with trace=True")
         return report_from_values(self.energies, self.Y.dtype, tol_factor, self.guaranteed)
+
+
+def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens") -> torch.Tensor:
+    """A padding mask as bool ``(B, n)``: None means all real, an integer 0/1 attention mask (Hugging Face's
+    convention) is read as ``mask != 0``; its shape must be ``shape``."""
+    if mask is None:
+        return torch.ones(tuple(shape), dtype=torch.bool, device=device)
+    if mask.dtype != torch.bool:
+        mask = mask != 0
+    if tuple(mask.shape) != tuple(shape):
+        raise ConfigError(f"{what} {tuple(shape)} and a mask of the same shape are required, "
+                          f"got mask {tuple(mask.shape)}")
+    return mask
 
 
 def _flag(value, what: str) -> bool:
@@ -124,12 +137,7 @@ class Encoder(nn.Module):
                 trace: bool = False, keep_states: bool = False, layers: Optional[int] = None) -> EncoderOutput:
         if X.ndim != 3 or X.shape[-1] != self.d:
             raise ConfigError(f"tokens must be (B, n, {self.d}), got {tuple(X.shape)}")
-        if mask is None:
-            mask = torch.ones(X.shape[:2], dtype=torch.bool, device=X.device) if graph is None else graph.mask
-        elif mask.dtype != torch.bool:
-            mask = mask != 0            # an integer 0/1 attention mask (Hugging Face's convention)
-        if tuple(mask.shape) != tuple(X.shape[:2]):
-            raise ConfigError(f"mask has shape {tuple(mask.shape)}, tokens {tuple(X.shape)}")
+        mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device)
         graph = self.token_graph(mask) if graph is None else graph
         if self.validate:
             check_tokens(X, graph, "X")

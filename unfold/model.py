@@ -22,27 +22,8 @@ from .encoders import CURVATURES, ENCODERS, NORMS, build_encoder
 __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES", "CURVATURES", "NORMS"]
 
 
-class _Modes(tuple):
-    """The registered encoder names, read when asked (plug-ins may register more)."""
-
-    def __iter__(self):
-        return iter(tuple(ENCODERS))
-
-    def __contains__(self, item):
-        return item in ENCODERS
-
-    def __len__(self):
-        return len(ENCODERS)
-
-    def __getitem__(self, i):
-        return tuple(ENCODERS)[i]
-
-    def __repr__(self):
-        return repr(tuple(ENCODERS))
-
-
-#: the encoder names (``model.mode``): a live view of :data:`unfold.encoders.ENCODERS`
-MODES = _Modes()
+#: the encoder names (``model.mode``): the registry :data:`unfold.encoders.ENCODERS` itself (plug-ins included)
+MODES = ENCODERS
 
 class UnfoldedTransformer(SequenceClassifier):
     """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring).
@@ -54,8 +35,6 @@ class UnfoldedTransformer(SequenceClassifier):
     (free / baseline); ``embed_dim``, ``pretrained``, ``freeze_embed``, ``positional``, ``max_len``, ``dropout``,
     ``pad_idx`` (embedding). An argument that does not apply to the mode is refused unless left at its default.
     """
-
-    EPS_S = 0.1
 
     def __init__(self, vocab_size: int, num_classes: int, d: int = 64, heads: int = 2, d_head: Optional[int] = None,
                  layers: int = 4, mode: str = "guaranteed", rho: str = "exp", tau: Optional[float] = None,

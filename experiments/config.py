@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import pathlib
 import re
 import reprlib
 from dataclasses import dataclass
@@ -357,10 +358,37 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
     return cfg
 
 
+#: the configs shipped with the package (package data), found by name: ``--config default``
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+
+
+def config_names() -> list:
+    """Names of the shipped configs (``experiments/configs/NAME.yaml``), sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config(spec: str) -> str:
+    """The file a ``--config`` value names: an existing file path as given, otherwise a shipped config's name
+    (``default`` or ``default.yaml``, from :data:`CONFIG_DIR`, so that it works outside the repository). A value
+    that is neither is refused listing the shipped names."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"--config must name a config file or a shipped config, got {spec!r}; shipped: "
+                          f"{', '.join(config_names())}")
+    if os.path.exists(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
+        return spec                     # a path: read (and its problems reported) as a path
+    stem = spec[:-5] if spec.endswith(".yaml") else spec
+    shipped = CONFIG_DIR / f"{stem}.yaml"
+    if stem in config_names():
+        return str(shipped)
+    raise ConfigError(f"config {spec!r} is neither a file nor a shipped config; shipped: {', '.join(config_names())}")
+
+
 def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
-    """Defaults <- YAML file <- overrides, validated. ``name`` defaults to the file's stem."""
+    """Defaults <- YAML file <- overrides, validated. ``path`` is a file or a shipped config's name
+    (:func:`resolve_config`); ``name`` defaults to the file's stem."""
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
+        path = resolve_config(path)
         loaded = read_document(path, yaml.safe_load, ConfigError, f"config file {path!r}", "YAML",
                                (yaml.YAMLError, ValueError))
         loaded = {} if loaded is None else loaded

@@ -1,0 +1,328 @@
+"""Seed sweeps: ``python -m experiments.sweep --config FILE --seeds 5 [--run-dir DIR] [k=v ...]``.
+
+Runs one training run per seed ``K`` (``K = first, ..., first + seeds - 1``) in ``DIR/seed-K`` with the
+overrides ``train.seed=K`` and ``data.seed=K`` (``--seed-keys`` chooses the keys: by default each seed draws
+its own initial weights, data order *and* train/val/test split, so the spread includes the test-set noise of
+one split), then writes ``DIR/summary.json`` and ``DIR/summary.md``: for every numeric metric of the runs'
+``metrics.json`` (nested keys joined by dots) its mean, sample standard deviation (``n - 1``; ``null`` for one
+run), minimum, maximum and count.
+
+``--tfidf`` sweeps the TF-IDF + logistic-regression baseline (:mod:`experiments.tfidf`) over split seeds
+instead (``--dataset NAME``); ``--table DIR [DIR ...]`` prints the README's comparison table (mean +- std)
+from finished sweeps.
+
+Work is never lost or mixed: the sweep folder has one owner (:class:`~experiments.runlock.RunLock`); each
+seed is a separate process writing its own run folder; a seed whose ``metrics.json`` exists with the same
+config is kept as it is, one interrupted after an epoch is resumed from its checkpoint (``--resume`` of the
+trainer), so running the same command again finishes an interrupted sweep. A seed that fails is reported
+in the summary (``failed``) and the exit status is 1; the other seeds still run.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from energies.errors import ConfigError
+from unfold.cli import positive_int, run_main, seed_int
+from unfold.plugins import add_import_arg
+from unfold.strict_json import dumps as json_dumps
+
+from .atomic import atomic_open
+from .checkpoint import LAST
+from .config import load_config
+from .runlock import RunLock, check_writable
+
+PROG = "python -m experiments.sweep"
+SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
+SEED_KEYS = ("train.seed", "data.seed")
+
+
+def seed_dir(root: str, seed: int) -> str:
+    return os.path.join(root, f"seed-{seed}")
+
+
+def flatten(metrics: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
+    """The numeric leaves of ``metrics`` (bools and strings skipped), nested keys joined by dots."""
+    out: Dict[str, float] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = float(value)
+    return out
+
+
+def describe(values: Sequence[float]) -> Dict[str, Any]:
+    """``{mean, std, min, max, n}``: ``std`` is the sample standard deviation (divisor ``n - 1``), ``None`` for
+    one value (it is not zero: one run says nothing about the spread)."""
+    n = len(values)
+    mean = math.fsum(values) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": n}
+
+
+def summarize(runs: Dict[int, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Per metric, :func:`describe` over the runs that have it (a metric missing from some runs has a smaller
+    ``n``; non-finite values are left out of the statistics and counted in ``nonfinite``)."""
+    flat = {seed: flatten(m) for seed, m in runs.items()}
+    keys = sorted({k for f in flat.values() for k in f})
+    out = {}
+    for key in keys:
+        values = [f[key] for f in flat.values() if key in f]
+        out[key] = describe(values)
+    return out
+
+
+def _fmt(stat: Dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    if stat["std"] is None:
+        return f"{stat['mean'] * scale:.{digits}f}"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def markdown(summary: Dict[str, Any]) -> str:
+    """``summary.md``: what was swept, then one row per metric (mean ± std, min, max, n)."""
+    lines = [f"# Sweep {summary['name']}: {len(summary['seeds'])} seeds", "",
+             f"Seeds {summary['seeds']} (keys {', '.join(summary['seed_keys'])}); finished {len(summary['runs'])}, "
+             f"failed {summary['failed'] or 'none'}; wall {summary['wall_seconds']:.0f} s.", "",
+             "| metric | mean ± std | min | max | n |", "|---|---|---|---|---|"]
+    for key, stat in summary["metrics"].items():
+        lines.append(f"| {key} | {_fmt(stat, digits=6)} | {stat['min']:.6g} | {stat['max']:.6g} | {stat['n']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(root: str, summary: Dict[str, Any]) -> None:
+    with atomic_open(os.path.join(root, SUMMARY_JSON), "w") as fh:
+        fh.write(json_dumps(summary, indent=1) + "\n")
+    with atomic_open(os.path.join(root, SUMMARY_MD), "w") as fh:
+        fh.write(markdown(summary))
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _finished(folder: str, cfg: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The metrics of a finished run of ``cfg`` in ``folder``, or ``None`` (not finished, or another config)."""
+    metrics = _read_json(os.path.join(folder, "metrics.json"))
+    if metrics is None or not os.path.isfile(os.path.join(folder, "config.yaml")):
+        return None
+    try:
+        same = load_config(os.path.join(folder, "config.yaml")) == cfg
+    except ConfigError:
+        return None
+    return metrics if same else None
+
+
+def _train_command(config: Optional[str], overrides: List[str], folder: str, imports: List[str]) -> List[str]:
+    base = [sys.executable, "-m", "experiments.train"] + [f"--import={m}" for m in imports]
+    if os.path.isfile(os.path.join(folder, LAST)):        # an interrupted seed: continue it
+        return base + ["--resume", folder]
+    return base + (["--config", config] if config else []) + ["--run-dir", folder] + overrides
+
+
+def _tfidf_command(dataset: str, seed: int, imports: List[str]) -> List[str]:
+    return [sys.executable, "-m", "experiments.tfidf", "--dataset", dataset, "--seed", str(seed), "--json"] + [
+        f"--import={m}" for m in imports]
+
+
+def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, overrides: Sequence[str] = (),
+              seed_keys: Sequence[str] = SEED_KEYS, jobs: int = 1, tfidf: Optional[str] = None,
+              imports: Sequence[str] = (), say=print) -> Dict[str, Any]:
+    """Run (or finish) the sweep in ``root`` and write its summary (module docstring); returns the summary."""
+    imports, overrides = list(imports), list(overrides)
+    configs = {}
+    if tfidf is None:
+        for seed in seeds:          # every seed's config validated before anything runs or is written
+            configs[seed] = load_config(config, overrides + [f"{k}={seed}" for k in seed_keys])
+        name = configs[seeds[0]]["name"]
+    else:
+        name = f"tfidf-{tfidf}"
+    check_writable(root)
+    t0 = time.perf_counter()
+    runs: Dict[int, Dict[str, Any]] = {}
+    failed: List[int] = []
+    seconds: Dict[int, float] = {}
+    with RunLock(root):
+        pending = []
+        for seed in seeds:
+            folder = seed_dir(root, seed)
+            if tfidf is None:
+                done = _finished(folder, configs[seed])
+            else:
+                done = _read_json(os.path.join(folder, "metrics.json"))
+                done = done if done and done.get("seed") == seed and done.get("dataset_spec") == tfidf else None
+            if done is not None:
+                say(f"seed {seed}: finished already ({folder})")
+                runs[seed] = done
+            else:
+                pending.append(seed)
+        procs: Dict[int, Any] = {}
+
+        def start(seed: int) -> None:
+            folder = seed_dir(root, seed)
+            os.makedirs(folder, exist_ok=True)
+            if tfidf is None:
+                cmd = _train_command(config, overrides + [f"{k}={seed}" for k in seed_keys], folder, imports)
+                log = open(os.path.join(folder, "sweep.log"), "ab")
+                out = log
+            else:
+                cmd = _tfidf_command(tfidf, seed, imports)
+                log = open(os.path.join(folder, "sweep.log"), "ab")
+                out = subprocess.PIPE
+            say(f"seed {seed}: {' '.join(cmd[1:])}")
+            procs[seed] = (subprocess.Popen(cmd, stdout=out, stderr=log), log, time.perf_counter())
+
+        def finish(seed: int) -> None:
+            proc, log, started = procs.pop(seed)
+            stdout = proc.communicate()[0]
+            log.close()
+            seconds[seed] = time.perf_counter() - started
+            folder = seed_dir(root, seed)
+            if proc.returncode == 0 and tfidf is not None:
+                import json
+
+                result = json.loads(stdout.decode().strip().splitlines()[-1])
+                result.update(dataset_spec=tfidf, train_seconds=result["seconds"])
+                with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
+                    fh.write(json_dumps(result, indent=1) + "\n")
+            metrics = _read_json(os.path.join(folder, "metrics.json")) if proc.returncode == 0 else None
+            if metrics is None:
+                failed.append(seed)
+                say(f"seed {seed}: FAILED (exit {proc.returncode}; log {os.path.join(folder, 'sweep.log')})")
+            else:
+                runs[seed] = metrics
+                say(f"seed {seed}: test_accuracy {metrics.get('test_accuracy')} ({seconds[seed]:.0f} s)")
+
+        try:
+            while pending or procs:
+                while pending and len(procs) < jobs:
+                    start(pending.pop(0))
+                for seed in list(procs):
+                    if procs[seed][0].poll() is not None:
+                        finish(seed)
+                time.sleep(0.2)
+        finally:
+            for proc, log, _ in procs.values():   # interrupted: stop the seeds (each resumable from its checkpoint)
+                proc.terminate()
+                proc.wait()
+                log.close()
+        ordered = {seed: runs[seed] for seed in seeds if seed in runs}
+        summary = {"name": name, "config": config, "overrides": overrides, "tfidf": tfidf,
+                   "seeds": list(seeds), "seed_keys": list(seed_keys) if tfidf is None else ["data.seed"],
+                   "runs": {str(s): m for s, m in ordered.items()}, "failed": sorted(failed),
+                   "seconds_per_seed": {str(s): v for s, v in sorted(seconds.items())},
+                   "wall_seconds": time.perf_counter() - t0,
+                   "metrics": summarize(ordered) if ordered else {}}
+        write_summary(root, summary)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# The README's comparison table
+# --------------------------------------------------------------------------------------------
+
+def _row(summary: Dict[str, Any]) -> str:
+    m = summary["metrics"]
+    acc = _fmt(m["test_accuracy"], 100) + " %"
+    val = _fmt(m["val_accuracy"], 100) + " %"
+    secs = _fmt(m["train_seconds"], digits=0) if "train_seconds" in m else "n/a"
+    if "energy_increases" in m:
+        steps = int(m["energy_steps"]["mean"])
+        energy = (f"{_fmt(m['energy_increases'], digits=0)} / {_fmt(m['untrained.energy_increases'], digits=0)} "
+                  f"of {steps:,}")
+    else:
+        energy = "n/a"
+    return f"| {summary['name']} | {acc} | {val} | {secs} | {energy} | {len(summary['runs'])} |"
+
+
+def table(roots: Sequence[str]) -> str:
+    """A markdown table, one row per sweep folder: test and validation accuracy, training seconds and the
+    float64 energy increases on the test set (trained / untrained), each mean ± std over the seeds."""
+    lines = ["| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
+             "|---|---|---|---|---|---|"]
+    for root in roots:
+        summary = _read_json(os.path.join(root, SUMMARY_JSON))
+        if summary is None:
+            raise ConfigError(f"--table {root!r}: no readable {SUMMARY_JSON} (run the sweep first)")
+        if not summary.get("runs"):
+            raise ConfigError(f"--table {root!r}: the sweep has no finished seed")
+        lines.append(_row(summary))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
+    p.add_argument("--config", default=None, help="a config file or a shipped config's name (e.g. default)")
+    p.add_argument("--seeds", type=positive_int, default=5, help="number of seeds (default 5)")
+    p.add_argument("--first-seed", type=seed_int, default=0)
+    p.add_argument("--seed-keys", default=",".join(SEED_KEYS),
+                   help=f"comma-separated config keys set to the seed (default {','.join(SEED_KEYS)})")
+    p.add_argument("--run-dir", default=None, help="sweep folder (default runs/sweep-NAME)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="seeds run at once (default 1)")
+    p.add_argument("--tfidf", action="store_true", help="sweep the TF-IDF baseline over split seeds")
+    p.add_argument("--dataset", default="rotten_tomatoes", help="with --tfidf: the dataset")
+    p.add_argument("--table", nargs="+", metavar="DIR", help="print the comparison table of finished sweeps")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides for every seed")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        if args.table:
+            print(table(args.table), end="")
+            return 0
+        keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()]
+        if not keys:
+            raise ConfigError(f"--seed-keys {args.seed_keys!r} names no key")
+        clash = [o for o in args.overrides if o.split("=", 1)[0].strip() in keys]
+        if clash:
+            raise ConfigError(f"override(s) {clash} set a seed key; the sweep sets {', '.join(keys)} itself")
+        if args.tfidf and (args.config or args.overrides):
+            raise ConfigError("--tfidf takes --dataset, not --config or overrides")
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        if args.tfidf:
+            name = f"tfidf-{args.dataset}"
+        else:
+            name = load_config(args.config, args.overrides)["name"]
+        root = args.run_dir if args.run_dir is not None else os.path.join("runs", f"sweep-{name}")
+        if not root.strip():
+            raise ConfigError("--run-dir must name a folder, got an empty path")
+        summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
+                            tfidf=args.dataset if args.tfidf else None, imports=_imports(argv),
+                            say=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
+        acc = summary["metrics"].get("test_accuracy")
+        print(json_dumps({"run_dir": root, "seeds": summary["seeds"], "failed": summary["failed"],
+                          "test_accuracy": acc, "wall_seconds": summary["wall_seconds"]}))
+        return 1 if summary["failed"] else 0
+
+    return run_main(PROG, body, argv)
+
+
+def _imports(argv) -> List[str]:
+    """The ``--import`` modules of this command line, passed on to every seed's process."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = []
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a == "--import" and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith("--import="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

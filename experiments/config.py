@@ -35,6 +35,9 @@ DEFAULTS: Dict[str, Any] = {
         "data_dir": None,               # default $UNFOLD_DATA or ~/.cache/unfolded-transformers
         "text_field": "text",
         "label_field": "label",
+        "splits": None,                 # hf: datasets: {train: NAME, val: NAME, test: NAME}, any subset; null:
+                                        # train; validation | val | dev; test (a missing val/test is carved
+                                        # from train 80/10/10)
     },
     "model": {
         "mode": "guaranteed",           # guaranteed | free | baseline
@@ -74,11 +77,12 @@ DEFAULTS: Dict[str, Any] = {
         "check_dtype": "float64",       # dtype of the descent check on the test set
         "max_train_examples": None,     # subsample the training split (smoke runs)
         "progress": True,
+        "tensorboard": True,            # scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed
     },
 }
 
 NULLABLE = {
-    ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("model", "d_head"): (int,),
+    ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("data", "splits"): (dict,), ("model", "d_head"): (int,),
     ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
     ("train", "monitor"): (str,),
 }
@@ -109,6 +113,26 @@ class Range:
         lo = f"{'(' if self.lo_open else '['}{fmt(self.lo)}"
         hi = f"{fmt(self.hi)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
         return f"{what} in {lo}, {hi}"
+
+
+@dataclass(frozen=True)
+class KeyMap:
+    """A non-empty mapping whose keys are among ``keys`` and whose values are non-empty strings; ``rule`` says in
+    words what is accepted."""
+
+    keys: tuple
+    rule: str
+
+    def problem(self, value: dict) -> Optional[str]:
+        """What is wrong with ``value`` (the first key or value at fault), or ``None``."""
+        if not value:
+            return "an empty mapping"
+        for key, item in value.items():
+            if key not in self.keys:
+                return f"key {_show(key)} (valid keys: {', '.join(self.keys)})"
+            if not isinstance(item, str) or not item.strip():
+                return f"{key}: {_show(item)}, not a non-empty string"
+        return None
 
 
 @dataclass(frozen=True)
@@ -190,6 +214,8 @@ RULES: Dict[tuple, Any] = {
     ("data", "data_dir"): Text(),
     ("data", "text_field"): Text(),
     ("data", "label_field"): Text(),
+    ("data", "splits"): KeyMap(("train", "val", "test"), "null or a mapping of train/val/test to split names of the "
+                               "dataset, e.g. {val: validation}"),
     ("model", "d"): Range(1, MAX_SIZE, integer=True),
     ("model", "heads"): Range(1, 1024, integer=True),
     ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
@@ -265,6 +291,10 @@ def _check_rule(where: tuple, value) -> None:
             raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
         if not rule.holds(value):
             raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
+    elif isinstance(rule, KeyMap):
+        why = rule.problem(value)
+        if why:
+            raise ConfigError(f"config key {name!r} must be {rule.rule}; got {why}")
     elif isinstance(rule, Text):
         if not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value)):
             raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")

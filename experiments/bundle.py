@@ -21,7 +21,8 @@ import copy
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -70,7 +71,9 @@ def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
 class Prediction:
     """One text's prediction: label name and id, class probabilities, and the float64 energy at every layer
     boundary (``energies[t]`` = E(Y_t), t = 0..T; ``energy_terms`` per term) with the descent check's count of
-    increases beyond tolerance, of non-finite steps, and its verdict."""
+    increases beyond tolerance, of non-finite steps, and its verdict (``non-finite`` as well when a probability
+    is not finite: a NaN weight never reads as descent); ``tokens`` counted after truncation to ``data.max_len``
+    (``truncated`` says whether the text was longer)."""
 
     text: str
     label: str
@@ -83,6 +86,7 @@ class Prediction:
     descent: bool
     verdict: str
     tokens: int
+    truncated: bool
 
     def to_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
@@ -98,7 +102,6 @@ class TrainedModel:
     label_names: List[str]
     data_fingerprint: Optional[Dict[str, Any]] = None
     dataset: Optional[str] = None
-    _checker: Optional[SequenceClassifier] = field(default=None, repr=False)
 
     @classmethod
     def from_pretrained(cls, folder: str, map_location="cpu") -> "TrainedModel":
@@ -128,10 +131,9 @@ class TrainedModel:
         return self.model(ids, mask, trace=False).logits
 
     def _energy_model(self) -> SequenceClassifier:
-        dtype = CHECK_DTYPES[self.config["train"]["check_dtype"]]
-        if self._checker is None or next(self._checker.parameters()).dtype != dtype:
-            self._checker = copy.deepcopy(self.model).to(dtype).eval()
-        return self._checker
+        """A copy of the model as it is now (weights, device) in ``train.check_dtype``: made per call, so that
+        weights changed in place are never checked through a stale copy."""
+        return copy.deepcopy(self.model).to(CHECK_DTYPES[self.config["train"]["check_dtype"]]).eval()
 
     @torch.no_grad()
     def predict(self, texts: Sequence[str], batch_size: int = 64,
@@ -158,9 +160,11 @@ class TrainedModel:
             terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
             inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
             lengths = mask.sum(1).cpu()
+            from .data import tokenize
+
             for i, text in enumerate(chunk):
                 k = int(probs[i].argmax())
-                n_inc, n_bad = int(inc[i]), int(nonfinite[i])
+                n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
                 ok = n_inc == 0 and n_bad == 0
                 out.append(Prediction(
                     text=text, label=self.label_names[k], label_id=k,
@@ -169,7 +173,7 @@ class TrainedModel:
                     energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
                     increases=n_inc, nonfinite=n_bad, descent=ok,
                     verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-                    tokens=int(lengths[i])))
+                    tokens=int(lengths[i]), truncated=len(tokenize(text)) > self.config["data"]["max_len"]))
         return out
 
 
@@ -192,6 +196,15 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
             raise CheckpointError(f"{path} has no {key!r}")
     if manifest["weights"] not in WEIGHTS:
         raise CheckpointError(f"{path}: weights {manifest['weights']!r} must be one of {list(WEIGHTS)}")
+    names = manifest["label_names"]
+    if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
+            or len(set(names)) != len(names):
+        raise CheckpointError(f"{path}: label_names must be at least two distinct strings, got {names!r:.200}")
+    hashes, files = manifest["sha256"], {manifest["weights"], "config.yaml", "vocab.json"}
+    if not isinstance(hashes, dict) or set(hashes) != files or not all(
+            isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()):
+        raise CheckpointError(f"{path}: sha256 must map exactly {sorted(files)} to 64-digit hex digests, got "
+                              f"{hashes!r:.200}")
     return manifest
 
 
@@ -277,10 +290,18 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
     with atomic_open(os.path.join(folder, "config.yaml"), "w") as fh:
         fh.write(dump_config(trained.config))
     trained.vocab.save(os.path.join(folder, "vocab.json"))
-    write_bundle_manifest(folder, "model.pt", trained.label_names, trained.data_fingerprint, trained.dataset)
-    back = load_model(folder)
-    probe = ["a", ""]
-    if not torch.equal(back.logits(probe).cpu(), trained.logits(probe).cpu()):
-        raise CheckpointError(f"{folder}: the bundle read back gives other logits than the model saved")
+    manifest = write_bundle_manifest(folder, "model.pt", trained.label_names, trained.data_fingerprint,
+                                     trained.dataset)
+    try:
+        back = load_model(folder, map_location=trained.device)
+        sd, saved = back.model.state_dict(), trained.model.state_dict()
+        same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) or (
+            sd[k].is_floating_point() and torch.allclose(sd[k].cpu(), saved[k].cpu(), rtol=0, atol=0, equal_nan=True))
+            for k in sd)
+        if not same:
+            raise CheckpointError(f"{folder}: the bundle read back holds other weights than the model saved")
+    except BaseException:
+        os.unlink(manifest)             # not a bundle unless it reads back as the model saved
+        raise
     return folder
 

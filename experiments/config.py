@@ -404,8 +404,8 @@ def resolve_config(spec: str) -> str:
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"--config must name a config file or a shipped config, got {spec!r}; shipped: "
                           f"{', '.join(config_names())}")
-    if os.path.exists(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
-        return spec                     # a path: read (and its problems reported) as a path
+    if os.path.isfile(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
+        return spec                     # a file, or a path: read (and its problems reported) as a path
     stem = spec[:-5] if spec.endswith(".yaml") else spec
     shipped = CONFIG_DIR / f"{stem}.yaml"
     if stem in config_names():

@@ -27,6 +27,9 @@ PROG = "python -m experiments.predict"
 
 def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
     """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped)."""
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ConfigError(f"--text number {empty[0] + 1} is empty: there is nothing to classify")
     out = list(texts)
     for path in files:
         if path == "-":
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
         texts = read_texts(args.text, args.file)
         from .train import check_device
 
-        trained = load_model(args.run_dir, map_location=check_device(args.device))
+        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device"))
         predictions = trained.predict(texts, batch_size=args.batch_size)
         for pred in predictions:
             if args.json:

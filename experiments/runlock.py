@@ -21,7 +21,10 @@ __all__ = ["RunLock", "RunFolderError", "check_fresh", "check_writable", "RUN_FI
 
 LOCK = ".lock"
 #: files that mark a folder as holding a run (its results or checkpoints)
-RUN_FILES = ("metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt")
+RUN_FILES = ("metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt", "bundle.json",
+             "model.pt")
+#: what a run writes besides: removed with it by ``--overwrite`` (two runs never share a log or a metrics file)
+RUN_LOGS = ("train.log", "metrics.csv", "tensorboard")
 
 
 class RunFolderError(UnfoldError):
@@ -91,9 +94,13 @@ def check_fresh(run_dir: str, overwrite: bool = False) -> None:
         raise RunFolderError(f"run folder {run_dir!r} already holds a {'finished' if finished else 'interrupted'} "
                              f"run ({', '.join(present)}): use --overwrite to replace it"
                              + ("" if finished else f", or --resume {run_dir} to continue it"))
-    for f in present + ["prev.pt.corrupt", "last.pt.corrupt"]:
+    for f in present + ["prev.pt.corrupt", "last.pt.corrupt", *RUN_LOGS]:
+        path = os.path.join(run_dir, f)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+            continue
         try:
-            os.unlink(os.path.join(run_dir, f))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 

@@ -46,25 +46,37 @@ def seed_dir(root: str, seed: int) -> str:
     return os.path.join(root, f"seed-{seed}")
 
 
+NONFINITE_TEXT = {"nan", "inf", "-inf", "infinity", "-infinity"}
+
+
 def flatten(metrics: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
-    """The numeric leaves of ``metrics`` (bools and strings skipped), nested keys joined by dots."""
+    """The numeric leaves of ``metrics`` (bools and other strings skipped), nested keys joined by dots. A value
+    that is not finite, as a float or as the text strict JSON writes for one (``"nan"``, ``"inf"``), is kept
+    as ``nan``/``inf`` so that :func:`summarize` counts it instead of dropping it."""
     out: Dict[str, float] = {}
     for key, value in metrics.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flatten(value, name + "."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = float(value)
+        elif isinstance(value, str) and value.strip().lower() in NONFINITE_TEXT:
+            out[name] = float(value.strip().lower().replace("infinity", "inf"))
     return out
 
 
 def describe(values: Sequence[float]) -> Dict[str, Any]:
-    """``{mean, std, min, max, n}``: ``std`` is the sample standard deviation (divisor ``n - 1``), ``None`` for
-    one value (it is not zero: one run says nothing about the spread)."""
-    n = len(values)
-    mean = math.fsum(values) / n
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": n}
+    """``{mean, std, min, max, n, nonfinite}`` over the finite ``values`` (``n`` of them; ``nonfinite`` counts the
+    others, which make no mean but are never hidden): ``std`` is the sample standard deviation (divisor
+    ``n - 1``), ``None`` for one value (it is not zero: one run says nothing about the spread); all ``None``
+    when no value is finite."""
+    finite = [v for v in values if math.isfinite(v)]
+    n, bad = len(finite), len(values) - len(finite)
+    if not n:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0, "nonfinite": bad}
+    mean = math.fsum(finite) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "std": std, "min": min(finite), "max": max(finite), "n": n, "nonfinite": bad}
 
 
 def summarize(runs: Dict[int, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
@@ -80,9 +92,12 @@ def summarize(runs: Dict[int, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
 
 
 def _fmt(stat: Dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    bad = f" ({stat['nonfinite']} non-finite)" if stat.get("nonfinite") else ""
+    if stat["mean"] is None:
+        return "non-finite" + bad
     if stat["std"] is None:
-        return f"{stat['mean'] * scale:.{digits}f}"
-    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+        return f"{stat['mean'] * scale:.{digits}f}{bad}"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}{bad}"
 
 
 def markdown(summary: Dict[str, Any]) -> str:
@@ -90,9 +105,11 @@ def markdown(summary: Dict[str, Any]) -> str:
     lines = [f"# Sweep {summary['name']}: {len(summary['seeds'])} seeds", "",
              f"Seeds {summary['seeds']} (keys {', '.join(summary['seed_keys'])}); finished {len(summary['runs'])}, "
              f"failed {summary['failed'] or 'none'}; wall {summary['wall_seconds']:.0f} s.", "",
+             *([f"Note: {summary['note']}", ""] if summary.get("note") else []),
              "| metric | mean ± std | min | max | n |", "|---|---|---|---|---|"]
     for key, stat in summary["metrics"].items():
-        lines.append(f"| {key} | {_fmt(stat, digits=6)} | {stat['min']:.6g} | {stat['max']:.6g} | {stat['n']} |")
+        lo, hi = ("-", "-") if stat["min"] is None else (f"{stat['min']:.6g}", f"{stat['max']:.6g}")
+        lines.append(f"| {key} | {_fmt(stat, digits=6)} | {lo} | {hi} | {stat['n']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +142,19 @@ def _finished(folder: str, cfg: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return metrics if same else None
 
 
+def _holds_config(folder: str, cfg: Dict[str, Any]) -> Optional[bool]:
+    """Whether the run in ``folder`` was started with ``cfg`` (``None``: the folder holds no config)."""
+    if not os.path.isfile(os.path.join(folder, "config.yaml")):
+        return None
+    try:
+        return load_config(os.path.join(folder, "config.yaml")) == cfg
+    except ConfigError:
+        return False
+
+
 def _train_command(config: Optional[str], overrides: List[str], folder: str, imports: List[str]) -> List[str]:
+    """The seed's training command: ``--resume`` for an interrupted run of the same config (checked by the
+    caller), a new run otherwise (which the trainer refuses in a folder holding another run)."""
     base = [sys.executable, "-m", "experiments.train"] + [f"--import={m}" for m in imports]
     if os.path.isfile(os.path.join(folder, LAST)):        # an interrupted seed: continue it
         return base + ["--resume", folder]
@@ -166,6 +195,10 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
             if done is not None:
                 say(f"seed {seed}: finished already ({folder})")
                 runs[seed] = done
+            elif tfidf is None and _holds_config(folder, configs[seed]) is False:
+                failed.append(seed)         # never resumed, overwritten or counted under another config
+                say(f"seed {seed}: FAILED: {folder} holds a run of another config (move it away, or use another "
+                    "--run-dir)")
             else:
                 pending.append(seed)
         procs: Dict[int, Any] = {}
@@ -214,9 +247,12 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                         finish(seed)
                 time.sleep(0.2)
         finally:
-            for proc, log, _ in procs.values():   # interrupted: stop the seeds (each resumable from its checkpoint)
-                proc.terminate()
-                proc.wait()
+            for proc, log, _ in procs.values():   # interrupted: each seed got the Ctrl-C too; let it stop cleanly
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.terminate()
+                    proc.wait()
                 log.close()
         ordered = {seed: runs[seed] for seed in seeds if seed in runs}
         summary = {"name": name, "config": config, "overrides": overrides, "tfidf": tfidf,
@@ -224,9 +260,24 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                    "runs": {str(s): m for s, m in ordered.items()}, "failed": sorted(failed),
                    "seconds_per_seed": {str(s): v for s, v in sorted(seconds.items())},
                    "wall_seconds": time.perf_counter() - t0,
-                   "metrics": summarize(ordered) if ordered else {}}
+                   "metrics": summarize(ordered) if ordered else {}, "note": _same_split_note(root, ordered, seed_keys)}
         write_summary(root, summary)
     return summary
+
+
+def _same_split_note(root: str, runs: Dict[int, Any], seed_keys: Sequence[str]) -> Optional[str]:
+    """A warning when ``data.seed`` is swept but every seed tested on the same examples (a dataset with its own
+    splits, which is not resplit): the spread then leaves out the test-set noise."""
+    if "data.seed" not in seed_keys or len(runs) < 2:
+        return None
+    tests = set()
+    for seed in runs:
+        bundle = _read_json(os.path.join(seed_dir(root, seed), "bundle.json")) or {}
+        tests.add((bundle.get("data_fingerprint") or {}).get("test"))
+    if len(tests) == 1 and None not in tests:
+        return ("every seed tested on the same test split (the dataset has fixed splits; data.seed does not resplit "
+                "it): the spread is that of training only")
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,7 +289,7 @@ def _row(summary: Dict[str, Any]) -> str:
     acc = _fmt(m["test_accuracy"], 100) + " %"
     val = _fmt(m["val_accuracy"], 100) + " %"
     secs = _fmt(m["train_seconds"], digits=0) if "train_seconds" in m else "n/a"
-    if "energy_increases" in m:
+    if "energy_increases" in m and "untrained.energy_increases" in m and m["energy_steps"]["mean"] is not None:
         steps = int(m["energy_steps"]["mean"])
         energy = (f"{_fmt(m['energy_increases'], digits=0)} / {_fmt(m['untrained.energy_increases'], digits=0)} "
                   f"of {steps:,}")
@@ -288,8 +339,9 @@ def main(argv=None) -> int:
         clash = [o for o in args.overrides if o.split("=", 1)[0].strip() in keys]
         if clash:
             raise ConfigError(f"override(s) {clash} set a seed key; the sweep sets {', '.join(keys)} itself")
-        if args.tfidf and (args.config or args.overrides):
-            raise ConfigError("--tfidf takes --dataset, not --config or overrides")
+        if args.tfidf and (args.config or args.overrides or args.seed_keys != ",".join(SEED_KEYS)):
+            raise ConfigError("--tfidf takes --dataset (its seed is the split seed), not --config, --seed-keys or "
+                              "overrides")
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         if args.tfidf:
             name = f"tfidf-{args.dataset}"

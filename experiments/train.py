@@ -87,14 +87,20 @@ def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
     return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)
 
 
-def check_device(spec: str) -> torch.device:
-    """``train.device`` as a device this machine has (CUDA present, the index in range), before any work."""
-    device = torch.device(spec)
+def check_device(spec: str, what: str = "train.device") -> torch.device:
+    """``spec`` (named ``what`` in messages) as a device this machine has: cpu, or CUDA present with the index in
+    range, before any work."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"{what}={spec!r} is not a device; valid: cpu | cuda | cuda:K") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{what}={spec!r}: only cpu and cuda devices run the model")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={spec!r} but CUDA is not available on this machine")
+            raise ConfigError(f"{what}={spec!r} but CUDA is not available on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={spec!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise ConfigError(f"{what}={spec!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
@@ -391,16 +397,18 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
                 seen += labels.numel() * int(weight)
                 energy = {}
+                row = csv_log is not None and not dd.enabled    # distributed: epoch rows only (global figures)
                 if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
                     rep = out.report(monitor.tol_factor)
                     train_inc += rep.num_increases
                     train_steps += rep.steps
                     monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
-                    totals = rep.totals
-                    energy = {"energy_increases": rep.num_increases, "energy_steps": rep.steps,
-                              "energy_first_mean": float(totals[:, 0].mean()),
-                              "energy_last_mean": float(totals[:, -1].mean())}
-                if csv_log is not None and not dd.enabled:   # distributed: epoch rows only (global figures)
+                    if row:
+                        totals = rep.totals
+                        energy = {"energy_increases": rep.num_increases, "energy_steps": rep.steps,
+                                  "energy_first_mean": float(totals[:, 0].mean()),
+                                  "energy_last_mean": float(totals[:, -1].mean())}
+                if row:
                     csv_log.write("step", epoch, (epoch - 1) * steps_per_epoch + i, loss=float(loss.item()),
                                   accuracy=float((out.logits.argmax(-1) == labels).float().mean()), lr=lr,
                                   seconds=time.perf_counter() - t_start, **energy)

@@ -89,9 +89,17 @@ def test_prediction_carries_energy_and_descent(trained):
         assert p.energies[-1] <= p.energies[0]
 
 
-def test_a_changed_bundle_file_is_refused(trained, tmp_path):
+def copy_run(trained, tmp_path, bundle=True):
+    """A copy of the trained run folder (without bundle.json: a run from before bundles)."""
     copy = tmp_path / "copy"
     shutil.copytree(trained[0], copy)
+    if not bundle:
+        (copy / BUNDLE).unlink()
+    return copy
+
+
+def test_a_changed_bundle_file_is_refused(trained, tmp_path):
+    copy = copy_run(trained, tmp_path)
     load_model(copy)                                                    # control: the intact copy loads
     with open(copy / "vocab.json", "r+") as fh:
         vocab = json.load(fh)
@@ -103,19 +111,14 @@ def test_a_changed_bundle_file_is_refused(trained, tmp_path):
 
 
 def test_weights_are_loaded_without_executing_code(trained, tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(trained[0], copy)
-    (copy / BUNDLE).unlink()
+    copy = copy_run(trained, tmp_path, bundle=False)
     torch.save({"model": {"x": torch.zeros(1)}, "evil": ConfigError("x")}, copy / "best.pt")
     with pytest.raises(CheckpointError, match="not loaded"):
         load_model(copy)
 
 
 def test_a_run_from_before_bundles_loads_its_label_names_from_its_data(trained, tmp_path):
-    copy = tmp_path / "old"
-    shutil.copytree(trained[0], copy)
-    (copy / BUNDLE).unlink()
-    old = load_model(copy)
+    old = load_model(copy_run(trained, tmp_path, bundle=False))
     assert old.label_names == ["bad", "good"]
     assert [p.to_dict() for p in old.predict(TEXTS)] == [p.to_dict() for p in load_model(trained[0]).predict(TEXTS)]
 
@@ -271,10 +274,12 @@ def test_sweep_refuses_an_override_of_a_seed_key():
 
 
 def test_summary_statistics():
-    assert S.describe([1.0]) == {"mean": 1.0, "std": None, "min": 1.0, "max": 1.0, "n": 1}
+    assert S.describe([1.0]) == {"mean": 1.0, "std": None, "min": 1.0, "max": 1.0, "n": 1, "nonfinite": 0}
     d = S.describe([1.0, 2.0, 4.0])
     assert d["mean"] == pytest.approx(7 / 3) and d["std"] == pytest.approx(1.5275252316519468)
-    assert S.flatten({"a": 1, "b": {"c": 2.5, "d": True, "e": "x"}, "f": float("nan")}) == {"a": 1.0, "b.c": 2.5}
+    flat = S.flatten({"a": 1, "b": {"c": 2.5, "d": True, "e": "x"}, "f": float("nan"), "g": "-inf"})
+    assert set(flat) == {"a", "b.c", "f", "g"} and flat["a"] == 1.0 and flat["b.c"] == 2.5
+    assert flat["f"] != flat["f"] and flat["g"] == float("-inf")        # kept, to be counted as non-finite
 
 
 CONSOLE = ["unfold-train", "unfold-check", "unfold-predict", "unfold-sweep", "unfold-data"]
@@ -346,3 +351,90 @@ def test_an_offline_hf_folder_trains_and_its_bundle_keeps_the_classlabel_names(t
     bad = run("experiments.train", "--config", "tiny", "--run-dir", tmp_path / "q", f"data.dataset=hf:{fixture}",
               "data.splits={train: train, val: dev}")
     assert bad.returncode == 2 and "dev" in bad.stderr and not (tmp_path / "q").exists()
+
+
+def test_the_readme_python_block_runs(trained, tmp_path, capsys):
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("## Use a trained model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert 'load_model("runs/default")' in code
+    code = code.replace("runs/default", str(trained[0])).replace("exported/rt-default", str(tmp_path / "exp"))
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.split()[0] in ("bad", "good") and line.endswith(" descent 0")
+                                   for line in lines)
+    assert load_model(tmp_path / "exp").label_names == ["bad", "good"]
+
+
+def test_predict_checks_the_weights_as_they_are_now_and_nan_is_never_descent(trained):
+    model = load_model(trained[0])
+    before = model.predict(TEXTS[:1])[0]
+    with torch.no_grad():
+        for p in model.model.parameters():
+            p.add_(0.05)
+    after = model.predict(TEXTS[:1])[0]
+    assert after.energies != before.energies                           # no stale float64 copy
+    with torch.no_grad():
+        model.model.head.weight.fill_(float("nan"))
+    bad = model.predict(TEXTS[:1])[0]
+    assert not bad.descent and bad.verdict == "non-finite" and bad.nonfinite >= 1
+
+
+def test_prediction_says_when_a_text_was_truncated(trained):
+    model = load_model(trained[0])
+    max_len = model.config["data"]["max_len"]
+    long, short = model.predict([" ".join(["good"] * (max_len + 5)), "good"])
+    assert long.truncated and long.tokens == max_len and not short.truncated and short.tokens == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(sha256={}), "sha256 must map exactly"),
+    (lambda m: m.update(sha256=["x"]), "sha256 must map exactly"),
+    (lambda m: m.update(label_names=["a", "a"]), "distinct strings"),
+    (lambda m: m.update(weights="../evil.pt"), "must be one of"),
+    (lambda m: m.update(version=99), "bundle version"),
+])
+def test_a_malformed_manifest_is_refused(trained, tmp_path, change, message):
+    copy = copy_run(trained, tmp_path)
+    manifest = json.loads((copy / BUNDLE).read_text())
+    change(manifest)
+    (copy / BUNDLE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=message):
+        load_model(copy)
+
+
+def test_training_into_a_saved_bundle_is_refused(trained, tmp_path):
+    out = save_model(load_model(trained[0]), tmp_path / "b")
+    proc = run("experiments.train", "--config", "tiny", "--run-dir", out, f"data.dataset={trained[1]}",
+               "data.glove=none")
+    assert proc.returncode == 2 and "already holds" in proc.stderr
+    load_model(out)                                                     # intact
+
+
+@pytest.mark.parametrize("args, message", [(["--text", "x", "--device", "gpu"], "--device='gpu' is not a device"),
+                                           (["--text", "  "], "is empty")])
+def test_predict_refuses_a_bad_device_or_empty_text(trained, args, message):
+    proc = run("experiments.predict", trained[0], *args)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_a_sweep_never_resumes_a_seed_under_another_config(tmp_path):
+    data = named_label_dir(tmp_path / "toy", n_train=64, n_eval=32)
+    root = tmp_path / "sweep"
+    base = ["--config", "tiny", "--seeds", "1", "--run-dir", root, f"data.dataset={data}", "data.glove=none",
+            "train.progress=false", "model.layers=1", "train.tensorboard=false"]
+    assert run("experiments.sweep", *base).returncode == 0
+    stamp = (root / "seed-0" / "config.yaml").read_text()
+    proc = run("experiments.sweep", *base, "train.lr=0.05")
+    assert proc.returncode == 1 and "another config" in proc.stderr
+    assert (root / "seed-0" / "config.yaml").read_text() == stamp
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["failed"] == [0] and summary["runs"] == {}
+    assert summary["note"] is None                                      # one seed: nothing to compare
+
+
+def test_summary_counts_nonfinite_metrics_instead_of_hiding_them():
+    stats = S.summarize({0: {"test_loss": 0.4}, 1: {"test_loss": "nan"}, 2: {"test_loss": 0.5}})
+    assert stats["test_loss"]["n"] == 2 and stats["test_loss"]["nonfinite"] == 1
+    assert "1 non-finite" in S._fmt(stats["test_loss"])
+    assert S.describe([float("nan")])["mean"] is None

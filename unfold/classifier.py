@@ -17,7 +17,7 @@ from torch import nn
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError
 
-from .encoders import Encoder, bool_mask, check_mask_values
+from .encoders import Encoder, bool_mask
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "TokenEmbedding", "SequenceClassifier", "masked_mean", "upgrade_state_dict"]
@@ -127,13 +127,15 @@ class SequenceClassifier(nn.Module):
         """``ids`` and ``mask`` (or Hugging Face's ``input_ids`` and ``attention_mask``, 0/1 integers); ``layers``
         unrolls the shared step more or fewer times than trained (guaranteed encoder), or runs the first layers
         only (untied encoders)."""
+        if mask is not None and attention_mask is not None:
+            raise ConfigError("pass mask or attention_mask, not both")
+        if ids is not None and input_ids is not None:
+            raise ConfigError("pass ids or input_ids, not both")
         ids = input_ids if ids is None else ids
         mask = attention_mask if mask is None else mask
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
             raise ConfigError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
-        if self.validate:
-            check_mask_values(mask)
-        mask = bool_mask(mask, ids.shape, ids.device, "ids")
+        mask = bool_mask(mask, ids.shape, ids.device, "ids", validate=self.validate)
         if self.validate and not bool(mask.any(1).all()):
             raise ConfigError("every example needs at least one real token (mask row all False)")
         graph = self.encoder.token_graph(mask)

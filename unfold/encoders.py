@@ -82,11 +82,11 @@ class EncoderOutput:
         return report_from_values(self.energies, self.Y.dtype, tol_factor, self.guaranteed)
 
 
-def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens") -> torch.Tensor:
+def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens", validate: bool = False) -> torch.Tensor:
     """A padding mask as bool ``(B, n)``: None means all real, an integer 0/1 attention mask (Hugging Face's
     convention) is read as ``mask != 0``; its shape must be ``shape``. A floating mask is refused: torch's float
     attention masks are additive (0 keeps, -inf drops), the opposite reading of a 0/1 mask. Whether an integer
-    mask holds only 0 and 1 is a host read, checked by :func:`check_mask_values` behind ``validate=True``."""
+    mask holds only 0 and 1 is a host read, checked (:func:`check_mask_values`) only with ``validate=True``."""
     if mask is None:
         return torch.ones(tuple(shape), dtype=torch.bool, device=device)
     if not isinstance(mask, torch.Tensor):
@@ -94,6 +94,8 @@ def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens")
     if mask.dtype.is_floating_point or mask.dtype.is_complex:
         raise ConfigError(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
                           "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
+    if validate:
+        check_mask_values(mask)
     if mask.dtype != torch.bool:
         mask = mask != 0
     if tuple(mask.shape) != tuple(shape):
@@ -151,9 +153,8 @@ class Encoder(nn.Module):
                 trace: bool = False, keep_states: bool = False, layers: Optional[int] = None) -> EncoderOutput:
         if X.ndim != 3 or X.shape[-1] != self.d:
             raise ConfigError(f"tokens must be (B, n, {self.d}), got {tuple(X.shape)}")
-        if self.validate:
-            check_mask_values(mask)
-        mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device)
+        mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device,
+                         validate=self.validate)
         graph = self.token_graph(mask) if graph is None else graph
         if self.validate:
             check_tokens(X, graph, "X")

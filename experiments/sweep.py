@@ -161,14 +161,15 @@ def _train_command(config: Optional[str], overrides: List[str], folder: str, imp
     return base + (["--config", config] if config else []) + ["--run-dir", folder] + overrides
 
 
-def _tfidf_command(dataset: str, seed: int, imports: List[str]) -> List[str]:
-    return [sys.executable, "-m", "experiments.tfidf", "--dataset", dataset, "--seed", str(seed), "--json"] + [
+def _tfidf_command(dataset: str, seed: int, imports: List[str], max_train: Optional[int] = None) -> List[str]:
+    limit = [] if max_train is None else ["--max-train-examples", str(max_train)]
+    return [sys.executable, "-m", "experiments.tfidf", "--dataset", dataset, "--seed", str(seed), "--json"] + limit + [
         f"--import={m}" for m in imports]
 
 
 def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, overrides: Sequence[str] = (),
               seed_keys: Sequence[str] = SEED_KEYS, jobs: int = 1, tfidf: Optional[str] = None,
-              imports: Sequence[str] = (), say=print) -> Dict[str, Any]:
+              imports: Sequence[str] = (), say=print, max_train: Optional[int] = None) -> Dict[str, Any]:
     """Run (or finish) the sweep in ``root`` and write its summary (module docstring); returns the summary."""
     imports, overrides = list(imports), list(overrides)
     configs = {}
@@ -191,7 +192,8 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                 done = _finished(folder, configs[seed])
             else:
                 done = _read_json(os.path.join(folder, "metrics.json"))
-                done = done if done and done.get("seed") == seed and done.get("dataset_spec") == tfidf else None
+                done = done if done and done.get("seed") == seed and done.get("dataset_spec") == tfidf and \
+                    done.get("max_train_examples") == max_train else None
             if done is not None:
                 say(f"seed {seed}: finished already ({folder})")
                 runs[seed] = done
@@ -211,7 +213,7 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                 log = open(os.path.join(folder, "sweep.log"), "ab")
                 out = log
             else:
-                cmd = _tfidf_command(tfidf, seed, imports)
+                cmd = _tfidf_command(tfidf, seed, imports, max_train)
                 log = open(os.path.join(folder, "sweep.log"), "ab")
                 out = subprocess.PIPE
             say(f"seed {seed}: {' '.join(cmd[1:])}")
@@ -227,7 +229,7 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                 import json
 
                 result = json.loads(stdout.decode().strip().splitlines()[-1])
-                result.update(dataset_spec=tfidf, train_seconds=result["seconds"])
+                result.update(dataset_spec=tfidf, train_seconds=result["seconds"], max_train_examples=max_train)
                 with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
                     fh.write(json_dumps(result, indent=1) + "\n")
             metrics = _read_json(os.path.join(folder, "metrics.json")) if proc.returncode == 0 else None
@@ -325,6 +327,8 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=positive_int, default=1, help="seeds run at once (default 1)")
     p.add_argument("--tfidf", action="store_true", help="sweep the TF-IDF baseline over split seeds")
     p.add_argument("--dataset", default="rotten_tomatoes", help="with --tfidf: the dataset")
+    p.add_argument("--max-train-examples", type=positive_int, default=None, metavar="N",
+                   help="with --tfidf: its first N training examples only (as train.max_train_examples)")
     p.add_argument("--table", nargs="+", metavar="DIR", help="print the comparison table of finished sweeps")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for every seed")
     args = p.parse_args(argv)
@@ -343,6 +347,9 @@ def main(argv=None) -> int:
             raise ConfigError("--tfidf takes --dataset (its seed is the split seed), not --config, --seed-keys or "
                               "overrides")
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        if args.max_train_examples is not None and not args.tfidf:
+            raise ConfigError("--max-train-examples goes with --tfidf; a training sweep takes "
+                              "train.max_train_examples=N")
         if args.tfidf:
             name = f"tfidf-{args.dataset}"
         else:
@@ -352,7 +359,7 @@ def main(argv=None) -> int:
             raise ConfigError("--run-dir must name a folder, got an empty path")
         summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
                             tfidf=args.dataset if args.tfidf else None, imports=_imports(argv),
-                            say=lambda msg: print(msg, file=sys.stderr, flush=True))
+                            say=lambda msg: print(msg, file=sys.stderr, flush=True), max_train=args.max_train_examples)
         print(f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
         acc = summary["metrics"].get("test_accuracy")
         print(json_dumps({"run_dir": root, "seeds": summary["seeds"], "failed": summary["failed"],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import math
 import sys
 import time
@@ -201,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument("--ngram", type=positive_int, nargs=2, default=(1, 2), metavar=("LO", "HI"))
     p.add_argument("--sublinear-tf", action="store_true")
     p.add_argument("--Cs", type=positive_float, nargs="+", default=[0.25, 0.5, 1, 2, 4, 8, 16])
+    p.add_argument("--max-train-examples", type=positive_int, default=None, metavar="N",
+                   help="train on the first N training examples only (as train.max_train_examples does)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: the sparse products are small and memory-bound)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -211,6 +214,8 @@ def main(argv=None) -> int:
     def body() -> int:
         torch.set_num_threads(args.threads)
         splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir)
+        if args.max_train_examples is not None:
+            splits = dataclasses.replace(splits, train=splits.train[:args.max_train_examples])
         res = tfidf_logreg(splits, ngram=tuple(args.ngram), min_df=args.min_df, Cs=tuple(args.Cs),
                            seed=args.seed, sublinear_tf=args.sublinear_tf)
         if not args.json:

@@ -438,3 +438,21 @@ def test_summary_counts_nonfinite_metrics_instead_of_hiding_them():
     assert stats["test_loss"]["n"] == 2 and stats["test_loss"]["nonfinite"] == 1
     assert "1 non-finite" in S._fmt(stats["test_loss"])
     assert S.describe([float("nan")])["mean"] is None
+
+
+def test_tfidf_sweep_over_split_seeds_with_a_training_subset(tmp_path):
+    data = tmp_path / "toy.jsonl"
+    rows = [{"text": f"{w} w{i % 7} w{i % 5}", "label": ["bad", "good"][w in ("good", "great")]}
+            for i, w in enumerate(["good", "bad", "great", "awful"] * 40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = tmp_path / "tf"
+    proc = run("experiments.sweep", "--tfidf", "--dataset", data, "--seeds", "2", "--max-train-examples", "50",
+               "--run-dir", root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [json.loads((root / f"seed-{k}" / "metrics.json").read_text()) for k in (0, 1)]
+    assert [r["sizes"]["train"] for r in runs] == [50, 50] and [r["seed"] for r in runs] == [0, 1]
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["metrics"]["test_accuracy"]["n"] == 2 and summary["seed_keys"] == ["data.seed"]
+    assert "n/a" in run("experiments.sweep", "--table", root).stdout    # no energy columns for TF-IDF
+    bad = run("experiments.sweep", "--config", "tiny", "--max-train-examples", "5")
+    assert bad.returncode == 2 and "goes with --tfidf" in bad.stderr

@@ -24,7 +24,7 @@ from energies.errors import CheckpointError, ConfigError, EnergyError, StepError
 from unfold.classifier import SequenceClassifier, TokenEmbedding, upgrade_state_dict
 from unfold.encoders import ENCODERS
 from unfold.monitor import DescentMonitor
-from unfold.cli import run_main
+from unfold.cli import check_device as _check_device, run_main
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values
@@ -88,20 +88,9 @@ def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
 
 
 def check_device(spec: str, what: str = "train.device") -> torch.device:
-    """``spec`` (named ``what`` in messages) as a device this machine has: cpu, or CUDA present with the index in
-    range, before any work."""
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"{what}={spec!r} is not a device; valid: cpu | cuda | cuda:K") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"{what}={spec!r}: only cpu and cuda devices run the model")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{what}={spec!r} but CUDA is not available on this machine")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"{what}={spec!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
+    """``spec`` (named ``what`` in messages) as a device this machine has, before any work
+    (:func:`unfold.cli.check_device`)."""
+    return _check_device(spec, what, ConfigError)
 
 
 def check_buildable(cfg: Dict[str, Any]) -> int:

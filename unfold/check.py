@@ -23,7 +23,7 @@ from energies.errors import UnfoldError
 from energies.graph import graph_from_spec
 from energies.rho import get_rho
 
-from .cli import finite_float, positive_float, positive_int, run_main
+from .cli import check_device, finite_float, positive_float, positive_int, run_main
 from .plugins import add_import_arg
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe
@@ -100,21 +100,7 @@ def _load_input(path: str) -> np.ndarray:
 
 
 def _check_device(text: str) -> torch.device:
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError, TypeError):
-        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r}")
-    if device.type == "cpu" and device.index not in (None, 0):
-        raise CheckError(f"--device must be cpu, cuda or cuda:K, got {text!r} (there is one cpu device)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise CheckError(f"--device {text}: CUDA is not available on this machine")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise CheckError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    return device
+    return check_device(text, "--device", CheckError)
 
 
 def _check_plot(path: str) -> None:

@@ -29,7 +29,7 @@ from energies.errors import UnfoldError
 
 from .plugins import add_import_arg, load_plugins
 
-__all__ = ["run_main", "add_import_arg", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
+__all__ = ["run_main", "check_device", "add_import_arg", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
            "positive_float", "nonnegative_float", "probability"]
 
 DEBUG_ENV = "UNFOLD_DEBUG"
@@ -146,6 +146,29 @@ def output_folder_arg(text: str) -> str:
     if why:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
+
+
+def check_device(spec: str, what: str = "--device", error: type = UnfoldError):
+    """``spec`` as a device this machine runs the model on, before any work: ``cpu``, or ``cuda[:K]`` with CUDA
+    present and ``K`` in range; anything else raises ``error`` naming ``what`` (the flag or config key)."""
+    import torch
+
+    rule = f"{what} must be cpu, cuda or cuda:K, got {spec!r}"
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        raise error(rule) from None
+    if device.type not in ("cpu", "cuda"):
+        raise error(rule)
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise error(f"{rule} (there is one cpu device)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise error(f"{what} {spec}: CUDA is not available on this machine")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise error(f"{what} {spec}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device
 
 
 def read_document(path: str, parse: Callable, error: type, label: str, fmt: str, parse_errors: tuple = (ValueError,)):

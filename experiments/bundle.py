@@ -116,19 +116,28 @@ class TrainedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def encode(self, texts: Sequence[str]):
-        """``(ids, mask)`` of ``texts`` as the trainer encodes them (first ``data.max_len`` tokens)."""
+    def _encode(self, texts: Sequence[str]):
+        """``(ids, mask, truncated)``: ``texts`` as the trainer encodes them (first ``data.max_len`` tokens), and
+        whether each was longer (read off an encoding one token longer: each text is tokenised once)."""
         from .data import encode
 
-        ids, mask, _ = encode([(t, 0) for t in texts], self.vocab, self.config["data"]["max_len"])
-        return ids.to(self.device), mask.to(self.device)
+        max_len = self.config["data"]["max_len"]
+        ids, mask, _ = encode([(t, 0) for t in texts], self.vocab, max_len + 1)
+        truncated = mask[:, max_len] if mask.shape[1] > max_len else torch.zeros(len(texts), dtype=torch.bool)
+        return ids[:, :max_len].to(self.device), mask[:, :max_len].to(self.device), truncated
+
+    def encode(self, texts: Sequence[str]):
+        """``(ids, mask)`` of ``texts`` as the trainer encodes them (first ``data.max_len`` tokens)."""
+        return self._encode(texts)[:2]
 
     @torch.no_grad()
+    def _logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.model.eval()
+        return self.model(ids, mask, trace=False).logits
+
     def logits(self, texts: Sequence[str]) -> torch.Tensor:
         """The model's logits ``(N, K)`` for ``texts`` (eval mode, trace off, the model's own dtype)."""
-        self.model.eval()
-        ids, mask = self.encode(texts)
-        return self.model(ids, mask, trace=False).logits
+        return self._logits(*self.encode(texts))
 
     def _energy_model(self) -> SequenceClassifier:
         """A copy of the model as it is now (weights, device) in ``train.check_dtype``: made per call, so that
@@ -152,16 +161,14 @@ class TrainedModel:
         dtype = next(checker.parameters()).dtype
         for start in range(0, len(texts), batch_size):
             chunk = texts[start:start + batch_size]
-            probs = torch.softmax(self.logits(chunk).double(), dim=-1).cpu()
-            ids, mask = self.encode(chunk)
+            ids, mask, truncated = self._encode(chunk)
+            probs = torch.softmax(self._logits(ids, mask).double(), dim=-1).cpu()
             res = checker(ids, mask, trace=True)
             rep = report_from_values(res.energies, dtype, tol_factor=tol_factor, guaranteed=checker.encoder.guaranteed)
             totals = rep.totals.cpu()
             terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
             inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
             lengths = mask.sum(1).cpu()
-            from .data import tokenize
-
             for i, text in enumerate(chunk):
                 k = int(probs[i].argmax())
                 n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
@@ -173,7 +180,7 @@ class TrainedModel:
                     energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
                     increases=n_inc, nonfinite=n_bad, descent=ok,
                     verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-                    tokens=int(lengths[i]), truncated=len(tokenize(text)) > self.config["data"]["max_len"]))
+                    tokens=int(lengths[i]), truncated=bool(truncated[i])))
         return out
 
 
@@ -272,7 +279,8 @@ def load_model(folder: str, map_location="cpu") -> TrainedModel:
 def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> str:
     """Write ``trained`` as a bundle in ``folder``: ``model.pt`` (the state dict, tensors only), ``config.yaml``,
     ``vocab.json``, then ``bundle.json`` last, each atomically; the bundle is read back with :func:`load_model`
-    and its logits compared before this returns. A folder holding a bundle or run already is refused unless
+    and its weights compared bit for bit (NaN where NaN) before this returns; on a difference ``bundle.json`` is
+    removed again. A folder holding a bundle or run already is refused unless
     ``overwrite``. Returns the folder."""
     from .config import dump_config
     from .runlock import RUN_FILES

@@ -116,26 +116,6 @@ class Range:
 
 
 @dataclass(frozen=True)
-class KeyMap:
-    """A non-empty mapping whose keys are among ``keys`` and whose values are non-empty strings; ``rule`` says in
-    words what is accepted."""
-
-    keys: tuple
-    rule: str
-
-    def problem(self, value: dict) -> Optional[str]:
-        """What is wrong with ``value`` (the first key or value at fault), or ``None``."""
-        if not value:
-            return "an empty mapping"
-        for key, item in value.items():
-            if key not in self.keys:
-                return f"key {_show(key)} (valid keys: {', '.join(self.keys)})"
-            if not isinstance(item, str) or not item.strip():
-                return f"{key}: {_show(item)}, not a non-empty string"
-        return None
-
-
-@dataclass(frozen=True)
 class Text:
     """A non-empty string, optionally matching ``pattern`` (full match) or passing ``check`` (which raises
     an :class:`~energies.errors.UnfoldError`); ``rule`` says in words what is accepted."""
@@ -143,6 +123,15 @@ class Text:
     rule: str = "a non-empty string"
     pattern: Optional[str] = None
     check: Optional[Callable[[str], Any]] = None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A value of another kind (a mapping) accepted when ``check`` (the library's own check, raising an
+    :class:`~energies.errors.UnfoldError`) passes; ``rule`` says in words what is accepted."""
+
+    rule: str
+    check: Callable[[Any], Any]
 
 
 _REPR = reprlib.Repr()
@@ -171,6 +160,12 @@ def _check_graph(spec: str) -> None:
 
     if not _is_graph_file(spec):
         graph_from_spec(spec, 4)
+
+
+def _check_splits(value) -> None:
+    from .data.hf import check_split_map    # the loader's own rule, one definition
+
+    check_split_map(value)
 
 
 def _check_device(spec: str) -> None:
@@ -214,8 +209,8 @@ RULES: Dict[tuple, Any] = {
     ("data", "data_dir"): Text(),
     ("data", "text_field"): Text(),
     ("data", "label_field"): Text(),
-    ("data", "splits"): KeyMap(("train", "val", "test"), "null or a mapping of train/val/test to split names of the "
-                               "dataset, e.g. {val: validation}"),
+    ("data", "splits"): Checked("null or a mapping of train/val/test to split names of the dataset, e.g. "
+                                "{val: validation}", check=_check_splits),
     ("model", "d"): Range(1, MAX_SIZE, integer=True),
     ("model", "heads"): Range(1, 1024, integer=True),
     ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
@@ -291,20 +286,15 @@ def _check_rule(where: tuple, value) -> None:
             raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
         if not rule.holds(value):
             raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
-    elif isinstance(rule, KeyMap):
-        why = rule.problem(value)
-        if why:
-            raise ConfigError(f"config key {name!r} must be {rule.rule}; got {why}")
-    elif isinstance(rule, Text):
-        if not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value)):
-            raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")
-        if rule.check is not None:
-            try:
-                rule.check(value)
-            except ConfigError:
-                raise
-            except UnfoldError as exc:
-                raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
+    elif isinstance(rule, Text) and (not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value))):
+        raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")
+    if isinstance(rule, (Text, Checked)) and rule.check is not None:
+        try:
+            rule.check(value)
+        except ConfigError:
+            raise
+        except UnfoldError as exc:
+            raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
 
 
 def _check_cross(cfg: Dict[str, Any]) -> None:
@@ -406,9 +396,8 @@ def resolve_config(spec: str) -> str:
                           f"{', '.join(config_names())}")
     if os.path.isfile(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
         return spec                     # a file, or a path: read (and its problems reported) as a path
-    stem = spec[:-5] if spec.endswith(".yaml") else spec
-    shipped = CONFIG_DIR / f"{stem}.yaml"
-    if stem in config_names():
+    shipped = CONFIG_DIR / (spec if spec.endswith(".yaml") else f"{spec}.yaml")
+    if shipped.is_file():
         return str(shipped)
     raise ConfigError(f"config {spec!r} is neither a file nor a shipped config; shipped: {', '.join(config_names())}")
 

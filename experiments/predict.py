@@ -15,7 +15,7 @@ import sys
 from typing import List, Sequence
 
 from energies.errors import ConfigError
-from unfold.cli import folder_arg, positive_int, run_main
+from unfold.cli import check_device, folder_arg, positive_int, run_main
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -61,8 +61,8 @@ def plot_energies(predictions: Sequence[Prediction], path: str, max_chars: int =
         rel = [(e - e0) / scale for e in p.energies]
         short = p.text if len(p.text) <= max_chars else p.text[:max_chars - 1] + "…"
         ax.plot(range(len(rel)), rel, marker="o", label=f"{p.label} ({p.probabilities[p.label]:.2f}): {short}")
-        ups = [t for t in range(1, len(rel)) if rel[t] > rel[t - 1]]
         if p.increases:
+            ups = [t for t in range(1, len(rel)) if rel[t] > rel[t - 1]]
             ax.plot(ups, [rel[t] for t in ups], "x", color="red", markersize=10)
     ax.set_xlabel("layer t")
     ax.set_ylabel("(E(Y_t) - E(Y_0)) / |E(Y_0)|")
@@ -91,9 +91,7 @@ def main(argv=None) -> int:
         if args.plot is not None and not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot!r}: the figure is a PNG file, name it *.png")
         texts = read_texts(args.text, args.file)
-        from .train import check_device
-
-        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device"))
+        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError))
         predictions = trained.predict(texts, batch_size=args.batch_size)
         for pred in predictions:
             if args.json:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import io
 import logging
 import logging.handlers
 import math
@@ -128,7 +127,7 @@ class MetricsLog:
         self._fh.flush()
         if self.tb is not None:
             for key, value in values.items():
-                if isinstance(value, (int, float)) and value is not None and key != "seconds":
+                if isinstance(value, (int, float)) and key != "seconds":
                     self.tb.add_scalar(f"{kind}/{key}", value, step)
 
     def close(self) -> None:
@@ -151,8 +150,5 @@ def progress(total: int, label: str, enabled: bool = True):
 def read_metrics_csv(path: str) -> list:
     """The rows of a ``metrics.csv`` as dicts (numbers as floats, empty cells as ``None``)."""
     with open(path, encoding="utf-8", newline="") as fh:
-        text = fh.read()
-    out = []
-    for row in csv.DictReader(io.StringIO(text)):
-        out.append({k: (None if v == "" else (v if k == "kind" else float(v))) for k, v in row.items()})
-    return out
+        return [{k: (None if v == "" else (v if k == "kind" else float(v))) for k, v in row.items()}
+                for row in csv.DictReader(fh)]

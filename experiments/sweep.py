@@ -20,6 +20,7 @@ in the summary (``failed``) and the exit status is 1; the other seeds still run.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -121,25 +122,11 @@ def write_summary(root: str, summary: Dict[str, Any]) -> None:
 
 
 def _read_json(path: str) -> Optional[Dict[str, Any]]:
-    import json
-
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return None
-
-
-def _finished(folder: str, cfg: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The metrics of a finished run of ``cfg`` in ``folder``, or ``None`` (not finished, or another config)."""
-    metrics = _read_json(os.path.join(folder, "metrics.json"))
-    if metrics is None or not os.path.isfile(os.path.join(folder, "config.yaml")):
-        return None
-    try:
-        same = load_config(os.path.join(folder, "config.yaml")) == cfg
-    except ConfigError:
-        return None
-    return metrics if same else None
 
 
 def _holds_config(folder: str, cfg: Dict[str, Any]) -> Optional[bool]:
@@ -188,16 +175,18 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
         pending = []
         for seed in seeds:
             folder = seed_dir(root, seed)
+            done = _read_json(os.path.join(folder, "metrics.json"))
             if tfidf is None:
-                done = _finished(folder, configs[seed])
+                same = _holds_config(folder, configs[seed])
+                done = done if same else None
             else:
-                done = _read_json(os.path.join(folder, "metrics.json"))
+                same = None
                 done = done if done and done.get("seed") == seed and done.get("dataset_spec") == tfidf and \
                     done.get("max_train_examples") == max_train else None
             if done is not None:
                 say(f"seed {seed}: finished already ({folder})")
                 runs[seed] = done
-            elif tfidf is None and _holds_config(folder, configs[seed]) is False:
+            elif same is False:
                 failed.append(seed)         # never resumed, overwritten or counted under another config
                 say(f"seed {seed}: FAILED: {folder} holds a run of another config (move it away, or use another "
                     "--run-dir)")
@@ -208,13 +197,12 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
         def start(seed: int) -> None:
             folder = seed_dir(root, seed)
             os.makedirs(folder, exist_ok=True)
+            log = open(os.path.join(folder, "sweep.log"), "ab")
             if tfidf is None:
                 cmd = _train_command(config, overrides + [f"{k}={seed}" for k in seed_keys], folder, imports)
-                log = open(os.path.join(folder, "sweep.log"), "ab")
                 out = log
             else:
                 cmd = _tfidf_command(tfidf, seed, imports, max_train)
-                log = open(os.path.join(folder, "sweep.log"), "ab")
                 out = subprocess.PIPE
             say(f"seed {seed}: {' '.join(cmd[1:])}")
             procs[seed] = (subprocess.Popen(cmd, stdout=out, stderr=log), log, time.perf_counter())
@@ -226,8 +214,6 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
             seconds[seed] = time.perf_counter() - started
             folder = seed_dir(root, seed)
             if proc.returncode == 0 and tfidf is not None:
-                import json
-
                 result = json.loads(stdout.decode().strip().splitlines()[-1])
                 result.update(dataset_spec=tfidf, train_seconds=result["seconds"], max_train_examples=max_train)
                 with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
@@ -358,7 +344,7 @@ def main(argv=None) -> int:
         if not root.strip():
             raise ConfigError("--run-dir must name a folder, got an empty path")
         summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
-                            tfidf=args.dataset if args.tfidf else None, imports=_imports(argv),
+                            tfidf=args.dataset if args.tfidf else None, imports=args.plugins or [],
                             say=lambda msg: print(msg, file=sys.stderr, flush=True), max_train=args.max_train_examples)
         print(f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
         acc = summary["metrics"].get("test_accuracy")
@@ -367,20 +353,6 @@ def main(argv=None) -> int:
         return 1 if summary["failed"] else 0
 
     return run_main(PROG, body, argv)
-
-
-def _imports(argv) -> List[str]:
-    """The ``--import`` modules of this command line, passed on to every seed's process."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    out = []
-    for i, a in enumerate(args):
-        if a == "--":
-            break
-        if a == "--import" and i + 1 < len(args):
-            out.append(args[i + 1])
-        elif a.startswith("--import="):
-            out.append(a.split("=", 1)[1])
-    return out
 
 
 if __name__ == "__main__":

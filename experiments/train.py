@@ -87,10 +87,9 @@ def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
     return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)
 
 
-def check_device(spec: str, what: str = "train.device") -> torch.device:
-    """``spec`` (named ``what`` in messages) as a device this machine has, before any work
-    (:func:`unfold.cli.check_device`)."""
-    return _check_device(spec, what, ConfigError)
+def check_device(spec: str) -> torch.device:
+    """``train.device`` as a device this machine has, before any work (:func:`unfold.cli.check_device`)."""
+    return _check_device(spec, "train.device", ConfigError)
 
 
 def check_buildable(cfg: Dict[str, Any]) -> int:
@@ -382,8 +381,10 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
                 opt.step()
                 sched.step()
-                loss_sum += loss.item() * (global_size / dd.world if dd.enabled else labels.numel())
-                correct += int((out.logits.argmax(-1) == labels).sum()) * int(weight)
+                loss_value = loss.item()
+                hits = int((out.logits.argmax(-1) == labels).sum())
+                loss_sum += loss_value * (global_size / dd.world if dd.enabled else labels.numel())
+                correct += hits * int(weight)
                 seen += labels.numel() * int(weight)
                 energy = {}
                 row = csv_log is not None and not dd.enabled    # distributed: epoch rows only (global figures)
@@ -398,8 +399,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                                   "energy_first_mean": float(totals[:, 0].mean()),
                                   "energy_last_mean": float(totals[:, -1].mean())}
                 if row:
-                    csv_log.write("step", epoch, (epoch - 1) * steps_per_epoch + i, loss=float(loss.item()),
-                                  accuracy=float((out.logits.argmax(-1) == labels).float().mean()), lr=lr,
+                    csv_log.write("step", epoch, (epoch - 1) * steps_per_epoch + i, loss=loss_value,
+                                  accuracy=hits / labels.numel(), lr=lr,
                                   seconds=time.perf_counter() - t_start, **energy)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)

@@ -106,9 +106,11 @@ def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens",
 
 def check_mask_values(mask: Optional[torch.Tensor]) -> None:
     """An integer attention mask holds 0 and 1 only (one host read: call it behind ``validate=True``)."""
-    if mask is not None and mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
-        bad = sorted(set(mask[(mask != 0) & (mask != 1)].unique().tolist()))[:5]
-        raise ConfigError(f"an integer attention mask holds 0 and 1 only, got values {bad}")
+    if mask is None or mask.dtype == torch.bool:
+        return
+    bad = mask[(mask != 0) & (mask != 1)]
+    if bad.numel():
+        raise ConfigError(f"an integer attention mask holds 0 and 1 only, got values {bad.unique().tolist()[:5]}")
 
 
 def _flag(value, what: str) -> bool:

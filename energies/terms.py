@@ -70,10 +70,21 @@ def finite_f64(W: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(W), W, torch.zeros((), dtype=W.dtype, device=W.device))
 
 
+#: the dtype in which :func:`_f64_sum` accumulates a tensor of each dtype (half types in float32)
+_PASS_ACCUM = {torch.float64: torch.float64, torch.float32: torch.float32}
+
+
 def _f64_sum(x: torch.Tensor) -> torch.Tensor:
-    """Per-example sum of a ``(B, n, d)`` tensor: each token's d features in x's dtype (torch's
-    pairwise summation), the tokens accumulated in float64. In float64 it is an exact float64 sum."""
-    return x.sum(-1).sum(-1, dtype=ACCUM_DTYPE)
+    """Per-example sum ``(B,)`` float64 of a ``(B, n, ...)`` tensor, in one reduction: accumulated in x's dtype
+    (float32 for float32 and the half types, float64 for float64) by torch's cascade summation, the result
+    returned in float64. Its error, measured against float64 / mpmath sums (tests/test_trace_cost.py), stays
+    within ``4 eps(accumulation dtype) * sum |x|`` up to 4 million elements, far inside the trace's
+    tolerance ``tol_factor * eps * sum_k |E_k|`` (default factor 64): a separate float64 sweep over the tokens
+    buys nothing the verdict can see."""
+    acc = _PASS_ACCUM.get(x.dtype, torch.float32)
+    dims = tuple(range(1, x.ndim))
+    s = x.sum(dims) if acc == x.dtype else x.sum(dims, dtype=acc)
+    return s.to(ACCUM_DTYPE)
 
 
 class EnergyTerm(torch.nn.Module):
@@ -314,7 +325,11 @@ class Residual(EnergyTerm):
         return 0.5 * (r * r).sum((1, 2))
 
     def grad(self, Y, graph):
-        return graph.zero_padded(Y - self.anchor(Y))
+        return self._r(Y, graph)
+
+    def _r(self, Y, graph):
+        """``Y - B`` zero on padded slots (no subtraction when B is None)."""
+        return graph.zero_padded(Y if self.B is None else Y - self.anchor(Y))
 
     def curvature(self, Y, graph):
         return 1.0
@@ -323,11 +338,11 @@ class Residual(EnergyTerm):
         return 1.0
 
     def mm(self, Y, graph, value: bool = True) -> MMParts:
-        R = graph.zero_padded(Y - self.anchor(Y))
+        R = self._r(Y, graph)
         return MMParts(R, 1.0, (0.5 * _f64_sum(R * R) if value else None), 1.0)
 
     def pass_value(self, Y, graph):
-        R = graph.zero_padded(Y - self.anchor(Y))
+        R = self._r(Y, graph)
         return 0.5 * _f64_sum(R * R)
 
     def describe(self):
@@ -411,7 +426,9 @@ class NonNegativity(EnergyTerm):
         return self.project(Y)
 
     def value(self, Y, graph):
-        neg = ((Y.amin(-1) < 0) & graph.mask).any(-1)
+        """+inf where a real entry is negative (NaN entries are left to the other terms' values, as before)."""
+        low = Y.amin(tuple(range(2, Y.ndim))) if Y.ndim > 2 else Y        # (B, n): per token, no copy of Y
+        neg = torch.where(graph.mask, low, torch.zeros((), dtype=low.dtype, device=low.device)).amin(-1) < 0
         out = torch.zeros(Y.shape[0], dtype=ACCUM_DTYPE, device=Y.device)
         return torch.where(neg, torch.full_like(out, math.inf), out)
 

@@ -48,7 +48,7 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
                  values: bool = False) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
     """``(-grad E(Y) / P, values, c)``: the preconditioned descent direction of the module docstring (before the
     step size alpha and the prox), the terms' values at Y (when asked) and the summed curvature bound c."""
-    grad = torch.zeros_like(Y)
+    grad = None
     curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     vals: Dict[str, torch.Tensor] = OrderedDict()
@@ -58,7 +58,7 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
                 vals[name] = term.value(Y, graph)
             continue
         parts = term.mm(Y, graph, values)
-        grad = grad + parts.grad
+        grad = parts.grad if grad is None else grad + parts.grad
         curv = curv + parts.curvature
         if preconditioner == "bound":
             precond = precond + parts.curvature
@@ -69,14 +69,16 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
             precond = precond + parts.jacobi
         if values:
             vals[name] = parts.value
-    return -(grad / precond[..., None]), vals, curv
+    if grad is None:                               # no smooth term (an energy of indicators only)
+        grad = torch.zeros_like(Y)
+    return grad / (-precond)[..., None], vals, curv      # the sign on the (B, n) divisor: one pass less over Y
 
 
 def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",
             values: bool = False) -> MMStepResult:
     """One MM step ``Y -> prox(Y + alpha * direction)`` (module docstring); padded slots keep their input."""
     direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values)
-    out = Y + alpha * direction
+    out = torch.add(Y, direction, alpha=alpha)
     for term in energy.terms.values():
         if term.is_indicator:
             out = term.prox(out, graph)

@@ -122,8 +122,8 @@ def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=Non
     E by at most ``<grad E, D> + sum_u c_u |D_u|^2 / 2`` (the surrogate majorizes E)."""
     with torch.no_grad():
         c = energy.curvature(Y, graph) if curvature is None else curvature
-        Yd = Y.detach()
-        sq = torch.where(graph.mask, (Yd * Yd).sum(-1), torch.zeros((), dtype=Y.dtype, device=Y.device))
+        norm = torch.linalg.vector_norm(Y.detach(), dim=-1)              # (B, n), no (B, n, d) intermediate
+        sq = torch.where(graph.mask, norm * norm, torch.zeros((), dtype=norm.dtype, device=Y.device))
         return torch.nan_to_num((c * sq).sum(-1, dtype=ACCUM_DTYPE), nan=0.0)   # a non-finite example fails on its values
 
 

@@ -62,11 +62,12 @@ def _pad(t: torch.Tensor, value: float) -> torch.Tensor:
 
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale):
+    def forward(ctx, q, k, v, scale, spare):
         fwd, _ = _ops()
-        o, lse = fwd(q, k, v, scale=scale)
+        cut = (lambda t: t[..., :-1]) if spare else (lambda t: t)
+        o, lse = fwd(cut(q), cut(k), cut(v), scale=scale)     # strided views: the op reads them in place
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.v_is_q, ctx.spare = scale, v is q, spare
         return o, lse
 
     @staticmethod
@@ -75,23 +76,35 @@ class _FusedAttention(torch.autograd.Function):
         _, bwd = _ops()
         g_o = torch.zeros_like(o) if g_o is None else g_o.contiguous()
         if g_lse is None:
-            dq, dk, dv = bwd(g_o, q, k, v, o, lse, 0.0, False, scale=ctx.scale)
-            return dq, dk, dv, None
+            cut = (lambda t: t[..., :-1]) if ctx.spare else (lambda t: t)
+            grads = bwd(g_o, cut(q), cut(k), cut(v), o, lse, 0.0, False, scale=ctx.scale)
+            if ctx.spare:
+                grads = [torch.nn.functional.pad(g, (0, 1)) for g in grads]
+            return (*grads, None, None)
         out = torch.cat([o, -g_lse[..., None].to(o.dtype)], -1)
-        dq, dk, dv = bwd(_pad(g_o, 1.0), _pad(q, 0.0), _pad(k, 0.0), _pad(v, 0.0), out, lse, 0.0, False,
-                         scale=ctx.scale)
-        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None
+        if ctx.spare:                                  # the inputs already carry the zero column
+            qp, kp, vp = q, k, v
+        else:
+            qp, kp = _pad(q, 0.0), _pad(k, 0.0)
+            vp = qp if ctx.v_is_q else _pad(v, 0.0)    # values given as the queries: padded once
+        dq, dk, dv = bwd(_pad(g_o, 1.0), qp, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
+        if ctx.spare:
+            return dq, dk, dv, None, None
+        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, spare: bool = False):
     """``(O, LSE)`` of softmax attention, both differentiable (see the module docstring).
 
     Shapes ``(B, H, n, c)`` for q, k, v (one head size c); returns ``O (B, H, n, c)`` and
-    ``LSE (B, H, n)``."""
+    ``LSE (B, H, n)``. ``spare=True``: q, k, v come with ``c + 1`` columns whose last one is zero (the caller
+    built them so); the op reads the first c in place and the backward uses the zero column for the LSE
+    gradient instead of copying the three inputs once more. ``v`` may be ``q`` itself."""
     if not fused_available(q.device.type):
         raise EnergyError(f"the fused kernel needs PyTorch's CPU flash-attention op; tokens are on "
                           f"{q.device.type!r} (use kernel 'softmax' or 'streamed' there)")
-    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]) or (spare and q.shape[-1] < 2):
         raise EnergyError(f"fused attention needs one head size, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                           f"v {tuple(v.shape)}")
-    return _FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), float(scale))
+    q = q.contiguous()
+    return _FusedAttention.apply(q, k.contiguous(), q if v is q else v.contiguous(), float(scale), bool(spare))

@@ -759,7 +759,8 @@ def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torc
         valid = graph.mask
     else:
         valid = torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device)
-    bad = ~torch.isfinite(Y).all(-1) & valid
+    lo, hi = torch.aminmax(Y.detach(), dim=-1)       # one pass; NaN propagates to both, +-inf shows in one
+    bad = ~(torch.isfinite(lo) & torch.isfinite(hi)) & valid
     if bad.any():
         b, i = bad.nonzero()[0].tolist()
         kind = "NaN" if torch.isnan(Y[b, i]).any() else "Inf"

@@ -229,8 +229,8 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
     """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
     ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y. Explicit: ``(B, n, n)`` logits with the diagonal
     exactly 0. Fused: one flash-attention call; the biases are folded into two extra features,
-    ``[y_u, 1, -|y_u|^2/2] . [y_v, -|y_v|^2/2, 1] / tau = -z_uv``, and the values carry zeros there, so
-    q, k, v share one head size and no n x n matrix is formed."""
+    ``[y_u, 1, -|y_u|^2/2] . [y_v, -|y_v|^2/2, 1] / tau = -z_uv``, and the values are the queries (their
+    two extra output columns are not used), so q, k, v share one head size and no n x n matrix is formed."""
     if not fused:
         z = dense_z(Y, tau)
         eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
@@ -240,13 +240,15 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
         return diff, lse[..., 0]
     half_sq = 0.5 * ((Y * Y).sum(-1) if sq is None else sq)
     B, n, d = Y.shape
-    q, k = Y.new_empty(B, 1, n, d + 2), Y.new_empty(B, 1, n, d + 2)
+    q, k = Y.new_empty(B, 1, n, d + 3), Y.new_empty(B, 1, n, d + 3)     # + a zero column for the backward
     q[:, 0, :, :d], k[:, 0, :, :d] = Y, Y
     q[:, 0, :, d], q[:, 0, :, d + 1] = 1.0, -half_sq
     k[:, 0, :, d] = torch.where(graph.mask, -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
     k[:, 0, :, d + 1] = 1.0
-    v = torch.nn.functional.pad(Y, (0, 2))[:, None]
-    attn, lse = fused_attention(q, k, v, 1.0 / tau)
+    q[..., d + 2], k[..., d + 2] = 0.0, 0.0
+    # the values are the queries: their two extra output columns (P 1, -P |y|^2/2) are dropped below, so the
+    # gradient reaching them is 0 and the shared tensor gets exactly the gradient of [Y, 0, 0] as values
+    attn, lse = fused_attention(q, k, q, 1.0 / tau, spare=True)
     return (attn[:, 0, :, :-2] - Y if num else None), lse[:, 0]
 
 

@@ -241,7 +241,7 @@ class PairwiseAttention(EnergyTerm):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
         out = self._pass(Y, graph, energy=value)
-        grad = graph.zero_padded(self._back(-out.agg))
+        grad = graph.zero_padded(-out.agg if self.metric is None else out.agg @ (-self.metric.to(dtype=out.agg.dtype)).T)
         return grad, out.deg, out.energy
 
     def pass_value_and_curvature(self, Y, graph):

@@ -72,6 +72,38 @@ def test_fused_wrapper_equals_explicit_softmax_with_both_gradients(dtype):
             assert (x - y).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("spare", [False, True])
+def test_fused_wrapper_with_values_as_queries_and_a_spare_column(spare):
+    """v given as q itself (one tensor, its gradients summed) and inputs carrying a zero spare column (the op
+    reading the first c in place): O, LSE and the gradient equal the explicit form of the same call."""
+    from energies.fused import fused_attention
+
+    gen = torch.Generator().manual_seed(7)
+    base_q = torch.randn(2, 1, 33, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    base_k = torch.randn(2, 1, 33, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    w_o, w_l = torch.randn(2, 1, 33, 5, dtype=torch.float64, generator=gen), torch.randn(2, 1, 33, dtype=torch.float64,
+                                                                                          generator=gen)
+
+    def build(t):
+        return torch.nn.functional.pad(t, (0, 1)) if spare else t * 1.0
+
+    outs = []
+    for explicit in (False, True):
+        q, k = build(base_q), build(base_k)
+        if explicit:
+            qc, kc = (q[..., :-1], k[..., :-1]) if spare else (q, k)
+            s = qc @ kc.transpose(-1, -2) * 0.3
+            o, lse = torch.softmax(s, -1) @ qc, torch.logsumexp(s, -1)
+        else:
+            o, lse = fused_attention(q, k, q, 0.3, spare=spare)
+        loss = (o * w_o).sum() + (lse * w_l).sum()
+        outs.append([o, lse, *torch.autograd.grad(loss, (base_q, base_k))])
+    for x, y in zip(*outs):
+        assert (x - y).abs().max().item() < 1e-12
+    with pytest.raises(E.EnergyError, match="one head size"):
+        fused_attention(base_q[..., :1], base_q[..., :1], base_q[..., :1], 0.3, spare=True)
+
+
 @pytest.mark.parametrize("kernel", ["softmax", "fused", "streamed", "dense"])
 def test_complete_kernels_match_the_edge_list_on_every_quantity(kernel):
     Y, mask = sample(n=20, seed=1)

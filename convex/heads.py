@@ -400,7 +400,11 @@ class SABlock(SALinear):
 
 @register_head("mixer_linear")
 class MixerLinear(Head):
-    """``yhat[p] = sum_{t,o,k} pi_o X[t, k] Z4[t, o, k, p]``, Z4 = Z.view(s, s, d, c); rows (t, o), columns (k, p)."""
+    """``yhat[p] = sum_{t,o,k} pi_o X[t, k] Z4[t, o, k, p]``, Z4 = Z.view(s, s, d, c); rows (t, o), columns (k, p).
+
+    Computed as one matrix product: ``yhat = sum_o pi_o (Xf Zr)[(o, p)]`` with ``Xf`` the flattened
+    tokens ``(N, (t, k))`` and ``Zr`` = Z4 rearranged ``((t, k), (o, p))``; the adjoint is
+    ``Zr = Xf^T (pi (x) R)``, ``(pi (x) R)[i, (o, p)] = pi_io R_ip``."""
 
     equation = "19"
 
@@ -411,32 +415,18 @@ class MixerLinear(Head):
         return None                                                     # (N, m, s, d) for the gated mixer
 
     def _prepare(self, X, mask, pi):
-        return {"M": self._gate_masks(X)}
+        return {"M": self._gate_masks(X), "Xf": X.reshape(X.shape[0], -1)}
 
-    def _weights(self, data, g):
-        pi = data["pi"]
-        if data["M"] is None:
-            return pi[:, :, None].expand(-1, -1, self.d)                 # (N, o, k)
-        return pi[:, :, None] * data["M"][:, g]
-
-    # Batched over the feature k: (k, N, o) @ (k, o, t p), so no N x s x s intermediate is formed.
     def forward(self, Z, data):
-        Xk = data["X"].permute(2, 0, 1)                                          # (k, N, t)
-        out = 0
-        for g, Zg in enumerate(Z):
-            Zk = Zg.reshape(self.s, self.s, self.d, self.c).permute(2, 1, 0, 3).reshape(self.d, self.s, -1)
-            A = torch.bmm(self._weights(data, g).permute(2, 0, 1).contiguous(), Zk)  # (k, N, t p)
-            out = out + (Xk[..., None] * A.reshape(self.d, -1, self.s, self.c)).sum((0, 2))
-        return out
+        (Zg,) = Z
+        Zr = Zg.reshape(self.s, self.s, self.d, self.c).permute(0, 2, 1, 3).reshape(self.s * self.d, -1)
+        T = (data["Xf"] @ Zr).reshape(-1, self.s, self.c)                         # (N, o, p)
+        return torch.einsum("no,nop->np", data["pi"], T)
 
     def adjoint(self, R, data):
-        Xk = data["X"].permute(2, 0, 1)
-        XR = (Xk[..., None] * R[None, :, None, :]).reshape(self.d, R.shape[0], -1)  # (k, N, t p)
-        out = []
-        for g in range(len(self.blocks())):
-            G = torch.bmm(self._weights(data, g).permute(2, 1, 0).contiguous(), XR)  # (k, o, t p)
-            out.append(G.reshape(self.d, self.s, self.s, self.c).permute(2, 1, 0, 3).reshape(self.s * self.s, -1))
-        return out
+        PR = (data["pi"][:, :, None] * R[:, None, :]).reshape(R.shape[0], -1)     # (N, (o, p))
+        Zr = data["Xf"].T @ PR                                                    # ((t, k), (o, p))
+        return [Zr.reshape(self.s, self.d, self.s, self.c).permute(0, 2, 1, 3).reshape(self.s * self.s, -1)]
 
     def factor(self, g, W1, W2):
         return W1.T.reshape(-1), W2.reshape(-1)
@@ -457,7 +447,13 @@ class MixerLinear(Head):
 
 @register_head("mixer_gated")
 class MixerGated(MixerLinear):
-    """eq. (133): mask ``1{H_j X >= 0}`` (s x d) on the token-mixed features."""
+    """eq. (133): mask ``1{H_j X >= 0}`` (s x d) on the token-mixed features,
+    ``yhat[p] = sum_j sum_{t,o,k} pi_o M_j[o, k] X[t, k] Z4_j[t, o, k, p]``.
+
+    Batched over the feature k and all gates at once: ``B_k = X[:, :, k] [Z4_1[:, :, k, :] .. Z4_m[:, :, k, :]]``
+    ``(N, (j, o, p))``, then ``yhat[p] = sum_{k, j, o} W[k, i, (j, o)] B_k[i, (j, o, p)]`` with the pooled
+    gate weights ``W[k, i, (j, o)] = pi_io M_j[i, o, k]`` (laid out once by :meth:`prepare`); the adjoint
+    is ``Z4_j[:, :, k, :] = X[:, :, k]^T (W[k] (x) R)``."""
 
     equation = "133"
 
@@ -471,6 +467,25 @@ class MixerGated(MixerLinear):
 
     def _gate_masks(self, X):
         return (torch.einsum("jot,ntk->njok", self.H.to(X), X) >= 0).to(X.dtype)
+
+    def _prepare(self, X, mask, pi):
+        M = self._gate_masks(X)                                                   # (N, j, o, k)
+        W = (pi[:, None, :, None] * M).permute(3, 0, 1, 2).reshape(self.d, X.shape[0], -1).contiguous()
+        return {"M": M, "Xk": X.permute(2, 0, 1).contiguous(), "XkT": X.permute(2, 1, 0).contiguous(),
+                "Wk": W}                                                          # (k, N, t), (k, t, N), (k, N, (j, o))
+
+    def forward(self, Z, data):
+        m, s, d, c = self.m, self.s, self.d, self.c
+        Zk = torch.stack([z.reshape(s, s, d, c) for z in Z], 2).permute(3, 0, 2, 1, 4).reshape(d, s, -1)  # (k, t, (j, o, p))
+        B = torch.bmm(data["Xk"], Zk).reshape(d, -1, m * s, c)                   # (k, N, (j, o), p)
+        W = data["Wk"]
+        return torch.matmul(W[:, :, None, :], B)[:, :, 0].sum(0)
+
+    def adjoint(self, R, data):
+        m, s, d, c = self.m, self.s, self.d, self.c
+        WR = (data["Wk"][..., None] * R[None, :, None, :]).reshape(d, R.shape[0], -1)   # (k, N, (j, o, p))
+        G = torch.bmm(data["XkT"], WR).reshape(d, s, m, s, c)                          # (k, t, j, o, p)
+        return [G[:, :, j].permute(1, 2, 0, 3).reshape(s * s, d * c) for j in range(m)]
 
 
 def make_head(name: str, d: int, s: int, c: int, **options) -> Head:

@@ -8,6 +8,9 @@ A loss is the mean over N examples, ``l(R) = (1/N) sum_i ell(R_i, Y_i)``, of poo
 * softmax cross-entropy, ``ell = logsumexp(r) - <y, r>``:  ``ell*(g) = sum_k q_k log q_k`` with
   ``q = y + g`` in the simplex (``q = (1 - t) y + t softmax(r)`` here, always feasible); curvature 1/2
   (the Hessian diag(p) - p p^T of logsumexp has spectral norm <= 1/2).
+
+``hess(R, dR, Y)`` is the Hessian of l applied to a direction, ``(1/N) nabla^2 ell(R_i) dR_i`` per row (the
+solver's Newton steps need it; a loss without it can still be solved by ``fista`` and ``pg``).
 """
 from __future__ import annotations
 
@@ -63,6 +66,10 @@ class Loss:
         """``-l*(t grad l(R))``: the dual objective at the scaled dual point."""
         raise NotImplementedError
 
+    def hess(self, R: torch.Tensor, dR: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        """``d/de grad l(R + e dR)`` at e = 0: the Hessian of l applied to ``dR`` (includes the 1/N)."""
+        raise NotImplementedError
+
 
 LOSSES: Dict[str, Callable[[], Loss]] = {}
 register_loss = registrar(LOSSES, "name")
@@ -81,6 +88,10 @@ class SquaredLoss(Loss):
     def dual_value(self, R, Y, t):
         g = t * (R - Y)
         return -(0.5 * (g * g).sum(-1) + (g * Y).sum(-1)).mean()
+
+    def hess(self, R, dR, Y):
+        """``dR / N`` (the Hessian of 1/2 ||r - y||^2 is the identity)."""
+        return dR / R.shape[0]
 
 
 @register_loss("cross_entropy")
@@ -108,6 +119,11 @@ class CrossEntropyLoss(Loss):
     def dual_value(self, R, Y, t):
         q = (1.0 - t) * Y + t * torch.softmax(R, -1)
         return -torch.special.xlogy(q, q).sum(-1).mean()
+
+    def hess(self, R, dR, Y):
+        """``(diag(p) - p p^T) dR_i / N`` per row, ``p = softmax(R_i)`` (the Hessian of logsumexp)."""
+        p = torch.softmax(R, -1)
+        return (p * dR - p * (p * dR).sum(-1, keepdim=True)) / R.shape[0]
 
 
 def get_loss(name) -> Loss:

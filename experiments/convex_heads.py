@@ -4,15 +4,17 @@
 [--out runs/convex_heads] [--json]``
 
 Every head of :mod:`convex.heads` is fitted (softmax cross-entropy, ``beta = --beta-frac x beta_max``,
-monotone FISTA with singular-value thresholding until the relative duality gap is below ``--tol``)
+``--method newton`` by default: ``--warmup`` monotone FISTA steps with singular-value thresholding, then
+proximal steps alternating with trust-region Newton-CG steps on the Burer-Monteiro factors, until the
+relative duality gap is below ``--tol``; ``fista`` and ``pg`` are the first-order methods alone)
 on frozen token features: GloVe 50d vectors, and the last layer Y_T of a trained unfolded model
 (``--checkpoint``; skipped with a note when the file does not exist). Features are projected on
 their top ``--dim`` right singular vectors (uncentred, so padded tokens stay zero; fitted on the
 training tokens) and sequences cut to ``--tokens`` tokens, as the paper reduces its gMLP features
 to d = 100. Writes ``table.md`` (test accuracy, objective, duality gap, rank, parameters of the
-equivalent non-convex head, fit time, iterations, objective increases), ``results.json`` and
-``objective.png`` (objective minus its final value per iteration) to ``--out``; with ``--json``
-the last line is ``{"FEATURES/HEAD": {...}}``.
+equivalent non-convex head, fit time, iterations, applications of A and A*, objective increases),
+``results.json`` and ``objective.png`` (objective minus its final value per recorded step) to ``--out``;
+with ``--json`` the last line is ``{"FEATURES/HEAD": {...}}``.
 """
 from __future__ import annotations
 
@@ -26,9 +28,10 @@ from typing import Dict, List
 import torch
 
 from convex import HEADS, make_head, map_back, solve
+from convex.solver import METHODS
 from convex.solver import beta_max
 from energies.errors import CheckpointError, ConfigError, TokenError
-from unfold.cli import nonnegative_float, positive_int, run_main, seed_int
+from unfold.cli import nonnegative_float, nonnegative_int, positive_int, run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -114,7 +117,8 @@ def fit_all(kind, train, test, Xtr, Xte, heads: List[str], args) -> Dict[str, di
         t0 = time.perf_counter()
         data = head.prepare(Xtr, mtr)
         bmax = beta_max(head, data, Y)
-        sol = solve(head, data, Y, args.beta_frac * bmax, method=args.method, max_iter=args.max_iter, tol=args.tol)
+        sol = solve(head, data, Y, args.beta_frac * bmax, method=args.method, max_iter=args.max_iter, tol=args.tol,
+                    warmup=args.warmup, cg_iters=args.cg_iters)
         seconds = time.perf_counter() - t0
         pred = head.forward(sol.Z, head.prepare(Xte, mte)).argmax(-1)
         weights = map_back(head, sol.Z)
@@ -126,14 +130,15 @@ def fit_all(kind, train, test, Xtr, Xte, heads: List[str], args) -> Dict[str, di
             "objective": sol.certificate["objective"], "duality_gap_rel": sol.certificate["duality_gap_rel"],
             "optimality_ratio": sol.certificate["optimality_ratio"], "beta": sol.beta, "beta_max": bmax,
             "rank": sol.rank, "ranks": sol.ranks, "converged": sol.converged, "iterations": sol.iterations,
-            "objective_increases": rep.num_increases, "seconds": seconds,
+            "objective_increases": rep.num_increases, "seconds": seconds, "operator_calls": sol.operator_calls,
+            "newton_steps": sol.newton_steps,
             "nonconvex_params": sum(W1.numel() + W2.numel() for _, W1, W2 in weights),
             "convex_variables": sum(r * q for r, q in head.blocks()),
             "curve": (sol.objective_curve() - sol.certificate["objective"]).tolist(),
         }
         r = rows[f"{kind}/{name}"]
         print(f"{kind:5s} {name:13s} test {r['test_accuracy']:.4f} objective {r['objective']:.6f} gap "
-              f"{r['duality_gap_rel']:.1e} rank {r['rank']} iterations {r['iterations']} {seconds:.1f}s", file=sys.stderr)
+              f"{r['duality_gap_rel']:.1e} rank {r['rank']} iterations {r['iterations']} {seconds:.1f}s", file=sys.stderr, flush=True)
     return rows
 
 
@@ -152,7 +157,7 @@ def plot(rows: Dict[str, dict], path: str) -> None:
             gap = torch.tensor(r["curve"]).clamp_min(1e-16)
             ax.semilogy(gap.numpy(), label=f"{r['head']} (eq. {r['equation']})")
         ax.set_title(f"{kind} features: objective minus final objective")
-        ax.set_xlabel("iteration")
+        ax.set_xlabel("recorded step (FISTA, proximal or Newton)")
         ax.set_ylabel("P(Z_k) - P(Z_final)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -163,14 +168,17 @@ def plot(rows: Dict[str, dict], path: str) -> None:
 
 
 def markdown(rows: Dict[str, dict], args) -> str:
+    method = (f"newton (FISTA warm-up {args.warmup}, at most {args.cg_iters} CG products a Newton step)"
+              if args.method == "newton" else args.method)
     lines = [f"{args.train_examples} training examples, {args.tokens} tokens, d = {args.dim}, beta = "
-             f"{args.beta_frac} x beta_max, softmax cross-entropy, {args.method}, tol {args.tol:g}.", "",
+             f"{args.beta_frac} x beta_max, softmax cross-entropy, {method}, max {args.max_iter} iterations, "
+             f"tol {args.tol:g}.", "",
              "| features | head | eq. | test acc | objective | duality gap (rel) | rank | non-convex params "
-             "| fit s | iterations | objective increases |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fit s | iterations | A/A* calls | objective increases |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows.values():
         lines.append(f"| {r['features']} | {r['head']} | {r['equation']} | {r['test_accuracy']:.4f} | "
                      f"{r['objective']:.5f} | {r['duality_gap_rel']:.1e} | {r['rank']} | {r['nonconvex_params']} | "
-                     f"{r['seconds']:.1f} | {r['iterations']} | {r['objective_increases']} |")
+                     f"{r['seconds']:.1f} | {r['iterations']} | {r['operator_calls']} | {r['objective_increases']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=positive_int, default=None, help="tokens kept per text (default 32, quick 16)")
     p.add_argument("--train-examples", type=positive_int, default=None, help="default 2000, quick 300")
     p.add_argument("--beta-frac", type=beta_fraction, default=0.02, help="beta / beta_max, in (0, 1]")
-    p.add_argument("--method", default="fista", choices=["fista", "pg"])
+    p.add_argument("--method", default="newton", choices=list(METHODS),
+                   help="newton (default): FISTA warm-up, then proximal + Newton-CG steps; fista; pg")
+    p.add_argument("--warmup", type=nonnegative_int, default=50, help="newton: FISTA steps before the first Newton step")
+    p.add_argument("--cg-iters", type=positive_int, default=100,
+                   help="newton: most Hessian-vector products (CG iterations) per Newton step")
     p.add_argument("--max-iter", type=positive_int, default=None, help="default 2000, quick 800")
     p.add_argument("--tol", type=nonnegative_float, default=1e-7, help="relative duality gap to stop at (>= 0)")
     p.add_argument("--seed", type=seed_int, default=0)
@@ -293,7 +305,7 @@ def _main(argv) -> int:
     print(table)
     if args.json:
         keep = ("objective", "duality_gap_rel", "objective_increases", "rank", "test_accuracy", "converged",
-                "iterations", "seconds", "nonconvex_params")
+                "iterations", "operator_calls", "seconds", "nonconvex_params")
         print(json_dumps({k: {f: (None if isinstance(r[f], float) and not math.isfinite(r[f]) else r[f]) for f in keep}
                           for k, r in rows.items()}))
     return 0

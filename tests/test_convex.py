@@ -209,3 +209,221 @@ def test_convex_heads_experiment_on_model_features(tmp_path):
     assert (out / "objective.png").stat().st_size > 0 and (out / "table.md").read_text().count("| model |") == 3
     bad = subprocess.run(cmd[:3] + ["--heads", "sa_softmax"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "unknown head(s) ['sa_softmax']" in bad.stderr
+
+
+# ============================================================================ method="newton" (issue 16)
+from convex.losses import Loss, LOSSES  # noqa: E402
+from convex.solver import _balanced, _steihaug  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["mlp_gated", "sa_linear", "sa_gated", "mixer_linear", "mixer_gated", "bfno"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "squared"])
+def test_newton_reaches_the_fista_optimum_within_the_certified_gaps(name, loss):
+    """Both methods certify; each one's dual value bounds the other's objective from below (weak duality), so
+    the two objectives agree within the sum of the two certified gaps. The trace of each never increases."""
+    X, mask, Y = toy(seed=4)
+    head = make_head(name, D, S, C)
+    data = head.prepare(X, mask)
+    beta = 0.05 * beta_max(head, data, Y, loss)
+    new = solve(head, data, Y, beta, loss=loss, method="newton", max_iter=800, tol=1e-8)
+    old = solve(head, data, Y, beta, loss=loss, method="fista", max_iter=4000, tol=1e-7)
+    assert new.converged and new.certificate["duality_gap_rel"] <= 1e-8, new.certificate
+    assert old.converged, old.certificate
+    assert new.iterations <= 800
+    pn, pf = new.certificate["objective"], old.certificate["objective"]
+    assert abs(pn - pf) <= new.certificate["duality_gap"] + old.certificate["duality_gap"] + 1e-15 * pf
+    assert pn >= old.certificate["dual"] - 1e-15 * pf and pf >= new.certificate["dual"] - 1e-15 * pf
+    for sol in (new, old):
+        curve = sol.objective_curve()
+        assert bool((curve[1:] <= curve[:-1]).all()) and sol.report().num_increases == 0
+    # the certificate the solver reports is the one computed from scratch at the Z it returns
+    again = certificate(head, data, Y, new.Z, beta, loss)
+    assert again == new.certificate
+
+
+def ill_conditioned(n=200, s=8, d=5, seed=0):
+    """Gated attention on features whose scales decay over two decades, variable lengths, and labels of a planted
+    head with noise: the problem is ill-conditioned, the regime where the first-order gap stalls."""
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, s, d, generator=gen, dtype=torch.float64) * torch.logspace(0, -2, d, dtype=torch.float64)
+    mask = torch.arange(s)[None] < torch.randint(2, s + 1, (n,), generator=gen)[:, None]
+    head = make_head("sa_gated", d, s, 2, gates=2, seed=seed)
+    data = head.prepare(X, mask)
+    r, q = head.blocks()[0]
+    planted = [(0, *head.unfactor(0, torch.randn(r, generator=gen, dtype=torch.float64),
+                                  torch.randn(q, generator=gen, dtype=torch.float64)))]
+    out = head.nonconvex(planted, data)
+    out = out + 0.5 * out.std() * torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    return head, data, out.argmax(-1)
+
+
+def test_newton_certifies_where_fista_stalls():
+    head, data, y = ill_conditioned()
+    beta = 0.02 * beta_max(head, data, y)
+    fista = solve(head, data, y, beta, method="fista", max_iter=800, tol=1e-7)
+    newton = solve(head, data, y, beta, method="newton", max_iter=800, tol=1e-7)
+    assert not fista.converged and fista.certificate["duality_gap_rel"] > 1e-6, fista.certificate   # the stall
+    assert newton.converged and newton.iterations < 800 and newton.newton_steps > 0, newton.certificate
+    assert newton.certificate["objective"] <= fista.certificate["objective"]
+    assert newton.report().num_increases == 0
+    # candidates were refused (some went up) while every kept objective went down or stayed
+    curve = newton.objective_curve()
+    assert bool((curve[1:] <= curve[:-1]).all())
+
+
+def test_newton_keeps_the_trace_monotone_even_with_a_too_long_prox_step():
+    """With an L 50 times too small the proximal candidates rise (pg records them: the trace flags it); the
+    newton method refuses them and still records a monotone trace."""
+    X, mask, Y = toy(seed=3)
+    head = make_head("sa_linear", D, S, C)
+    data = head.prepare(X, mask)
+    beta = 0.05 * beta_max(head, data, Y)
+    L = solve(head, data, Y, beta, method="pg", max_iter=50, tol=0).lipschitz[-1]
+    bad = solve(head, data, Y, beta, method="newton", max_iter=200, tol=0, fixed_lipschitz=L / 50, warmup=0)
+    curve = bad.objective_curve()
+    assert any(c > o for c, o in zip(bad.candidates, curve.tolist()))          # rising candidates were offered
+    assert bool((curve[1:] <= curve[:-1]).all()) and bad.report().num_increases == 0
+    assert solve(head, data, Y, beta, method="pg", max_iter=100, tol=0, fixed_lipschitz=L / 50).report().num_increases > 0
+
+
+def test_a_rank_deficient_stationary_point_is_not_certified():
+    """Negative control of the certificate: the optimum with its smallest singular direction removed (what a
+    Burer-Monteiro point of too low a rank looks like) has a gap far above tol and an optimality ratio > 1."""
+    head, data, y = ill_conditioned()
+    beta = 0.02 * beta_max(head, data, y)
+    sol = solve(head, data, y, beta, method="newton", max_iter=800, tol=1e-8)
+    assert sol.converged and sol.rank >= 2
+    g = max(range(len(sol.Z)), key=lambda i: sol.ranks[i])
+    U, S_, Vh = torch.linalg.svd(sol.Z[g], full_matrices=False)
+    k = sol.ranks[g] - 1
+    Z = list(sol.Z)
+    Z[g] = (U[:, :k] * S_[:k]) @ Vh[:k]
+    cert = certificate(head, data, y, Z, beta)
+    assert cert["duality_gap_rel"] > 1e3 * 1e-8 and cert["optimality_ratio"] > 1
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_loss_hessian_is_the_derivative_of_the_gradient(loss):
+    gen = torch.Generator().manual_seed(0)
+    R = torch.randn(7, 3, generator=gen, dtype=torch.float64)
+    dR = torch.randn(7, 3, generator=gen, dtype=torch.float64)
+    Y = torch.softmax(torch.randn(7, 3, generator=gen, dtype=torch.float64), -1)
+    fn = get_loss(loss)
+    _, jvp = torch.autograd.functional.jvp(lambda r: fn.grad(r, Y), R, dR)
+    assert torch.allclose(fn.hess(R, dR, Y), jvp, rtol=1e-12, atol=1e-15)
+    assert not torch.allclose(fn.hess(R, 2 * dR + 1, Y), jvp, rtol=1e-3)     # negative control
+
+
+def test_newton_hessian_vector_product_matches_finite_differences():
+    """The Hessian-vector product of f(U, V) = l(A(U V^T)) + beta/2 (|U|^2 + |V|^2) that the Newton steps use,
+    against central differences of its gradient; a Hessian off by a factor fails the same check."""
+    import convex.solver as cs
+
+    X, mask, Y = toy(seed=6)
+    head = make_head("mixer_gated", D, S, C)
+    data = head.prepare(X, mask)
+    loss = get_loss("cross_entropy")
+    beta = 0.03
+    gen = torch.Generator().manual_seed(1)
+    Us = [torch.randn(r, 2, generator=gen, dtype=torch.float64) for r, _ in head.blocks()]
+    Vs = [torch.randn(q, 2, generator=gen, dtype=torch.float64) for _, q in head.blocks()]
+    dU = [torch.randn_like(u) for u in Us]
+    dV = [torch.randn_like(v) for v in Vs]
+
+    def grad(Us, Vs):
+        G = head.adjoint(loss.grad(head.forward([u @ v.T for u, v in zip(Us, Vs)], data), Y), data)
+        return [g @ v + beta * u for g, u, v in zip(G, Us, Vs)] + [g.T @ u + beta * v for g, u, v in zip(G, Us, Vs)]
+
+    def hvp(Us, Vs, scale=1.0):
+        R = head.forward([u @ v.T for u, v in zip(Us, Vs)], data)
+        G = head.adjoint(loss.grad(R, Y), data)
+        dZ = [du @ v.T + u @ dv.T for du, dv, u, v in zip(dU, dV, Us, Vs)]
+        dG = head.adjoint(scale * loss.hess(R, head.forward(dZ, data), Y), data)
+        return ([dg @ v + g @ dv + beta * du for dg, g, du, dv, v in zip(dG, G, dU, dV, Vs)]
+                + [dg.T @ u + g.T @ du + beta * dv for dg, g, du, dv, u in zip(dG, G, dU, dV, Us)])
+
+    e = 1e-5
+    plus = grad([u + e * d for u, d in zip(Us, dU)], [v + e * d for v, d in zip(Vs, dV)])
+    minus = grad([u - e * d for u, d in zip(Us, dU)], [v - e * d for v, d in zip(Vs, dV)])
+    fd = [(a - b) / (2 * e) for a, b in zip(plus, minus)]
+    err = lambda h: max(float((a - b).abs().max()) for a, b in zip(h, fd)) / max(float(b.abs().max()) for b in fd)
+    assert err(hvp(Us, Vs)) < 1e-7
+    assert err(hvp(Us, Vs, scale=2.0)) > 1e-3                                  # negative control
+    assert cs.CG_ITERS >= 1 and cs.FORCING < 1
+
+
+@pytest.mark.parametrize("shape, k", [((9, 4), 3), ((5, 7), 4), ((6, 6), 0), ((8, 3), 3)])
+def test_balanced_factors(shape, k):
+    gen = torch.Generator().manual_seed(k)
+    U = torch.randn(shape[0], k, generator=gen, dtype=torch.float64) * torch.logspace(0, -3, k, dtype=torch.float64)
+    V = 5 * torch.randn(shape[1], k, generator=gen, dtype=torch.float64)
+    if k >= 2:
+        U[:, 1] = 2 * U[:, 0]                  # rank deficient: one column is a multiple of another
+    Ub, Vb, Sb = _balanced(U, V)
+    Z = U @ V.T
+    assert torch.allclose(Ub @ Vb.T, Z, atol=1e-12 * max(float(Z.abs().max()), 1.0))
+    nuc = float(torch.linalg.matrix_norm(Z, ord="nuc")) if k else 0.0
+    assert abs(0.5 * float((Ub ** 2).sum() + (Vb ** 2).sum()) - nuc) <= 1e-12 * max(nuc, 1.0)
+    assert abs(float(Sb.sum()) - nuc) <= 1e-12 * max(nuc, 1.0)
+    assert torch.allclose(Ub.T @ Ub, Vb.T @ Vb, atol=1e-10 * max(nuc, 1.0))    # balanced: equal Gram matrices
+
+
+def test_steihaug_solves_inside_and_stops_on_the_boundary():
+    gen = torch.Generator().manual_seed(0)
+    M = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+    H = M @ M.T + 0.5 * torch.eye(6, dtype=torch.float64)
+    g = [torch.randn(6, generator=gen, dtype=torch.float64)]
+    hvp = lambda d: [H @ d[0]]
+    s, Hs, used, hit = _steihaug(g, hvp, 1e6, 1e-12, 50)
+    assert not hit and torch.allclose(s[0], -torch.linalg.solve(H, g[0]), rtol=1e-8) and torch.allclose(Hs[0], H @ s[0])
+    s, _, _, hit = _steihaug(g, hvp, 1e-3, 1e-12, 50)
+    assert hit and abs(float(s[0].norm()) - 1e-3) < 1e-12 and float(g[0] @ s[0]) < 0
+    neg = -H                                                           # negative curvature: to the boundary, downhill
+    s, Hs, used, hit = _steihaug(g, lambda d: [neg @ d[0]], 2.0, 1e-12, 50)
+    assert hit and used == 1 and abs(float(s[0].norm()) - 2.0) < 1e-12
+    assert float(g[0] @ s[0]) + 0.5 * float(s[0] @ Hs[0]) < 0
+    assert _steihaug(g, hvp, 1.0, 0.1, 0)[0] is None
+
+
+def test_newton_options_are_checked():
+    X, mask, Y = toy()
+    head = make_head("mlp_linear", D, S, C)
+    data = head.prepare(X, mask)
+    for kw, words in [({"warmup": -1}, ["warmup", "-1"]), ({"warmup": 2.5}, ["warmup", "2.5"]),
+                      ({"cg_iters": 0}, ["cg_iters", "0"]), ({"cg_iters": "x"}, ["cg_iters", "'x'"]),
+                      ({"method": "Newton"}, ["method", "'Newton'"])]:
+        with pytest.raises(ConfigError) as err:
+            solve(head, data, Y, 0.1, **kw)
+        assert all(w in str(err.value) for w in words), (kw, str(err.value))
+
+    class NoHessian(Loss):
+        name = "no_hessian"
+        value = LOSSES["squared"].value
+        grad = LOSSES["squared"].grad
+        dual_value = LOSSES["squared"].dual_value
+
+    with pytest.raises(ConfigError, match="method 'newton' needs the Hessian of the loss.*'no_hessian'"):
+        solve(head, data, Y, 0.1, loss=NoHessian(), method="newton")
+    assert solve(head, data, Y, 0.1, loss=NoHessian(), method="fista", max_iter=5).iterations == 5
+
+
+def test_newton_from_zero_and_at_beta_max():
+    """warmup=0 starts the Newton rounds at Z = 0 (no factors yet: the first proximal step makes them);
+    above beta_max the answer is Z = 0, certified at once."""
+    X, mask, Y = toy()
+    head = make_head("sa_gated", D, S, C)
+    data = head.prepare(X, mask)
+    bmax = beta_max(head, data, Y)
+    sol = solve(head, data, Y, 0.1 * bmax, method="newton", warmup=0, max_iter=600)
+    assert sol.converged and sol.newton_steps > 0 and sol.report().num_increases == 0
+    zero = solve(head, data, Y, 1.001 * bmax, method="newton", warmup=0, max_iter=50)
+    assert zero.converged and zero.rank == 0 and zero.newton_steps == 0
+
+
+def test_newton_runs_on_device(device):
+    X, mask, Y = toy(device=device)
+    head = make_head("mixer_gated", D, S, C)
+    data = head.prepare(X, mask)
+    sol = solve(head, data, Y, 0.1 * beta_max(head, data, Y), method="newton", max_iter=800)
+    assert sol.Z[0].device.type == torch.device(device).type and sol.converged and sol.newton_steps > 0
+    assert sol.report().num_increases == 0

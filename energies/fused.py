@@ -88,7 +88,8 @@ class _FusedAttention(torch.autograd.Function):
             qp, kp = _pad(q, 0.0), _pad(k, 0.0)
             vp = qp if ctx.v_is_q else _pad(v, 0.0)    # values given as the queries: padded once
         dq, dk, dv = bwd(_pad(g_o, 1.0), qp, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
-        if ctx.spare:
+        if ctx.spare:                                  # the spare column is not read by the forward: no gradient
+            dv[..., -1] = 0.0
             return dq, dk, dv, None, None
         return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None
 

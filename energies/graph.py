@@ -70,7 +70,8 @@ def mask_from_lengths(lengths, n: int) -> torch.Tensor:
 def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
     if mask is None:
         return torch.ones(batch_size, n, dtype=torch.bool)
-    mask = torch.as_tensor(mask)
+    # a numpy mask is copied: sharing its memory would let later writes to the array change the graph unseen
+    mask = mask if isinstance(mask, torch.Tensor) else torch.tensor(np.asarray(mask))
     if mask.ndim == 1:
         mask = mask[None, :]
     if mask.dtype != torch.bool:
@@ -159,6 +160,8 @@ def _and_bits(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
 
 
 class _MaskBits(torch.autograd.Function):
+    """``_and_bits`` with its gradient (backward, double backward) for eager and compiled code."""
+
     @staticmethod
     def forward(ctx, x, bits):
         ctx.save_for_backward(bits)
@@ -167,7 +170,33 @@ class _MaskBits(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (bits,) = ctx.saved_tensors
-        return _MaskBits.apply(grad, bits), None     # differentiable again (double backward)
+        return mask_bits(grad, bits), None     # differentiable again (double backward)
+
+
+class _MaskBitsFunc(torch.autograd.Function):
+    """The same with forward mode and vmap rules (``torch.func``, dual tensors; eager only: dynamo does not
+    trace a custom jvp)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, bits):
+        return _and_bits(x, bits)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+        ctx.save_for_forward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (bits,) = ctx.saved_tensors
+        return mask_bits(grad, bits), None
+
+    @staticmethod
+    def jvp(ctx, tangent, _):
+        (bits,) = ctx.saved_tensors
+        return mask_bits(tangent, bits)
 
 
 def _select_bits(a: torch.Tensor, b: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
@@ -188,21 +217,60 @@ class _SelectBits(torch.autograd.Function):
         return mask_bits(grad, bits), mask_bits(grad, torch.bitwise_not(bits)), None
 
 
+class _SelectBitsFunc(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(a, b, bits):
+        return _select_bits(a, b, bits)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[2])
+        ctx.save_for_forward(inputs[2])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (bits,) = ctx.saved_tensors
+        return mask_bits(grad, bits), mask_bits(grad, torch.bitwise_not(bits)), None
+
+    @staticmethod
+    def jvp(ctx, ta, tb, _):
+        (bits,) = ctx.saved_tensors
+        ta = torch.zeros_like(tb) if ta is None else ta
+        tb = torch.zeros_like(ta) if tb is None else tb
+        return select_bits(ta, tb, bits)
+
+
+def _route(*xs: torch.Tensor) -> int:
+    """0: no derivative can pass (no grad mode, or plain tensors that need none and carry no forward-mode
+    tangent); 1: backward mode only (compiled code); 2: the full autograd Function (``torch.func`` transforms,
+    dual tensors, and tensors that need a gradient in eager code)."""
+    if not torch.is_grad_enabled():
+        return 0
+    if torch.compiler.is_compiling():
+        return 1
+    if all(type(x) is torch.Tensor and not x.requires_grad and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+           and torch.autograd.forward_ad.unpack_dual(x).tangent is None for x in xs):
+        return 0
+    return 2
+
+
 def select_bits(a: torch.Tensor, b: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``a`` where ``bits`` are set, ``b`` where they are not (see :func:`mask_bits`), bit for bit: -0.0 and
-    NaN payloads kept; gradients routed alike."""
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return _SelectBits.apply(a, b, bits)
-    return _select_bits(a, b, bits)
+    NaN payloads kept; gradients (backward and forward mode) routed alike."""
+    route = _route(a, b)
+    return (_select_bits(a, b, bits) if route == 0 else
+            _SelectBits.apply(a, b, bits) if route == 1 else _SelectBitsFunc.apply(a, b, bits))
 
 
 def mask_bits(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``x`` (floating) AND ``bits`` (an integer of x's width, broadcast against x, each entry all ones or all
     zeros): x bit for bit where the bits are set, exactly +0.0 where they are not, whatever x holds there (NaN
-    and inf included); the gradient is masked alike. The padding masks of :class:`TokenGraph` use it."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return _MaskBits.apply(x, bits)
-    return _and_bits(x, bits)
+    and inf included); the gradient (backward and forward mode) is masked alike. The padding masks of
+    :class:`TokenGraph` use it."""
+    route = _route(x)
+    return _and_bits(x, bits) if route == 0 else _MaskBits.apply(x, bits) if route == 1 else _MaskBitsFunc.apply(x, bits)
 
 
 class TokenGraph:
@@ -273,21 +341,24 @@ class TokenGraph:
         """The slot mask as an integer of x's width, all bits set on real slots, none on padded ones, shaped
         to broadcast against x (cached per width, rank and device while the mask is unchanged)."""
         itype = SAME_WIDTH_INT[x.dtype]
-        if torch.compiler.is_compiling():
+        mask = self.mask
+        if torch.compiler.is_compiling() or mask.is_inference():     # no version counter to key a cache on
             return -self._slot_mask(x).to(device=x.device, dtype=itype)
-        key = (itype, x.ndim, str(x.device), self.mask.data_ptr(), self.mask._version)
-        cache = self.__dict__.setdefault("_bits", {})
-        bits = cache.get(key)
+        key = (itype, x.ndim, str(x.device), mask._version)
+        cache = self.__dict__.get("_bits")
+        if cache is None or cache[0] is not mask:      # the mask object itself owns the cache (a new mask: a new one)
+            cache = self.__dict__["_bits"] = (mask, {})
+        bits = cache[1].get(key)
         if bits is None:
-            if len(cache) > 8:
-                cache.clear()
-            bits = cache[key] = -self._slot_mask(x).to(device=x.device, dtype=itype)
+            if len(cache[1]) > 8:
+                cache[1].clear()
+            bits = cache[1][key] = -self._slot_mask(x).to(device=x.device, dtype=itype)
         return bits
 
     def to(self, device) -> "TokenGraph":
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)
-        g._bits = {}
+        g.__dict__.pop("_bits", None)
         g.mask = self.mask.to(device)
         g._edges = None if self._edges is None else self._edges.to(device)
         return g
@@ -298,7 +369,7 @@ class TokenGraph:
         (:data:`MASK_FREE` builders); the complete graph stays implicit (no host read at all)."""
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)
-        g._bits = {}
+        g.__dict__.pop("_bits", None)
         g.mask = _check_mask(mask, self.batch_size, self.num_nodes).to(self.device)
         if self.is_complete:
             g._edges = None

@@ -307,7 +307,7 @@ def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused
     return PairwisePass(agg, deg, e)
 
 
-#: largest element count of one block of logits in :func:`_softmax_degrees` (64 MiB in float32 is 2^24)
+#: largest element count of one block of logits in :func:`_softmax_degrees` (16 MiB in float32)
 DEGREE_BLOCK_ELEMENTS = 1 << 22
 
 

@@ -196,3 +196,79 @@ def test_trace_values_equal_the_independent_float64_evaluation():
                 got = out.energies[name][:, t]
                 assert torch.allclose(got, ref, rtol=0, atol=64 * EPS32 * scale), (t, name)
     assert out.report().verdict == "descent"
+
+
+def test_bitwise_masks_forward_mode_vmap_and_compile():
+    """Forward-mode derivatives (torch.func.jvp / jacfwd, dual tensors) and vmap pass through the masks like
+    torch.where; a compiled function gets the same gradient as eager."""
+    import torch.autograd.forward_ad as fwAD
+
+    mask = torch.tensor([[True, False, True]])
+    g = TokenGraph(1, 3, mask)
+    x = torch.randn(1, 3, 2, dtype=torch.float64)
+    ref = torch.func.jacfwd(lambda a: torch.where(mask[..., None], a, 0.0))(x)
+    assert torch.equal(torch.func.jacfwd(g.zero_padded)(x), ref)
+    assert torch.equal(torch.func.jacrev(g.zero_padded)(x), ref)
+    t = torch.ones_like(x)
+    assert torch.func.jvp(lambda a: g.keep_padded(2 * a, a), (x,), (t,))[1][0, :, 0].tolist() == [2.0, 1.0, 2.0]
+    with fwAD.dual_level():
+        assert fwAD.unpack_dual(g.zero_padded(fwAD.make_dual(x, t))).tangent[0, :, 0].tolist() == [1.0, 0.0, 1.0]
+    assert torch.vmap(lambda a: g.zero_padded(a[None])[0])(torch.ones(4, 3, 2)).sum().item() == 16.0
+    from torch import _dynamo
+    _dynamo.reset()
+    f = torch.compile(lambda a: g.zero_padded(a) * 2, fullgraph=True, backend="eager")
+    xr = x.clone().requires_grad_()
+    f(xr).sum().backward()
+    assert xr.grad[0, :, 0].tolist() == [2.0, 0.0, 2.0]
+
+
+def test_bit_cache_follows_replaced_masks_inference_mode_and_numpy():
+    g = TokenGraph(1, 4, torch.tensor([[True, True, True, True]]))
+    ones = torch.ones(1, 4, 1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):                                    # a new mask object each time (addresses get reused)
+        m = torch.rand(1, 4, generator=gen) > 0.5
+        g.mask = m
+        assert torch.equal(g.zero_padded(ones)[0, :, 0], m[0].float())
+    with torch.inference_mode():                            # inference tensors have no version counter
+        gi = TokenGraph(1, 4, torch.tensor([[True, False, True, False]]))
+        assert gi.zero_padded(ones)[0, :, 0].tolist() == [1.0, 0.0, 1.0, 0.0]
+    arr = np.array([[True, False, True, True]])
+    gn = TokenGraph(1, 4, arr)
+    arr[0, 1] = True                                        # a numpy mask is copied: later writes do not leak in
+    assert gn.zero_padded(ones)[0, :, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert gn.mask[0].tolist() == [True, False, True, True]
+
+
+def test_spare_column_gets_no_gradient():
+    from energies.fused import fused_attention
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.nn.functional.pad(torch.randn(1, 1, 9, 3, dtype=torch.float64, generator=gen), (0, 1))
+               .requires_grad_() for _ in range(3))
+    o, lse = fused_attention(q, k, v, 0.5, spare=True)
+    grads = torch.autograd.grad(o.sum() + lse.sum(), (q, k, v))
+    assert all(float(t[..., -1].abs().max()) == 0.0 for t in grads)
+
+
+def test_nonnegativity_with_a_nan_token_and_a_negative_token():
+    g = TokenGraph(1, 3, None)
+    Y = torch.ones(1, 3, 2)
+    Y[0, 0, 0], Y[0, 2, 1] = math.nan, -1.0
+    assert NonNegativity().value(Y, g).tolist() == [math.inf]
+
+
+def test_one_reduction_sum_in_chunks_beyond_2_22_elements():
+    from energies import terms
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.rand(1, 3 * 1024, 1024, generator=gen) + 0.5      # 3 x 2^20 elements
+    old = terms.SUM_CHUNK
+    try:
+        terms.SUM_CHUNK = 1 << 20                               # force the chunked path on a small case
+        chunked = float(_f64_sum(x))
+    finally:
+        terms.SUM_CHUNK = old
+    exact, scale = _fsum_rows(x)
+    assert abs(chunked - exact[0]) <= 4 * EPS32 * scale[0]
+    assert abs(float(_f64_sum(x)) - exact[0]) <= 4 * EPS32 * scale[0]

@@ -78,7 +78,7 @@ def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1
             values: bool = False) -> MMStepResult:
     """One MM step ``Y -> prox(Y + alpha * direction)`` (module docstring); padded slots keep their input."""
     direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values)
-    out = torch.add(Y, direction, alpha=alpha)
+    out = Y + alpha * direction
     for term in energy.terms.values():
         if term.is_indicator:
             out = term.prox(out, graph)

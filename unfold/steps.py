@@ -166,7 +166,7 @@ class AttentionStep(Step):
     def update(self, Y, graph):
         """``y + alpha (target - y)``: the same point as ``(1 - alpha) y + alpha target`` in exact arithmetic,
         and exactly y where the increment is 0."""
-        return torch.add(Y, self.increment(Y, graph), alpha=self.alpha)
+        return Y + self.alpha * self.increment(Y, graph)
 
     # ---------------------------------------------------------------- the MM surrogate, for tests
     def jacobi_diagonal(self, Y0: torch.Tensor, graph: TokenGraph) -> torch.Tensor:

@@ -61,37 +61,45 @@ def _pad(t: torch.Tensor, value: float) -> torch.Tensor:
 
 
 class _FusedAttention(torch.autograd.Function):
+    """``v=None``: the values are the queries (passed once: dynamo refuses one tensor as two inputs)."""
+
     @staticmethod
     def forward(ctx, q, k, v, scale, spare):
         fwd, _ = _ops()
+        v_is_q = v is None
+        v = q if v_is_q else v
         cut = (lambda t: t[..., :-1]) if spare else (lambda t: t)
         o, lse = fwd(cut(q), cut(k), cut(v), scale=scale)     # strided views: the op reads them in place
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.scale, ctx.v_is_q, ctx.spare = scale, v is q, spare
+        ctx.save_for_backward(q, k, o, lse) if v_is_q else ctx.save_for_backward(q, k, o, lse, v)
+        ctx.scale, ctx.v_is_q, ctx.spare = scale, v_is_q, spare
         return o, lse
 
     @staticmethod
     def backward(ctx, g_o, g_lse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, o, lse, *rest = ctx.saved_tensors
+        v = q if ctx.v_is_q else rest[0]
         _, bwd = _ops()
         g_o = torch.zeros_like(o) if g_o is None else g_o.contiguous()
         if g_lse is None:
             cut = (lambda t: t[..., :-1]) if ctx.spare else (lambda t: t)
-            grads = bwd(g_o, cut(q), cut(k), cut(v), o, lse, 0.0, False, scale=ctx.scale)
+            dq, dk, dv = bwd(g_o, cut(q), cut(k), cut(v), o, lse, 0.0, False, scale=ctx.scale)
             if ctx.spare:
-                grads = [torch.nn.functional.pad(g, (0, 1)) for g in grads]
-            return (*grads, None, None)
-        out = torch.cat([o, -g_lse[..., None].to(o.dtype)], -1)
-        if ctx.spare:                                  # the inputs already carry the zero column
-            qp, kp, vp = q, k, v
+                dq, dk, dv = (torch.nn.functional.pad(g, (0, 1)) for g in (dq, dk, dv))
         else:
-            qp, kp = _pad(q, 0.0), _pad(k, 0.0)
-            vp = qp if ctx.v_is_q else _pad(v, 0.0)    # values given as the queries: padded once
-        dq, dk, dv = bwd(_pad(g_o, 1.0), qp, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
-        if ctx.spare:                                  # the spare column is not read by the forward: no gradient
-            dv[..., -1] = 0.0
-            return dq, dk, dv, None, None
-        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None, None
+            out = torch.cat([o, -g_lse[..., None].to(o.dtype)], -1)
+            if ctx.spare:                              # the inputs already carry the zero column
+                qp, kp, vp = q, k, v
+            else:
+                qp, kp = _pad(q, 0.0), _pad(k, 0.0)
+                vp = qp if ctx.v_is_q else _pad(v, 0.0)    # values given as the queries: padded once
+            dq, dk, dv = bwd(_pad(g_o, 1.0), qp, kp, vp, out, lse, 0.0, False, scale=ctx.scale)
+            if ctx.spare:                              # the spare column is not read by the forward: no gradient
+                dv[..., -1] = 0.0
+            else:
+                dq, dk, dv = dq[..., :-1], dk[..., :-1], dv[..., :-1]
+        if ctx.v_is_q:
+            return dq + dv, dk, None, None, None
+        return dq, dk, dv, None, None
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, spare: bool = False):
@@ -107,5 +115,6 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     if not (q.shape[-1] == k.shape[-1] == v.shape[-1]) or (spare and q.shape[-1] < 2):
         raise EnergyError(f"fused attention needs one head size, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                           f"v {tuple(v.shape)}")
+    shared = v is q
     q = q.contiguous()
-    return _FusedAttention.apply(q, k.contiguous(), q if v is q else v.contiguous(), float(scale), bool(spare))
+    return _FusedAttention.apply(q, k.contiguous(), None if shared else v.contiguous(), float(scale), bool(spare))

@@ -49,7 +49,7 @@ from .graph import TokenGraph
 from .rho import ExpRho, Rho, kernel_sensitivity
 
 __all__ = ["KERNELS", "Kernel", "register_kernel", "kernel_names", "pick_kernel", "edge_z", "dense_z", "explicit_z",
-           "expansion_dtype", "PairwisePass", "pairwise_pass", "weighted_neighbour_sums", "pairwise_energy",
+           "expansion_dtype", "PairwisePass", "pairwise_pass", "pairwise_pass_heads", "weighted_neighbour_sums", "pairwise_energy",
            "EXPANSION_Z_ERROR"]
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
 STREAM_TILE = 256
@@ -238,18 +238,26 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)
         diff = torch.exp(logits - lse) @ Y - Y if num else None
         return diff, lse[..., 0]
-    half_sq = 0.5 * ((Y * Y).sum(-1) if sq is None else sq)
-    B, n, d = Y.shape
-    q, k = Y.new_empty(B, 1, n, d + 3), Y.new_empty(B, 1, n, d + 3)     # + a zero column for the backward
-    q[:, 0, :, :d], k[:, 0, :, :d] = Y, Y
-    q[:, 0, :, d], q[:, 0, :, d + 1] = 1.0, -half_sq
-    k[:, 0, :, d] = torch.where(graph.mask, -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
-    k[:, 0, :, d + 1] = 1.0
-    q[..., d + 2], k[..., d + 2] = 0.0, 0.0
-    # the values are the queries: their two extra output columns (P 1, -P |y|^2/2) are dropped below, so the
-    # gradient reaching them is 0 and the shared tensor gets exactly the gradient of [Y, 0, 0] as values
+    diff, lse = _fused_parts(Y[:, None], graph.mask, tau, None if sq is None else sq[:, None])
+    return (diff[:, 0] if num else None), lse[:, 0]
+
+
+def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None):
+    """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``), one flash call:
+    ``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
+    queries themselves (their two extra output columns are dropped, so the gradient reaching them is 0 and the
+    shared tensor gets exactly the gradient of ``[Z, 0, 0]`` as values), and a spare zero column that the
+    backward uses for the LSE gradient (:func:`~energies.fused.fused_attention`)."""
+    half_sq = 0.5 * ((Z * Z).sum(-1) if sq is None else sq)
+    B, H, n, c = Z.shape
+    q, k = Z.new_empty(B, H, n, c + 3), Z.new_empty(B, H, n, c + 3)
+    q[..., :c], k[..., :c] = Z, Z
+    q[..., c], q[..., c + 1] = 1.0, -half_sq
+    k[..., c] = torch.where(mask[:, None], -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
+    k[..., c + 1] = 1.0
+    q[..., c + 2], k[..., c + 2] = 0.0, 0.0
     attn, lse = fused_attention(q, k, q, 1.0 / tau, spare=True)
-    return (attn[:, 0, :, :-2] - Y if num else None), lse[:, 0]
+    return attn[..., :c] - Z, lse
 
 
 def _apply(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:
@@ -286,6 +294,47 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     return out._replace(Y=Y, metric=metric)
 
 
+def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
+                        energy: bool = False, num: bool = True, guard: bool = True):
+    """:func:`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
+    kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
+    features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
+    neighbour sums (one flash call over H heads), or the energy-only pass of either (:func:`_softmax_degrees`
+    over B H examples). Each head gets exactly the quantities of its own pass (the same formulas; tested).
+    Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
+    dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
+    read for all heads in one host read): then call :func:`pairwise_pass` per head."""
+    if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1 or Y.dtype not in EXPANSION_Z_ERROR:
+        return None
+    name = pick_kernel(graph, rho, kernel)
+    if name != "fused" and (num or name != "softmax"):
+        return None
+    Y = graph.zero_padded(Y)
+    B, n, _ = Y.shape
+    H, dh = len(metrics), metrics[0].shape[1]
+    W = torch.cat([w.to(device=Y.device, dtype=Y.dtype) for w in metrics], 1)            # (d, H d_h)
+    Z = (_centred(Y, graph) @ W).unflatten(-1, (H, dh)).transpose(1, 2)                 # (B, H, n, d_h)
+    sq = (Z * Z).sum(-1)                                                                 # (B, H, n)
+    if guard and not torch.compiler.is_compiling():
+        top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
+        limit = EXPANSION_Z_ERROR[Z.dtype] / torch.finfo(Z.dtype).eps / max(1.0, float(kernel_sensitivity(rho)))
+        if not all(math.isfinite(t) and t <= limit for t in top):
+            return None
+    real = graph.mask.to(Y.dtype)[:, None]                                               # (B, 1, n)
+    if num:
+        diff, lse = _fused_parts(Z, graph.mask, tau, sq)
+        log_s = torch.clamp(lse, min=0.0) * real
+        deg = torch.expm1(log_s)
+        agg = (torch.exp(log_s) * real)[..., None] * diff
+    else:
+        deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
+                               sq.reshape(B * H, n)).view(B, H, n)
+        agg = None
+    e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
+    return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
+                         metric=metrics[h]) for h in range(H)]
+
+
 def _own_dtype(Zc: torch.Tensor) -> torch.dtype:
     return Zc.dtype if Zc.dtype in EXPANSION_Z_ERROR else torch.float32
 
@@ -295,7 +344,7 @@ def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused
     """Softmax over all keys of the logits ``-z_uv`` (self included): ``deg_u = expm1(LSE_u)``,
     ``agg_u = (1 + deg_u) (P Y - Y)_u``, the energy ``-tau/2 sum_u deg_u`` (module docstring)."""
     if not num:                                     # energy-only: no neighbour sums, half the exponentials
-        deg = _softmax_degrees(Y, graph, tau, sq)
+        deg = _softmax_degrees(Y, graph.mask, tau, sq)
         agg = None
     else:
         diff, lse = _softmax_parts(Y, graph, tau, fused, num, sq)
@@ -311,9 +360,9 @@ def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused
 DEGREE_BLOCK_ELEMENTS = 1 << 22
 
 
-def _softmax_degrees(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: Optional[torch.Tensor] = None
+def _softmax_degrees(Y: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None
                      ) -> torch.Tensor:
-    """``deg_u = sum_{v != u, v real} exp(-z_uv)`` ``(B, n)`` (0 on padded u) for centred tokens Y: the
+    """``deg_u = sum_{v != u, v real} exp(-z_uv)`` ``(B, n)`` (0 on padded u, ``mask`` ``(B, n)``) for centred tokens Y: the
     energy-only pass of the softmax kernels (rho = exp, complete graph; the energy is ``-tau/2 sum_u deg_u``).
 
     The logits are symmetric, ``-z_uv = (y_u.y_v + b_u + b_v) / tau`` with ``b_u = -|y_u|^2 / 2``
@@ -325,7 +374,7 @@ def _softmax_degrees(Y: torch.Tensor, graph: TokenGraph, tau: float, sq: Optiona
     relative, measured in the tests against float64)."""
     B, n, _ = Y.shape
     half = 0.5 * ((Y * Y).sum(-1) if sq is None else sq)
-    b = torch.where(graph.mask, -half, torch.full_like(half, -PAD_LOGIT * tau))[..., None]
+    b = torch.where(mask, -half, torch.full_like(half, -PAD_LOGIT * tau))[..., None]
     one = torch.ones_like(b)
     f = torch.cat([Y, b, one], -1)
     g = (torch.cat([Y, one, b], -1) * (1.0 / tau)).transpose(1, 2)

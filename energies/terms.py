@@ -18,7 +18,7 @@ import torch
 from .errors import EnergyError, TokenError
 from .checks import check_number
 from .graph import TokenGraph
-from .pairwise import kernel_names, pairwise_energy, pairwise_pass, weighted_neighbour_sums
+from .pairwise import kernel_names, pairwise_energy, pairwise_pass, pairwise_pass_heads, weighted_neighbour_sums
 from .rho import Rho, get_rho
 
 __all__ = [
@@ -137,6 +137,19 @@ class EnergyTerm(torch.nn.Module):
         c = self.curvature(Y, graph)
         return MMParts(self.grad(Y, graph), c, (self.value(Y, graph) if value else None), c)
 
+    @staticmethod
+    def joint_mm(terms, Y: torch.Tensor, graph: TokenGraph, value: bool = True):
+        """:meth:`mm` of several terms of this class at once where one pass can serve them all (a list of
+        :class:`MMParts`, one per term, equal to each term's own), else None: each term's own :meth:`mm`
+        then. The MM step groups consecutive terms of one class this way."""
+        return None
+
+    @staticmethod
+    def joint_pass_values(terms, Y: torch.Tensor, graph: TokenGraph):
+        """:meth:`pass_value_and_curvature` of several terms at once (a list of pairs), or None (see
+        :meth:`joint_mm`)."""
+        return None
+
     def prox(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """The proximal map of an indicator term (the projection onto its set, in any per-token metric):
         ``argmin_X indicator(X) + sum_u c_u |x_u - y_u|^2 / 2``. Indicators only."""
@@ -249,8 +262,39 @@ class PairwiseAttention(EnergyTerm):
         """One pass: ``(grad, deg, value)``: the gradient at Y, the kernel's degrees and the term's
         value per example (float64), the latter read off the same pass (LSE identity on softmax)."""
         out = self._pass(Y, graph, energy=value)
-        grad = graph.zero_padded(-out.agg if self.metric is None else out.agg @ (-self.metric.to(dtype=out.agg.dtype)).T)
-        return grad, out.deg, out.energy
+        return self._grad(graph, out), out.deg, out.energy
+
+    def _grad(self, graph, out) -> torch.Tensor:
+        """``-W agg`` (zero on padded slots) from a pass (the metric's sign folded into the small W)."""
+        return graph.zero_padded(-out.agg if self.metric is None else out.agg @ (-self.metric.to(dtype=out.agg.dtype)).T)
+
+    def _parts(self, Y, graph, out) -> MMParts:
+        return MMParts(self._grad(graph, out), self._curvature_from(Y, graph, out.deg), out.energy,
+                       out.deg if self.metric is None else None)
+
+    @staticmethod
+    def _joint(terms, Y, graph, energy: bool, num: bool):
+        """One pass for heads that differ only in their metric (:func:`~energies.pairwise.pairwise_pass_heads`),
+        or None."""
+        t0 = terms[0]
+        if len(terms) < 2 or any(type(t) is not PairwiseAttention or t.metric is None or t.rho.spec() != t0.rho.spec()
+                                 or t.tau != t0.tau or t.kernel != t0.kernel or t.guard != t0.guard for t in terms):
+            return None
+        return pairwise_pass_heads(Y, graph, t0.rho, t0.tau, t0.kernel, [t._metric(Y) for t in terms], energy=energy,
+                                   num=num, guard=t0.guard)
+
+    @staticmethod
+    def joint_mm(terms, Y, graph, value: bool = True):
+        """The heads of a multi-head energy in one kernel call (:meth:`EnergyTerm.joint_mm`)."""
+        outs = PairwiseAttention._joint(terms, Y, graph, value, True)
+        return None if outs is None else [t._parts(Y, graph, out) for t, out in zip(terms, outs)]
+
+    @staticmethod
+    def joint_pass_values(terms, Y, graph):
+        """The heads' energy-only passes in one call (:meth:`EnergyTerm.joint_pass_values`)."""
+        outs = PairwiseAttention._joint(terms, Y, graph, True, False)
+        return None if outs is None else [(out.energy, t._curvature_from(Y, graph, out.deg))
+                                          for t, out in zip(terms, outs)]
 
     def pass_value_and_curvature(self, Y, graph):
         """One energy-only pass: the value and the curvature bound from its degrees (no neighbour sums)."""
@@ -271,8 +315,7 @@ class PairwiseAttention(EnergyTerm):
     def mm(self, Y, graph, value: bool = True) -> MMParts:
         """One kernel pass: gradient, curvature bound ``2 deg ||W||^2``, value and, without a metric, the Jacobi
         diagonal ``deg_u = sum_v gamma_uv`` of the surrogate's Laplacian (supplement eq. 37)."""
-        grad, deg, value = self.mm_pass(Y, graph, value)
-        return MMParts(grad, self._curvature_from(Y, graph, deg), value, deg if self.metric is None else None)
+        return self._parts(Y, graph, self._pass(Y, graph, energy=value))
 
     def curvature(self, Y, graph):
         """From the degrees of a pass without neighbour sums or energy (none with constant curvature)."""

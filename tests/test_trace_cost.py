@@ -83,7 +83,7 @@ def test_energy_only_degrees_equal_explicit_sums(B, n, d):
     g = TokenGraph(B, n, mask)
     tau = math.sqrt(d)
     Yc = g.zero_padded(Y - (Y * mask[..., None]).sum(1, keepdim=True) / mask.sum(1)[:, None, None])
-    got = _softmax_degrees(Yc, g, tau)
+    got = _softmax_degrees(Yc, g.mask, tau)
     ref = _explicit_degrees(Yc, mask, tau)
     assert torch.allclose(got, ref, rtol=1e-12, atol=1e-14)
     assert torch.all(got[~mask] == 0)
@@ -101,7 +101,7 @@ def test_energy_only_degrees_float32_and_small_degrees():
     Y = torch.randn(2, 300, 16, generator=gen) * 3.0           # far apart: degrees ~1e-3 .. 1e-1
     g = TokenGraph(2, 300, None)
     Yc = Y - Y.mean(1, keepdim=True)
-    got = _softmax_degrees(Yc, g, 4.0).double()
+    got = _softmax_degrees(Yc, g.mask, 4.0).double()
     ref = _explicit_degrees(Yc, g.mask, 4.0)
     assert float(ref.min()) < 1e-2
     rel = ((got - ref).abs() / ref).max()
@@ -118,8 +118,8 @@ def test_energy_only_degrees_gradient():
     mask = torch.ones(2, 90, dtype=torch.bool)
     mask[1, 60:] = False
     g = TokenGraph(2, 90, mask)
-    assert torch.autograd.gradcheck(lambda y: _softmax_degrees(g.zero_padded(y), g, 1.5), (Y,))
-    got = torch.autograd.grad(_softmax_degrees(g.zero_padded(Y), g, 1.5).sum(), Y)[0]
+    assert torch.autograd.gradcheck(lambda y: _softmax_degrees(g.zero_padded(y), g.mask, 1.5), (Y,))
+    got = torch.autograd.grad(_softmax_degrees(g.zero_padded(Y), g.mask, 1.5).sum(), Y)[0]
     ref = torch.autograd.grad(_explicit_degrees(g.zero_padded(Y), mask, 1.5).sum(), Y)[0]
     assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
 
@@ -272,3 +272,59 @@ def test_one_reduction_sum_in_chunks_beyond_2_22_elements():
     exact, scale = _fsum_rows(x)
     assert abs(chunked - exact[0]) <= 4 * EPS32 * scale[0]
     assert abs(float(_f64_sum(x)) - exact[0]) <= 4 * EPS32 * scale[0]
+
+
+# ----------------------------------------------------------------- heads in one kernel call
+def _guaranteed(dtype, heads=2, **kw):
+    from unfold.encoders import GuaranteedEncoder
+
+    torch.manual_seed(0)
+    return GuaranteedEncoder(d=12, heads=heads, layers=3, **kw).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_heads_in_one_call_equal_each_head_alone(dtype, monkeypatch):
+    """The MM step and the trace with the heads in one kernel call (PairwiseAttention.joint_mm /
+    joint_pass_values) equal those with one call per head: output, per-term energies, resolution and the
+    gradients of the weights and the input; float64 to 1e-12 relative, float32 to a few eps."""
+    from energies.terms import PairwiseAttention
+
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(3, 20, 12, dtype=dtype, generator=gen)
+    mask = torch.arange(20)[None] < torch.tensor([20, 13, 4])[:, None]
+    results = []
+    for joint in (True, False):
+        enc = _guaranteed(dtype)
+        if not joint:
+            monkeypatch.setattr(PairwiseAttention, "joint_mm", staticmethod(lambda *a, **k: None))
+            monkeypatch.setattr(PairwiseAttention, "joint_pass_values", staticmethod(lambda *a, **k: None))
+        Xr = X.clone().requires_grad_()
+        out = enc(Xr, mask, trace=True)
+        grads = torch.autograd.grad((out.Y ** 2).sum(), [Xr, enc.W, enc.A])
+        results.append([out.Y, *out.energies.values(), out.energies.resolution, *grads])
+        monkeypatch.undo()
+    rtol = 1e-12 if dtype == torch.float64 else 64 * EPS32
+    for a, b in zip(*results):
+        assert torch.allclose(a, b.to(a.dtype), rtol=rtol, atol=rtol * float(b.abs().max())), (a, b)
+
+
+def test_heads_in_one_call_are_used_and_declined_where_they_cannot_share(monkeypatch):
+    """The joint path runs for the default heads (one flash call for both), and declines (each head its own
+    pass) when the scale guard asks for a wider dtype: there the result equals the per-head float64 path."""
+    import energies.fused as fused
+    from energies.terms import PairwiseAttention
+
+    calls = []
+    real = fused._FusedAttention.apply
+    monkeypatch.setattr(fused._FusedAttention, "apply", lambda *a: calls.append(a[0].shape) or real(*a))
+    enc = _guaranteed(torch.float32)
+    X = torch.randn(2, 9, 12)
+    enc(X, None)
+    assert calls and all(s[1] == 2 for s in calls)                  # (B, H = 2, n, c): both heads in each call
+    calls.clear()
+    big = X * 30.0                     # max |z|^2 / tau beyond float32 budget (512), within float64 (4e6)
+    out = enc(big, None, trace=True)
+    assert calls and all(s[1] == 1 for s in calls)                  # the guard declined the joint call
+    monkeypatch.setattr(PairwiseAttention, "joint_mm", staticmethod(lambda *a, **k: None))
+    ref = enc(big, None, trace=True)
+    assert torch.equal(out.Y, ref.Y)

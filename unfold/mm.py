@@ -52,12 +52,11 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
     curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     vals: Dict[str, torch.Tensor] = OrderedDict()
-    for name, term in energy.terms.items():
+    for name, term, parts in _term_parts(energy, Y, graph, values):
         if term.is_indicator:
             if values:
                 vals[name] = term.value(Y, graph)
             continue
-        parts = term.mm(Y, graph, values)
         grad = parts.grad if grad is None else grad + parts.grad
         curv = curv + parts.curvature
         if preconditioner == "bound":
@@ -72,6 +71,28 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
     if grad is None:                               # no smooth term (an energy of indicators only)
         grad = torch.zeros_like(Y)
     return grad / (-precond)[..., None], vals, curv      # the sign on the (B, n) divisor: one pass less over Y
+
+
+def _term_parts(energy: Energy, Y: torch.Tensor, graph: TokenGraph, values: bool):
+    """``(name, term, MMParts or None)`` for every term in order; consecutive smooth terms of one class are offered
+    to that class's :meth:`~energies.terms.EnergyTerm.joint_mm` (the heads of a multi-head energy: one kernel call),
+    the others (and those it declines) to their own :meth:`~energies.terms.EnergyTerm.mm`."""
+    items = list(energy.terms.items())
+    i = 0
+    while i < len(items):
+        name, term = items[i]
+        if term.is_indicator:
+            yield name, term, None
+            i += 1
+            continue
+        j = i + 1
+        while j < len(items) and type(items[j][1]) is type(term) and not items[j][1].is_indicator:
+            j += 1
+        group = items[i:j]
+        joint = type(term).joint_mm([t for _, t in group], Y, graph, values) if j - i > 1 else None
+        for (n, t), parts in zip(group, joint if joint is not None else [t.mm(Y, graph, values) for _, t in group]):
+            yield n, t, parts
+        i = j
 
 
 def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",

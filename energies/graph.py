@@ -173,25 +173,21 @@ class _MaskBits(torch.autograd.Function):
         return mask_bits(grad, bits), None     # differentiable again (double backward)
 
 
-class _MaskBitsFunc(torch.autograd.Function):
-    """The same with forward mode and vmap rules (``torch.func``, dual tensors; eager only: dynamo does not
-    trace a custom jvp)."""
+class _BitsFunc(torch.autograd.Function):
+    """Base of the Functions with forward mode and vmap rules (``torch.func``, dual tensors; eager only: dynamo
+    does not trace a custom jvp): the last input is the bit mask, kept for both directions."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, bits):
-        return _and_bits(x, bits)
-
-    @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[1])
-        ctx.save_for_forward(inputs[1])
+        ctx.save_for_backward(inputs[-1])
+        ctx.save_for_forward(inputs[-1])
 
-    @staticmethod
-    def backward(ctx, grad):
-        (bits,) = ctx.saved_tensors
-        return mask_bits(grad, bits), None
+
+class _MaskBitsFunc(_BitsFunc):
+    forward = staticmethod(_and_bits)
+    backward = staticmethod(_MaskBits.backward)
 
     @staticmethod
     def jvp(ctx, tangent, _):
@@ -217,22 +213,9 @@ class _SelectBits(torch.autograd.Function):
         return mask_bits(grad, bits), mask_bits(grad, torch.bitwise_not(bits)), None
 
 
-class _SelectBitsFunc(torch.autograd.Function):
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(a, b, bits):
-        return _select_bits(a, b, bits)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[2])
-        ctx.save_for_forward(inputs[2])
-
-    @staticmethod
-    def backward(ctx, grad):
-        (bits,) = ctx.saved_tensors
-        return mask_bits(grad, bits), mask_bits(grad, torch.bitwise_not(bits)), None
+class _SelectBitsFunc(_BitsFunc):
+    forward = staticmethod(_select_bits)
+    backward = staticmethod(_SelectBits.backward)
 
     @staticmethod
     def jvp(ctx, ta, tb, _):

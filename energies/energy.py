@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Iterable, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -51,6 +51,19 @@ class Energy(torch.nn.Module):
     @property
     def names(self):
         return list(self.terms.keys())
+
+    def groups(self) -> List[List[Tuple[str, EnergyTerm]]]:
+        """The ``(name, term)`` pairs in order, consecutive smooth terms of one class together (the runs that class's
+        :meth:`~energies.terms.EnergyTerm.joint_mm` / ``joint_pass_values`` may serve in one pass, such as the
+        attention heads of a multi-head energy), each indicator alone."""
+        out: List[List[Tuple[str, EnergyTerm]]] = []
+        for name, term in self.terms.items():
+            last = out[-1][-1][1] if out else None
+            if last is not None and not term.is_indicator and not last.is_indicator and type(term) is type(last):
+                out[-1].append((name, term))
+            else:
+                out.append([(name, term)])
+        return out
 
     def term_values(self, Y: torch.Tensor, graph: TokenGraph) -> "OrderedDict[str, torch.Tensor]":
         """Each term's value per example, ``{name: (B,)}``, float64."""

@@ -205,11 +205,16 @@ def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0,
     by ``|dz| * sensitivity`` relative to the largest (:meth:`~energies.rho.Rho.kernel_sensitivity`, at least 1
     here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
     ``torch.compile``, which keeps Yc's dtype). ``sq``: ``|y_u|^2`` of Yc when already computed."""
-    own = Yc.dtype if Yc.dtype in EXPANSION_Z_ERROR else torch.float32
+    own = _own_dtype(Yc)
     if torch.compiler.is_compiling() or Yc.numel() == 0:
         return own
     sq = (Yc.detach() * Yc.detach()).sum(-1) if sq is None else sq.detach()
-    scale = float(sq.max()) / tau * max(1.0, float(sensitivity))
+    return _scale_dtype(float(sq.max()) / tau * max(1.0, float(sensitivity)), own)
+
+
+def _scale_dtype(scale: float, own: torch.dtype) -> Optional[torch.dtype]:
+    """The rule of :func:`expansion_dtype` for ``scale = max |y|^2 / tau * sensitivity``: ``own``, else float64,
+    where ``scale * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``; None where neither resolves it."""
     for dt in dict.fromkeys((own, torch.float64)):
         if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
             return dt
@@ -316,21 +321,18 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     Z = (_centred(Y, graph) @ W).unflatten(-1, (H, dh)).transpose(1, 2)                 # (B, H, n, d_h)
     sq = (Z * Z).sum(-1)                                                                 # (B, H, n)
     if guard and not torch.compiler.is_compiling():
+        sens = max(1.0, float(kernel_sensitivity(rho)))
         top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
-        limit = EXPANSION_Z_ERROR[Z.dtype] / torch.finfo(Z.dtype).eps / max(1.0, float(kernel_sensitivity(rho)))
-        if not all(math.isfinite(t) and t <= limit for t in top):
+        if any(_scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
             return None
-    real = graph.mask.to(Y.dtype)[:, None]                                               # (B, 1, n)
     if num:
         diff, lse = _fused_parts(Z, graph.mask, tau, sq)
-        log_s = torch.clamp(lse, min=0.0) * real
-        deg = torch.expm1(log_s)
-        agg = (torch.exp(log_s) * real)[..., None] * diff
+        agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype)[:, None])
     else:
         deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
                                sq.reshape(B * H, n)).view(B, H, n)
         agg = None
-    e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
+    e = _degree_energy(deg, tau) if energy else None
     return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
                          metric=metrics[h]) for h in range(H)]
 
@@ -348,12 +350,21 @@ def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused
         agg = None
     else:
         diff, lse = _softmax_parts(Y, graph, tau, fused, num, sq)
-        real = graph.mask.to(Y.dtype)
-        log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
-        deg = torch.expm1(log_s)
-        agg = (torch.exp(log_s) * real)[..., None] * diff          # the (B, n) factors joined first
-    e = -0.5 * tau * deg.sum(-1, dtype=torch.float64) if energy else None
-    return PairwisePass(agg, deg, e)
+        agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype))
+    return PairwisePass(agg, deg, _degree_energy(deg, tau) if energy else None)
+
+
+def _from_lse(diff: torch.Tensor, lse: torch.Tensor, real: torch.Tensor):
+    """``(agg, deg)`` of the softmax kernels from ``P Y - Y`` and the log-sum-exp ``LSE = log(1 + deg)`` (self
+    included): ``deg = expm1(LSE)``, ``agg = (1 + deg) (P Y - Y)``; ``real`` the 0/1 mask of real queries
+    (broadcast against LSE), padded queries 0."""
+    log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
+    return (torch.exp(log_s) * real)[..., None] * diff, torch.expm1(log_s)    # the (., n) factors joined first
+
+
+def _degree_energy(deg: torch.Tensor, tau: float) -> torch.Tensor:
+    """The pairwise energy of rho = exp from the degrees: ``-tau/2 sum_u deg_u`` (float64, per example)."""
+    return -0.5 * tau * deg.sum(-1, dtype=torch.float64)
 
 
 #: largest element count of one block of logits in :func:`_softmax_degrees` (16 MiB in float32)

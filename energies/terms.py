@@ -227,9 +227,6 @@ class PairwiseAttention(EnergyTerm):
         W = self._metric(Y)
         return Y if W is None else Y @ W.to(dtype=Y.dtype)
 
-    def _back(self, G: torch.Tensor) -> torch.Tensor:
-        return G if self.metric is None else G @ self.metric.to(dtype=G.dtype).T
-
     def _metric(self, Y: torch.Tensor) -> Optional[torch.Tensor]:
         """The metric W (None without one), checked against the tokens' width."""
         if self.metric is not None and self.metric.shape[0] != Y.shape[-1]:

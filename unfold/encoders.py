@@ -186,25 +186,17 @@ class Encoder(nn.Module):
         passes) and the MM curvature bound c at Y (for the tolerance's resolution)."""
         vals: Dict[str, torch.Tensor] = OrderedDict()
         curv = 0.0
-        items = list(energy.terms.items())
         with torch.no_grad():
-            i = 0
-            while i < len(items):
-                name, term = items[i]
-                if term.is_indicator:
-                    vals[name] = term.pass_value(Y, graph).to(ACCUM_DTYPE)
-                    i += 1
+            for group in energy.groups():       # a run of one class: one joint pass where the class offers it
+                terms = [t for _, t in group]
+                if terms[0].is_indicator:
+                    vals[group[0][0]] = terms[0].pass_value(Y, graph).to(ACCUM_DTYPE)
                     continue
-                j = i + 1               # consecutive terms of one class: one joint pass where the class offers it
-                while j < len(items) and type(items[j][1]) is type(term) and not items[j][1].is_indicator:
-                    j += 1
-                group = items[i:j]
-                pairs = type(term).joint_pass_values([t for _, t in group], Y, graph) if j - i > 1 else None
-                for (n, t), (v, c) in zip(group, pairs if pairs is not None else
-                                          [t.pass_value_and_curvature(Y, graph) for _, t in group]):
-                    vals[n] = v.to(ACCUM_DTYPE)
+                pairs = type(terms[0]).joint_pass_values(terms, Y, graph) if len(terms) > 1 else None
+                for (name, _), (v, c) in zip(group, pairs if pairs is not None else
+                                             [t.pass_value_and_curvature(Y, graph) for t in terms]):
+                    vals[name] = v.to(ACCUM_DTYPE)
                     curv = curv + c
-                i = j
         return vals, curv
 
 

@@ -77,22 +77,14 @@ def _term_parts(energy: Energy, Y: torch.Tensor, graph: TokenGraph, values: bool
     """``(name, term, MMParts or None)`` for every term in order; consecutive smooth terms of one class are offered
     to that class's :meth:`~energies.terms.EnergyTerm.joint_mm` (the heads of a multi-head energy: one kernel call),
     the others (and those it declines) to their own :meth:`~energies.terms.EnergyTerm.mm`."""
-    items = list(energy.terms.items())
-    i = 0
-    while i < len(items):
-        name, term = items[i]
-        if term.is_indicator:
-            yield name, term, None
-            i += 1
+    for group in energy.groups():
+        terms = [t for _, t in group]
+        if terms[0].is_indicator:
+            yield group[0][0], terms[0], None
             continue
-        j = i + 1
-        while j < len(items) and type(items[j][1]) is type(term) and not items[j][1].is_indicator:
-            j += 1
-        group = items[i:j]
-        joint = type(term).joint_mm([t for _, t in group], Y, graph, values) if j - i > 1 else None
-        for (n, t), parts in zip(group, joint if joint is not None else [t.mm(Y, graph, values) for _, t in group]):
-            yield n, t, parts
-        i = j
+        joint = type(terms[0]).joint_mm(terms, Y, graph, values) if len(terms) > 1 else None
+        for (name, term), parts in zip(group, joint if joint is not None else [t.mm(Y, graph, values) for t in terms]):
+            yield name, term, parts
 
 
 def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",

@@ -275,7 +275,8 @@ class TokenGraph:
     Edges touching a padded slot are dropped: padded tokens are in no edge.
     """
 
-    def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom"):
+    def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom",
+                 offsets=None):
         self.batch_size = check_int(batch_size, "batch_size", 1)
         self.num_nodes = check_int(num_nodes, "num_nodes", 1)
         if self.batch_size * self.num_nodes > MAX_SLOTS:
@@ -287,11 +288,18 @@ class TokenGraph:
         self.mask = _check_mask(mask, self.batch_size, self.num_nodes)
         self.is_complete = edge_index is None
         self._edges: Optional[torch.Tensor] = None
+        #: the edge list before the current mask dropped any (fixed shape whatever the mask: :meth:`with_mask` keeps
+        #: it and :meth:`fixed_edges` weighs its edges by the mask on the device); None for the complete graph
+        self._all: Optional[torch.Tensor] = None
+        #: for a shift-invariant graph (window, strided, dilated): its offsets o >= 1, the edges being every pair
+        #: ``{i, i + o}`` of real tokens of each example (the tiled layout of the Triton kernel uses them); else None
+        self.offsets = None if offsets is None else tuple(sorted({int(o) for o in offsets if 0 < int(o) < self.num_nodes}))
         if edge_index is not None:
             canon = canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
             flat_mask = self.mask.reshape(-1).to(canon.device)
             keep = flat_mask[canon[0]] & flat_mask[canon[1]]
             self._edges = canon[:, keep].to(self.mask.device)
+            self._all = self._edges
 
     # ------------------------------------------------------------------ basic facts
     @property
@@ -344,27 +352,38 @@ class TokenGraph:
         g.__dict__.pop("_bits", None)
         g.mask = self.mask.to(device)
         g._edges = None if self._edges is None else self._edges.to(device)
+        g._all = None if self._all is None else self._all.to(device)
+        g.__dict__.pop("_layouts", None)
         return g
 
     def with_mask(self, mask) -> "TokenGraph":
         """The same edges under a new padding mask ``(B, n)`` (on the graph's device): edges touching a padded
-        slot dropped, by one selection on the device. Right for graphs whose edges do not depend on the mask
-        (:data:`MASK_FREE` builders); the complete graph stays implicit (no host read at all)."""
+        slot count no more. Right for graphs whose edges do not depend on the mask (:data:`MASK_FREE` builders).
+        No host read: the edge list keeps its shape (the kernels weigh each edge by the mask,
+        :meth:`fixed_edges`); :meth:`edges` compacts it when asked."""
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)
         g.__dict__.pop("_bits", None)
         g.mask = _check_mask(mask, self.batch_size, self.num_nodes).to(self.device)
-        if self.is_complete:
-            g._edges = None
-        else:
-            src, dst = self.edges()
-            flat = g.mask.reshape(-1)
-            keep = flat[src] & flat[dst]
-            g._edges = self._edges[:, keep]
+        g._edges = None
         return g
+
+    def fixed_edges(self):
+        """``(src, dst, valid)``: the edge list of fixed shape (``u < v`` flat ids, whatever the mask) and a bool per
+        edge, True where both tokens are real, or None where every listed edge is real; all device ops, no host read
+        (the edge kernel, degrees and the dense adjacency use it). The complete graph materialises its pairs."""
+        if self._edges is not None or self._all is None:     # compacted already (or complete): every edge real
+            src, dst = self.edges()
+            return src, dst, None
+        src, dst = self._all
+        flat = self.mask.reshape(-1)
+        return src, dst, flat[src] & flat[dst]
 
     def edges(self) -> torch.Tensor:
         """``(2, m)`` flat ids ``u < v``, each undirected edge once (materialised if complete)."""
+        if self._edges is None and self._all is not None:      # a mask applied by with_mask: drop its edges now
+            src, dst, valid = self.fixed_edges()
+            self._edges = self._all[:, valid]
         if self._edges is None:
             n = self.num_nodes
             iu = torch.triu_indices(n, n, offset=1, device=self.device)
@@ -378,7 +397,7 @@ class TokenGraph:
 
     def to_sparse(self) -> "TokenGraph":
         """The same graph with an explicit edge list (the complete graph materialised)."""
-        return TokenGraph(self.batch_size, self.num_nodes, self.mask, self.edges(), name=self.name)
+        return TokenGraph(self.batch_size, self.num_nodes, self.mask, self.edges(), name=self.name, offsets=self.offsets)
 
     def pair_mask(self) -> torch.Tensor:
         """Dense ``(B, n, n)`` bool adjacency, symmetric, zero diagonal, padded slots excluded."""
@@ -387,10 +406,11 @@ class TokenGraph:
             eye = torch.eye(n, dtype=torch.bool, device=self.device)
             return self.mask[:, :, None] & self.mask[:, None, :] & ~eye
         A = torch.zeros(B * n * n, dtype=torch.bool, device=self.device)
-        src, dst = self.edges()
+        src, dst, valid = self.fixed_edges()       # each pair once: writing `valid` sets exactly the real edges
         b, i, j = src // n, src % n, dst % n
-        A[b * n * n + i * n + j] = True
-        A[b * n * n + j * n + i] = True
+        valid = True if valid is None else valid
+        A[b * n * n + i * n + j] = valid
+        A[b * n * n + j * n + i] = valid
         return A.reshape(B, n, n)
 
     def num_edges(self) -> torch.Tensor:
@@ -403,8 +423,9 @@ class TokenGraph:
         if self.is_complete:
             real = self.mask.to(torch.long)
             return (real.sum(1, keepdim=True) - 1) * real
-        src, dst = self.edges()
-        deg = torch.bincount(torch.cat([src, dst]), minlength=self.total_nodes)
+        src, dst, valid = self.fixed_edges()       # fixed shapes: no host read
+        w = torch.ones_like(src) if valid is None else valid.to(torch.long)
+        deg = torch.zeros(self.total_nodes, dtype=torch.long, device=src.device).index_add(0, src, w).index_add(0, dst, w)
         return deg.reshape(self.batch_size, self.num_nodes)
 
     def directed_edge_index(self) -> torch.Tensor:
@@ -461,12 +482,13 @@ def _check_edges(count: float, batch_size: int, what: str) -> None:
                          "which stays implicit)")
 
 
-def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str) -> TokenGraph:
-    """Offset a per-example ``(2, m)`` pattern over the batch and build the graph."""
+def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str, offsets=None) -> TokenGraph:
+    """Offset a per-example ``(2, m)`` pattern over the batch and build the graph (``offsets``: the pattern is every
+    pair ``{i, i + o}``, :attr:`TokenGraph.offsets`)."""
     offs = torch.arange(batch_size)[:, None] * n
     src = (offs + pairs[0][None]).reshape(-1)
     dst = (offs + pairs[1][None]).reshape(-1)
-    return TokenGraph(batch_size, n, mask, torch.stack([src, dst]), name=name)
+    return TokenGraph(batch_size, n, mask, torch.stack([src, dst]), name=name, offsets=offsets)
 
 
 def _pairs_at_offsets(n: int, offsets, batch_size: int = 1, what: str = "graph") -> torch.Tensor:
@@ -498,8 +520,9 @@ def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> Tok
     is the complete graph's edge list (the radius is clamped to n - 1: O(n + |E|) for any k)."""
     n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "window radius k")
-    return _from_pattern(_pairs_at_offsets(n, range(1, min(k, n - 1) + 1), batch_size, f"window:{k} on n={n}"),
-                         n, batch_size, mask, f"window:{k}")
+    offsets = range(1, min(k, n - 1) + 1)
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"window:{k} on n={n}"),
+                         n, batch_size, mask, f"window:{k}", offsets)
 
 
 @register_graph("strided", mask_free=True)
@@ -516,7 +539,7 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
         raise GraphError(f"stride k must be >= 2, got {k}")
     offsets = sorted(set(range(1, min(k, n))) | set(range(k, n, k)))
     return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"strided:{k} on n={n}"), n, batch_size, mask,
-                         f"strided:{k}")
+                         f"strided:{k}", offsets)
 
 
 @register_graph("dilated", mask_free=True)
@@ -527,8 +550,9 @@ def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, see
     k = _positive_int(k, "dilation k")
     radius = _positive_int(radius, "dilated radius")
     reach = min(radius, (n - 1) // k)
-    return _from_pattern(_pairs_at_offsets(n, [k * m for m in range(1, reach + 1)], batch_size,
-                                           f"dilated:{k}:{radius} on n={n}"), n, batch_size, mask, f"dilated:{k}:{radius}")
+    offsets = [k * m for m in range(1, reach + 1)]
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"dilated:{k}:{radius} on n={n}"), n, batch_size,
+                         mask, f"dilated:{k}:{radius}", offsets)
 
 
 @register_graph("star")
@@ -767,12 +791,16 @@ class GraphCache:
         if self.mask_free:
             key = (B, n, str(mask.device))
             if key not in self._graphs:
-                self._store(key, graph_from_spec(self.spec, n, batch_size=B, seed=self.seed).to(mask.device))
+                with torch.device("cpu"):          # built on the host (also under a device context), then moved
+                    graph = graph_from_spec(self.spec, n, batch_size=B, seed=self.seed)
+                self._store(key, graph.to(mask.device))
             return self._graphs[key].with_mask(mask)
         host = mask.detach().cpu()
         key = (B, n, str(mask.device), host.numpy().tobytes())
         if key not in self._graphs:
-            self._store(key, graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed).to(mask.device))
+            with torch.device("cpu"):
+                graph = graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed)
+            self._store(key, graph.to(mask.device))
         return self._graphs[key]
 
     def _store(self, key, graph: TokenGraph) -> None:

@@ -139,10 +139,14 @@ def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
-    """``auto``: on the complete graph with rho = exp the fused kernel where its op exists (CPU),
-    else softmax (streamed above ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense,
-    streamed above ``STREAM_MIN_N``; any other graph: edges. A kernel that does not apply is an error."""
+    """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) the ``triton`` kernel where
+    Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
+    complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
+    ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; any other
+    graph: edges. A kernel that does not apply is an error."""
     if kernel == "auto":
+        if graph.mask.device.type != "cpu" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
+            return "triton"
         if not graph.is_complete:
             return "edges"
         if isinstance(rho, ExpRho):
@@ -287,6 +291,8 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
         return kernel.run(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
     Zc = _apply(_centred(Y, graph), metric)
     sq = (Zc * Zc).sum(-1)
+    if guard and Y.device.type != "cpu" and not torch.compiler.is_compiling():
+        return _guarded_on_device(kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric)
     dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq) if guard else _own_dtype(Zc)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
@@ -299,6 +305,29 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     return out._replace(Y=Y, metric=metric)
 
 
+def expansion_ok(sq: torch.Tensor, tau: float, sensitivity: float, dtype: torch.dtype) -> torch.Tensor:
+    """The rule of :func:`expansion_dtype` decided on the device, per example: a bool ``(B,)`` (or ``sq``'s leading
+    shape), True where ``max_u |z_u|^2 / tau * max(1, sensitivity) * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``
+    (``sq`` the squared norms of the centred features, ``(..., n)``); NaN and inf give False. No host read."""
+    bound = EXPANSION_Z_ERROR[dtype] / (torch.finfo(dtype).eps * max(1.0, float(sensitivity)))
+    return sq.detach().amax(-1) / tau <= bound
+
+
+def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric) -> PairwisePass:
+    """The precision guard without a host read (tokens off the CPU, where reading the scale would wait for the
+    device): both the kernel's expansion in the tokens' own dtype and the explicit-difference pass (exact to
+    rounding at any scale), selected per example on the device by :func:`expansion_ok`. The CPU keeps the
+    one read of :func:`expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
+    ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
+    fast = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
+    safe = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+
+    def pick(a, b):
+        return None if a is None else torch.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b.to(a.dtype))
+    return PairwisePass(pick(fast.agg, safe.agg), pick(fast.deg, safe.deg), pick(fast.energy, safe.energy),
+                        Y=Y, metric=metric)
+
+
 def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
                         energy: bool = False, num: bool = True, guard: bool = True):
     """:func:`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
@@ -309,9 +338,13 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
     dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
     read for all heads in one host read): then call :func:`pairwise_pass` per head."""
-    if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1 or Y.dtype not in EXPANSION_Z_ERROR:
+    if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1:
         return None
     name = pick_kernel(graph, rho, kernel)
+    if name == "triton":
+        return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
+    if Y.dtype not in EXPANSION_Z_ERROR or (guard and Y.device.type != "cpu"):   # (off the CPU: per head, guarded
+        return None                                                                # on the device)
     if name != "fused" and (num or name != "softmax"):
         return None
     Y = graph.zero_padded(Y)
@@ -339,6 +372,63 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
 
 def _own_dtype(Zc: torch.Tensor) -> torch.dtype:
     return Zc.dtype if Zc.dtype in EXPANSION_Z_ERROR else torch.float32
+
+
+_TRITON: Dict[str, Optional[str]] = {}
+
+
+def triton_unavailable(device_type: str) -> Optional[str]:
+    """Why the ``triton`` kernel cannot run on tensors of this device type (worded to follow "the triton kernel
+    ..."), or None. It runs on CUDA (compiled), on the CPU only in Triton's interpreter (``TRITON_INTERPRET=1``
+    set before Triton is first imported: numpy per program, for tests), and on ``meta`` (shapes only). Probed
+    once per device type."""
+    if device_type not in _TRITON:
+        try:
+            from . import triton_pairwise
+        except ImportError as exc:
+            _TRITON[device_type] = (f"needs Triton (pip install 'unfolded-transformers[gpu]' or pip install triton): "
+                                    f"{type(exc).__name__}: {exc}")
+        else:
+            why = None
+            if device_type == "cpu" and not triton_pairwise.INTERPRETED:
+                why = ("runs on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 before the first "
+                       "import of triton (e.g. TRITON_INTERPRET=1 unfold-check --kernel triton ...), or use a GPU")
+            elif device_type not in ("cpu", "cuda", "meta"):
+                why = f"runs on CUDA devices (and CPU through TRITON_INTERPRET=1), not on {device_type!r}"
+            _TRITON[device_type] = why
+    return _TRITON[device_type]
+
+
+def _triton_supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    why = triton_unavailable(graph.mask.device.type)
+    if why is None and rho.triton() is None:
+        why = f"needs a rho with Triton functions (Rho.triton); {rho.spec()!r} has none"
+    return why
+
+
+@register_kernel("triton", _triton_supports)
+def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass:
+    """Triton kernels (:mod:`energies.triton_pairwise`): the complete graph and shift-invariant graphs tile by
+    tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
+    return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
+
+
+def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
+    """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
+    for the half types), one :class:`PairwisePass` per metric (None: the tokens themselves)."""
+    from .triton_pairwise import layout_for, pairwise_heads
+    dt = _own_dtype(Y)
+    Yc = _centred(Y.to(dt), graph)
+    if metrics[0] is None:
+        Z = Yc[:, None]
+    else:
+        H, dh = len(metrics), metrics[0].shape[1]
+        W = torch.cat([w.to(device=Y.device, dtype=dt) for w in metrics], 1)
+        Z = (Yc @ W).unflatten(-1, (H, dh)).transpose(1, 2)
+    agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,
+                                 kernel_sensitivity(rho))
+    return [PairwisePass(None if agg is None else agg[:, h].to(Y.dtype), deg[:, h].to(Y.dtype),
+                         None if e is None else e[:, h], Y=Y, metric=metrics[h]) for h in range(len(metrics))]
 
 
 @register_kernel("softmax", _softmax_only, expansion=True)
@@ -438,10 +528,12 @@ def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
     in token space, then mapped by the metric)."""
     B, n, d = Y.shape
     Yf = Y.reshape(B * n, d)
-    src, dst = graph.edges()
+    src, dst, valid = graph.fixed_edges()          # fixed shape: edges at padded slots weigh 0 (no host read)
     diff = _apply(Yf[dst] - Yf[src], metric)
     z = (diff * diff).sum(-1) / (2.0 * tau)
     gamma = rho.derivative(z)
+    if valid is not None:
+        gamma = torch.where(valid, gamma, torch.zeros((), dtype=gamma.dtype, device=gamma.device))
     agg = None
     if num:
         msg = gamma[:, None] * diff
@@ -450,7 +542,10 @@ def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
     e = None
     if energy:
-        e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, _f64(tau * rho.value(z)))
+        v = _f64(tau * rho.value(z))
+        if valid is not None:
+            v = torch.where(valid, v, torch.zeros((), dtype=v.dtype, device=v.device))
+        e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, v)
     return PairwisePass(agg, deg.reshape(B, n), e)
 
 

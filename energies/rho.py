@@ -57,7 +57,7 @@ class Rho(torch.nn.Module):
     def max_derivative(self) -> float:
         """``sup_{z >= 0} rho'(z) = rho'(0)`` (rho' is non-increasing for a concave rho): the largest
         edge weight, which gives a curvature bound independent of Y (``curvature="constant"``)."""
-        return float(self.derivative(torch.zeros((), dtype=torch.float64)))
+        return float(self.derivative(torch.zeros((), dtype=torch.float64, device="cpu")))   # (not under a device context)
 
     def kernel_sensitivity(self) -> float:
         """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error
@@ -70,6 +70,13 @@ class Rho(torch.nn.Module):
 
     def spec(self) -> str:
         return self.name
+
+    def triton(self):
+        """``(value, derivative, second, params)`` for the Triton kernel (:mod:`energies.triton_pairwise`): three
+        ``@triton.jit`` functions ``f(z, p0, p1, p2, p3)`` giving rho, rho' and rho'' on a tile of z >= 0, and up to
+        four float parameters; None (the default) where the penalty has none, which the ``triton`` kernel then
+        declines. The built-in penalties use :mod:`energies.triton_rho`."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"
@@ -91,6 +98,9 @@ class ExpRho(Rho):
 
     def derivative(self, z):
         return torch.exp(-z)
+
+    def triton(self):
+        return _triton("exp")
 
     def kernel_sensitivity(self):
         return 1.0
@@ -118,6 +128,9 @@ class ReluRho(Rho):
 
     def kernel_sensitivity(self):
         return 1.0 / self.c
+
+    def triton(self):
+        return _triton("relu", self.c)
 
     def spec(self):
         return f"relu:{self.c:g}"
@@ -217,6 +230,10 @@ class SoftplusRho(Rho):
         a = self.c / self.t
         return 1.0 / (1.0 + math.exp(-a)) / max(self.max_derivative(), 1e-300)
 
+    def triton(self):
+        f_c = float(softplus_integral_neg(torch.tensor(-self.c / self.t, dtype=torch.float64, device="cpu")))
+        return _triton("softplus", self.c, self.t, f_c)
+
     def spec(self):
         return f"softplus:{self.c:g}:{self.t:g}"
 
@@ -230,6 +247,9 @@ class CauchyRho(Rho):
 
     def derivative(self, z):
         return 1.0 / (1.0 + z)
+
+    def triton(self):
+        return _triton("cauchy")
 
     def kernel_sensitivity(self):
         return 1.0
@@ -272,8 +292,17 @@ class LpRho(Rho):
         """rho' is flat below eps and falls fastest just above it: ``sup |rho''| / rho'(0) = (1 - p/2) / eps``."""
         return (1.0 - 0.5 * self.p) / self.eps
 
+    def triton(self):
+        return _triton("lp", 0.5 * self.p, self.eps, self._lin0, self._slope)
+
     def spec(self):
         return f"lp:{self.p:g}:{self.eps:g}"
+
+
+def _triton(name: str, *params: float):
+    """The built-in penalty ``name``'s Triton functions with its parameters (padded to four)."""
+    from .triton_rho import FUNCTIONS
+    return (*FUNCTIONS[name], tuple(float(p) for p in params) + (0.0,) * (4 - len(params)))
 
 
 def kernel_sensitivity(rho: Rho) -> float:

@@ -1,0 +1,525 @@
+"""The pairwise pass as Triton kernels: the ``triton`` pairwise kernel (GPU, or CPU through ``TRITON_INTERPRET=1``).
+
+For features ``x_u`` (``Z = W_h^T (y - mean)`` of every head h, ``(B H, n, D)``) and edge weights
+``gamma_uv = rho'(z_uv)``, ``z_uv = |x_u - x_v|^2 / (2 tau)``, one launch over all examples and heads returns, per
+token, what the MM step and the trace need (:mod:`energies.pairwise`):
+
+    agg_u = sum_{v in N(u)} gamma_uv (x_v - x_u),    deg_u = sum_{v in N(u)} gamma_uv,
+    share_u = tau / 2 sum_{v in N(u)} rho(z_uv)      (the token's half of each of its edges),
+
+without an n x n tensor. Two layouts of the token graph:
+
+* **tiled** (the complete graph and every shift-invariant graph: window, strided, dilated; :attr:`TokenGraph.offsets`):
+  a program takes a block of BM queries and visits only the key blocks its offsets reach (a block table built
+  once per shape); inside a tile, a pair is an edge where both tokens are real and ``|i - j|`` is one of the
+  graph's offsets (a 0/1 table over offsets). z comes from the expansion ``|a|^2 + |b|^2 - 2 a.b`` (two
+  ``tl.dot``) on centred features, or, per example, from explicit differences where the precision guard says
+  the expansion cannot resolve z (the rule of :func:`energies.pairwise.expansion_dtype`:
+  ``eps(dtype) * max_u |x_u|^2 / tau * kernel_sensitivity <= EXPANSION_Z_ERROR[dtype]``), decided **on the
+  device**, in the kernel, with no host read;
+* **CSR** (any other graph: star, random, edge lists): a program per token and head walks its neighbour list
+  (both orientations, sorted by token, built on the device from the edge list) in chunks of BN gathered keys;
+  z from explicit differences (exact to rounding at any scale).
+
+Padding: a pair counts only where both tokens are real (the mask is read in the kernel), so sparse layouts keep
+a fixed shape whatever the mask. Accumulation: neighbour sums in the compute dtype (float32 tiles accumulate
+in float32, ``tl.dot`` with ``input_precision="ieee"``: no TF32); the degrees and energy shares sum each tile's
+BN terms in the compute dtype (a pairwise tree: error <= ceil(log2 BN) eps relative to sum |x|) and add the tile
+sums in float64, so a float32 energy carries at most about (log2 BN + 2) eps relative error whatever n, inside
+the trace's tolerance ``64 eps sum_k |E_k|``.
+
+Backward (:func:`_backward`), the same pass structure, memory linear in n: with upstream gradients ``g_u``
+(of agg), ``gd_u`` (of deg) and ``ge`` (of the energy, per example),
+
+    dL/dx_u = sum_v gamma_uv (g_v - g_u) + sum_v C_uv (x_u - x_v) + ge sum_v gamma_uv (x_u - x_v),
+    C_uv = [ (g_u - g_v).(x_v - x_u) + gd_u + gd_v ] rho''(z_uv) / tau,
+
+from ``agg_u = sum_v gamma_uv (x_v - x_u)`` (gamma symmetric) and ``d gamma_uv / d x_u = rho''(z_uv) (x_u - x_v) /
+tau``. The kernels are wrapped as ``torch.library`` custom ops with fake (meta) implementations, so the
+surrounding code runs on the ``meta`` device and compiles without graph breaks.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, NamedTuple, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .pairwise import expansion_ok
+
+__all__ = ["INTERPRETED", "pairwise_heads", "block_size", "layout_for", "block_table", "Layout"]
+
+#: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when this module was imported): on
+#: CPU tensors, the only way to run them on a machine without a GPU
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+
+def block_size(device: torch.device, dtype: torch.dtype, d: int) -> Tuple[int, int]:
+    """``(BM, BN)``: 16 in the interpreter (numpy per program: small tiles keep tests fast), 64 on a GPU (32 for
+    float64 or wide heads, to bound registers). ``tl.dot`` needs at least 16."""
+    if device.type != "cuda":
+        return 16, 16
+    if dtype == torch.float64 or d > 128:
+        return 32, 32
+    return 64, 64
+
+
+@triton.jit
+def _load_params(P, dtype: tl.constexpr):
+    tau = tl.load(P + 0).to(dtype)
+    return tau, tl.load(P + 1).to(dtype), tl.load(P + 2).to(dtype), tl.load(P + 3).to(dtype), tl.load(P + 4).to(dtype)
+
+
+@triton.jit
+def _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM: tl.constexpr, BN: tl.constexpr,
+            BD: tl.constexpr, IP: tl.constexpr):
+    """z of a (BM, BN) tile: the expansion (flag = 1) or explicit differences column by column (flag = 0)."""
+    dcol = tl.arange(0, BD)
+    xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
+    if flag != 0:
+        sqk = tl.sum(xk * xk, 1)
+        dot = tl.dot(xq, tl.trans(xk), input_precision=IP)
+        d2 = tl.maximum(sqq[:, None] + sqk[None, :] - 2.0 * dot, 0.0)
+    else:
+        d2 = tl.zeros([BM, BN], dtype=xq.dtype)
+        for k in range(0, D):
+            a = tl.load(X + rows * D + k, mask=rmask, other=0.0)
+            b = tl.load(X + cols * D + k, mask=cmask, other=0.0)
+            diff = a[:, None] - b[None, :]
+            d2 += diff * diff
+    return d2 / (2.0 * tau), xk
+
+
+@triton.jit
+def _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE: tl.constexpr):
+    """Edge indicator of a tile: both real, not the same token, the offset |i - j| in the graph's table."""
+    cmask = cols < n
+    mk = tl.load(MASK + b * n + cols, mask=cmask, other=0) != 0
+    off = tl.abs(cols[None, :] - rows[:, None])
+    edge = mq[:, None] & mk[None, :] & (off > 0)
+    if not COMPLETE:
+        edge = edge & (tl.load(ALLOWED + off, mask=edge, other=0) != 0)
+    return edge, cmask
+
+
+@triton.jit
+def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
+               RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
+               COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
+    qb = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    X = X + bh * n * D
+    dtype = X.dtype.element_ty
+    tau, p0, p1, p2, p3 = _load_params(P, dtype)
+    rows = qb * BM + tl.arange(0, BM)
+    rmask = rows < n
+    dcol = tl.arange(0, BD)
+    xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=rmask[:, None] & (dcol[None, :] < D), other=0.0)
+    mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
+    sqq = tl.sum(xq * xq, 1)
+    flag = tl.load(FLAG + bh)
+    num = tl.zeros([BM, BD], dtype=dtype)
+    deg = tl.zeros([BM], dtype=tl.float64)
+    en = tl.zeros([BM], dtype=tl.float64)
+    lo = tl.load(KB_PTR + qb)
+    hi = tl.load(KB_PTR + qb + 1)
+    for i in range(lo, hi):
+        kb = tl.load(KB_IDX + i)
+        cols = kb * BN + tl.arange(0, BN)
+        edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
+        z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
+        zs = tl.where(edge, z, 0.0)
+        gamma = tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+        deg += tl.sum(gamma, 1).to(tl.float64)
+        if NUM:
+            num += tl.dot(gamma.to(dtype), xk, input_precision=IP)
+        if ENERGY:
+            en += tl.sum(tl.where(edge, RHO_V(zs, p0, p1, p2, p3), 0.0), 1).to(tl.float64)
+    out = bh * n + rows
+    tl.store(DEG + out, deg.to(dtype), mask=rmask)
+    if NUM:
+        agg = num - deg.to(dtype)[:, None] * xq
+        tl.store(AGG + out[:, None] * D + dcol[None, :], agg, mask=rmask[:, None] & (dcol[None, :] < D))
+    if ENERGY:
+        tl.store(EN + out, en * 0.5 * tl.load(P + 0), mask=rmask)
+
+
+@triton.jit
+def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H,
+               RHO_D: tl.constexpr, RHO_2: tl.constexpr, COMPLETE: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
+    qb = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    X = X + bh * n * D
+    G = G + bh * n * D
+    GD = GD + bh * n
+    dtype = X.dtype.element_ty
+    tau, p0, p1, p2, p3 = _load_params(P, dtype)
+    ge = tl.load(GE + bh).to(dtype)
+    rows = qb * BM + tl.arange(0, BM)
+    rmask = rows < n
+    dcol = tl.arange(0, BD)
+    tile = rmask[:, None] & (dcol[None, :] < D)
+    xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+    gq = tl.load(G + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+    gdq = tl.load(GD + rows, mask=rmask, other=0.0)
+    mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
+    sqq = tl.sum(xq * xq, 1)
+    gxq = tl.sum(gq * xq, 1)
+    flag = tl.load(FLAG + bh)
+    acc = tl.zeros([BM, BD], dtype=dtype)        # sum_v gamma g_v - C x_v - ge gamma x_v
+    deg = tl.zeros([BM], dtype=dtype)
+    csum = tl.zeros([BM], dtype=dtype)
+    lo = tl.load(KB_PTR + qb)
+    hi = tl.load(KB_PTR + qb + 1)
+    for i in range(lo, hi):
+        kb = tl.load(KB_IDX + i)
+        cols = kb * BN + tl.arange(0, BN)
+        edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
+        z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
+        zs = tl.where(edge, z, 0.0)
+        gamma = tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+        r2 = tl.where(edge, RHO_2(zs, p0, p1, p2, p3), 0.0)
+        gk = tl.load(G + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
+        gdk = tl.load(GD + cols, mask=cmask, other=0.0)
+        if flag != 0:       # (g_u - g_v).(x_v - x_u) = g_u.x_v + g_v.x_u - g_u.x_u - g_v.x_v
+            gxk = tl.sum(gk * xk, 1)
+            s = (tl.dot(gq, tl.trans(xk), input_precision=IP) + tl.dot(xq, tl.trans(gk), input_precision=IP)
+                 - gxq[:, None] - gxk[None, :])
+        else:
+            s = tl.zeros([BM, BN], dtype=dtype)
+            for k in range(0, D):
+                xa = tl.load(X + rows * D + k, mask=rmask, other=0.0)
+                xb = tl.load(X + cols * D + k, mask=cmask, other=0.0)
+                ga = tl.load(G + rows * D + k, mask=rmask, other=0.0)
+                gb = tl.load(G + cols * D + k, mask=cmask, other=0.0)
+                s += (ga[:, None] - gb[None, :]) * (xb[None, :] - xa[:, None])
+        c = tl.where(edge, (s + gdq[:, None] + gdk[None, :]) * r2 / tau, 0.0)
+        deg += tl.sum(gamma, 1)
+        csum += tl.sum(c, 1)
+        acc += tl.dot(gamma.to(dtype), gk - ge * xk, input_precision=IP) - tl.dot(c.to(dtype), xk, input_precision=IP)
+    dx = acc - deg[:, None] * gq + (csum + ge * deg)[:, None] * xq
+    tl.store(DX + (bh * n + rows)[:, None] * D + dcol[None, :], dx, mask=tile)
+
+
+@triton.jit
+def _csr_fwd(X, MASK, ROWPTR, COL, P, AGG, DEG, EN, n, D, H,
+             RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
+             BN: tl.constexpr, BD: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)          # flat token id b * n + i
+    bh = tl.program_id(1).to(tl.int64)
+    b = u // n
+    h = bh % H
+    row = (b * H + h) * n
+    dtype = X.dtype.element_ty
+    tau, p0, p1, p2, p3 = _load_params(P, dtype)
+    dcol = tl.arange(0, BD)
+    dm = dcol < D
+    xu = tl.load(X + (row + u % n) * D + dcol, mask=dm, other=0.0)
+    mu = tl.load(MASK + u + tl.arange(0, 1)) != 0          # (1,): broadcast against each chunk
+    agg = tl.zeros([BD], dtype=dtype)
+    deg = tl.zeros([1], dtype=tl.float64)
+    en = tl.zeros([1], dtype=tl.float64)
+    lo = tl.load(ROWPTR + u)
+    hi = tl.load(ROWPTR + u + 1)
+    for s in range(lo, hi, BN):
+        j = s + tl.arange(0, BN)
+        jm = j < hi
+        v = tl.load(COL + j, mask=jm, other=0).to(tl.int64)
+        ok = jm & (tl.load(MASK + b * n + v, mask=jm, other=0) != 0) & mu
+        xv = tl.load(X + (row + v)[:, None] * D + dcol[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+        diff = xv - xu[None, :]
+        z = tl.where(ok, tl.sum(diff * diff, 1) / (2.0 * tau), 0.0)
+        gamma = tl.where(ok, RHO_D(z, p0, p1, p2, p3), 0.0)
+        deg += tl.sum(gamma, 0).to(tl.float64)
+        if NUM:
+            agg += tl.sum(gamma[:, None] * diff, 0)
+        if ENERGY:
+            en += tl.sum(tl.where(ok, RHO_V(z, p0, p1, p2, p3), 0.0), 0).to(tl.float64)
+    out = row + u % n
+    one = tl.arange(0, 1)
+    tl.store(DEG + out + one, deg.to(dtype))
+    if NUM:
+        tl.store(AGG + out * D + dcol, agg, mask=dm)
+    if ENERGY:
+        tl.store(EN + out + one, en * 0.5 * tl.load(P + 0))
+
+
+@triton.jit
+def _csr_bwd(X, G, GD, GE, MASK, ROWPTR, COL, P, DX, n, D, H,
+             RHO_D: tl.constexpr, RHO_2: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b = u // n
+    h = bh % H
+    row = (b * H + h) * n
+    dtype = X.dtype.element_ty
+    tau, p0, p1, p2, p3 = _load_params(P, dtype)
+    ge = tl.load(GE + b * H + h).to(dtype)
+    dcol = tl.arange(0, BD)
+    dm = dcol < D
+    iu = row + u % n
+    xu = tl.load(X + iu * D + dcol, mask=dm, other=0.0)
+    gu = tl.load(G + iu * D + dcol, mask=dm, other=0.0)
+    gdu = tl.load(GD + iu)
+    mu = tl.load(MASK + u + tl.arange(0, 1)) != 0          # (1,): broadcast against each chunk
+    dx = tl.zeros([BD], dtype=dtype)
+    lo = tl.load(ROWPTR + u)
+    hi = tl.load(ROWPTR + u + 1)
+    for s in range(lo, hi, BN):
+        j = s + tl.arange(0, BN)
+        jm = j < hi
+        v = tl.load(COL + j, mask=jm, other=0).to(tl.int64)
+        ok = jm & (tl.load(MASK + b * n + v, mask=jm, other=0) != 0) & mu
+        tile = ok[:, None] & dm[None, :]
+        xv = tl.load(X + (row + v)[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+        gv = tl.load(G + (row + v)[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+        gdv = tl.load(GD + row + v, mask=ok, other=0.0)
+        diff = xv - xu[None, :]                    # x_v - x_u
+        z = tl.where(ok, tl.sum(diff * diff, 1) / (2.0 * tau), 0.0)
+        gamma = tl.where(ok, RHO_D(z, p0, p1, p2, p3), 0.0)
+        r2 = tl.where(ok, RHO_2(z, p0, p1, p2, p3), 0.0)
+        sdot = tl.sum((gu[None, :] - gv) * diff, 1)
+        c = tl.where(ok, (sdot + gdu + gdv) * r2 / tau, 0.0)
+        dx += tl.sum(gamma[:, None] * (gv - gu[None, :]) - (c + ge * gamma)[:, None] * diff, 0)
+    tl.store(DX + iu * D + dcol, dx, mask=dm)
+
+
+# ---------------------------------------------------------------------------------------------- host side
+_RHO_CACHE: Dict[int, tuple] = {}
+
+
+def rho_functions(rho):
+    """``(value, derivative, second, params)`` of a penalty for the kernels (:meth:`~energies.rho.Rho.triton`)."""
+    got = rho.triton()
+    if got is None:
+        raise NotImplementedError(f"rho {rho.spec()} provides no Triton functions (Rho.triton)")
+    value, derivative, second, params = got
+    params = tuple(float(p) for p in params) + (0.0,) * (4 - len(params))
+    return value, derivative, second, params[:4]
+
+
+def _bd(D: int) -> int:
+    return max(16, triton.next_power_of_2(D))
+
+
+def _ip(dtype: torch.dtype) -> str:
+    return "ieee"
+
+
+class Layout(NamedTuple):
+    """A token graph laid out for the kernels: ``kind`` :data:`COMPLETE` / :data:`BANDED` (``t0`` the 0/1 offsets
+    table, ``(n,)`` int8, ``t1`` / ``t2`` the key blocks of every query block, :func:`block_table`) or :data:`CSR`
+    (``t0`` row pointers over flat token ids, ``t1`` the neighbours' positions in their example, both
+    orientations); ``bm`` / ``bn`` the block sizes."""
+    kind: int
+    t0: torch.Tensor
+    t1: torch.Tensor
+    t2: torch.Tensor
+    bm: int
+    bn: int
+
+
+_LAYOUTS: Dict[tuple, Layout] = {}
+
+
+def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
+    """The :class:`Layout` of a :class:`~energies.graph.TokenGraph` on its device (tiled for the complete graph and
+    shift-invariant graphs, cached per shape; CSR otherwise, cached on the graph's fixed edge list). Built from
+    fixed shapes: the mask is applied in the kernels."""
+    device = graph.mask.device
+    bm, bn = block_size(device, dtype, D)
+    n = graph.num_nodes
+    if graph.is_complete or graph.offsets is not None:
+        offsets = None if graph.is_complete else graph.offsets
+        key = (n, offsets, bm, bn, str(device))
+        lay = _LAYOUTS.get(key)
+        if lay is None:
+            if len(_LAYOUTS) > 64:
+                _LAYOUTS.clear()
+            with torch.device("cpu"):
+                ptr, idx = block_table(n, bm, bn, offsets, "cpu")
+                table = torch.zeros(max(n, 1), dtype=torch.int8)
+                if offsets:
+                    table[torch.tensor(offsets, dtype=torch.long)] = 1
+            kind = COMPLETE if offsets is None else BANDED
+            lay = _LAYOUTS[key] = Layout(kind, table.to(device), ptr.to(device), idx.to(device), bm, bn)
+        return lay
+    src, dst, _ = graph.fixed_edges()
+    cache = graph.__dict__.setdefault("_layouts", {})
+    key = (id(src), src.shape[0] if src.ndim else 0, str(device), bn)
+    hit = cache.get("csr")
+    if hit is not None and hit[0] == key and hit[1] is src:
+        return hit[2]
+    total = graph.total_nodes
+    a = torch.cat([src, dst])
+    b = torch.cat([dst, src])
+    order = torch.argsort(a * total + b)
+    col = (b[order] % n).to(torch.int32)
+    counts = torch.zeros(total, dtype=torch.long, device=a.device).index_add_(0, a, torch.ones_like(a))
+    rowptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    lay = Layout(CSR, rowptr, col, col, bm, 16)
+    cache["csr"] = (key, src, lay)
+    return lay
+
+
+def block_table(n: int, bm: int, bn: int, offsets: Optional[Tuple[int, ...]], device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(kb_ptr, kb_idx)`` int32: for query block q, the key blocks ``kb_idx[kb_ptr[q]:kb_ptr[q+1]]`` holding a pair
+    ``(i, j)`` with ``|i - j|`` among ``offsets`` (all key blocks for the complete graph, ``offsets=None``).
+    Differences j - i over query block q and key block k span ``[k bn - q bm - bm + 1, k bn + bn - 1 - q bm]``."""
+    qbs, kbs = -(-n // bm), -(-n // bn)
+    if offsets is None:
+        ptr = torch.arange(qbs + 1, dtype=torch.int32) * kbs
+        idx = torch.arange(kbs, dtype=torch.int32).repeat(qbs)
+        return ptr.to(device), idx.to(device)
+    offs = torch.tensor(sorted(set(offsets)), dtype=torch.long)
+    q = torch.arange(qbs)[:, None]
+    k = torch.arange(kbs)[None, :]
+    lo = k * bn - q * bm - bm + 1          # smallest j - i
+    hi = k * bn + bn - 1 - q * bm          # largest j - i
+    # an offset o in [lo, hi] or -o in [lo, hi]  <=>  some o in [lo, hi] or in [-hi, -lo]
+    def any_in(a, b):
+        if offs.numel() == 0:
+            return torch.zeros_like(a, dtype=torch.bool)
+        first = torch.searchsorted(offs, a.clamp_min(1).reshape(-1)).reshape(a.shape)
+        val = offs[first.clamp_max(offs.numel() - 1)]
+        return (first < offs.numel()) & (val <= b) & (b >= 1)
+    touch = any_in(lo, hi) | any_in(-hi, -lo)
+    counts = touch.sum(1)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(torch.int32)
+    idx = touch.nonzero()[:, 1].to(torch.int32)
+    return ptr.to(device), idx.to(device)
+
+
+#: the Triton functions of each penalty the kernels have seen, by key (custom ops take strings, not functions)
+_RHO_FNS: Dict[str, tuple] = {}
+_DUMMY: Dict[str, torch.Tensor] = {}
+
+
+def _rho_key(rho) -> Tuple[str, tuple]:
+    value, derivative, second, params = rho_functions(rho)
+    key = f"{type(rho).__module__}.{type(rho).__qualname__}:{rho.spec()}"
+    _RHO_FNS[key] = (value, derivative, second)
+    return key, params
+
+
+def _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+    BH, n, D = X.shape
+    rho_v, rho_d, _ = _RHO_FNS[rho_key]
+    agg = torch.empty_like(X) if num else X.new_zeros(1)
+    deg = X.new_empty(BH, n)
+    en = torch.empty(BH, n, dtype=torch.float64, device=X.device) if energy else X.new_zeros(1, dtype=torch.float64)
+    if n == 0 or BH == 0:
+        return agg, deg.zero_(), en.zero_()
+    if kind != CSR:
+        _tiled_fwd[(-(-n // bm), BH)](X, mask8, t0, t1, t2, flag, params, agg, deg, en, n, D, H, RHO_V=rho_v,
+                                      RHO_D=rho_d, NUM=num, ENERGY=energy, COMPLETE=kind == COMPLETE, BM=bm, BN=bn,
+                                      BD=_bd(D), IP=_ip(X.dtype))
+    else:
+        _csr_fwd[(BH // H * n, H)](X, mask8, t0, t1, params, agg, deg, en, n, D, H, RHO_V=rho_v, RHO_D=rho_d,
+                                   NUM=num, ENERGY=energy, BN=bn, BD=_bd(D))
+    return agg, deg, en
+
+
+def _launch_bwd(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+    BH, n, D = X.shape
+    _, rho_d, rho_2 = _RHO_FNS[rho_key]
+    dx = torch.zeros_like(X)
+    if n == 0 or BH == 0:
+        return dx
+    if kind != CSR:
+        _tiled_bwd[(-(-n // bm), BH)](X, g, gd, ge, mask8, t0, t1, t2, flag, params, dx, n, D, H, RHO_D=rho_d,
+                                      RHO_2=rho_2, COMPLETE=kind == COMPLETE, BM=bm, BN=bn, BD=_bd(D),
+                                      IP=_ip(X.dtype))
+    else:
+        _csr_bwd[(BH // H * n, H)](X, g, gd, ge, mask8, t0, t1, params, dx, n, D, H, RHO_D=rho_d, RHO_2=rho_2,
+                                   BN=bn, BD=_bd(D))
+    return dx
+
+
+#: layout kinds of the custom ops
+COMPLETE, BANDED, CSR = 0, 1, 2
+
+
+@torch.library.custom_op("unfolded_transformers::triton_pairwise", mutates_args=())
+def _pairwise_op(X: torch.Tensor, mask8: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor,
+                 params: torch.Tensor, flag: torch.Tensor, H: int, kind: int, bm: int, bn: int, rho_key: str,
+                 num: bool, energy: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(agg or a 1-element placeholder, deg, energy per (example, head) (BH,) float64 or placeholder)``."""
+    agg, deg, en = _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy)
+    return agg, deg, (en.sum(-1) if energy else en)
+
+
+@_pairwise_op.register_fake
+def _pairwise_fake(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+    BH, n, _ = X.shape
+    return (torch.empty_like(X) if num else X.new_empty(1), X.new_empty(BH, n),
+            X.new_empty(BH if energy else 1, dtype=torch.float64))
+
+
+@torch.library.custom_op("unfolded_transformers::triton_pairwise_backward", mutates_args=())
+def _pairwise_bwd_op(X: torch.Tensor, g: torch.Tensor, gd: torch.Tensor, ge: torch.Tensor, mask8: torch.Tensor,
+                     t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, params: torch.Tensor, flag: torch.Tensor,
+                     H: int, kind: int, bm: int, bn: int, rho_key: str) -> torch.Tensor:
+    return _launch_bwd(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key)
+
+
+@_pairwise_bwd_op.register_fake
+def _pairwise_bwd_fake(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+    return torch.empty_like(X)
+
+
+def _setup(ctx, inputs, output):
+    X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy = inputs
+    ctx.save_for_backward(X, mask8, t0, t1, t2, params, flag)
+    ctx.rest = (H, kind, bm, bn, rho_key)
+    ctx.num, ctx.energy = num, energy
+
+
+def _backward(ctx, g_agg, g_deg, g_e):
+    X, mask8, t0, t1, t2, params, flag = ctx.saved_tensors
+    BH, n, D = X.shape
+    g = g_agg.to(X.dtype).contiguous() if (ctx.num and g_agg is not None) else torch.zeros_like(X)
+    gd = g_deg.to(X.dtype).contiguous() if g_deg is not None else X.new_zeros(BH, n)
+    ge = g_e.to(X.dtype).contiguous() if (ctx.energy and g_e is not None) else X.new_zeros(BH)
+    dx = _pairwise_bwd_op(X, g, gd, ge, mask8, t0, t1, t2, params, flag, *ctx.rest)
+    return (dx,) + (None,) * 13
+
+
+_pairwise_op.register_autograd(_backward, setup_context=_setup)
+
+
+def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, tau: float, num: bool, energy: bool,
+                   sensitivity: float):
+    """``(agg (B, H, n, D) or None, deg (B, H, n), energy (B, H) float64 or None)`` for centred head features ``Z``
+    ``(B, H, n, D)`` (zero on padded slots) and a ``(B, n)`` bool mask: one launch over every example and head.
+    Differentiable in Z (all three outputs)."""
+    B, H, n, D = Z.shape
+    X = Z.reshape(B * H, n, D).contiguous()
+    key, p = _rho_key(rho)
+    params = _params(float(tau), p, Z.device)
+    flag = expansion_ok((X.detach() * X.detach()).sum(-1), float(tau), sensitivity, X.dtype).to(torch.int8)
+    mask8 = mask.to(torch.int8).contiguous()
+    agg, deg, e = _pairwise_op(X, mask8, layout.t0, layout.t1, layout.t2, params, flag, H, layout.kind, layout.bm,
+                               layout.bn, key, bool(num), bool(energy))
+    return (agg.view(B, H, n, D) if num else None), deg.view(B, H, n), (e.view(B, H) if energy else None)
+
+
+_PARAMS: Dict[tuple, torch.Tensor] = {}
+
+
+def _params(tau: float, p: tuple, device) -> torch.Tensor:
+    """``[tau, p0, p1, p2, p3]`` float64 on the device (cached: no host-to-device copy per pass once seen)."""
+    key = (tau, p, str(device))
+    t = _PARAMS.get(key)
+    if t is None:
+        if len(_PARAMS) > 256:
+            _PARAMS.clear()
+        t = _PARAMS[key] = torch.tensor([tau, *p], dtype=torch.float64, device="cpu").to(device)
+    return t

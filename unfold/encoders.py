@@ -226,9 +226,12 @@ class GuaranteedEncoder(Encoder):
         self.curvature = _choice(curvature, "curvature", CURVATURES)
         self.kernel = _choice(kernel, "kernel", kernel_names())
         if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
-            probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long),
-                               name=graph)
+            with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
+                probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long),
+                                   name=graph)
             why = KERNELS[self.kernel].supports(probe, self.rho)
+            if why is not None:      # the kernel may be for another device (triton: a GPU): a probe there (meta)
+                why = why if KERNELS[self.kernel].supports(probe.to("meta"), self.rho) is not None else None
             if why is not None:
                 raise ConfigError(f"kernel={self.kernel!r} does not apply to graph={graph!r}, rho={self.rho.spec()!r}: "
                                   f"the {self.kernel} kernel {why}")

@@ -1,0 +1,76 @@
+"""A forward with no host synchronisation, trace on or off: every encoder, every documented rho, the complete and a
+window graph, run on the ``meta`` device, which refuses any host read (``.item()``, ``bool(t)``, ``.tolist()``,
+``nonzero``) and any mix of devices. The kernels ``auto`` picks there are those of a GPU: the Triton kernel where
+Triton is installed (its custom op's fake implementation), else the torch kernels with the precision guard
+decided on the device. A negative control shows a host read does fail on meta."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from energies import pairwise as P
+from energies.rho import get_rho
+from experiments.config import load_config
+from experiments.train import check_buildable
+from unfold.encoders import ENCODERS
+
+RHOS = ["exp", "relu:1.5", "softplus:2:0.5", "cauchy", "lp:1", "lp:1.5:0.01"]
+
+
+def _run(kind, graph, rho, trace, **kw):
+    with torch.device("meta"):
+        enc = ENCODERS[kind](d=8, layers=2, graph=graph, rho=rho, **kw)
+        X = torch.randn(2, 5, 8)
+        mask = torch.ones(2, 5, dtype=torch.bool)
+        out = enc(X, mask, trace=trace)
+        assert out.Y.device.type == "meta" and out.Y.shape == (2, 5, 8)
+        if trace:
+            assert all(v.device.type == "meta" and v.shape == (2, 3) for v in out.energies.values())
+        else:
+            out.Y.sum().backward()              # a training step's backward, too
+    return out
+
+
+@pytest.fixture(params=["triton", "torch"])
+def gpu_kernels(request, monkeypatch):
+    """'triton': auto picks the Triton kernel on meta (if Triton is installed); 'torch': as without Triton."""
+    if request.param == "triton":
+        if P.triton_unavailable("meta") is not None:
+            pytest.skip("Triton is not installed")
+    else:
+        monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
+    return request.param
+
+
+@pytest.mark.parametrize("trace", [False, True])
+@pytest.mark.parametrize("rho", RHOS)
+@pytest.mark.parametrize("graph", ["complete", "window:2"])
+@pytest.mark.parametrize("kind", sorted(ENCODERS))
+def test_every_encoder_runs_on_meta(kind, graph, rho, trace, gpu_kernels):
+    if kind == "baseline" and graph != "complete":
+        pytest.skip("the baseline encoder is complete-graph only")
+    _run(kind, graph, rho, trace)
+    if gpu_kernels == "triton":          # what ran was the GPU's kernel
+        g = ENCODERS[kind](d=8, layers=1, graph=graph).graphs(torch.ones(2, 5, dtype=torch.bool, device="meta"))
+        assert P.pick_kernel(g, get_rho(rho)) == "triton"
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "dense", "streamed", "edges"])
+def test_every_torch_kernel_guards_on_the_device(kernel, monkeypatch):
+    monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
+    graph = "complete" if kernel != "edges" else "window:2"
+    _run("guaranteed", graph, "exp", True, kernel=kernel)
+
+
+def test_a_host_read_fails_on_meta():
+    """The negative control: the same forward with a host read in it (the CPU guard's) stops on meta."""
+    with torch.device("meta"):
+        x = torch.ones(3)
+        with pytest.raises(RuntimeError, match="meta"):
+            P.expansion_dtype(x[None, :, None], 1.0)
+
+
+@pytest.mark.parametrize("rho", RHOS)
+def test_the_training_build_check_accepts_every_documented_rho(rho):
+    cfg = load_config("tiny", [f"model.rho={rho}"])
+    assert check_buildable(cfg) > 0

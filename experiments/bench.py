@@ -16,6 +16,9 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
   ``bench/scaling.png``;
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
   of the same width and depth (``ours_over_torch_steps_per_s``);
+* ``gpu``: the Triton kernel on a GPU (``--device cuda``): tokens/s and peak memory of one layer against SDPA and
+  FlexAttention (complete graph) and on window:8, n = 512 ... 65,536, float32 and bfloat16, and the trace's cost
+  at T = 4 (``trace_on_over_off_n4096_plus``, ``ours_over_sdpa_time``, ``window8_over_complete_tokens_per_s``);
 * ``compile``: ``torch.compile`` readiness of the hot path: graph breaks (``torch._dynamo.explain``) of the
   default classifier's forward with the trace off (``graph_breaks_trace_off``, target 0) and on
   (``graph_breaks_trace_on``), of a cached ``UnfoldedAttentionConv`` (``conv_graph_breaks``), and training
@@ -413,6 +416,106 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
 
 
 PROG = "python -m experiments.bench"
+
+
+def _cuda_peak_mb(fn) -> float:
+    """Peak CUDA memory (MB) allocated by one call of ``fn`` above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def _gpu_cases(n: int, d: int, B: int, H: int, device, dtype, graph: str = "complete"):
+    """Closures for the gpu suite, each forward + backward of one attention layer on (B, n, d) tokens: ``ours`` (one
+    guaranteed layer, H heads of d / H, the Triton kernel, trace off), ``sdpa`` and ``flex`` (torch's attention on
+    q = k = v of H heads of d / H; flex compiled, None where it cannot run: no backward off CUDA)."""
+    from unfold.encoders import GuaranteedEncoder
+
+    gen = torch.Generator().manual_seed(n)
+    X = torch.randn(B, n, d, generator=gen).relu().to(device=device, dtype=dtype).requires_grad_()
+    mask = torch.ones(B, n, dtype=torch.bool, device=device)
+    torch.manual_seed(0)
+    enc = GuaranteedEncoder(d=d, heads=H, layers=1, graph=graph, kernel="triton").to(device=device, dtype=dtype)
+    cases = {"ours": lambda: enc(X, mask).Y.sum().backward()}
+    if graph == "complete":
+        Q = X.detach().reshape(B, n, H, d // H).transpose(1, 2).contiguous().requires_grad_()
+        cases["sdpa"] = lambda: torch.nn.functional.scaled_dot_product_attention(Q, Q, Q).sum().backward()
+        cases["flex"] = None
+        if device.type == "cuda":
+            try:
+                from torch.nn.attention.flex_attention import flex_attention
+                flex = torch.compile(flex_attention)
+                cases["flex"] = lambda: flex(Q, Q, Q).sum().backward()
+            except Exception:              # pragma: no cover - depends on the GPU's torch build
+                cases["flex"] = None
+    return enc, X, mask, cases
+
+
+@suite("gpu")
+def gpu_suite(quick: bool, device: torch.device) -> dict:
+    """The Triton kernel on a GPU (``--device cuda``): tokens per second and peak memory of one layer (forward +
+    backward) on the complete graph against ``scaled_dot_product_attention`` and FlexAttention, and on window:8, for
+    n = 512 ... 65,536 (d = 64, 2 heads) in float32 and bfloat16 (ours computes bfloat16 inputs in float32), and
+    the default model's forward (T = 4) with the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's
+    interpreter: it checks the code and the JSON, not the speed)."""
+    from energies.errors import ConfigError
+    from energies.pairwise import triton_unavailable
+    from unfold.encoders import GuaranteedEncoder
+
+    why = triton_unavailable(device.type)
+    if why is not None:
+        raise ConfigError(f"the gpu suite: the triton kernel {why}")
+    if device.type != "cuda" and not quick:
+        raise ConfigError("the gpu suite times a GPU: pass --device cuda (on the CPU only --quick runs, interpreted)")
+    d, H = (16, 2) if quick else (64, 2)
+    sizes = [32, 48] if quick else [512, 2048, 4096, 8192, 16384, 65536]
+    dtypes = [torch.float32] if quick else [torch.float32, torch.bfloat16]
+    rows = []
+    for dtype in dtypes:
+        for n in sizes:
+            B = 1 if quick else max(1, 16384 // n)
+            rep = 1 if quick else (3 if n >= 16384 else 7)
+            row = {"n": n, "B": B, "dtype": str(dtype).replace("torch.", "")}
+            for graph in ("complete", "window:8"):
+                _, _, _, cases = _gpu_cases(n, d, B, H, device, dtype, graph)
+                names = [k for k, f in cases.items() if f is not None]
+                times = timeit_interleaved([cases[k] for k in names], rep, warmup=1)
+                tag = "" if graph == "complete" else "window_"
+                for k, t in zip(names, times):
+                    row[f"{tag}{k}_tokens_per_s"] = B * n / t
+                    if device.type == "cuda":
+                        row[f"{tag}{k}_peak_mb"] = _cuda_peak_mb(cases[k])
+            row["ours_over_sdpa_time"] = row["sdpa_tokens_per_s"] / row["ours_tokens_per_s"]
+            if "flex_tokens_per_s" in row:
+                row["ours_over_flex_time"] = row["flex_tokens_per_s"] / row["ours_tokens_per_s"]
+            row["window_over_complete_tokens_per_s"] = row["window_ours_tokens_per_s"] / row["ours_tokens_per_s"]
+            rows.append(row)
+    trace = []
+    for n in sizes:
+        B = 1 if quick else max(1, 16384 // n)
+        gen = torch.Generator().manual_seed(n)
+        X = torch.randn(B, n, d, generator=gen).relu().to(device)
+        mask = torch.ones(B, n, dtype=torch.bool, device=device)
+        torch.manual_seed(0)
+        enc = GuaranteedEncoder(d=d, heads=H, layers=4, kernel="triton").to(device)
+        with torch.no_grad():
+            off, on = timeit_interleaved([lambda: enc(X, mask), lambda: enc(X, mask, trace=True)],
+                                         1 if quick else 7, warmup=1)
+            rep = enc(X, mask, trace=True).report()
+        trace.append({"n": n, "B": B, "off_s": off, "on_s": on, "on_over_off": on / off,
+                      "increases": rep.num_increases, "verdict": rep.verdict})
+    f32 = [r for r in rows if r["dtype"] == "float32"]
+    big = [t for t in trace if t["n"] >= 4096] or trace
+    return {"figures": {"d": d, "heads": H, "rows": rows, "trace": trace,
+                        "memory": "torch.cuda.max_memory_allocated during one call, above what was allocated before"},
+            "ratios": {"trace_on_over_off_n4096_plus": max(t["on_over_off"] for t in big),
+                       "ours_over_sdpa_time": f32[-1]["ours_over_sdpa_time"],
+                       "window8_over_complete_tokens_per_s": f32[-1]["window_over_complete_tokens_per_s"]},
+            "targets": {"trace_on_over_off_n4096_plus": "<= 1.10", "ours_over_sdpa_time": "<= 1.3",
+                        "window8_over_complete_tokens_per_s": ">= 10 at n = 65,536"}}
 
 
 def suite_arg(text: str) -> str:

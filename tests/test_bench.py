@@ -8,7 +8,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"ours_over_pyg_time"},
             "model": {"ours_over_torch_steps_per_s"}, "attention": {"ours_over_sdpa_time"},
-            "scaling": {"complete_time_loglog_slope", "window_time_loglog_slope"}}
+            "scaling": {"complete_time_loglog_slope", "window_time_loglog_slope"},
+            # on the CPU through Triton's interpreter (conftest sets TRITON_INTERPRET=1 without a GPU): code and JSON
+            "gpu": {"trace_on_over_off_n4096_plus", "ours_over_sdpa_time", "window8_over_complete_tokens_per_s"}}
 
 
 @pytest.mark.parametrize("suite", sorted(HEADLINE))

@@ -225,9 +225,12 @@ def test_newton_reaches_the_fista_optimum_within_the_certified_gaps(name, loss):
     head = make_head(name, D, S, C)
     data = head.prepare(X, mask)
     beta = 0.05 * beta_max(head, data, Y, loss)
-    new = solve(head, data, Y, beta, loss=loss, method="newton", max_iter=800, tol=1e-8)
+    # both held to one stopping rule (relative gap <= 1e-7): how far below it Newton gets before float64 can no
+    # longer see descent depends on the processor's rounding (2e-8 on one machine, <= 1e-8 on another), so the
+    # test asks only what the solver's own criterion promises
+    new = solve(head, data, Y, beta, loss=loss, method="newton", max_iter=800, tol=1e-7)
     old = solve(head, data, Y, beta, loss=loss, method="fista", max_iter=4000, tol=1e-7)
-    assert new.converged and new.certificate["duality_gap_rel"] <= 1e-8, new.certificate
+    assert new.converged and new.certificate["duality_gap_rel"] <= 1e-7, new.certificate
     assert old.converged, old.certificate
     assert new.iterations <= 800
     pn, pf = new.certificate["objective"], old.certificate["objective"]

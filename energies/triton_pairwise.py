@@ -107,6 +107,30 @@ def _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE: tl.constexpr):
 
 
 @triton.jit
+def _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM: tl.constexpr, BD: tl.constexpr):
+    """A block of BM queries of example-head bh: ``(rows, rmask, dcol, tile mask, x_q, real, |x_q|^2, guard flag)``."""
+    rows = qb * BM + tl.arange(0, BM)
+    rmask = rows < n
+    dcol = tl.arange(0, BD)
+    tile = rmask[:, None] & (dcol[None, :] < D)
+    xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+    mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
+    return rows, rmask, dcol, tile, xq, mq, tl.sum(xq * xq, 1), tl.load(FLAG + bh)
+
+
+@triton.jit
+def _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag, n, D, b, tau, p0, p1, p2, p3,
+                  RHO_D: tl.constexpr, COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BD: tl.constexpr, IP: tl.constexpr):
+    """The i-th key tile of a query block: ``(cols, cmask, edge, z (0 off the edges), x_k, gamma)``."""
+    cols = tl.load(KB_IDX + i) * BN + tl.arange(0, BN)
+    edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
+    z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
+    zs = tl.where(edge, z, 0.0)
+    return cols, cmask, edge, zs, xk, tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+
+
+@triton.jit
 def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
                RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
                COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
@@ -116,25 +140,13 @@ def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
     X = X + bh * n * D
     dtype = X.dtype.element_ty
     tau, p0, p1, p2, p3 = _load_params(P, dtype)
-    rows = qb * BM + tl.arange(0, BM)
-    rmask = rows < n
-    dcol = tl.arange(0, BD)
-    xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=rmask[:, None] & (dcol[None, :] < D), other=0.0)
-    mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
-    sqq = tl.sum(xq * xq, 1)
-    flag = tl.load(FLAG + bh)
+    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM, BD)
     num = tl.zeros([BM, BD], dtype=dtype)
     deg = tl.zeros([BM], dtype=tl.float64)
     en = tl.zeros([BM], dtype=tl.float64)
-    lo = tl.load(KB_PTR + qb)
-    hi = tl.load(KB_PTR + qb + 1)
-    for i in range(lo, hi):
-        kb = tl.load(KB_IDX + i)
-        cols = kb * BN + tl.arange(0, BN)
-        edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
-        z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
-        zs = tl.where(edge, z, 0.0)
-        gamma = tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+    for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
+        cols, cmask, edge, zs, xk, gamma = _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag,
+                                                         n, D, b, tau, p0, p1, p2, p3, RHO_D, COMPLETE, BM, BN, BD, IP)
         deg += tl.sum(gamma, 1).to(tl.float64)
         if NUM:
             num += tl.dot(gamma.to(dtype), xk, input_precision=IP)
@@ -144,7 +156,7 @@ def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
     tl.store(DEG + out, deg.to(dtype), mask=rmask)
     if NUM:
         agg = num - deg.to(dtype)[:, None] * xq
-        tl.store(AGG + out[:, None] * D + dcol[None, :], agg, mask=rmask[:, None] & (dcol[None, :] < D))
+        tl.store(AGG + out[:, None] * D + dcol[None, :], agg, mask=tile)
     if ENERGY:
         tl.store(EN + out, en * 0.5 * tl.load(P + 0), mask=rmask)
 
@@ -162,29 +174,16 @@ def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H
     dtype = X.dtype.element_ty
     tau, p0, p1, p2, p3 = _load_params(P, dtype)
     ge = tl.load(GE + bh).to(dtype)
-    rows = qb * BM + tl.arange(0, BM)
-    rmask = rows < n
-    dcol = tl.arange(0, BD)
-    tile = rmask[:, None] & (dcol[None, :] < D)
-    xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
+    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM, BD)
     gq = tl.load(G + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
     gdq = tl.load(GD + rows, mask=rmask, other=0.0)
-    mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
-    sqq = tl.sum(xq * xq, 1)
     gxq = tl.sum(gq * xq, 1)
-    flag = tl.load(FLAG + bh)
     acc = tl.zeros([BM, BD], dtype=dtype)        # sum_v gamma g_v - C x_v - ge gamma x_v
     deg = tl.zeros([BM], dtype=dtype)
     csum = tl.zeros([BM], dtype=dtype)
-    lo = tl.load(KB_PTR + qb)
-    hi = tl.load(KB_PTR + qb + 1)
-    for i in range(lo, hi):
-        kb = tl.load(KB_IDX + i)
-        cols = kb * BN + tl.arange(0, BN)
-        edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
-        z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
-        zs = tl.where(edge, z, 0.0)
-        gamma = tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+    for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
+        cols, cmask, edge, zs, xk, gamma = _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag,
+                                                         n, D, b, tau, p0, p1, p2, p3, RHO_D, COMPLETE, BM, BN, BD, IP)
         r2 = tl.where(edge, RHO_2(zs, p0, p1, p2, p3), 0.0)
         gk = tl.load(G + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
         gdk = tl.load(GD + cols, mask=cmask, other=0.0)
@@ -209,92 +208,83 @@ def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H
 
 
 @triton.jit
+def _csr_token(X, MASK, P, n, D, H, BD: tl.constexpr):
+    """The token of this program: ``(u, b, row, iu, dcol, dm, x_u, real (1,), tau, p0..p3)``, row the offset of its
+    example-head in X, iu its own row there."""
+    u = tl.program_id(0).to(tl.int64)          # flat token id b * n + i
+    h = tl.program_id(1).to(tl.int64)
+    b = u // n
+    row = (b * H + h) * n
+    tau, p0, p1, p2, p3 = _load_params(P, X.dtype.element_ty)
+    dcol = tl.arange(0, BD)
+    dm = dcol < D
+    iu = row + u % n
+    xu = tl.load(X + iu * D + dcol, mask=dm, other=0.0)
+    mu = tl.load(MASK + u + tl.arange(0, 1)) != 0          # (1,): broadcast against each chunk
+    return u, b, row, iu, dcol, dm, xu, mu, tau, p0, p1, p2, p3
+
+
+@triton.jit
+def _csr_chunk(X, MASK, COL, s, hi, xu, mu, b, row, n, D, dcol, dm, tau, p0, p1, p2, p3, RHO_D: tl.constexpr,
+               BN: tl.constexpr):
+    """Neighbours s .. s + BN of the token: ``(v, ok, diff = x_v - x_u, z, gamma)`` (0 off the real edges)."""
+    j = s + tl.arange(0, BN)
+    jm = j < hi
+    v = tl.load(COL + j, mask=jm, other=0).to(tl.int64)
+    ok = jm & (tl.load(MASK + b * n + v, mask=jm, other=0) != 0) & mu
+    xv = tl.load(X + (row + v)[:, None] * D + dcol[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+    diff = xv - xu[None, :]
+    z = tl.where(ok, tl.sum(diff * diff, 1) / (2.0 * tau), 0.0)
+    return v, ok, diff, z, tl.where(ok, RHO_D(z, p0, p1, p2, p3), 0.0)
+
+
+@triton.jit
 def _csr_fwd(X, MASK, ROWPTR, COL, P, AGG, DEG, EN, n, D, H,
              RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
              BN: tl.constexpr, BD: tl.constexpr):
-    u = tl.program_id(0).to(tl.int64)          # flat token id b * n + i
-    bh = tl.program_id(1).to(tl.int64)
-    b = u // n
-    h = bh % H
-    row = (b * H + h) * n
-    dtype = X.dtype.element_ty
-    tau, p0, p1, p2, p3 = _load_params(P, dtype)
-    dcol = tl.arange(0, BD)
-    dm = dcol < D
-    xu = tl.load(X + (row + u % n) * D + dcol, mask=dm, other=0.0)
-    mu = tl.load(MASK + u + tl.arange(0, 1)) != 0          # (1,): broadcast against each chunk
-    agg = tl.zeros([BD], dtype=dtype)
+    u, b, row, iu, dcol, dm, xu, mu, tau, p0, p1, p2, p3 = _csr_token(X, MASK, P, n, D, H, BD)
+    agg = tl.zeros([BD], dtype=X.dtype.element_ty)
     deg = tl.zeros([1], dtype=tl.float64)
     en = tl.zeros([1], dtype=tl.float64)
-    lo = tl.load(ROWPTR + u)
     hi = tl.load(ROWPTR + u + 1)
-    for s in range(lo, hi, BN):
-        j = s + tl.arange(0, BN)
-        jm = j < hi
-        v = tl.load(COL + j, mask=jm, other=0).to(tl.int64)
-        ok = jm & (tl.load(MASK + b * n + v, mask=jm, other=0) != 0) & mu
-        xv = tl.load(X + (row + v)[:, None] * D + dcol[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
-        diff = xv - xu[None, :]
-        z = tl.where(ok, tl.sum(diff * diff, 1) / (2.0 * tau), 0.0)
-        gamma = tl.where(ok, RHO_D(z, p0, p1, p2, p3), 0.0)
+    for s in range(tl.load(ROWPTR + u), hi, BN):
+        v, ok, diff, z, gamma = _csr_chunk(X, MASK, COL, s, hi, xu, mu, b, row, n, D, dcol, dm, tau, p0, p1, p2, p3,
+                                           RHO_D, BN)
         deg += tl.sum(gamma, 0).to(tl.float64)
         if NUM:
             agg += tl.sum(gamma[:, None] * diff, 0)
         if ENERGY:
             en += tl.sum(tl.where(ok, RHO_V(z, p0, p1, p2, p3), 0.0), 0).to(tl.float64)
-    out = row + u % n
     one = tl.arange(0, 1)
-    tl.store(DEG + out + one, deg.to(dtype))
+    tl.store(DEG + iu + one, deg.to(X.dtype.element_ty))
     if NUM:
-        tl.store(AGG + out * D + dcol, agg, mask=dm)
+        tl.store(AGG + iu * D + dcol, agg, mask=dm)
     if ENERGY:
-        tl.store(EN + out + one, en * 0.5 * tl.load(P + 0))
+        tl.store(EN + iu + one, en * 0.5 * tl.load(P + 0))
 
 
 @triton.jit
 def _csr_bwd(X, G, GD, GE, MASK, ROWPTR, COL, P, DX, n, D, H,
              RHO_D: tl.constexpr, RHO_2: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
-    u = tl.program_id(0).to(tl.int64)
-    bh = tl.program_id(1).to(tl.int64)
-    b = u // n
-    h = bh % H
-    row = (b * H + h) * n
-    dtype = X.dtype.element_ty
-    tau, p0, p1, p2, p3 = _load_params(P, dtype)
-    ge = tl.load(GE + b * H + h).to(dtype)
-    dcol = tl.arange(0, BD)
-    dm = dcol < D
-    iu = row + u % n
-    xu = tl.load(X + iu * D + dcol, mask=dm, other=0.0)
+    u, b, row, iu, dcol, dm, xu, mu, tau, p0, p1, p2, p3 = _csr_token(X, MASK, P, n, D, H, BD)
+    ge = tl.load(GE + row // n).to(X.dtype.element_ty)
     gu = tl.load(G + iu * D + dcol, mask=dm, other=0.0)
     gdu = tl.load(GD + iu)
-    mu = tl.load(MASK + u + tl.arange(0, 1)) != 0          # (1,): broadcast against each chunk
-    dx = tl.zeros([BD], dtype=dtype)
-    lo = tl.load(ROWPTR + u)
+    dx = tl.zeros([BD], dtype=X.dtype.element_ty)
     hi = tl.load(ROWPTR + u + 1)
-    for s in range(lo, hi, BN):
-        j = s + tl.arange(0, BN)
-        jm = j < hi
-        v = tl.load(COL + j, mask=jm, other=0).to(tl.int64)
-        ok = jm & (tl.load(MASK + b * n + v, mask=jm, other=0) != 0) & mu
-        tile = ok[:, None] & dm[None, :]
-        xv = tl.load(X + (row + v)[:, None] * D + dcol[None, :], mask=tile, other=0.0)
-        gv = tl.load(G + (row + v)[:, None] * D + dcol[None, :], mask=tile, other=0.0)
-        gdv = tl.load(GD + row + v, mask=ok, other=0.0)
-        diff = xv - xu[None, :]                    # x_v - x_u
-        z = tl.where(ok, tl.sum(diff * diff, 1) / (2.0 * tau), 0.0)
-        gamma = tl.where(ok, RHO_D(z, p0, p1, p2, p3), 0.0)
+    for s in range(tl.load(ROWPTR + u), hi, BN):
+        v, ok, diff, z, gamma = _csr_chunk(X, MASK, COL, s, hi, xu, mu, b, row, n, D, dcol, dm, tau, p0, p1, p2, p3,
+                                           RHO_D, BN)
         r2 = tl.where(ok, RHO_2(z, p0, p1, p2, p3), 0.0)
-        sdot = tl.sum((gu[None, :] - gv) * diff, 1)
+        gv = tl.load(G + (row + v)[:, None] * D + dcol[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+        gdv = tl.load(GD + row + v, mask=ok, other=0.0)
+        sdot = tl.sum((gu[None, :] - gv) * diff, 1)          # (g_u - g_v).(x_v - x_u)
         c = tl.where(ok, (sdot + gdu + gdv) * r2 / tau, 0.0)
         dx += tl.sum(gamma[:, None] * (gv - gu[None, :]) - (c + ge * gamma)[:, None] * diff, 0)
     tl.store(DX + iu * D + dcol, dx, mask=dm)
 
 
 # ---------------------------------------------------------------------------------------------- host side
-_RHO_CACHE: Dict[int, tuple] = {}
-
-
 def rho_functions(rho):
     """``(value, derivative, second, params)`` of a penalty for the kernels (:meth:`~energies.rho.Rho.triton`)."""
     got = rho.triton()

@@ -31,4 +31,4 @@ def test_quick_suite_prints_its_json_schema(suite, tmp_path):
 def test_unknown_suite_exits_2():
     proc = subprocess.run([sys.executable, "-m", "experiments.bench", "nope"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "valid: ['attention', 'compile', 'energy', 'model', 'scaling', 'sparse']" in proc.stderr
+    assert proc.returncode == 2 and "valid: ['attention', 'compile', 'energy', 'gpu', 'model', 'scaling', 'sparse']" in proc.stderr

@@ -325,29 +325,40 @@ def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
     fixed shapes: the mask is applied in the kernels."""
     device = graph.mask.device
     bm, bn = block_size(device, dtype, D)
-    n = graph.num_nodes
     if graph.is_complete or graph.offsets is not None:
-        offsets = None if graph.is_complete else graph.offsets
-        key = (n, offsets, bm, bn, str(device))
-        lay = _LAYOUTS.get(key)
-        if lay is None:
-            if len(_LAYOUTS) > 64:
-                _LAYOUTS.clear()
-            with torch.device("cpu"):
-                ptr, idx = block_table(n, bm, bn, offsets, "cpu")
-                table = torch.zeros(max(n, 1), dtype=torch.int8)
-                if offsets:
-                    table[torch.tensor(offsets, dtype=torch.long)] = 1
-            kind = COMPLETE if offsets is None else BANDED
-            lay = _LAYOUTS[key] = Layout(kind, table.to(device), ptr.to(device), idx.to(device), bm, bn)
+        return _tiled_layout((graph.num_nodes, None if graph.is_complete else graph.offsets, bm, bn, str(device)))
+    return _csr_layout(graph, bm)
+
+
+@torch.compiler.assume_constant_result
+def _tiled_layout(key) -> Layout:
+    """The tiled layout of ``key = (n, offsets, bm, bn, device)``, cached (a constant to ``torch.compile``, which
+    calls this once while tracing and keeps the result: no graph break, no guard on the cache)."""
+    lay = _LAYOUTS.get(key)
+    if lay is not None:
         return lay
+    n, offsets, bm, bn, device = key
+    if len(_LAYOUTS) > 64:
+        _LAYOUTS.clear()
+    ptr, idx = block_table(n, bm, bn, offsets, "cpu")
+    table = torch.zeros(max(n, 1), dtype=torch.int8, device="cpu")
+    if offsets:
+        table[torch.tensor(offsets, dtype=torch.long, device="cpu")] = 1
+    lay = _LAYOUTS[key] = Layout(COMPLETE if offsets is None else BANDED, table.to(device), ptr.to(device),
+                                 idx.to(device), bm, bn)
+    return lay
+
+
+@torch.compiler.disable
+def _csr_layout(graph, bm: int) -> Layout:
+    """Neighbour lists of the graph's fixed edge list: both orientations sorted by token (one argsort), row pointers
+    from the counts (index_add, cumsum): fixed shapes, device ops, cached on the graph."""
     src, dst, _ = graph.fixed_edges()
     cache = graph.__dict__.setdefault("_layouts", {})
-    key = (id(src), src.shape[0] if src.ndim else 0, str(device), bn)
     hit = cache.get("csr")
-    if hit is not None and hit[0] == key and hit[1] is src:
-        return hit[2]
-    total = graph.total_nodes
+    if hit is not None and hit[0] is src:
+        return hit[1]
+    n, total = graph.num_nodes, graph.total_nodes
     a = torch.cat([src, dst])
     b = torch.cat([dst, src])
     order = torch.argsort(a * total + b)
@@ -355,7 +366,7 @@ def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
     counts = torch.zeros(total, dtype=torch.long, device=a.device).index_add_(0, a, torch.ones_like(a))
     rowptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     lay = Layout(CSR, rowptr, col, col, bm, 16)
-    cache["csr"] = (key, src, lay)
+    cache["csr"] = (src, lay)
     return lay
 
 
@@ -365,12 +376,12 @@ def block_table(n: int, bm: int, bn: int, offsets: Optional[Tuple[int, ...]], de
     Differences j - i over query block q and key block k span ``[k bn - q bm - bm + 1, k bn + bn - 1 - q bm]``."""
     qbs, kbs = -(-n // bm), -(-n // bn)
     if offsets is None:
-        ptr = torch.arange(qbs + 1, dtype=torch.int32) * kbs
-        idx = torch.arange(kbs, dtype=torch.int32).repeat(qbs)
+        ptr = torch.arange(qbs + 1, dtype=torch.int32, device="cpu") * kbs
+        idx = torch.arange(kbs, dtype=torch.int32, device="cpu").repeat(qbs)
         return ptr.to(device), idx.to(device)
-    offs = torch.tensor(sorted(set(offsets)), dtype=torch.long)
-    q = torch.arange(qbs)[:, None]
-    k = torch.arange(kbs)[None, :]
+    offs = torch.tensor(sorted(set(offsets)), dtype=torch.long, device="cpu")
+    q = torch.arange(qbs, device="cpu")[:, None]
+    k = torch.arange(kbs, device="cpu")[None, :]
     lo = k * bn - q * bm - bm + 1          # smallest j - i
     hi = k * bn + bn - 1 - q * bm          # largest j - i
     # an offset o in [lo, hi] or -o in [lo, hi]  <=>  some o in [lo, hi] or in [-hi, -lo]
@@ -382,7 +393,7 @@ def block_table(n: int, bm: int, bn: int, offsets: Optional[Tuple[int, ...]], de
         return (first < offs.numel()) & (val <= b) & (b >= 1)
     touch = any_in(lo, hi) | any_in(-hi, -lo)
     counts = touch.sum(1)
-    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(torch.int32)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), counts.cumsum(0)]).to(torch.int32)
     idx = touch.nonzero()[:, 1].to(torch.int32)
     return ptr.to(device), idx.to(device)
 
@@ -392,7 +403,10 @@ _RHO_FNS: Dict[str, tuple] = {}
 _DUMMY: Dict[str, torch.Tensor] = {}
 
 
+@torch.compiler.assume_constant_result
 def _rho_key(rho) -> Tuple[str, tuple]:
+    """The key under which the kernels find a penalty's Triton functions, and its parameters. Run for real while
+    ``torch.compile`` traces (a constant to it), so that the functions are registered before the op runs."""
     value, derivative, second, params = rho_functions(rho)
     key = f"{type(rho).__module__}.{type(rho).__qualname__}:{rho.spec()}"
     _RHO_FNS[key] = (value, derivative, second)

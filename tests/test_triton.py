@@ -344,3 +344,25 @@ def test_compiled_kernels_on_cuda_at_several_block_counts(graph):
         rho = get_rho("exp")
         _check(pairwise_pass(Y, g, rho, 8.0, "triton", energy=True), _explicit(Y, g, rho, 8.0), g, torch.float32, rho)
     assert P.pick_kernel(g, rho, "auto") == "triton"
+
+
+def test_the_triton_kernel_compiles_in_one_graph_from_a_cold_cache():
+    """The custom ops are opaque to dynamo and the layouts are constants to it: the guaranteed encoder with the trace
+    on compiles with fullgraph=True (no graph break) and returns what eager returns."""
+    import torch._dynamo as dynamo
+
+    from unfold.encoders import GuaranteedEncoder
+
+    TP._LAYOUTS.clear()
+    dynamo.reset()
+    torch.manual_seed(0)
+    enc = GuaranteedEncoder(d=8, heads=2, layers=2, kernel="triton").to(DEVICE)
+    X, mask = _tokens(2, 9, 8, torch.float32, True, seed=13)
+    X = X.relu()
+    out = torch.compile(lambda X, m: enc(X, m, trace=True), backend="aot_eager", fullgraph=True)(X, mask)
+    ref = enc(X, mask, trace=True)
+    assert torch.allclose(out.Y, ref.Y, rtol=1e-6, atol=1e-6)
+    for k in ref.energies:
+        assert torch.allclose(out.energies[k], ref.energies[k], rtol=1e-6, atol=1e-6)
+    assert out.report().verdict == "descent"
+    dynamo.reset()

@@ -235,8 +235,12 @@ class SoftplusRho(Rho):
         return 1.0 / (1.0 + math.exp(-a)) / max(self.max_derivative(), 1e-300)
 
     def triton(self):
-        f_c = float(softplus_integral_neg(torch.tensor(-self.c / self.t, dtype=torch.float64, device="cpu")))
-        return _triton("softplus", self.c, self.t, f_c)
+        u = -self.c / self.t                   # F(-C / T) in float64 (Python floats: no tensor, nothing to trace)
+        w = 1.0 / (1.0 + math.exp(-u))
+        acc = 1.0 / 3600.0
+        for k in range(59, 0, -1):
+            acc = acc * w + 1.0 / (k * k)
+        return _triton("softplus", self.c, self.t, acc * w + 0.5 * math.log1p(math.exp(u)) ** 2)
 
     def spec(self):
         return f"softplus:{self.c:g}:{self.t:g}"

@@ -15,7 +15,7 @@ energies (see :mod:`unfold`). Main objects:
   indicator, its proximal map.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
-from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, StepError, TokenError, UnfoldError
+from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError
 from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho

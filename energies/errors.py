@@ -31,6 +31,12 @@ class ConfigError(UnfoldError):
     """An unknown or ill-typed configuration key or command-line option."""
 
 
+class InputError(TokenError, ConfigError):
+    """A model's input tensor (token ids, tokens, padding mask) is malformed: wrong shape or device, an empty batch,
+    an example with no real token. A :class:`TokenError`; also a :class:`ConfigError`, the name under which the
+    encoders refused these inputs before, so that callers catching either keep working."""
+
+
 class DescentError(UnfoldError):
     """A layer whose descent is guaranteed raised its energy (strict descent monitor), confirmed in float64."""
 

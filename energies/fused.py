@@ -46,9 +46,12 @@ def fused_available(device_type: str = "cpu") -> bool:
 
 
 def _probe() -> bool:
+    """Run the op once on CPU tensors -- made explicitly on the CPU: under a ``torch.device("meta")`` context (the
+    trainer's build check) a tensor made here would be a meta tensor, the probe would fail, and the op would be
+    taken as missing for the rest of the process (as it once was, by every training run)."""
     try:
         fwd, _ = _ops()
-        q = torch.randn(1, 1, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        q = torch.randn(1, 1, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0), device="cpu")
         o, lse = fwd(q, q, q, scale=0.7)
         s = q @ q.transpose(-1, -2) * 0.7
         return bool(torch.allclose(lse, torch.logsumexp(s, -1)) and torch.allclose(o, torch.softmax(s, -1) @ q))

@@ -97,6 +97,15 @@ def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> to
         raise GraphError(f"edge_index must have shape (2, m), got {tuple(ei.shape)}")
     if ei.dtype.is_floating_point or ei.dtype == torch.bool or ei.dtype.is_complex:
         raise GraphError(f"edge_index must hold integers, got dtype {ei.dtype}")
+    if ei.device.type == "meta":      # the checks read the ids: a meta tensor has none (build, then graph.to("meta"))
+        raise GraphError("edge_index is on the meta device, which holds no ids to check: build the graph from "
+                         "ids on the CPU (or a GPU) and move it with graph.to('meta')")
+    if ei.dtype == torch.uint64 and ei.numel():   # ids of 2^63 and more would wrap to negative in int64: the true
+        top = ei.view(torch.int64) < 0            # value is named (the message once said -1 for 2^64 - 1)
+        if bool(top.any()):
+            k = int(top.any(0).nonzero()[0, 0])
+            u, v = (int(x) % 2 ** 64 for x in ei[:, k].view(torch.int64).tolist())
+            raise GraphError(f"edge {k} = ({u}, {v}) is out of range: node ids must lie in [0, {total})")
     ei = ei.to(torch.long)
     if ei.numel() == 0:
         return ei.reshape(2, 0)
@@ -371,8 +380,13 @@ class TokenGraph:
     def fixed_edges(self):
         """``(src, dst, valid)``: the edge list of fixed shape (``u < v`` flat ids, whatever the mask) and a bool per
         edge, True where both tokens are real, or None where every listed edge is real; all device ops, no host read
-        (the edge kernel, degrees and the dense adjacency use it). The complete graph materialises its pairs."""
-        if self._edges is not None or self._all is None:     # compacted already (or complete): every edge real
+        (the edge kernel, degrees and the dense adjacency use it). The complete graph lists all pairs of slots of
+        each example, weighed by the mask (so it runs on ``meta`` too, and without a sync on a GPU)."""
+        if self.is_complete and self._edges is None:
+            src, dst = self._all_pairs()
+            flat = self.mask.reshape(-1)
+            return src, dst, flat[src] & flat[dst]
+        if self._edges is not None or self._all is None:     # compacted already: every edge real
             src, dst = self.edges()
             return src, dst, None
         src, dst = self._all
@@ -385,15 +399,18 @@ class TokenGraph:
             src, dst, valid = self.fixed_edges()
             self._edges = self._all[:, valid]
         if self._edges is None:
-            n = self.num_nodes
-            iu = torch.triu_indices(n, n, offset=1, device=self.device)
-            offs = torch.arange(self.batch_size, device=self.device)[:, None] * n
-            src = (offs + iu[0][None]).reshape(-1)
-            dst = (offs + iu[1][None]).reshape(-1)
+            src, dst = self._all_pairs()
             flat = self.mask.reshape(-1)
             keep = flat[src] & flat[dst]
             self._edges = torch.stack([src[keep], dst[keep]])
         return self._edges
+
+    def _all_pairs(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Flat ids ``u < v`` of every pair of slots within each example (the complete graph before the mask)."""
+        n = self.num_nodes
+        iu = torch.triu_indices(n, n, offset=1, device=self.device)
+        offs = torch.arange(self.batch_size, device=self.device)[:, None] * n
+        return (offs + iu[0][None]).reshape(-1), (offs + iu[1][None]).reshape(-1)
 
     def to_sparse(self) -> "TokenGraph":
         """The same graph with an explicit edge list (the complete graph materialised)."""
@@ -742,7 +759,10 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
             raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
         if not np.issubdtype(arr.dtype, np.integer):
             raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
-        return from_edge_index(torch.from_numpy(arr.astype("int64")), n, batch_size, mask, name=spec)
+        # every integer dtype but uint64 fits int64 value for value; uint64 ids of 2^63 and more would wrap to
+        # negative there, so they go as uint64 and are named by their true value (canonical_edges)
+        wide = np.uint64 if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 else np.int64
+        return from_edge_index(torch.from_numpy(np.ascontiguousarray(arr, dtype=wide)), n, batch_size, mask, name=spec)
     name, _, rest = spec.partition(":")
     if name not in GRAPHS:
         raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")
@@ -766,7 +786,8 @@ class GraphCache:
     The complete graph is implicit: built per call from the mask with no host read. A :data:`MASK_FREE` spec is
     built once per ``(B, n, device)`` and masked on the device (:meth:`TokenGraph.with_mask`: one selection of
     the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it is built
-    on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns."""
+    on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns; on ``meta``
+    (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask."""
 
     def __init__(self, spec: str = "complete", seed: int = 0, maxsize: int = 64):
         self.spec, self.seed = spec, check_seed(seed)
@@ -795,13 +816,14 @@ class GraphCache:
                     graph = graph_from_spec(self.spec, n, batch_size=B, seed=self.seed)
                 self._store(key, graph.to(mask.device))
             return self._graphs[key].with_mask(mask)
-        host = mask.detach().cpu()
+        meta = mask.device.type == "meta"     # no values to build from: a meta forward computes shapes (those of
+        host = torch.ones(B, n, dtype=torch.bool, device="cpu") if meta else mask.detach().cpu()   # all-real ones)
         key = (B, n, str(mask.device), host.numpy().tobytes())
         if key not in self._graphs:
             with torch.device("cpu"):
                 graph = graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed)
             self._store(key, graph.to(mask.device))
-        return self._graphs[key]
+        return self._graphs[key].with_mask(mask) if meta else self._graphs[key]
 
     def _store(self, key, graph: TokenGraph) -> None:
         if len(self._graphs) >= self.maxsize:
@@ -820,7 +842,8 @@ def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torc
     """Validate a token tensor and return it as ``(B, n, d)``.
 
     Accepts ``(n, d)`` (one example) or ``(B, n, d)``. Requires a floating dtype, a shape that
-    matches ``graph``, and finite values on every real token (padded slots are not checked).
+    matches ``graph``, and finite values on every real token (padded slots are not checked; a meta tensor has no
+    values, and only its shape, dtype and device are checked).
     """
     if not isinstance(Y, torch.Tensor):
         raise TokenError(f"{name} must be a torch.Tensor, got {type(Y).__name__}")
@@ -841,6 +864,8 @@ def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torc
         valid = graph.mask
     else:
         valid = torch.ones(Y.shape[:2], dtype=torch.bool, device=Y.device)
+    if Y.device.type == "meta":                      # no values: the shape checks above are all there is
+        return Y
     lo, hi = torch.aminmax(Y.detach(), dim=-1)       # one pass; NaN propagates to both, +-inf shows in one
     bad = ~(torch.isfinite(lo) & torch.isfinite(hi)) & valid
     if bad.any():

@@ -123,7 +123,10 @@ class Attention(nn.Module):
         A = self.act(S)
         if self.activation_name != "softmax":
             A = A / keep.sum(-1, keepdim=True).clamp_min(1)[:, None].to(A.dtype)    # m_j keys visible
-        A = self.drop(torch.nan_to_num(A))                                          # rows with no key at all
+        # rows with no key at all (softmax of all -inf is NaN) weigh nothing; any other NaN or inf (an overflow)
+        # stays what it is, so that it is seen downstream (nan_to_num here once made overflow read as 0)
+        A = self.drop(torch.where(keep.any(-1, keepdim=True)[:, None], A, torch.zeros((), dtype=A.dtype,
+                                                                                      device=A.device)))
         out = (A @ V).transpose(1, 2).reshape(B, n, self.heads * self.d_head)
         return self.o(out)
 

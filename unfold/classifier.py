@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from energies.checks import check_int, check_number
-from energies.errors import ConfigError
+from energies.errors import ConfigError, InputError, TokenError
 
-from .encoders import Encoder, bool_mask
+from .encoders import Encoder, bool_mask, check_device, check_empty_rows, host_checks
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "TokenEmbedding", "SequenceClassifier", "masked_mean", "upgrade_state_dict"]
@@ -94,6 +94,13 @@ class TokenEmbedding(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(B, n)`` of any integer dtype (:func:`check_ids`: refused otherwise, :class:`TokenError`
+        naming ids and the value), on the embedding's device (metadata: a meta or CPU mix is named, never torch's
+        error); their range ``[0, vocab_size)`` is checked where :func:`~unfold.encoders.host_checks` (the CPU;
+        never ``meta``; an accelerator with ``validate``), so that a bad id is named, not torch's IndexError."""
+        if isinstance(ids, torch.Tensor):
+            check_device(ids, self, "ids")
+        ids = check_ids(ids, self.embed.num_embeddings)
         X = self.proj(self.embed(ids))
         if self.pos is not None:
             if ids.shape[1] > self.max_len:
@@ -102,14 +109,44 @@ class TokenEmbedding(nn.Module):
         return self.drop(X)
 
 
+#: integer dtypes whose every value is an int64 too: widened for the embedding (which takes int32 and int64 only)
+_WIDEN = (torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32)
+
+
+def check_ids(ids, vocab_size: int, validate: bool = False) -> torch.Tensor:
+    """Token ids as the embedding takes them: a ``(B, n)`` tensor of an integer dtype (else :class:`TokenError`
+    naming ids and the dtype or shape). int8/int16/uint8/uint16/uint32 are widened to int64 (value for value);
+    uint64 is read as its int64 bits. Where :func:`~unfold.encoders.host_checks` (CPU, or ``validate``; never meta)
+    every id must lie in ``[0, vocab_size)``, else a :class:`TokenError` naming the first bad id by its true value
+    (a uint64 id of 2^64 - 1 is named so, not as the -1 of its int64 bits) and its position."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TokenError(f"ids must be an integer tensor of token ids, got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.ndim != 2:
+        raise InputError(f"ids must be a (B, n) tensor of token ids, got shape {tuple(ids.shape)}")
+    u64 = ids.dtype == torch.uint64
+    ids = ids.view(torch.int64) if u64 else ids.to(torch.int64) if ids.dtype in _WIDEN else ids
+    if ids.numel() and host_checks(ids, validate):
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bool(bad.any()):
+            pos = tuple(int(i) for i in bad.nonzero()[0])
+            value = int(ids[pos]) % 2 ** 64 if u64 else int(ids[pos])
+            raise TokenError(f"ids must lie in [0, {vocab_size}) (the vocabulary), got {value} at {pos}")
+    return ids
+
+
 def masked_mean(Y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of the real tokens of each example ``(B, d)`` (an example with none pools to 0)."""
     return (Y * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1).to(Y.dtype)
 
 
 class SequenceClassifier(nn.Module):
-    """embedding -> encoder -> masked mean pooling -> dropout -> head (module docstring). ``validate=True``
-    checks ids and mask on every call (host reads); the default leaves that to the data loader."""
+    """embedding -> encoder -> masked mean pooling -> dropout -> head (module docstring). Inputs are checked at
+    this boundary by the rule of :func:`~unfold.encoders.host_checks`: their type, dtype, shape and device always
+    (:class:`~energies.errors.InputError` / :class:`~energies.errors.TokenError` naming ids or the mask); their
+    values (ids in the vocabulary, no example without a real token) on the CPU, and with ``validate=True`` on any
+    device but meta (a host read; off the CPU the default leaves it to the data loader, and the trace marks an
+    example with no real token as failed). The encoder's layer loop reads nothing."""
 
     def __init__(self, embedding: nn.Module, encoder: Encoder, head: nn.Module, dropout: float = 0.0,
                  validate: bool = False):
@@ -134,10 +171,14 @@ class SequenceClassifier(nn.Module):
         ids = input_ids if ids is None else ids
         mask = attention_mask if mask is None else mask
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
-            raise ConfigError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
+            raise InputError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
+        if ids.shape[0] < 1 or ids.shape[1] < 1:
+            raise InputError(f"ids must hold at least one example of at least one token, got shape {tuple(ids.shape)}")
+        check_device(ids, self, "ids")     # metadata: no host read
         mask = bool_mask(mask, ids.shape, ids.device, "ids", validate=self.validate)
-        if self.validate and not bool(mask.any(1).all()):
-            raise ConfigError("every example needs at least one real token (mask row all False)")
+        check_empty_rows(mask, self.validate)
+        if self.validate and isinstance(self.embedding, TokenEmbedding):   # off the CPU too (a host read)
+            check_ids(ids, self.embedding.embed.num_embeddings, validate=True)
         graph = self.encoder.token_graph(mask)
         X = graph.zero_padded(self.embedding(ids))
         out = self.encoder(X, mask, graph=graph, trace=trace, keep_states=keep_states, layers=layers)

@@ -173,7 +173,9 @@ def check_device(spec: str, what: str = "--device", error: type = UnfoldError):
 
 def read_document(path: str, parse: Callable, error: type, label: str, fmt: str, parse_errors: tuple = (ValueError,)):
     """``parse(open file)`` of the UTF-8 text file ``path``; a missing file (or a folder), text that is not UTF-8,
-    or a ``parse_errors`` exception becomes ``error`` naming ``label`` (e.g. "config file 'x.yaml'") and why."""
+    a document nested so deeply that the parser exhausts Python's recursion limit (``[[[[...`` 5,000 deep: YAML
+    and JSON parsers recurse per level), or a ``parse_errors`` exception becomes ``error`` naming ``label`` (e.g.
+    "config file 'x.yaml'") and why: every document reader of the project gets the same one-line refusal."""
     if not os.path.isfile(path):
         raise error(f"{label} is missing" + (" (it is a folder)" if os.path.isdir(path) else " (no such file)"))
     try:
@@ -181,5 +183,8 @@ def read_document(path: str, parse: Callable, error: type, label: str, fmt: str,
             return parse(fh)
     except UnicodeDecodeError as exc:
         raise error(f"{label} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise error(f"{label} is not valid {fmt} (nested too deeply: it exhausts the parser's recursion "
+                    "limit)") from None
     except parse_errors as exc:
         raise error(f"{label} is not valid {fmt} ({one_line(exc, 200)})") from None

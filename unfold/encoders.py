@@ -24,11 +24,13 @@ Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :d
   graph), traced with the same E1; a relu or softplus ``attention`` replaces its self-attention.
 
 ``encoder(X, mask)`` returns an :class:`EncoderOutput` (``Y``, ``energies``, ``states``, ``report()``). The
-forward pass does no host read with the trace off (``validate=False``, the default): the token graph is built
-on the tokens' device and cached (:class:`~energies.graph.GraphCache`), the energy's terms are built without
-checks (their inputs are the encoder's own tensors), the kernels run without their precision guard's host read;
-``validate=True`` checks the inputs (finite real tokens, no empty example) and turns the guard on, and the trace
-turns it on too. Nothing here knows of config files: :mod:`experiments` builds encoders from this registry.
+forward pass does no host read off the CPU with the trace off (``validate=False``, the default): the token graph
+is built on the tokens' device and cached (:class:`~energies.graph.GraphCache`), the energy's terms are built
+without checks (their inputs are the encoder's own tensors), the kernels run without their precision guard (on a
+GPU the guard would mean a host read or both paths); ``validate=True`` checks the inputs (finite real tokens, no
+empty example) and turns the guard on, and the trace turns it on too. On the CPU the guard is always on: its one
+read of the tokens' scale is of host memory (nothing to wait for), and without it an extreme scale (``tau=1e-10``)
+gives NaN logits from the expansion where the traced forward is exact (issue 25). Nothing here knows of config files: :mod:`experiments` builds encoders from this registry.
 """
 from __future__ import annotations
 
@@ -42,11 +44,11 @@ from torch import nn
 
 from energies.checks import check_int, check_number
 from energies.energy import Energy
-from energies.errors import ConfigError
+from energies.errors import ConfigError, InputError
 from energies.graph import GraphCache, TokenGraph, check_tokens
 from energies.pairwise import KERNELS, kernel_names
 from energies.registry import registrar
-from energies.rho import get_rho
+from energies.rho import Rho, get_rho
 from energies.terms import ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling, Residual
 
 from .attention import ACTIVATIONS, Attention
@@ -62,6 +64,36 @@ register_encoder = registrar(ENCODERS, "kind")
 
 CURVATURES = PairwiseAttention.CURVATURES
 NORMS = ("post", "none")
+
+
+def host_checks(t: torch.Tensor, validate: bool = False) -> bool:
+    """Whether value checks (host reads) run on ``t``. The rule of every input check of the encoders and the
+    classifier: checks of metadata (type, dtype, shape, device) always run; checks of values (ids in the
+    vocabulary, an example with no real token, finite tokens, 0/1 masks) run always with ``validate=True``, and
+    otherwise only where the values are in host memory (the CPU) and nothing is being compiled -- never on ``meta``
+    (there are no values: a meta forward checks shapes) and never on an accelerator without ``validate`` (a device
+    sync in every forward)."""
+    if t.device.type == "meta":
+        return False
+    return validate or (t.device.type == "cpu" and not torch.compiler.is_compiling())
+
+
+def check_empty_rows(mask: torch.Tensor, validate: bool = False) -> None:
+    """An example with no real token (mask row all False) is refused (:class:`InputError`, a TokenError) where
+    :func:`host_checks`: it has no tokens to encode, and the trace of its padding would read as descent over steps
+    of nothing. Where the check does not run (an accelerator without ``validate``), the trace gives such an example
+    NaN energies (:meth:`~unfold.trace.EnergyTrace.from_layers`), so every one of its steps fails the verdict."""
+    if host_checks(mask, validate) and mask.shape[1] and not bool(mask.any(1).all()):
+        rows = (~mask.any(1)).nonzero().flatten()[:5].tolist()
+        raise InputError(f"mask: every example needs at least one real token (mask row all False): example(s) {rows}")
+
+
+def check_device(t: torch.Tensor, module: nn.Module, what: str) -> None:
+    """``t`` on the device of ``module``'s parameters (metadata only), else a :class:`InputError` naming ``what``:
+    a mix of devices (meta ids into a CPU model) is named, not torch's error from deep inside a layer."""
+    param = next(module.parameters(), None)
+    if param is not None and t.device != param.device:
+        raise InputError(f"{what} are on {t.device}, the model on {param.device}: move one to the other")
 
 
 @dataclass
@@ -84,33 +116,40 @@ class EncoderOutput:
 
 def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens", validate: bool = False) -> torch.Tensor:
     """A padding mask as bool ``(B, n)``: None means all real, an integer 0/1 attention mask (Hugging Face's
-    convention) is read as ``mask != 0``; its shape must be ``shape``. A floating mask is refused: torch's float
-    attention masks are additive (0 keeps, -inf drops), the opposite reading of a 0/1 mask. Whether an integer
-    mask holds only 0 and 1 is a host read, checked (:func:`check_mask_values`) only with ``validate=True``."""
+    convention) is read as ``mask != 0``; its shape must be ``shape`` and its device ``device``. A floating mask is
+    refused: torch's float attention masks are additive (0 keeps, -inf drops), the opposite reading of a 0/1 mask.
+    Whether an integer mask holds only 0 and 1 is a host read, checked (:func:`check_mask_values`) only with
+    ``validate=True``. Every refusal is an :class:`InputError` naming the mask."""
     if mask is None:
         return torch.ones(tuple(shape), dtype=torch.bool, device=device)
     if not isinstance(mask, torch.Tensor):
-        raise ConfigError(f"the mask must be a bool or 0/1 integer tensor, got {type(mask).__name__}")
+        raise InputError(f"the mask must be a bool or 0/1 integer tensor, got {type(mask).__name__}")
     if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise ConfigError(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
-                          "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
+        raise InputError(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
+                         "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
+    if tuple(mask.shape) != tuple(shape):
+        raise InputError(f"{what} {tuple(shape)} and a mask of the same shape are required, "
+                         f"got mask {tuple(mask.shape)}")
+    if mask.device != torch.device(device):
+        raise InputError(f"the mask is on {mask.device}, the {what} on {torch.device(device)}: move one to the other")
     if validate:
         check_mask_values(mask)
     if mask.dtype != torch.bool:
         mask = mask != 0
-    if tuple(mask.shape) != tuple(shape):
-        raise ConfigError(f"{what} {tuple(shape)} and a mask of the same shape are required, "
-                          f"got mask {tuple(mask.shape)}")
     return mask
 
 
 def check_mask_values(mask: Optional[torch.Tensor]) -> None:
-    """An integer attention mask holds 0 and 1 only (one host read: call it behind ``validate=True``)."""
-    if mask is None or mask.dtype == torch.bool:
+    """An integer attention mask holds 0 and 1 only (one host read: call it behind ``validate=True``; skipped on
+    ``meta``, which has no values)."""
+    if mask is None or mask.dtype == torch.bool or mask.device.type == "meta":
         return
-    bad = mask[(mask != 0) & (mask != 1)]
+    u64 = mask.dtype == torch.uint64     # few kernels for uint64: its bits as int64 (2^63 and up read < 0)
+    m = mask.view(torch.int64) if u64 else mask
+    bad = m[(m != 0) & (m != 1)]
     if bad.numel():
-        raise ConfigError(f"an integer attention mask holds 0 and 1 only, got values {bad.unique().tolist()[:5]}")
+        vals = [int(v) % 2 ** 64 if u64 else int(v) for v in bad.unique().tolist()[:5]]
+        raise InputError(f"an integer attention mask holds 0 and 1 only, got values {vals}")
 
 
 def _flag(value, what: str) -> bool:
@@ -123,6 +162,19 @@ def _choice(value, what: str, valid) -> str:
     if not isinstance(value, str) or value not in valid:
         raise ConfigError(f"{what}={value!r} is unknown; valid: {list(valid)}")
     return value
+
+
+def check_input_tokens(X, d: int) -> None:
+    """Metadata checks of an encoder's tokens (no host read): a floating tensor ``(B, n, d)`` with ``B, n >= 1``,
+    else an :class:`InputError` naming X (an empty batch has no example to encode and no step to judge)."""
+    if not isinstance(X, torch.Tensor):
+        raise InputError(f"tokens X must be a (B, n, {d}) tensor, got {type(X).__name__}")
+    if not X.dtype.is_floating_point:
+        raise InputError(f"tokens X must have a floating dtype (float32 or float64), got {X.dtype}")
+    if X.ndim != 3 or X.shape[-1] != d:
+        raise InputError(f"tokens must be (B, n, {d}), got {tuple(X.shape)}")
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise InputError(f"tokens X must hold at least one example of at least one token, got shape {tuple(X.shape)}")
 
 
 class Encoder(nn.Module):
@@ -153,15 +205,14 @@ class Encoder(nn.Module):
 
     def forward(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None, graph: Optional[TokenGraph] = None,
                 trace: bool = False, keep_states: bool = False, layers: Optional[int] = None) -> EncoderOutput:
-        if X.ndim != 3 or X.shape[-1] != self.d:
-            raise ConfigError(f"tokens must be (B, n, {self.d}), got {tuple(X.shape)}")
+        check_input_tokens(X, self.d)
+        check_device(X, self, "tokens X")
         mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device,
                          validate=self.validate)
         graph = self.token_graph(mask) if graph is None else graph
         if self.validate:
             check_tokens(X, graph, "X")
-            if not bool(mask.any(1).all()):
-                raise ConfigError("every example needs at least one real token (mask row all False)")
+        check_empty_rows(mask, self.validate)
         X = graph.zero_padded(X)
         return self.run(X, mask, graph, trace, keep_states, layers)
 
@@ -177,7 +228,8 @@ class Encoder(nn.Module):
             vals, curv = self.trace_values(energy, Y, graph)
             values.append(vals)
             res.append(resolution(energy, Y, graph, curv))
-            energies = EnergyTrace.from_layers(values, res, energy.indicators)
+            # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
+            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask)
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed)
 
     @staticmethod
@@ -198,6 +250,21 @@ class Encoder(nn.Module):
                     vals[name] = v.to(ACCUM_DTYPE)
                     curv = curv + c
         return vals, curv
+
+
+def kernel_problem(kernel: str, graph: str, rho, device) -> Optional[str]:
+    """Why the pairwise ``kernel`` cannot run the graph spec ``graph`` with ``rho`` on tensors of ``device`` (worded
+    to follow "the KERNEL kernel ..."), or None: asked of the kernel's ``supports`` on a two-token probe graph of
+    that kind on that device. None for ``auto`` (it picks a kernel that runs) and for a CUDA device this machine
+    lacks (the device check's to say)."""
+    if kernel == "auto":
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
+    with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
+        probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long), name=graph)
+    return KERNELS[kernel].supports(probe.to(torch.device(device.type)), rho if isinstance(rho, Rho) else get_rho(rho))
 
 
 @register_encoder("guaranteed")
@@ -226,12 +293,9 @@ class GuaranteedEncoder(Encoder):
         self.curvature = _choice(curvature, "curvature", CURVATURES)
         self.kernel = _choice(kernel, "kernel", kernel_names())
         if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
-            with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
-                probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long),
-                                   name=graph)
-            why = KERNELS[self.kernel].supports(probe, self.rho)
+            why = kernel_problem(self.kernel, graph, self.rho, "cpu")
             if why is not None:      # the kernel may be for another device (triton: a GPU): a probe there (meta)
-                why = why if KERNELS[self.kernel].supports(probe.to("meta"), self.rho) is not None else None
+                why = why if kernel_problem(self.kernel, graph, self.rho, "meta") is not None else None
             if why is not None:
                 raise ConfigError(f"kernel={self.kernel!r} does not apply to graph={graph!r}, rho={self.rho.spec()!r}: "
                                   f"the {self.kernel} kernel {why}")
@@ -239,6 +303,12 @@ class GuaranteedEncoder(Encoder):
         self.A = nn.Parameter(torch.empty(self.d, self.d)) if self.use_ffn else None
         self.nonneg = NonNegativity() if self.use_relu else None
         self.reset_parameters()
+
+    def kernel_problem(self, device) -> Optional[str]:
+        """Why this encoder's ``kernel`` cannot run on ``device`` (:func:`kernel_problem`), or None. The constructor
+        accepts a kernel that runs on some device (the triton kernel on a GPU, the fused one on the CPU); a caller
+        that knows where the model will run (the trainer's build check, ``train.device``) asks here."""
+        return kernel_problem(self.kernel, self.graph_spec, self.rho, device)
 
     def reset_parameters(self) -> None:
         """W_h ~ N(0, 1/d) entries; A with S = A A^T - (1 - eps) I = 0."""
@@ -269,7 +339,7 @@ class GuaranteedEncoder(Encoder):
         return Energy(terms)
 
     def run(self, X, mask, graph, trace, keep_states, layers):
-        energy = self.energy(X, guard=trace or self.validate)
+        energy = self.energy(X, guard=trace or self.validate or X.device.type == "cpu")
         step = ProxMMStep(energy, self.alpha)      # the shared layer: mm_step with the curvature bound
         Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
         values: List[Dict[str, torch.Tensor]] = []

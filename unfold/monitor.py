@@ -95,15 +95,17 @@ class DescentMonitor:
         if out.inputs is None:
             raise DescentError("the descent monitor needs ModelOutput.inputs (the embedded tokens) to re-check")
         X, mask = out.inputs
-        checker = copy.deepcopy(model).to(torch.float64)
+        # the encoder (of a SequenceClassifier or an UnfoldedTransformer, or an encoder itself): its API is
+        # the one every model has (token_graph, forward with keep_states, energy)
+        checker = copy.deepcopy(getattr(model, "encoder", model)).to(torch.float64)
         X64 = X.to(torch.float64)
         with torch.no_grad():
             graph = checker.token_graph(mask)
-            _, _, states = checker.encode(X64, mask, graph, trace=False, keep_states=True)
+            states = checker(X64, mask, graph=graph, trace=False, keep_states=True).states
             energy = checker.energy(X64)
             values = EnergyTrace.from_layers([term_values_or_nan(energy, Y, graph) for Y in states],
                                              [resolution(energy, torch.nan_to_num(Y), graph) for Y in states],
-                                             energy.indicators)
+                                             energy.indicators, mask=graph.mask)
         rep64 = report_from_values(values, torch.float64, self.tol_factor, guaranteed=True)
         flagged = set(samples)
         return [(v["sample"], v, rep64.tol_rule) for v in rep64.violations if v["sample"] in flagged]

@@ -4,14 +4,23 @@ Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which are not JSON
 other readers. :func:`json_safe` turns non-finite floats into the strings ``"nan"``, ``"inf"``,
 ``"-inf"`` (numpy and torch scalars first into Python numbers), and :func:`dumps` then writes with
 ``allow_nan=False``, so a non-finite number that slipped through fails loudly instead of writing invalid JSON.
+
+Reading: :func:`loads` / :func:`load` are the project's JSON readers for its own files (``bundle.json``,
+``vocab.json``): strict JSON too (``NaN``/``Infinity`` refused), and a document nested more deeply than
+:data:`MAX_DEPTH` levels (``[[[[...`` 5,000 deep, which would exhaust Python's recursion limit inside the
+parser) is a :class:`ValueError` saying so, like any other malformed document, never a ``RecursionError``.
 """
 from __future__ import annotations
 
 import json
+import re
 import math
 import numbers
 
-__all__ = ["json_safe", "dumps"]
+__all__ = ["json_safe", "dumps", "loads", "load", "nesting_depth", "MAX_DEPTH"]
+
+#: the deepest nesting :func:`loads` reads (the project's files nest 3 levels; the parser would fail near 1,000)
+MAX_DEPTH = 100
 
 
 def json_safe(x):
@@ -35,3 +44,39 @@ def json_safe(x):
 def dumps(x, **kwargs) -> str:
     """``json.dumps(json_safe(x), allow_nan=False, **kwargs)``: strict JSON."""
     return json.dumps(json_safe(x), allow_nan=False, **kwargs)
+
+
+_STRINGS = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+
+
+def nesting_depth(text: str) -> int:
+    """How deeply the arrays and objects of the JSON ``text`` nest (brackets inside strings not counted),
+    computed without recursion."""
+    depth = deepest = 0
+    for ch in re.findall(r"[\[\]{}]", _STRINGS.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _constant(name: str):
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def loads(text):
+    """The JSON value of ``text`` (str or UTF-8 bytes): strict (no NaN/Infinity), at most :data:`MAX_DEPTH`
+    levels deep; anything else raises :class:`ValueError` (``json.JSONDecodeError`` is one) saying why."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8")
+    depth = nesting_depth(text)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested {depth} levels deep, more than the {MAX_DEPTH} this reader accepts")
+    try:
+        return json.loads(text, parse_constant=_constant)
+    except RecursionError:     # not reachable under MAX_DEPTH; kept so that no reader ever sees one
+        raise ValueError(f"nested too deeply (more than {MAX_DEPTH} levels)") from None
+
+
+def load(fh):
+    """:func:`loads` of an open text (or binary) file."""
+    return loads(fh.read())

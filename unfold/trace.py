@@ -31,7 +31,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence as Seq, Tu
 import torch
 
 from energies.energy import Energy
-from energies.errors import StepError
+from energies.errors import StepError, TokenError
 from energies.graph import TokenGraph, check_tokens
 from energies.terms import ACCUM_DTYPE
 
@@ -100,10 +100,17 @@ class EnergyTrace(OrderedDict):
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
-                    indicators: Iterable[str] = ()) -> "EnergyTrace":
-        """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T."""
-        return cls(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
-                   resolution=torch.stack(resolution, dim=1), indicators=indicators)
+                    indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None) -> "EnergyTrace":
+        """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
+        ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
+        no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent."""
+        trace = cls(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
+                    resolution=torch.stack(resolution, dim=1), indicators=indicators)
+        if mask is not None:
+            empty = ~mask.any(1)[:, None]
+            for k, v in trace.items():
+                trace[k] = torch.where(empty, torch.full_like(v, math.nan), v)
+        return trace
 
     @classmethod
     def cat(cls, traces: List["EnergyTrace"]) -> "EnergyTrace":
@@ -353,6 +360,19 @@ class _Tracer:
         return Y_next
 
 
+def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
+    """A verdict needs values on the host's reach and something to judge: tokens on ``meta`` (no values) are a
+    :class:`TokenError`, and so is an example with no real token (its energy is 0 at every layer: "descent" over
+    steps of nothing). :func:`trace_descent` is a diagnostic, which reads the host anyway."""
+    if Y.device.type == "meta":
+        raise TokenError("Y is on the meta device, which holds no values: a descent verdict needs real tokens "
+                         "(trace on the CPU or a GPU)")
+    empty = ~graph.mask.any(1)
+    if bool(empty.any()):
+        raise TokenError(f"graph.mask: example(s) {empty.nonzero().flatten()[:5].tolist()} have no real token "
+                         "(mask row all False): there is nothing to descend, and no verdict over it")
+
+
 def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None,
                   tol_factor: float = DEFAULT_TOL_FACTOR, substeps: bool = True
                   ) -> Tuple[torch.Tensor, DescentReport]:
@@ -366,6 +386,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     """
     tol_factor = check_tol_factor(tol_factor)
     Y = check_tokens(Y, graph)
+    _check_judgeable(Y, graph)
     plan = _layers(steps, layers)
     tracer = _Tracer(graph, graph.batch_size, Y.device)
     pairs: List[Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]] = []
@@ -433,7 +454,9 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule and verdicts.
     ``indicators``: names of indicator terms (+inf legitimate); ``resolution``: ``(S, T+1)``
     :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given). Both default to
-    the attributes of an :class:`EnergyTrace`."""
+    the attributes of an :class:`EnergyTrace`. Refused (:class:`StepError`, naming what): no or ragged values,
+    integer values, no example (S = 0), fewer than two layer boundaries, values on ``meta`` or on several devices,
+    a resolution that is not a non-negative float (S, T+1) tensor."""
     tol_factor = check_tol_factor(tol_factor)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
@@ -443,7 +466,19 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     first = next(iter(values.values()))
     if any(sh is None or len(sh) != 2 for sh in shapes.values()) or len(set(shapes.values())) != 1:
         raise StepError(f"values must be (S, T+1) tensors of one shape, got {shapes}")
+    kinds = {k: str(v.dtype).replace("torch.", "") for k, v in values.items() if not v.dtype.is_floating_point}
+    if kinds:       # an integer energy has lost its rounding: no tolerance rule applies to it
+        raise StepError(f"values must be floating-point energies, got {kinds}")
+    if resolution is not None and not (isinstance(resolution, torch.Tensor) and resolution.dtype.is_floating_point):
+        raise StepError(f"resolution must be a floating-point tensor, got {getattr(resolution, 'dtype', resolution)!r}")
+    devices = {str(v.device) for v in values.values()}
+    if resolution is not None:
+        devices.add(str(resolution.device))
+    if len(devices) > 1 or "meta" in devices:   # a verdict reads the values: one device that holds them
+        raise StepError(f"values (and resolution) must be on one device that holds values, got {sorted(devices)}")
     S, T1 = first.shape
+    if S < 1:
+        raise StepError(f"values hold no example (S = 0, shapes {shapes}): a verdict over nothing is no descent")
     if T1 < 2:
         raise StepError(f"values need at least two layer boundaries (T+1 >= 2) to judge a step, got T+1 = {T1}")
     if resolution is None:

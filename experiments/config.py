@@ -3,6 +3,15 @@
 Every key must exist in :data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid
 keys at that level) and every value must have the default's type (``None`` defaults accept the
 types listed in :data:`NULLABLE`).
+
+Every YAML text the project reads (config files, ``key=value`` override values, the front matter of a
+Hugging Face dataset card) goes through :func:`load_yaml`, a strict safe loader: a key repeated in one
+mapping (at any level; ``1``, ``1.0`` and ``true`` count as one key, as they would in the dict) is refused
+naming the key, its path and both lines, instead of the last one silently winning (``model: {d: 16}`` then
+``model: {heads: 3}`` would drop ``d``); nesting deeper than :data:`MAX_YAML_DEPTH` levels (a flood of ``[``,
+or aliases chained as deep) and a document that refers to itself through an alias are refused naming the line,
+instead of a ``RecursionError``. Each is a :class:`StrictYAMLError` (a ``yaml.YAMLError``), which the readers
+turn into one :class:`ConfigError` (or ``DataError``) line naming the file or the override.
 """
 from __future__ import annotations
 
@@ -21,7 +30,121 @@ from energies.errors import ConfigError, UnfoldError
 from unfold.cli import read_document
 
 __all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
-           "ConfigError"]
+           "ConfigError", "load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH"]
+
+#: deepest nesting of sequences and mappings a YAML text may have (a config is 3 levels deep, a dataset card
+#: about 8); far below what would exhaust Python's recursion limit in the loader or in any later step
+MAX_YAML_DEPTH = 64
+
+
+class StrictYAMLError(yaml.YAMLError):
+    """A YAML text :func:`load_yaml` refuses: a repeated key, nesting deeper than :data:`MAX_YAML_DEPTH`, a
+    document that refers to itself. The message is one line naming the key or the line."""
+
+
+def _at(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "an unknown line"
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses repeated keys, deep nesting and self-reference (:func:`load_yaml`)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        # the composer recurses once per level of text nesting: stop long before Python's recursion limit
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise StrictYAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels at "
+                                      f"{_at(self.peek_event().start_mark)}")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            self._check_height(node)
+            self._check_keys(node)
+        return node
+
+    @staticmethod
+    def _check_height(root) -> None:
+        """Nesting through aliases (``b: &b [*a]``, ...) counts too; a node that holds itself is refused.
+        Iterative, each node once (an alias bomb costs its node count, not its expanded size)."""
+        height: dict = {}
+        on_path: set = set()
+        stack = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                on_path.discard(id(node))
+                h = 1 + max((height[id(c)] for c in _children(node)), default=0)
+                if h > MAX_YAML_DEPTH:
+                    raise StrictYAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels (through aliases) at "
+                                          f"{_at(node.start_mark)}")
+                height[id(node)] = h
+                continue
+            if id(node) in height:
+                continue
+            if id(node) in on_path:
+                raise StrictYAMLError(f"an alias at {_at(node.start_mark)} makes the document hold itself")
+            on_path.add(id(node))
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node) if id(c) not in height)
+
+    def _check_keys(self, root) -> None:
+        """No mapping repeats a key (equal as Python values: ``1``, ``1.0``, ``true`` are one key); merge keys
+        (``<<``) are YAML's way to override on purpose and are not counted."""
+        seen_nodes: set = set()
+        stack = [(root, "")]
+        while stack:
+            node, path = stack.pop()
+            if id(node) in seen_nodes:
+                continue
+            seen_nodes.add(id(node))
+            if isinstance(node, yaml.SequenceNode):
+                stack.extend((c, f"{path}[{i}]") for i, c in enumerate(node.value))
+                continue
+            if not isinstance(node, yaml.MappingNode):
+                continue
+            first: dict = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    stack.append((value_node, path))
+                    continue
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                where = f"{path}.{name}" if path else name
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = self.construct_object(key_node)
+                    try:
+                        earlier = first.setdefault(key, key_node)
+                    except TypeError:          # unhashable: the constructor reports it
+                        earlier = key_node
+                    if earlier is not key_node:
+                        also = "" if earlier.value == key_node.value else f" (written {_show(earlier.value)} there)"
+                        raise StrictYAMLError(f"duplicate key {_show(where)} at {_at(key_node.start_mark)}, first "
+                                              f"at {_at(earlier.start_mark)}{also}: a key may appear once in a "
+                                              "mapping (the last one would silently win)")
+                stack.append((value_node, where))
+
+
+def load_yaml(stream):
+    """``yaml.safe_load`` of ``stream`` (text or an open file), strict: see the module docstring. Raises
+    :class:`StrictYAMLError` (or another ``yaml.YAMLError``) on text it refuses."""
+    try:
+        return yaml.load(stream, Loader=_StrictLoader)
+    except RecursionError:          # a path not guarded above: still one error, never a traceback
+        raise StrictYAMLError(f"nested too deeply (more than {MAX_YAML_DEPTH} levels)") from None
 
 DEFAULTS: Dict[str, Any] = {
     "name": "default",
@@ -268,7 +391,7 @@ def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], 
     for key, value in new.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in defaults:
-            raise ConfigError(f"unknown config key {where!r}; valid keys{' in ' + path if path else ''}: "
+            raise ConfigError(f"unknown config key {_show(where)}; valid keys{' in ' + path if path else ''}: "
                               f"{_valid_keys(defaults)}")
         if isinstance(defaults[key], dict):
             _merge(base[key], value, defaults[key], where)
@@ -358,15 +481,33 @@ def _is_text_key(where: tuple) -> bool:
     return isinstance(node, str) or str in NULLABLE.get(where, ())
 
 
+def _too_deep(value, limit: int = MAX_YAML_DEPTH) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``limit`` levels deep (iterative; shared parts once)."""
+    stack, seen = [(value, 1)], set()
+    while stack:
+        v, depth = stack.pop()
+        if not isinstance(v, (dict, list)) or id(v) in seen:
+            continue
+        if depth > limit:
+            return True
+        seen.add(id(v))
+        stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
-    """Apply ``section.key=value`` strings (values parsed as YAML: 3, 0.5, true, null, text)."""
+    """Apply ``section.key=value`` strings (values parsed as YAML by :func:`load_yaml`: 3, 0.5, true, null, text;
+    a value that is not YAML is taken as text). A value with a repeated key or nested deeper than
+    :data:`MAX_YAML_DEPTH` levels (key path included) is a :class:`ConfigError` naming the override."""
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like section.key=value")
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"override {_show(item)} must look like section.key=value")
         dotted, raw = item.split("=", 1)
         keys = dotted.strip().split(".")
         try:
-            value = yaml.safe_load(raw)
+            value = load_yaml(raw)
+        except StrictYAMLError as exc:
+            raise ConfigError(f"override {_show(item)}: {exc}") from None
         except (yaml.YAMLError, ValueError):   # ValueError: an integer beyond Python's digit limit
             value = raw
         if _is_text_key(tuple(keys)) and value is not None:
@@ -374,6 +515,9 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
         nested: Dict[str, Any] = value
         for k in reversed(keys):
             nested = {k: nested}
+        if len(keys) > MAX_YAML_DEPTH or _too_deep(nested):
+            raise ConfigError(f"override {_show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
+                              "3 levels deep)")
         _merge(cfg, nested, DEFAULTS, "")
     return cfg
 
@@ -408,7 +552,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Di
     cfg = copy.deepcopy(DEFAULTS)
     if path is not None:
         path = resolve_config(path)
-        loaded = read_document(path, yaml.safe_load, ConfigError, f"config file {path!r}", "YAML",
+        loaded = read_document(path, load_yaml, ConfigError, f"config file {path!r}", "YAML",
                                (yaml.YAMLError, ValueError))
         loaded = {} if loaded is None else loaded
         if not isinstance(loaded, dict):

@@ -17,6 +17,9 @@ the validation split (first best in the order given); the test split is scored o
 
 The last line printed is a JSON object: dataset, test_accuracy, val_accuracy, best_C,
 val_accuracy_by_C, features, seconds.
+
+The data come from :func:`experiments.data.load_dataset`, so the baseline refuses what the trainer refuses
+(colliding labels, an empty split, one class), each as one ``error:`` line with exit 2.
 """
 from __future__ import annotations
 
@@ -145,9 +148,10 @@ def tfidf_logreg(splits: Splits, ngram=(1, 2), min_df: int = 1, Cs=(0.25, 0.5, 1
     """Fit TF-IDF + logistic regression on ``splits.train``, pick C on val, score test.
 
     The fit is deterministic (zero init, full batch); ``seed`` only seeds torch for form's sake
-    and is reported. Refused (:class:`DataError`): an empty split, training data of one class
-    (:func:`experiments.data.check_classes`), a C that is not a finite positive number, no n-gram kept
-    (``min_df`` above every count). Returns ``test_accuracy``, ``val_accuracy``, ``best_C``,
+    and is reported. Refused (:class:`DataError`): an empty split, training data of one class, label names
+    that collide or do not match the class ids (:func:`experiments.data.check_classes`, the check every loaded
+    dataset passes: a baseline on a dataset the trainer refuses would compare against nothing), a C that is not
+    a finite positive number, no n-gram kept (``min_df`` above every count). Returns ``test_accuracy``, ``val_accuracy``, ``best_C``,
     ``val_accuracy_by_C``, ``features`` (number of n-grams) and ``seconds``.
     """
     if not Cs or any(isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0)

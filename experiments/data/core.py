@@ -1,6 +1,14 @@
 """What every dataset loader shares: :class:`DataError`, the :class:`Splits` a loader returns, cleaning
 (strip, dedupe, drop texts whose duplicates disagree on the label), the seeded 80/10/10 split, the mapping
-of raw label values to ids, and the check that a dataset holds at least two classes.
+of raw label values to ids, and the checks every loaded dataset passes (:func:`check_classes`).
+
+Labels: two raw label values *collide* when they are one class written two ways (:func:`label_key`): equal
+as numbers (``1``, ``1.0``, ``true``, ``"1"``, ``"01"``, ``"+1"``, ``"1e0"``), or equal as text once stripped
+and Unicode-normalised (NFC). Taken as they are they would train as two classes under the same name (a
+3-class model for a binary set, a bundle whose label names repeat, probabilities per name that sum to less
+than one); merged silently they would hide a broken file. Both the label values of a file
+(:func:`label_table`) and a list of label names (``labels.json``, a ``ClassLabel``: :func:`check_label_names`)
+are refused with a :class:`DataError` naming the file, the field and the two colliding values.
 
 Cleaning: the text is stripped; two rows are the same text when they agree after collapsing whitespace and
 case-folding (what :func:`experiments.data.text.tokenize` cannot tell apart). Of each such group the first
@@ -12,15 +20,29 @@ are disjoint and depend on the seed only.
 from __future__ import annotations
 
 import csv
+import math
 import re
+import reprlib
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 
 from energies.errors import UnfoldError
 
 SPLIT_NAMES = ("train", "val", "test")
+#: the splits in words, for messages
+SPLIT_WORDS = {"train": "training", "val": "validation", "test": "test"}
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 60, 60, 40, 6, 6, 3
+
+
+def show(value) -> str:
+    """A bounded repr for messages (a 10,000-character label prints in a few dozen)."""
+    return _REPR.repr(value)
 
 csv.field_size_limit(1 << 24)       # the CSV readers (corpora, files): one field may hold a long text
 
@@ -94,41 +116,138 @@ def split_examples(examples: Sequence[tuple[str, int]], seed: int) -> tuple[list
 
 
 def make_splits(rows, seed, label_names, name) -> Splits:
-    """Clean ``rows`` (text, label id) and split them into a :class:`Splits`."""
-    train, val, test = split_examples(_clean(rows), seed)
+    """Clean ``rows`` (text, label id) and split them into a :class:`Splits`; fewer than 3 examples left after
+    cleaning is a :class:`DataError` naming the dataset and both counts."""
+    examples = _clean(rows)
+    if len(examples) < 3:
+        raise DataError(f"{name}: need at least 3 examples to split 80/10/10, got {len(examples)} after cleaning "
+                        f"({len(rows)} rows read; empty texts and texts whose duplicates disagree on the label "
+                        "are dropped)")
+    train, val, test = split_examples(examples, seed)
     return Splits(train, val, test, len(label_names), list(label_names), name)
 
 
-def label_table(values) -> tuple[dict, list[str]]:
-    """Map label values to ids: sorted unique values -> 0..K-1 (numeric order when all are ints).
+#: a number written as text: ASCII digits, optional sign, fraction and exponent (``-3``, ``1.0``, ``2e3``)
+_NUMBER_TEXT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,9})?")
 
-    Returns ``(value -> id, label_names)``, names being the original values as strings.
+
+def _numeric(v) -> Decimal | None:
+    """The exact numeric value of a label that is a number (bool, int, finite float) or a text that reads as
+    one (:data:`_NUMBER_TEXT`, surrounding space allowed), else ``None``."""
+    if isinstance(v, (bool, int, np.integer)):
+        return Decimal(int(v))
+    if isinstance(v, (float, np.floating)):
+        return Decimal(float(v)) if math.isfinite(v) else None
+    if isinstance(v, str) and _NUMBER_TEXT.fullmatch(v.strip()):
+        try:
+            return Decimal(v.strip())
+        except ArithmeticError:        # an exponent beyond what Decimal holds: treated as text
+            return None
+    return None
+
+
+def label_key(v) -> tuple:
+    """The class a raw label value (or a label name) stands for: ``("number", value)`` for numbers and numeric
+    text (``1``, ``1.0``, ``True``, ``"01"`` are one class), ``("text", NFC-normalised stripped text)`` for
+    any other value. Two distinct values with one key *collide* (module docstring)."""
+    n = _numeric(v)
+    if n is not None:
+        return ("number", n)
+    return ("text", unicodedata.normalize("NFC", str(v).strip()))
+
+
+def _name(v) -> str:
+    return unicodedata.normalize("NFC", str(v).strip())
+
+
+def _label_keys(v) -> tuple:
+    """What must be unique among the distinct labels of a dataset: the class (:func:`label_key`) and the name it
+    prints as (``True`` and ``"True"`` print alike)."""
+    return label_key(v), ("name", _name(v))
+
+
+def _collision(a, a_at: str, b, b_at: str, field, where) -> DataError:
+    key = label_key(a)
+    if key == label_key(b):
+        num = str(a).strip()
+        what = (f"the number {num if len(num) <= 40 else num[:37] + '...'}" if key[0] == "number"
+                else f"the text {show(key[1])}")
+    else:
+        what = f"named {show(_name(a))}"
+    return DataError(f"{where}: label values {show(a)}{a_at} and {show(b)}{b_at} of {field!r} collide: both are "
+                     f"{what}, one class written two ways (they would train as two classes of one name); write "
+                     "each class one way")
+
+
+def label_table(values, where: str = "dataset", field: str = "label", origin=None) -> tuple[dict, list[str]]:
+    """Map label values to ids: sorted unique values -> 0..K-1 (numeric order when all are integers).
+
+    Returns ``(value -> id, label_names)``, names being the original values as strings. Two distinct values
+    that collide (:func:`label_key`: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``True``, ``"1"`` and ``"01"``,
+    NFC variants of one text, ``True`` and ``"True"``) are a :class:`DataError` naming ``where`` (the file),
+    ``field`` and both values, each with ``origin(i)`` (e.g. ``"record 3"`` for the ``i``-th value) when given.
     """
-    uniq = set(values)
+    spellings: dict = {}               # (type, value) -> (value, where first seen): 1, 1.0 and True stay apart
+    for i, v in enumerate(values):
+        spellings.setdefault((type(v).__name__, v), (v, i))
+    by_key: dict = {}
+    for v, i in spellings.values():
+        for k in _label_keys(v):
+            if k in by_key:
+                (u, j) = by_key[k]
+                at = (lambda n: f" ({origin(n)})") if origin is not None else (lambda n: "")
+                raise _collision(u, at(j), v, at(i), field, where)
+        for k in _label_keys(v):
+            by_key[k] = (v, i)
+    uniq = [v for v, _ in spellings.values()]
 
     def as_int(v):
-        if isinstance(v, bool):
-            return int(v)
-        if isinstance(v, (int, np.integer)):
-            return int(v)
-        if isinstance(v, float) and v.is_integer():
-            return int(v)
-        if isinstance(v, str) and re.fullmatch(r"\s*[-+]?\d+\s*", v):
-            return int(v)
-        return None
+        n = _numeric(v)
+        if n is None or (isinstance(v, str) and not re.fullmatch(r"\s*[-+]?[0-9]+\s*", v)):
+            return None                # numeric order for integers only, as written
+        return n if n == n.to_integral_value() else None
 
-    ints = {v: as_int(v) for v in uniq}
-    if all(i is not None for i in ints.values()) and len(set(ints.values())) == len(uniq):
-        order = sorted(uniq, key=lambda v: ints[v])
+    ints = {i: as_int(v) for i, v in enumerate(uniq)}
+    if all(n is not None for n in ints.values()):
+        order = [uniq[i] for i in sorted(ints, key=lambda i: ints[i])]
     else:
         order = sorted(uniq, key=lambda v: (str(v), type(v).__name__))
     return {v: k for k, v in enumerate(order)}, [str(v) for v in order]
 
 
+def check_label_names(names, where: str, field: str = "label") -> list[str]:
+    """``names`` (a list of label names in class-id order: ``labels.json``, a ``ClassLabel``) as strings, each a
+    non-empty string or an integer, no two colliding (:func:`label_key`: ``"pos"`` and ``" pos"``, ``"1"`` and
+    ``1``, ``"1"`` and ``"01"``); otherwise a :class:`DataError` naming ``where``, ``field`` and the values."""
+    if not isinstance(names, (list, tuple)) or not names:
+        raise DataError(f"{where}: the label names of {field!r} must be a non-empty list, got {show(names)}")
+    seen: dict = {}
+    for i, n in enumerate(names):
+        if isinstance(n, bool) or not isinstance(n, (str, int)):
+            raise DataError(f"{where}: label name {i} of {field!r} is {show(n)} ({type(n).__name__}), expected a "
+                            "string")
+        if not str(n).strip():
+            raise DataError(f"{where}: label name {i} of {field!r} is empty ({n!r})")
+        for k in _label_keys(n):
+            if k in seen:
+                j = seen[k]
+                raise _collision(names[j], f" (class {j})", n, f" (class {i})", field, where)
+        for k in _label_keys(n):
+            seen[k] = i
+    return [str(n) for n in names]
+
+
 def check_classes(splits: Splits) -> Splits:
-    """``splits`` unchanged when its examples carry at least two classes, and its training split too;
-    otherwise a :class:`DataError` naming the dataset and the one class (a classifier trained on one
-    class predicts it everywhere and reports a meaningless 100 % accuracy). Returns ``splits``."""
+    """``splits`` unchanged when it is fit to train and evaluate on; otherwise a :class:`DataError` naming the
+    dataset and what is wrong. Every loaded dataset passes here (:func:`experiments.data.load.load_dataset`):
+
+    * no split is empty (an empty validation or test split would report a made-up accuracy of 0; the loaders
+      name the file first where there is one);
+    * the label names are unique (:func:`check_label_names`), one per class, and every label is a class id;
+    * the examples carry at least two classes, and the training split too (a classifier trained on one class
+      predicts it everywhere and reports a meaningless 100 % accuracy).
+
+    Returns ``splits``."""
     def one(examples) -> str | None:
         labels = {lab for _, lab in examples}
         if len(labels) != 1:
@@ -137,8 +256,18 @@ def check_classes(splits: Splits) -> Splits:
         name = repr(splits.label_names[lab]) if 0 <= lab < len(splits.label_names) else repr(lab)
         return f"{name}, {len(examples)} example{'s' if len(examples) != 1 else ''}"
 
-    if not splits.train:
-        raise DataError(f"dataset {splits.name}: the training split is empty")
+    for s in SPLIT_NAMES:
+        if not getattr(splits, s):
+            raise DataError(f"dataset {splits.name}: the {SPLIT_WORDS[s]} split is empty: {s} holds no example")
+    names = check_label_names(list(splits.label_names), f"dataset {splits.name}", "label names")
+    if isinstance(splits.num_classes, bool) or splits.num_classes != len(names):
+        raise DataError(f"dataset {splits.name}: num_classes={splits.num_classes!r} but {len(names)} label names "
+                        f"{show(names)}")
+    for s in SPLIT_NAMES:
+        for i, (_, lab) in enumerate(getattr(splits, s)):
+            if isinstance(lab, bool) or not isinstance(lab, (int, np.integer)) or not 0 <= lab < len(names):
+                raise DataError(f"dataset {splits.name}: {s} example {i} has label {show(lab)}, expected a class "
+                                f"id in [0, {len(names)})")
     every = one(splits.train + splits.val + splits.test)
     if every is not None:
         raise DataError(f"dataset {splits.name} holds one class only ({every}): a classifier needs at least two")

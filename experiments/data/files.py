@@ -6,7 +6,11 @@
   :func:`export` writes it: used as-is, no cleaning, no resplitting.
 
 Every record is checked (:func:`records_to_examples`): a missing column, an empty or non-finite label,
-text that is not valid Unicode is a :class:`DataError` naming the file and the record.
+text that is not valid Unicode is a :class:`DataError` naming the file and the record. Label values that
+collide (one class written two ways: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``, ``"1"`` and ``"01"``;
+:func:`experiments.data.core.label_table`) and repeated names in ``labels.json``
+(:func:`experiments.data.core.check_label_names`) are refused naming the file, the column and both values. A
+split file with no record (empty, or blank lines only) is refused naming the split and the file.
 """
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import os
 import pathlib
 import shutil
 
+from energies.checks import one_line
 from unfold.strict_json import dumps as json_dumps
 
-from .core import SPLIT_NAMES, DataError, Splits, label_table, make_splits
+from .core import SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, label_table, make_splits, show
 from .store import atomic_write_bytes, check_folder
 
 
@@ -41,10 +46,10 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
         if label is None or (isinstance(label, str) and not label.strip()):
             raise DataError(f"{where}: record {i} has an empty label ({label_field!r})")
         if isinstance(label, str) and _non_finite_number(label):
-            raise DataError(f"{where}: record {i} has label {label.strip()!r} ({label_field!r}), not a class: "
+            raise DataError(f"{where}: record {i} has label {show(label.strip())} ({label_field!r}), not a class: "
                             "a missing value?")
         if not isinstance(label, (str, int, float)) or (isinstance(label, float) and not label.is_integer()):
-            raise DataError(f"{where}: record {i} has an unusable label {label!r} ({label_field!r}): expected a "
+            raise DataError(f"{where}: record {i} has an unusable label {show(label)} ({label_field!r}): expected a "
                             "string or an integer")
         text = rec[text_field]
         text = "" if text is None else str(text)
@@ -60,9 +65,10 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
 
 
 def _non_finite_number(text: str) -> bool:
-    """Whether ``text`` reads as a number that is not finite (``nan``, ``-inf``, ``Infinity``, ...)."""
+    """Whether ``text`` spells a number that is not finite (``nan``, ``-inf``, ``Infinity``, ...); a number too
+    large for a float (``1e400``, 400 digits) is a number, not a missing value."""
     try:
-        return not math.isfinite(float(text))
+        return not math.isfinite(float(text)) and any(c.isalpha() and c not in "eE" for c in text)
     except ValueError:
         return False
 
@@ -126,32 +132,40 @@ def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
     pairs = records_to_examples(_read_records(path, text_field, label_field), text_field, label_field, path)
     if not pairs:
         raise DataError(f"{path}: no examples")
-    table, names = label_table(label for _, label in pairs)
+    table, names = label_table((label for _, label in pairs), path, label_field, lambda i: f"record {i}")
     return make_splits([(t, table[lab]) for t, lab in pairs], seed, names, str(path))
 
 
 def load_directory(path: pathlib.Path, text_field, label_field) -> Splits:
     """A directory with train/val/test.jsonl, used as-is (no cleaning, no resplitting).
 
-    With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it;
-    without one, label values are mapped jointly over the three splits by :func:`label_table`.
+    With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it, its names unique
+    (:func:`check_label_names`); without one, label values are mapped jointly over the three splits by
+    :func:`label_table` (colliding values refused). Every split must hold at least one record.
     """
     missing = [f"{s}.jsonl" for s in SPLIT_NAMES if not (path / f"{s}.jsonl").is_file()]
     if missing:
         found = sorted(p.name for p in path.iterdir())
         raise DataError(f"{path}: a split directory needs train.jsonl, val.jsonl and test.jsonl; "
                         f"missing {missing}, found {found}")
-    raw = {s: records_to_examples(_read_jsonl(path / f"{s}.jsonl"), text_field, label_field,
-                                   path / f"{s}.jsonl") for s in SPLIT_NAMES}
+    raw = {}
+    for s in SPLIT_NAMES:
+        file = path / f"{s}.jsonl"
+        records = _read_jsonl(file)
+        if not records:
+            blank = " (every line is blank)" if file.stat().st_size else ""
+            raise DataError(f"{file}: the {SPLIT_WORDS[s]} split is empty: {file.name} holds no record{blank}; "
+                            "every split needs examples (an empty one would report a made-up accuracy)")
+        raw[s] = records_to_examples(records, text_field, label_field, file)
     labels_file = path / "labels.json"
     if labels_file.is_file():
         try:
             names = json.loads(labels_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise DataError(f"{labels_file}: cannot read ({e})") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)})") from None
         if not isinstance(names, list) or not names:
             raise DataError(f"{labels_file}: expected a non-empty list of label names")
-        names = [str(n) for n in names]
+        names = check_label_names(names, labels_file, label_field)
         split_lists = {}
         for s, pairs in raw.items():
             out = []
@@ -162,7 +176,14 @@ def load_directory(path: pathlib.Path, text_field, label_field) -> Splits:
                 out.append((text, lab))
             split_lists[s] = out
     else:
-        table, names = label_table(lab for pairs in raw.values() for _, lab in pairs)
+        def origin(i: int) -> str:             # the i-th label over the three splits, in file order
+            for s, pairs in raw.items():
+                if i < len(pairs):
+                    return f"{s}.jsonl record {i}"
+                i -= len(pairs)
+            return "?"
+
+        table, names = label_table((lab for pairs in raw.values() for _, lab in pairs), path, label_field, origin)
         split_lists = {s: [(t, table[lab]) for t, lab in pairs] for s, pairs in raw.items()}
     return Splits(split_lists["train"], split_lists["val"], split_lists["test"], len(names), names, str(path))
 

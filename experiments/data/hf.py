@@ -26,9 +26,13 @@ A folder holds one of two layouts:
   up to the first ``-`` (``train-00000-of-00001.parquet``).
 
 Labels: when the label column is a ``ClassLabel`` (in ``dataset_info.json``, the README, or the
-``huggingface`` metadata that ``datasets`` writes into every file), its names are the label names, its ids
-are kept, and rows labelled -1 (the hub's "no label") are dropped; any other label column is mapped by
-:func:`experiments.data.core.label_table` over the splits used.
+``huggingface`` metadata that ``datasets`` writes into every file), its names are the label names (no two
+alike: :func:`experiments.data.core.check_label_names`), its ids are kept, and rows labelled -1 (the hub's "no
+label") are dropped; any other label column is mapped by :func:`experiments.data.core.label_table` over the
+splits used (values that collide, such as ``1`` in one split's file and ``"1"`` in another's, are refused).
+A split that holds no row, or none left once the rows labelled -1 are dropped, is refused naming it and its
+files. The README's YAML front matter is read by :func:`experiments.config.load_yaml` (repeated keys and deep
+nesting refused).
 
 Splits: the trainer's ``train``, ``val`` and ``test`` are the dataset's ``train``; ``validation``, ``val`` or
 ``dev``; ``test`` (any case), unless ``splits`` maps them, e.g. ``{"val": "validation"}``; a key left out of
@@ -48,7 +52,7 @@ from collections.abc import Mapping
 import yaml
 
 from .arrow import read_columns, read_schema
-from .core import SPLIT_NAMES, DataError, Splits, label_table, split_examples
+from .core import SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, label_table, show, split_examples
 from .files import records_to_examples
 from .store import data_dir as _data_dir
 
@@ -66,13 +70,13 @@ def check_split_map(splits) -> dict | None:
         return None
     if not isinstance(splits, Mapping) or not splits:
         raise DataError(f"splits must be null or a non-empty mapping of train/val/test to split names of the "
-                        f"dataset, e.g. {{val: validation}}; got {splits!r:.80}")
+                        f"dataset, e.g. {{val: validation}}; got {show(splits)}")
     unknown = [k for k in splits if k not in SPLIT_NAMES]
     if unknown:
-        raise DataError(f"splits: unknown key(s) {unknown}; valid keys: {', '.join(SPLIT_NAMES)}")
+        raise DataError(f"splits: unknown key(s) {show(unknown)}; valid keys: {', '.join(SPLIT_NAMES)}")
     for key, value in splits.items():
         if not isinstance(value, str) or not value.strip():
-            raise DataError(f"splits: {key} must name a split of the dataset (a non-empty string), got {value!r}")
+            raise DataError(f"splits: {key} must name a split of the dataset (a non-empty string), got {show(value)}")
     return dict(splits)
 
 
@@ -170,30 +174,52 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
 
 
 def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
-            label_field: str) -> Splits:
+            label_field: str, sources: dict | None = None) -> Splits:
     """A :class:`Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
 
     With ``class_names`` (a ClassLabel) labels must be ids in ``[0, K)`` or -1, whose rows are dropped;
-    without, labels are checked like a file's records and mapped by :func:`label_table`. A missing val or
-    test split is carved out of train (80/10/10, ``seed``)."""
+    without, labels are checked like a file's records and mapped by :func:`label_table` (colliding values
+    refused). A split with no row left is a :class:`DataError` naming it and its files (``sources``: ``{trainer
+    split: text}``). A missing val or test split is carved out of train (80/10/10, ``seed``)."""
     mapped: dict[str, list] = {}
+    sources = sources or {}
+
+    def nonempty(key: str, split: str, rows: list, dropped: int = 0) -> list:
+        if not rows:
+            after = f" once its {dropped} row(s) labelled -1 (no label) are dropped" if dropped else ""
+            files = f" ({sources[key]})" if key in sources else ""
+            raise DataError(f"{label}: the {SPLIT_WORDS[key]} split is empty: split {split!r}{files} holds no "
+                            f"row{after}; every split needs examples (an empty one would report a made-up accuracy)")
+        return rows
+
     if class_names is not None:
         k = len(class_names)
         for key, (split, texts, labels) in raw.items():
             out = []
             for i, (text, lab) in enumerate(zip(texts, labels)):
                 if isinstance(lab, bool) or not isinstance(lab, int) or not -1 <= lab < k:
-                    raise DataError(f"{label}: split {split!r}, record {i} has label {lab!r} ({label_field!r}), "
-                                    f"expected an integer in [0, {k}) (ClassLabel {class_names}) or -1 (no label)")
+                    raise DataError(f"{label}: split {split!r}, record {i} has label {show(lab)} ({label_field!r}), "
+                                    f"expected an integer in [0, {k}) (ClassLabel {show(class_names)}) or -1 (no "
+                                    "label)")
                 if lab >= 0:
                     out.append(("" if text is None else str(text), lab))
-            mapped[key] = out
+            mapped[key] = nonempty(key, split, out, len(labels) - len(out))
         names = list(class_names)
     else:
-        pairs = {key: records_to_examples(({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
-                                          text_field, label_field, f"{label}: split {split!r}")
+        pairs = {key: nonempty(key, split, records_to_examples(
+                     ({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
+                     text_field, label_field, f"{label}: split {split!r}"))
                  for key, (split, texts, labels) in raw.items()}
-        table, names = label_table(lab for p in pairs.values() for _, lab in p)
+        spans = [(raw[key][0], len(p)) for key, p in pairs.items()]
+
+        def origin(i: int) -> str:             # the i-th label over the splits, in order
+            for split, n in spans:
+                if i < n:
+                    return f"split {split!r} record {i}"
+                i -= n
+            return "?"
+
+        table, names = label_table((lab for p in pairs.values() for _, lab in p), label, label_field, origin)
         mapped = {key: [(t, table[lab]) for t, lab in p] for key, p in pairs.items()}
     if "val" not in mapped or "test" not in mapped:
         tr, va, te = split_examples(mapped["train"], seed)
@@ -239,8 +265,8 @@ def class_label_names(features, label_field: str, where: str) -> list[str] | Non
     else:
         return None
     if not isinstance(names, list) or not names:
-        raise DataError(f"{where}: the ClassLabel {label_field!r} has no names (got {names!r:.80})")
-    return [str(n) for n in names]
+        raise DataError(f"{where}: the ClassLabel {label_field!r} has no names (got {show(names)})")
+    return check_label_names(names, f"{where}: the ClassLabel", label_field)
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,7 +289,7 @@ def _load_folder(folder: pathlib.Path, config, label, seed, text_field, label_fi
     if features is None:                   # the metadata that datasets writes into every file
         features = _schema_features(schemas[files[chosen["train"]][0]], files[chosen["train"]][0])
     names = class_label_names(features, label_field, f"{label} ({folder})")
-    raw = {}
+    raw, sources = {}, {}
     for key, split in chosen.items():
         texts, labels = [], []
         for f in files[split]:
@@ -271,7 +297,10 @@ def _load_folder(folder: pathlib.Path, config, label, seed, text_field, label_fi
             texts += got[text_field]
             labels += got[label_field]
         raw[key] = (split, texts, labels)
-    return _finish(label, raw, names, seed, text_field, label_field)
+        shown = [str(f) for f in files[split][:2]] + ([f"... {len(files[split]) - 2} more"] if len(files[split]) > 2
+                                                      else [])
+        sources[key] = ", ".join(shown)
+    return _finish(label, raw, names, seed, text_field, label_field, sources)
 
 
 def _layout(folder: pathlib.Path, config, label, card_features=None) -> tuple[dict, object]:
@@ -467,10 +496,13 @@ def _front_matter(path: pathlib.Path, label) -> dict:
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
     if end is None:
         raise DataError(f"{label}: {path}: the YAML front matter has no closing '---' line")
+    from ..config import load_yaml      # the project's one strict YAML reader (repeated keys, deep nesting)
+
     try:
-        meta = yaml.safe_load("\n".join(lines[1:end]))
+        meta = load_yaml("\n" + "\n".join(lines[1:end]))     # "\n" for the "---": line numbers as in the README
     except (yaml.YAMLError, ValueError) as e:
-        raise DataError(f"{label}: {path}: the YAML front matter is not valid YAML ({str(e)[:200]})") from None
+        raise DataError(f"{label}: {path}: the YAML front matter is not valid YAML "
+                        f"({' '.join(str(e).split())[:200]})") from None
     if meta is None:
         return {}
     if not isinstance(meta, dict):
@@ -498,7 +530,7 @@ def _schema_features(schema, path) -> object:
         return None
     try:
         return json.loads(raw)["info"]["features"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{path}: the 'huggingface' metadata is corrupt ({type(e).__name__}: {e})") from None
 
 
@@ -506,8 +538,8 @@ def _read_json(path: pathlib.Path, label):
     """A JSON file of a dataset folder; unreadable is a :class:`DataError` naming it."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{label}: {path}: cannot read ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{label}: {path}: cannot read ({' '.join(str(e).split())[:200]})") from None
 
 
 def _plain_name(name) -> bool:
@@ -563,6 +595,8 @@ def _load_hub(name: str, config, label, seed, text_field, label_field, splits) -
                 raise DataError(f"{label}: no column {col!r} in split {split!r}; columns found: "
                                 f"{ds[split].column_names}")
     feat = ds[chosen["train"]].features.get(label_field)
-    names = [str(n) for n in getattr(feat, "names", None) or []] or None
+    names = getattr(feat, "names", None) or None
+    if names is not None:
+        names = check_label_names(list(names), f"{label}: the ClassLabel", label_field)
     raw = {key: (split, list(ds[split][text_field]), list(ds[split][label_field])) for key, split in chosen.items()}
     return _finish(label, raw, names, seed, text_field, label_field)

@@ -29,6 +29,10 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
     test split; ``data_dir`` for the registered names and ``hf:``. ``splits`` (``hf:`` only; ``None``: the
     automatic choice) maps the trainer's ``train``/``val``/``test`` to split names of the dataset, e.g.
     ``{"val": "validation"}``.
+
+    Every result passes :func:`~experiments.data.core.check_classes` (three non-empty splits, label names that
+    do not collide, at least two classes, in training too); the loaders refuse colliding label values and empty
+    split files earlier, naming the file. Every consumer (trainer, ``export``, TF-IDF, bundles) reads data here.
     """
     if not isinstance(name, (str, os.PathLike)):
         raise DataError(f"dataset name must be a string, got {type(name).__name__}")

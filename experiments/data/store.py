@@ -66,7 +66,7 @@ def read_manifest(root: pathlib.Path) -> dict:
         m = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(m, dict) or not isinstance(m.get("files"), dict):
             raise ValueError("no 'files' table")  # noqa: TRY004 - reported as corrupt below
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise DataError(f"the manifest {p} is corrupt ({e}); re-run "
                         f"`python -m experiments.data fetch --force --data-dir {root}`") from None
     return m

@@ -127,7 +127,7 @@ class Vocab:
         try:
             obj = json.loads(data) if isinstance(data, (str, bytes)) else data
             itos = obj["itos"]
-        except (ValueError, TypeError, KeyError) as e:
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
             raise DataError(f"not a vocabulary JSON ({e})") from None
         if not isinstance(itos, list) or not all(isinstance(t, str) for t in itos):
             raise DataError("not a vocabulary JSON (itos must be a list of strings)")

@@ -1,8 +1,20 @@
-"""Crash-safe file writes: everything the experiments write goes through :func:`atomic_open`."""
+"""Crash-safe file writes: everything the experiments write goes through :func:`atomic_open` (whole files) or
+:func:`open_append` (logs), and neither ever writes through a symbolic link.
+
+* :func:`atomic_open` writes a temporary file beside the target and renames it over the target: a link at the
+  target's name is replaced by the new file (``rename`` does not follow links), never written through.
+* :func:`open_append` (``train.log``, ``metrics.csv``, ``sweep.log``) and :func:`open_no_follow` (a run folder's
+  ``.lock``) open with ``O_NOFOLLOW``: a link at the name is refused with an :class:`OSError` naming the path
+  (a link to someone else's file must not be appended to, truncated or locked), and so is anything that is not
+  a regular file (a FIFO, a device).
+"""
 from __future__ import annotations
 
+import errno
+import io
 import os
 import pathlib
+import stat
 import tempfile
 from contextlib import contextmanager
 
@@ -23,6 +35,47 @@ def atomic_open(path, mode: str = "wb", file_mode: int = FILE_MODE):
             os.fsync(fh.fileno())
         os.chmod(tmp, file_mode)
         os.replace(tmp, path)
+    except OSError as exc:     # disk full, file size limit, quota: the error names the file being written
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from None
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj)`` to ``path`` through :func:`atomic_open`. The object is serialised in memory first and
+    written with one ``write``: torch's own file writer turns a full disk or a file size limit (``ulimit -f``)
+    into a bare RuntimeError, a plain write into an :class:`OSError` (ENOSPC, EFBIG) naming ``path``."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_open(path) as fh:
+        fh.write(buf.getbuffer())
+
+
+def open_no_follow(path, flags: int, file_mode: int = FILE_MODE) -> int:
+    """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)`` of a regular file: a symbolic link at ``path`` or a file
+    that is not regular (FIFO, device, folder) raises :class:`OSError` naming the path; returns the descriptor."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), file_mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or os.path.islink(path):
+            raise OSError(errno.ELOOP, "is a symbolic link, which the project never writes through", str(path)) from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR) or (os.path.exists(path) and not os.path.isfile(path)):
+            raise OSError(errno.EINVAL, "is not a regular file, which the project never writes to", str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "is not a regular file, which the project never writes to", str(path))
+    if hasattr(os, "O_NONBLOCK"):      # O_NONBLOCK only so that opening a FIFO cannot hang; regular I/O after
+        os.set_blocking(fd, True)
+    return fd
+
+
+def open_append(path, binary: bool = False):
+    """A file object appending to ``path`` (created if missing) through :func:`open_no_follow`."""
+    fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "ab") if binary else io.open(fd, "a", encoding="utf-8", newline="")

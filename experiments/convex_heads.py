@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a small version (under two minutes on a CPU)")
     p.add_argument("--features", nargs="+", default=["glove", "model"], choices=["glove", "model"])
     p.add_argument("--checkpoint", default="runs/default/best.pt", help="trained unfolded model for 'model' features")
-    p.add_argument("--config", default="experiments/configs/default.yaml", help="data section of this config")
+    p.add_argument("--config", default="default", help="data section of this config (a file or a shipped config name)")
     p.add_argument("--heads", nargs="+", default=sorted(HEADS), metavar="HEAD")
     p.add_argument("--out", default="runs/convex_heads")
     p.add_argument("--dim", type=positive_int, default=None, help="feature dimension after projection (default 12, quick 6)")

@@ -6,16 +6,20 @@ steps, verdict). ``--json`` prints one JSON object a line (keys ``text``, ``labe
 ``probabilities``, ``energies``, ``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``,
 ``tokens``); ``--plot OUT.png`` draws each text's per-layer energy. The same as the Python call
 ``experiments.bundle.load_model(RUN_DIR).predict(texts)``. Exit status 0, or 2 for bad input (no such run,
-no text, a changed bundle), with nothing written.
+no text, a changed bundle, a ``--plot`` path that cannot be written), with nothing written and nothing printed
+on stdout: ``--plot``'s folder is checked (a real write probe) before the model is loaded, and the figure is
+written before any prediction is printed, so a failure never leaves half an answer. ``--legacy`` reads a run
+folder from before bundles (no ``bundle.json``; unverified: see :mod:`experiments.bundle`).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Sequence
 
 from energies.errors import ConfigError
-from unfold.cli import check_device, folder_arg, positive_int, run_main
+from unfold.cli import check_device, folder_arg, folder_problem, positive_int, run_main
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -44,6 +48,22 @@ def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
     if not out:
         raise ConfigError("no text to classify: give --text TEXT or --file FILE (one text a line)")
     return out
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse (:class:`ConfigError` naming ``--plot`` and the path) a figure path that cannot be written: not
+    ``*.png``, a folder, or in a folder that cannot be created or written (probed by creating and removing a
+    temporary file: right for permissions, read-only mounts and root alike)."""
+    if not path.lower().endswith(".png"):
+        raise ConfigError(f"--plot {path!r}: the figure is a PNG file, name it *.png")
+    if "\0" in path:
+        raise ConfigError(f"--plot {path!r}: not a usable path (it holds a NUL byte)")
+    if os.path.isdir(path):
+        raise ConfigError(f"--plot {path!r} is a folder, not a file")
+    parent = os.path.dirname(os.path.abspath(path))
+    why = folder_problem(parent, writable=True)
+    if why:
+        raise ConfigError(f"--plot {path!r} cannot be written: its folder {parent!r} {why}")
 
 
 def plot_energies(predictions: Sequence[Prediction], path: str, max_chars: int = 40) -> None:
@@ -85,14 +105,20 @@ def main(argv=None) -> int:
     p.add_argument("--plot", metavar="OUT.png", help="draw each text's per-layer energy")
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--legacy", action="store_true",
+                   help="read a run folder from before bundles (no bundle.json): nothing ties its weights to its "
+                        "config and vocabulary")
     args = p.parse_args(argv)
 
     def body() -> int:
-        if args.plot is not None and not args.plot.lower().endswith(".png"):
-            raise ConfigError(f"--plot {args.plot!r}: the figure is a PNG file, name it *.png")
+        if args.plot is not None:
+            check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
         texts = read_texts(args.text, args.file)
-        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError))
+        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
+                             legacy=args.legacy)
         predictions = trained.predict(texts, batch_size=args.batch_size)
+        if args.plot:
+            plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
         for pred in predictions:
             if args.json:
                 print(json_dumps(pred.to_dict(), ensure_ascii=False))
@@ -100,8 +126,6 @@ def main(argv=None) -> int:
                 probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
                 energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
                 print(f"{pred.label}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t{pred.text}")
-        if args.plot:
-            plot_energies(predictions, args.plot)
         return 0
 
     return run_main(PROG, body, argv)

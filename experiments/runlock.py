@@ -1,30 +1,56 @@
-"""One owner per run folder: an exclusive OS lock held for the whole run.
+"""One owner per run folder, and a run replaced only by a complete one.
 
 :class:`RunLock` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``RUN_DIR/.lock`` and keeps the file open until
 the run ends; the operating system releases it on any exit, SIGKILL included, so a stale lock cannot
 outlive its process. A second run into the same folder (training, resume) is refused at once with a
-:class:`RunFolderError` naming the folder and the pid that holds it. :func:`check_fresh` refuses to start
-a new run in a folder that already holds one (finished or interrupted) unless ``overwrite`` is given.
+:class:`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
+a link (:func:`~experiments.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
+
+:func:`check_fresh` refuses to start a new run in a folder that holds anything but a lock: a run (finished or
+interrupted), or files of something else (a ``config.yaml`` of another tool, notes): refused unless
+``overwrite``; it never removes anything.
+
+``--overwrite`` (:class:`Replacement`) never deletes before the new run is complete: the new run is trained in a
+staging folder beside the old one (``PARENT/.NAME.overwrite``), and only when it has finished (metrics, bundle,
+plots written and the bundle verified) is it swapped in, by one ``renameat2(RENAME_EXCHANGE)`` of the two
+folders (atomic: at every instant ``RUN_DIR`` is the old run or the new one, whole). Files in the old folder
+that a run does not write (:data:`RUN_OUTPUTS`) are then moved into the new one, and the old run removed. A
+failure or Ctrl-C before the swap removes the staging folder and leaves the old run as it was; after a kill,
+:meth:`Replacement.recover` (run under the lock by the next run into the folder) finishes a swap whose new run
+was complete or discards one that was not.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
+import json
 import os
 import shutil
-from typing import Optional
+from typing import Callable, Optional
 
 from energies.errors import UnfoldError
 from unfold.cli import folder_problem
 
-__all__ = ["RunLock", "RunFolderError", "check_fresh", "check_writable", "RUN_FILES"]
+from .atomic import atomic_open, open_no_follow
+
+__all__ = ["RunLock", "RunFolderError", "check_fresh", "refuse_links", "check_writable", "RUN_FILES", "RUN_OUTPUTS", "Replacement",
+           "folder_content"]
 
 LOCK = ".lock"
 #: files that mark a folder as holding a run (its results or checkpoints)
 RUN_FILES = ("metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt", "bundle.json",
              "model.pt")
-#: what a run writes besides: removed with it by ``--overwrite`` (two runs never share a log or a metrics file)
+#: what a run writes besides: replaced with it by ``--overwrite`` (two runs never share a log or a metrics file)
 RUN_LOGS = ("train.log", "metrics.csv", "tensorboard")
+#: every name a run writes in its folder: what ``--overwrite`` replaces; anything else is not the run's and is kept
+RUN_OUTPUTS = RUN_FILES + RUN_LOGS + ("config.yaml", "vocab.json", "energy_descent.png", "training_curves.png",
+                                      "last.pt.corrupt", "prev.pt.corrupt")
+#: written into a seed's folder by the sweep before the trainer starts: not content (kept, moved with the folder)
+SWEEP_LOG = "sweep.log"
+#: test hook: called with the name of each stage of a replacement ("complete", "swapped", "moved", "done")
+STAGE_HOOK: Optional[Callable[[str], None]] = None
 
 
 class RunFolderError(UnfoldError):
@@ -44,7 +70,7 @@ class RunLock:
             return self
         try:
             os.makedirs(self.run_dir, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise RunFolderError(f"run folder {self.run_dir!r} cannot be written: {exc.strerror or exc}") from None
         try:
@@ -83,26 +109,188 @@ def _read_pid(fd: int) -> str:
         return ""
 
 
-def check_fresh(run_dir: str, overwrite: bool = False) -> None:
-    """Refuse to start a new run in a folder holding one (finished: metrics.json; interrupted: checkpoints),
-    unless ``overwrite``: then its run files are removed (call under the folder's lock)."""
-    present = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
-    if not present:
-        return
-    if not overwrite:
+def refuse_links(run_dir: str) -> None:
+    """Refuse a run folder where a name the run writes (:data:`RUN_OUTPUTS`, the lock) is a symbolic link: the
+    project never writes through one (a link to someone else's file would be overwritten or appended to)."""
+    links = [n for n in (LOCK, SWEEP_LOG) + RUN_OUTPUTS if os.path.islink(os.path.join(run_dir, n))]
+    if links:
+        raise RunFolderError(f"run folder {run_dir!r}: {', '.join(links)} "
+                             f"{'is a symbolic link' if len(links) == 1 else 'are symbolic links'}; a run never "
+                             "writes through a link (it could overwrite a file elsewhere): remove the link")
+
+
+def folder_content(run_dir: str) -> list:
+    """The names in ``run_dir`` but its lock and a killed save's temporary files (sorted; [] for no folder)."""
+    try:
+        names = os.listdir(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    def ignored(n: str) -> bool:
+        path = os.path.join(run_dir, n)
+        return (n == LOCK or (n.startswith(".") and n.endswith(".tmp"))
+                or (n == SWEEP_LOG and os.path.isfile(path) and not os.path.islink(path)))
+    return sorted(n for n in names if not ignored(n))
+
+
+def check_fresh(run_dir: str, overwrite: bool = False) -> bool:
+    """Refuse to start a new run in a folder that holds anything (module docstring) unless ``overwrite``; never
+    removes anything. Returns whether there is something to replace (then train into a :class:`Replacement`)."""
+    names = folder_content(run_dir)
+    if not names:
+        return False
+    if overwrite:
+        return True
+    present = [f for f in RUN_FILES if f in names]
+    if present:
         finished = "metrics.json" in present
         raise RunFolderError(f"run folder {run_dir!r} already holds a {'finished' if finished else 'interrupted'} "
                              f"run ({', '.join(present)}): use --overwrite to replace it"
                              + ("" if finished else f", or --resume {run_dir} to continue it"))
-    for f in present + ["prev.pt.corrupt", "last.pt.corrupt", *RUN_LOGS]:
-        path = os.path.join(run_dir, f)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-            continue
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    raise RunFolderError(f"run folder {run_dir!r} is not empty and holds no run ({shown}): these may be someone "
+                         "else's files; choose an empty or new folder, or use --overwrite (a run's own files there "
+                         "are replaced once the new run is complete, others are kept)")
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def exchange(a: str, b: str) -> None:
+    """Swap the folders ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``). Where the system or
+    the file system has no exchange, two renames through a third name (a short window in which ``a`` is
+    missing; :meth:`Replacement.recover` finishes it after a kill)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), a)
+    side = b + ".swap"
+    os.rename(a, side)
+    os.rename(b, a)
+    os.rename(side, b)
+
+
+class Replacement:
+    """``--overwrite`` of a folder holding something (module docstring): the new run goes to :attr:`stage`
+    (call :meth:`begin` under the run folder's lock), :meth:`commit` swaps it in once complete, :meth:`abort`
+    drops it. The staging folder is locked too, so that after the swap the folder's lock is still held."""
+
+    SUFFIX = ".overwrite"
+    COMPLETE, OLD = ".complete", ".replaced"     # markers in the staging folder: new run complete / old run
+
+    def __init__(self, run_dir: str):
+        self.run_dir = os.path.normpath(run_dir)
+        parent, name = os.path.split(os.path.abspath(self.run_dir))
+        self.stage = os.path.join(parent, f".{name}{self.SUFFIX}")
+        self.lock = RunLock(self.stage)
+
+    def check(self) -> None:
+        """Before any work: the staging folder can be made beside the run folder."""
+        why = folder_problem(os.path.dirname(self.stage), writable=True)
+        if why:
+            raise RunFolderError(f"--overwrite trains the new run beside {self.run_dir!r} and swaps it in when "
+                                 f"complete, but its parent folder {why}")
+
+    def begin(self) -> str:
+        """Create the staging folder (removing a stale one: the caller holds the run folder's lock and has run
+        :meth:`recover`); its path."""
+        self.check()
+        if os.path.exists(os.path.join(self.stage, self.OLD)):
+            raise RunFolderError(f"{self.stage} holds files of a folder replaced earlier; move them away first")
+        self._remove_stage()
+        self.lock.acquire()
+        return self.stage
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def _remove_stage(self) -> None:
+        if os.path.islink(self.stage) or os.path.isfile(self.stage):
+            os.unlink(self.stage)
+        elif os.path.isdir(self.stage):
+            shutil.rmtree(self.stage)
+
+    def abort(self) -> None:
+        """The new run did not complete: drop it; the old run is untouched."""
+        self.lock.release()
+        if not os.path.exists(os.path.join(self.stage, self.OLD)):     # never the old run's folder after a swap
+            self._remove_stage()
+
+    def commit(self) -> None:
+        """Swap the complete new run in (module docstring)."""
+        with atomic_open(os.path.join(self.stage, self.COMPLETE), "w") as fh:
+            fh.write(json.dumps({"run_dir": self.run_dir}) + "\n")
+        _fsync_dir(self.stage)
+        _hook("complete")
+        with atomic_open(os.path.join(self.run_dir, self.OLD), "w") as fh:   # marks the old folder once swapped
+            fh.write(json.dumps({"replaced_by_overwrite": True}) + "\n")
+        exchange(self.run_dir, self.stage)
+        _hook("swapped")
+        self._finish()
+
+    def _finish(self) -> None:
+        """After the swap: the old folder (now at :attr:`stage`) gives back what is not a run's, then goes."""
+        for name in folder_content(self.stage):
+            if name in RUN_OUTPUTS or name in (self.OLD, self.COMPLETE):
+                continue
+            target = os.path.join(self.run_dir, name)
+            if not os.path.lexists(target):
+                os.rename(os.path.join(self.stage, name), target)
+        _hook("moved")
         try:
-            os.unlink(path)
+            os.unlink(os.path.join(self.run_dir, self.COMPLETE))
         except FileNotFoundError:
             pass
+        _fsync_dir(self.run_dir)
+        leftover = [n for n in folder_content(self.stage) if n not in RUN_OUTPUTS and n not in (self.OLD, self.COMPLETE)]
+        if leftover:    # a name the new run has too: kept where it is, never deleted
+            print(f"--overwrite: {', '.join(leftover)} of the replaced folder also exist in the new run; the old "
+                  f"ones are kept in {self.stage}", flush=True)
+            return
+        self._remove_stage()
+        _hook("done")
+
+    def recover(self) -> Optional[str]:
+        """Under the run folder's lock: finish what a killed replacement left (module docstring); a sentence
+        saying what was done, or None when there was nothing to do."""
+        if not os.path.lexists(self.stage):
+            return None
+        if os.path.islink(self.stage) or not os.path.isdir(self.stage):
+            return None      # not ours: never touched
+        self.lock.acquire()
+        try:
+            if os.path.exists(os.path.join(self.stage, self.OLD)):           # swapped: the old folder's leftovers
+                self._finish()
+                return f"finished an --overwrite of {self.run_dir} that was stopped after the swap"
+            if os.path.exists(os.path.join(self.stage, self.COMPLETE)):     # complete, not yet swapped
+                self.commit()
+                return f"installed the complete new run of an --overwrite of {self.run_dir} that was stopped"
+            self.abort()
+            return f"discarded the incomplete new run of an --overwrite of {self.run_dir} (the old run is unchanged)"
+        finally:
+            self.lock.release()
+
+
+def _hook(stage: str) -> None:
+    if STAGE_HOOK is not None:
+        STAGE_HOOK(stage)
 
 
 def check_writable(run_dir: str, need_bytes: int = 0) -> None:

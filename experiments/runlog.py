@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import importlib.util
 import logging
 import logging.handlers
@@ -22,7 +23,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from .atomic import atomic_open
+from .atomic import atomic_open, open_append
 
 __all__ = ["run_logger", "attach_log_file", "close_logger", "MetricsLog", "progress", "COLUMNS", "LOGGER", "tensorboard_available"]
 
@@ -48,11 +49,18 @@ def run_logger(level: int = logging.INFO) -> logging.Logger:
     return log
 
 
+class _NoFollowFileHandler(logging.FileHandler):
+    """A FileHandler that opens its file by :func:`~experiments.atomic.open_append`: never through a link."""
+
+    def _open(self):
+        return open_append(self.baseFilename)
+
+
 def attach_log_file(run_dir: str) -> None:
     """From now on the ``experiments`` logger also appends to ``run_dir/train.log`` (time-stamped), starting
     with the records buffered since :func:`run_logger`."""
     log = logging.getLogger(LOGGER)
-    fh = logging.FileHandler(os.path.join(run_dir, LOG_FILE), encoding="utf-8")
+    fh = _NoFollowFileHandler(os.path.join(run_dir, LOG_FILE), encoding="utf-8")
     fh.setFormatter(logging.Formatter(_FORMAT))
     for handler in list(log.handlers):
         if isinstance(handler, logging.handlers.MemoryHandler):
@@ -95,12 +103,16 @@ class MetricsLog:
             w = csv.writer(fh, lineterminator="\n")
             w.writerow(COLUMNS)
             w.writerows(kept)
-        self._fh = open(self.path, "a", encoding="utf-8", newline="")
+        self._fh = open_append(self.path)
         self._csv = csv.writer(self._fh, lineterminator="\n")
         self.tb = None
         if tensorboard:
             if tensorboard_available():
                 from torch.utils.tensorboard import SummaryWriter
+
+                if os.path.islink(os.path.join(run_dir, TB_DIR)):
+                    raise OSError(errno.ELOOP, "is a symbolic link, which the project never writes through",
+                                  os.path.join(run_dir, TB_DIR))
 
                 self.tb = SummaryWriter(os.path.join(run_dir, TB_DIR))
             elif logger is not None:

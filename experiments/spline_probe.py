@@ -140,8 +140,13 @@ class KinkTape:
         self.signs: List[torch.Tensor] = []
         self.replay = None if replay is None else list(replay)
         self.pos = 0
+        #: every ReLU input seen was finite: an overflow inside the module (scores at inf, then NaN) can come out
+        #: finite (a ReLU pattern that drops it, a row normalisation, a nan_to_num), and the tape is where it shows
+        self.finite = True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.finite and not bool(torch.isfinite(x).all()):
+            self.finite = False
         if self.replay is None:
             self.signs.append((x > 0).reshape(-1).detach().cpu())
             return torch.relu(x)
@@ -214,12 +219,32 @@ def _is_real(v) -> bool:
 TOL_RANGE = (1e-14, 1e-6)
 
 
+#: the largest ``t_max`` of :func:`probe`: the ray's length ``2 t_max`` (the fit's interval) is finite in float64
+T_MAX_LIMIT = float(np.finfo(np.float64).max) / 2
+
+#: ``--t-max`` of the command line, whose rays are ``X0 + t D`` with X0 and D of one scale (unit Gaussians for
+#: ``--attention``, D at X0's rms for models): below float64's eps, ``X0 + t D`` rounds to X0 (the ray does not
+#: move); above sqrt(float64 max), ``|t D|^2`` -- the squared distance that every attention score and energy
+#: forms -- is not finite
+CLI_T_MAX_RANGE = (float(np.finfo(np.float64).eps), math.sqrt(float(np.finfo(np.float64).max)))
+
+#: the most tokens (``--n``) and layers (``--layers``) of a command-line probe: the ReLU pattern of n tokens can
+#: change at O(n^2) points of the ray, each located by 40 evaluations, and every evaluation runs every layer
+CLI_MAX_TOKENS, CLI_MAX_LAYERS = 256, 64
+
+
+class NonFiniteSample(ConfigError):
+    """A sample of the probed map is not finite -- its output, or the input of a ReLU inside it (an overflow that
+    a later step may hide): no verdict is computed from it."""
+
+
 def check_probe_options(t_max=3.0, grid=1025, max_degree=12, tol=1e-9) -> None:
     """The probe's options in range, else a :class:`ConfigError` naming the option and the value: ``t_max``
-    finite > 0 (the ray is ``[-t_max, t_max]``), ``grid`` an integer >= 2, ``max_degree`` an integer in
+    finite in ``(0, T_MAX_LIMIT]`` (the ray is ``[-t_max, t_max]``), ``grid`` an integer >= 2, ``max_degree`` an integer in
     ``[0, MAX_DEGREE]``, ``tol`` in :data:`TOL_RANGE`."""
-    if not (_is_real(t_max) and t_max > 0):
-        raise ConfigError(f"t_max must be a finite number > 0, got {t_max!r}")
+    if not (_is_real(t_max) and 0 < t_max <= T_MAX_LIMIT):
+        raise ConfigError(f"t_max must be a finite number in (0, {T_MAX_LIMIT:.6g}] (the ray [-t_max, t_max] must have a "
+                          f"finite length in float64), got {t_max!r}")
     if not (_is_int(grid) and grid >= 2):
         raise ConfigError(f"grid must be an integer >= 2, got {grid!r}")
     if not (_is_int(max_degree) and 0 <= max_degree <= MAX_DEGREE):
@@ -240,22 +265,29 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     on the piece. (A smooth non-polynomial map is fitted by a low degree on a short enough interval;
     on the whole ray it is not, and that is what separates softmax from ReLU here.)
 
-    Checked (:class:`ConfigError`, :func:`check_probe_options`): the options; an output that is not
-    finite somewhere on the ray (overflow far out) gives no verdict but an error. The verdict is only as
+    Checked (:class:`ConfigError`, :func:`check_probe_options`): the options; a sample that is not finite
+    anywhere on the ray -- the output, the input of any ReLU inside the module (an overflow that a later step
+    may turn into a finite 0), or a piece's frozen map at a fit node -- gives no verdict but an error
+    (:class:`NonFiniteSample`). The verdict is only as
     good as the ray is long: on a short ray (``t_max`` well below the scale on which the map bends, e.g.
     0.5 for softmax attention at ``tol=1e-9``) a smooth map is fitted by a polynomial too."""
     check_probe_options(t_max=t_max, grid=grid, max_degree=max_degree, tol=tol)
 
     def at(t: float, replay=None):
         out, tp = run_taped(module, lambda: f(t), replay)
-        return out.detach().reshape(-1).double().cpu().numpy(), tp
+        y = out.detach().reshape(-1).double().cpu().numpy()
+        if not np.isfinite(y).all() or not tp.finite:  # overflow (a far point of the ray): evidence of nothing
+            where = "the output" if not np.isfinite(y).all() else "a ReLU input inside the module"
+            frozen = " of a piece's frozen map" if replay is not None else ""
+            raise NonFiniteSample(f"{where}{frozen} is not finite at t = {t:.6g} (float64 overflow): no verdict; "
+                                  f"lower t_max={t_max!r}")
+        return y, tp
 
     ts = np.linspace(-t_max, t_max, grid)
+    if not (np.diff(ts) > 0).all():       # subnormal t_max: grid points coincide, the samples repeat one point
+        raise ConfigError(f"t_max={t_max!r} is too small: the {grid} grid points of [-t_max, t_max] are not distinct "
+                          "in float64")
     samples = [at(float(t)) for t in ts]
-    bad = next((float(t) for t, (y, _) in zip(ts, samples) if not np.isfinite(y).all()), None)
-    if bad is not None:      # overflow (finite weights, a far point of the ray): evidence of nothing
-        raise ConfigError(f"the output is not finite at t = {bad:.6g} (float64 overflow): no verdict; lower "
-                          f"t_max={t_max!r}")
     pats = [tp.pattern() for _, tp in samples]
     scale = max(max(float(np.abs(y).max()) for y, _ in samples), 1e-300)
     breaks: List[float] = []
@@ -285,6 +317,8 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
         consistent = float(np.abs(at(mid, replay=tp.signs)[0] - y_mid).max()) <= 1e-12 * scale
         try:
             ys = np.stack([at(float(t), replay=tp.signs)[0] for t in nodes])
+        except NonFiniteSample:
+            raise
         except UnfoldError as exc:   # e.g. a frozen curvature that reaches 0: a pole, so no polynomial
             ys, undefined = None, str(exc)
         best, resid = None, math.inf
@@ -320,6 +354,20 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
             "piece_detail": pieces[:50]}
 
 
+def check_ray(X0: torch.Tensor, D: torch.Tensor, t_max: float, grid: int = 1025) -> None:
+    """The ray ``X0 + t D`` must move in float64 at the probe's resolution: one grid step ``2 t_max / (grid - 1)``
+    along D must change some entry of X0; else (a ``t_max`` so small that ``X0 + t D`` rounds to X0) every sample
+    is one point, the map looks constant whatever it is, and a :class:`ConfigError` naming ``t_max`` is raised
+    instead of the verdict "degree 0"."""
+    check_probe_options(t_max=t_max, grid=grid)
+    step = 2.0 * t_max / (grid - 1)
+    if not bool(((X0 + step * D) != X0).any()):
+        scale = float(X0.abs().max()) / max(float(D.abs().max()), 1e-300)
+        raise ConfigError(f"t_max={t_max!r} is too short for float64: a grid step of {step:.3g} along the ray does not "
+                          f"change its start point (X0 + t D rounds to X0), so every sample would be the same point; "
+                          f"use t_max >= {scale * np.finfo(np.float64).eps * (grid - 1):.3g}")
+
+
 def probe_attention(activation: str = "relu", n: int = 6, d: int = 4, heads: int = 1, causal: bool = False,
                     cross: Optional[str] = None, seed: int = 0, **kw) -> dict:
     """Probe one standard attention module with random weights along a random ray (float64).
@@ -330,10 +378,14 @@ def probe_attention(activation: str = "relu", n: int = 6, d: int = 4, heads: int
     att = Attention(d, heads, activation, causal=causal).double()
     X0, D = (torch.randn(1, n, d, dtype=torch.float64, generator=gen) for _ in range(2))
     C0, DC = (torch.randn(1, n + 1, d, dtype=torch.float64, generator=gen) for _ in range(2))
+    t_max, grid = kw.get("t_max", 3.0), kw.get("grid", 1025)
     if cross is None:
+        check_ray(X0, D, t_max, grid)
         f = lambda t: att(X0 + t * D)  # noqa: E731
     else:
         mx, mc = cross in ("x", "both"), cross in ("context", "both")
+        check_ray(*((torch.cat([X0.flatten(), C0.flatten()]), torch.cat([D.flatten(), DC.flatten()])) if mx and mc
+                    else (X0, D) if mx else (C0, DC)), t_max, grid)
         f = lambda t: att(X0 + (t * D if mx else 0), context=C0 + (t * DC if mc else 0))  # noqa: E731
     out = probe(f, att, **kw)
     out["static_degree_bound"] = static_degree(att, cross or "both")
@@ -429,6 +481,7 @@ def probe_model(model: SequenceClassifier, n: int = 6, seed: int = 0, layers: Op
     with torch.no_grad():
         X0 = graph.zero_padded(model.embedding(ids))
     D = torch.randn(X0.shape, dtype=torch.float64, generator=gen) * X0.pow(2).mean().sqrt()
+    check_ray(X0[mask], D[mask], kw.get("t_max", 3.0), kw.get("grid", 1025))
     bound, reasons = degree_analysis(model, layers=layers)
     if "max_degree" not in kw:
         kw["max_degree"] = min(bound, 100) if bound is not None else 12
@@ -452,6 +505,26 @@ def _degree_arg(text: str) -> int:
     return value
 
 
+def _t_max_arg(text: str) -> float:
+    """argparse ``type=``: a ray half-length in :data:`CLI_T_MAX_RANGE` (derived from float64's range)."""
+    value = positive_float(text)
+    lo, hi = CLI_T_MAX_RANGE
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a number in [{lo:.3g}, {hi:.3g}]: below, float64 rounds X0 + t D to X0 (the ray does "
+            f"not move); above, t_max^2 -- the squared distances along the ray -- is not finite in float64")
+    return value
+
+
+def _bounded_int(limit: int, why: str):
+    def convert(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [1, {limit}] ({why})")
+        return value
+    return convert
+
+
 def _tol_arg(text: str) -> float:
     """argparse ``type=``: a relative residual in :data:`TOL_RANGE`."""
     value = finite_float(text)
@@ -472,15 +545,19 @@ def main(argv=None) -> int:
     p.add_argument("--causal", action="store_true", help="causal self-attention (with --attention)")
     p.add_argument("--cross", choices=["context", "x", "both"],
                    help="probe encoder-decoder attention (with --attention)")
-    p.add_argument("--layers", type=positive_int, help="unroll this many layers (model probes; untied modes: at "
-                                                        "most the model's own)")
-    p.add_argument("--n", type=positive_int, default=6, help="tokens")
+    p.add_argument("--layers", type=_bounded_int(CLI_MAX_LAYERS, "every evaluation of the probe runs every layer"),
+                   help=f"unroll this many layers, at most {CLI_MAX_LAYERS} (model probes; untied modes: at most the "
+                        "model's own)")
+    p.add_argument("--n", type=_bounded_int(CLI_MAX_TOKENS, "the pieces along the ray grow as n^2"), default=6,
+                   help=f"tokens, at most {CLI_MAX_TOKENS}")
     p.add_argument("--max-degree", type=_degree_arg, help=f"in [0, {MAX_DEGREE}]; default 12 (modules) or the "
                                                           "static bound (models)")
     p.add_argument("--tol", type=_tol_arg, default=1e-9,
                    help=f"largest relative residual of a fit, in [{TOL_RANGE[0]:g}, {TOL_RANGE[1]:g}]")
-    p.add_argument("--t-max", type=positive_float, default=3.0,
-                   help="the ray is t in [-T_MAX, T_MAX]; a short ray lets smooth maps pass as polynomials")
+    p.add_argument("--t-max", type=_t_max_arg, default=3.0,
+                   help=f"the ray is t in [-T_MAX, T_MAX], T_MAX in [{CLI_T_MAX_RANGE[0]:.3g}, {CLI_T_MAX_RANGE[1]:.3g}] "
+                        "(float64's eps and the square root of its largest number); a short ray lets smooth maps "
+                        "pass as polynomials")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     p.add_argument("overrides", nargs="*", help="section.key=value config overrides (with --config)")

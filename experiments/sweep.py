@@ -16,6 +16,13 @@ seed is a separate process writing its own run folder; a seed whose ``metrics.js
 config is kept as it is, one interrupted after an epoch is resumed from its checkpoint (``--resume`` of the
 trainer), so running the same command again finishes an interrupted sweep. A seed that fails is reported
 in the summary (``failed``) and the exit status is 1; the other seeds still run.
+
+Files read back are checked, never trusted: a seed's existing ``metrics.json`` that is not readable JSON, not an
+object, or whose ``test_accuracy``/``val_accuracy`` is not a number refuses the sweep before anything runs (one
+:class:`~energies.errors.ConfigError` line naming the file and the key, exit 2: it is neither a finished run nor
+one to resume). ``--table`` checks each ``summary.json`` (:func:`check_summary`: an object with ``name``,
+``runs`` and ``metrics``, each statistic a mapping of finite numbers or null) and refuses a malformed one the
+same way, instead of a ``KeyError``.
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from unfold.cli import positive_int, run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from .atomic import atomic_open
+from .atomic import atomic_open, open_append
 from .checkpoint import LAST
 from .config import load_config
 from .runlock import RunLock, check_writable
@@ -50,20 +57,34 @@ def seed_dir(root: str, seed: int) -> str:
 NONFINITE_TEXT = {"nan", "inf", "-inf", "infinity", "-infinity"}
 
 
+def _number(value) -> Optional[float]:
+    """``value`` as a float when it is a number (not a bool) or the text strict JSON writes for a non-finite one
+    (``"nan"``, ``"inf"``); ``None`` otherwise. An int too large for a float is ``inf``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, str) and value.strip().lower() in NONFINITE_TEXT:
+        return float(value.strip().lower().replace("infinity", "inf"))
+    return None
+
+
 def flatten(metrics: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
     """The numeric leaves of ``metrics`` (bools and other strings skipped), nested keys joined by dots. A value
     that is not finite, as a float or as the text strict JSON writes for one (``"nan"``, ``"inf"``), is kept
-    as ``nan``/``inf`` so that :func:`summarize` counts it instead of dropping it."""
+    as ``nan``/``inf`` so that :func:`summarize` counts it instead of dropping it. Iterative: any nesting."""
     out: Dict[str, float] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = float(value)
-        elif isinstance(value, str) and value.strip().lower() in NONFINITE_TEXT:
-            out[name] = float(value.strip().lower().replace("infinity", "inf"))
-    return out
+    stack = [(metrics, prefix)]
+    while stack:
+        node, pre = stack.pop()
+        for key, value in node.items():
+            name = f"{pre}{key}"
+            if isinstance(value, dict):
+                stack.append((value, name + "."))
+            elif _number(value) is not None:
+                out[name] = _number(value)
+    return dict(sorted(out.items()))
 
 
 def describe(values: Sequence[float]) -> Dict[str, Any]:
@@ -121,12 +142,64 @@ def write_summary(root: str, summary: Dict[str, Any]) -> None:
         fh.write(markdown(summary))
 
 
-def _read_json(path: str) -> Optional[Dict[str, Any]]:
+def _load_json(path: str) -> tuple:
+    """``(value, None)`` for a readable JSON file, ``(None, why)`` otherwise (``why`` is ``"missing"`` when there
+    is no such file)."""
+    if not os.path.lexists(path):
+        return None, "missing"
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+            return json.load(fh), None
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    except UnicodeDecodeError as e:
+        return None, f"is not UTF-8 text ({e.reason} at byte {e.start})"
+    except ValueError as e:
+        return None, f"is not valid JSON ({' '.join(str(e).split())[:120]})"
+    except RecursionError:
+        return None, "is not valid JSON (nested too deeply)"
+
+
+def _read_json(path: str) -> Any:
+    """The JSON value in ``path``, or ``None`` when it is missing or unreadable."""
+    return _load_json(path)[0]
+
+
+def metrics_problem(metrics: Any) -> Optional[str]:
+    """Why ``metrics`` (a seed's ``metrics.json``) is no finished run's metrics, or ``None``: it must be an
+    object whose ``test_accuracy`` and ``val_accuracy`` are numbers (or the text strict JSON writes for a
+    non-finite one)."""
+    if not isinstance(metrics, dict):
+        return f"holds a JSON {_json_type(metrics)}, not an object of metrics"
+    for key in ("test_accuracy", "val_accuracy"):
+        if key not in metrics:
+            return f"has no {key!r}"
+        if _number(metrics[key]) is None:
+            return f"has {key!r} = {_short(metrics[key])}, not a number"
+    return None
+
+
+def _read_metrics(path: str) -> Optional[Dict[str, Any]]:
+    """A seed's existing ``metrics.json``: ``None`` when there is none; a :class:`ConfigError` naming the file
+    and the key when it is unreadable or malformed (:func:`metrics_problem`)."""
+    value, why = _load_json(path)
+    if why == "missing":
         return None
+    why = why or metrics_problem(value)
+    if why:
+        raise ConfigError(f"{path} {why}: it is neither a finished run nor one to resume; move the seed's folder "
+                          "away (or fix the file) and run the sweep again")
+    return value
+
+
+def _json_type(value) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, (dict, list)) else _json_type(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _holds_config(folder: str, cfg: Dict[str, Any]) -> Optional[bool]:
@@ -139,13 +212,17 @@ def _holds_config(folder: str, cfg: Dict[str, Any]) -> Optional[bool]:
         return False
 
 
-def _train_command(config: Optional[str], overrides: List[str], folder: str, imports: List[str]) -> List[str]:
+def _train_command(config: Optional[str], overrides: List[str], folder: str, imports: List[str],
+                   own: bool = False) -> List[str]:
     """The seed's training command: ``--resume`` for an interrupted run of the same config (checked by the
-    caller), a new run otherwise (which the trainer refuses in a folder holding another run)."""
+    caller), a new run otherwise (which the trainer refuses in a folder holding another run, or anything else);
+    ``own``: the folder's config.yaml is this seed's (a seed stopped before its first checkpoint), which the
+    new run replaces (``--overwrite``: swapped in when complete)."""
     base = [sys.executable, "-m", "experiments.train"] + [f"--import={m}" for m in imports]
     if os.path.isfile(os.path.join(folder, LAST)):        # an interrupted seed: continue it
         return base + ["--resume", folder]
-    return base + (["--config", config] if config else []) + ["--run-dir", folder] + overrides
+    return base + (["--config", config] if config else []) + ["--run-dir", folder] + (
+        ["--overwrite"] if own else []) + overrides
 
 
 def _tfidf_command(dataset: str, seed: int, imports: List[str], max_train: Optional[int] = None) -> List[str]:
@@ -175,7 +252,7 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
         pending = []
         for seed in seeds:
             folder = seed_dir(root, seed)
-            done = _read_json(os.path.join(folder, "metrics.json"))
+            done = _read_metrics(os.path.join(folder, "metrics.json"))   # malformed: refused, nothing run
             if tfidf is None:
                 same = _holds_config(folder, configs[seed])
                 done = done if same else None
@@ -197,9 +274,10 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
         def start(seed: int) -> None:
             folder = seed_dir(root, seed)
             os.makedirs(folder, exist_ok=True)
-            log = open(os.path.join(folder, "sweep.log"), "ab")
+            log = open_append(os.path.join(folder, "sweep.log"), binary=True)   # never through a link
             if tfidf is None:
-                cmd = _train_command(config, overrides + [f"{k}={seed}" for k in seed_keys], folder, imports)
+                cmd = _train_command(config, overrides + [f"{k}={seed}" for k in seed_keys], folder, imports,
+                                     own=_holds_config(folder, configs[seed]) is True)
                 out = log
             else:
                 cmd = _tfidf_command(tfidf, seed, imports, max_train)
@@ -213,15 +291,25 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
             log.close()
             seconds[seed] = time.perf_counter() - started
             folder = seed_dir(root, seed)
+            why = None
             if proc.returncode == 0 and tfidf is not None:
-                result = json.loads(stdout.decode().strip().splitlines()[-1])
-                result.update(dataset_spec=tfidf, train_seconds=result["seconds"], max_train_examples=max_train)
-                with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
-                    fh.write(json_dumps(result, indent=1) + "\n")
-            metrics = _read_json(os.path.join(folder, "metrics.json")) if proc.returncode == 0 else None
+                try:
+                    result = json.loads((stdout.decode(errors="replace").strip().splitlines() or [""])[-1])
+                    result.update(dataset_spec=tfidf, train_seconds=result["seconds"], max_train_examples=max_train)
+                except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+                    why = "its output ends in no JSON result line"
+                else:
+                    with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
+                        fh.write(json_dumps(result, indent=1) + "\n")
+            metrics = None
+            if proc.returncode == 0 and why is None:
+                metrics, why = _load_json(os.path.join(folder, "metrics.json"))
+                why = why or metrics_problem(metrics)
+                metrics = None if why else metrics
             if metrics is None:
                 failed.append(seed)
-                say(f"seed {seed}: FAILED (exit {proc.returncode}; log {os.path.join(folder, 'sweep.log')})")
+                detail = f": metrics.json {why}" if why else ""
+                say(f"seed {seed}: FAILED (exit {proc.returncode}{detail}; log {os.path.join(folder, 'sweep.log')})")
             else:
                 runs[seed] = metrics
                 say(f"seed {seed}: test_accuracy {metrics.get('test_accuracy')} ({seconds[seed]:.0f} s)")
@@ -260,8 +348,10 @@ def _same_split_note(root: str, runs: Dict[int, Any], seed_keys: Sequence[str]) 
         return None
     tests = set()
     for seed in runs:
-        bundle = _read_json(os.path.join(seed_dir(root, seed), "bundle.json")) or {}
-        tests.add((bundle.get("data_fingerprint") or {}).get("test"))
+        bundle = _read_json(os.path.join(seed_dir(root, seed), "bundle.json"))
+        prints = bundle.get("data_fingerprint") if isinstance(bundle, dict) else None
+        test = prints.get("test") if isinstance(prints, dict) else None
+        tests.add(test if isinstance(test, str) else None)
     if len(tests) == 1 and None not in tests:
         return ("every seed tested on the same test split (the dataset has fixed splits; data.seed does not resplit "
                 "it): the spread is that of training only")
@@ -286,18 +376,85 @@ def _row(summary: Dict[str, Any]) -> str:
     return f"| {summary['name']} | {acc} | {val} | {secs} | {energy} | {len(summary['runs'])} |"
 
 
+#: the statistics of ``summary.json`` that :func:`_row` reads: required, then read when present
+TABLE_REQUIRED = ("test_accuracy", "val_accuracy")
+TABLE_OPTIONAL = ("train_seconds", "energy_increases", "untrained.energy_increases", "energy_steps")
+
+
+def _check_stat(stat: Any, key: str, path: str) -> None:
+    """One statistic of :func:`describe`: ``mean``, ``std`` (and ``min``, ``max`` when present) finite numbers or
+    null, ``std`` >= 0, ``n`` (and ``nonfinite`` when present) integers >= 0."""
+    where = f"metrics.{key}"
+    if not isinstance(stat, dict):
+        raise ConfigError(f"{path}: {where!r} must be an object of statistics (mean, std, n, ...), got a JSON "
+                          f"{_json_type(stat)}")
+    for field in ("mean", "std", "min", "max"):
+        if field not in stat:
+            if field in ("mean", "std"):
+                raise ConfigError(f"{path}: {where!r} has no {field!r}")
+            continue
+        v = stat[field]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or (field == "std" and v < 0)):
+            rule = "a finite number >= 0 or null" if field == "std" else "a finite number or null"
+            raise ConfigError(f"{path}: '{where}.{field}' must be {rule}, got {_short(v)}")
+    for field in ("n", "nonfinite"):
+        if field not in stat:
+            if field == "n":
+                raise ConfigError(f"{path}: {where!r} has no 'n'")
+            continue
+        v = stat[field]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ConfigError(f"{path}: '{where}.{field}' must be an integer >= 0, got {_short(v)}")
+
+
+def check_summary(summary: Any, path: str) -> Dict[str, Any]:
+    """``summary`` (a ``summary.json``) when :func:`table` can read it, else a :class:`ConfigError` naming
+    ``path`` and the key: an object with ``name`` (a non-empty string), ``runs`` (an object, at least one
+    finished seed) and ``metrics`` (an object holding :data:`TABLE_REQUIRED`; those and any of
+    :data:`TABLE_OPTIONAL` present checked by :func:`_check_stat`; ``energy_steps`` given with the energy
+    increases)."""
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path} holds a JSON {_json_type(summary)}, not a sweep summary (an object with name, "
+                          "runs, metrics)")
+    name = summary.get("name")
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "\n\r|"):
+        raise ConfigError(f"{path}: 'name' must be a one-line string without '|', got {_short(name)}")
+    runs = summary.get("runs")
+    if not isinstance(runs, dict):
+        raise ConfigError(f"{path}: 'runs' must be an object (seed -> metrics), got "
+                          f"{'nothing' if 'runs' not in summary else 'a JSON ' + _json_type(runs)}")
+    if not runs:
+        raise ConfigError(f"{path}: the sweep has no finished seed ('runs' is empty)")
+    metrics = summary.get("metrics")
+    if not isinstance(metrics, dict):
+        raise ConfigError(f"{path}: 'metrics' must be an object (metric -> statistics), got "
+                          f"{'nothing' if 'metrics' not in summary else 'a JSON ' + _json_type(metrics)}")
+    for key in TABLE_REQUIRED:
+        if key not in metrics:
+            raise ConfigError(f"{path}: 'metrics' has no {key!r}")
+    for key in TABLE_REQUIRED + TABLE_OPTIONAL:
+        if key in metrics:
+            _check_stat(metrics[key], key, path)
+    if "energy_increases" in metrics and "untrained.energy_increases" in metrics and "energy_steps" not in metrics:
+        raise ConfigError(f"{path}: 'metrics' has energy increases but no 'energy_steps' to count them in")
+    return summary
+
+
 def table(roots: Sequence[str]) -> str:
     """A markdown table, one row per sweep folder: test and validation accuracy, training seconds and the
-    float64 energy increases on the test set (trained / untrained), each mean ± std over the seeds."""
+    float64 energy increases on the test set (trained / untrained), each mean ± std over the seeds. Each
+    ``summary.json`` is checked first (:func:`check_summary`)."""
     lines = ["| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
              "|---|---|---|---|---|---|"]
     for root in roots:
-        summary = _read_json(os.path.join(root, SUMMARY_JSON))
-        if summary is None:
-            raise ConfigError(f"--table {root!r}: no readable {SUMMARY_JSON} (run the sweep first)")
-        if not summary.get("runs"):
-            raise ConfigError(f"--table {root!r}: the sweep has no finished seed")
-        lines.append(_row(summary))
+        path = os.path.join(root, SUMMARY_JSON)
+        summary, why = _load_json(path)
+        if why == "missing":
+            raise ConfigError(f"--table {root!r}: no {SUMMARY_JSON} (run the sweep first)")
+        if why:
+            raise ConfigError(f"--table {root!r}: {path} {why}")
+        lines.append(_row(check_summary(summary, path)))
     return "\n".join(lines) + "\n"
 
 

@@ -29,22 +29,16 @@ from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values
 
-from .atomic import atomic_open
+from .atomic import atomic_open, atomic_save
 from .bundle import write_bundle_manifest
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
 from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defaults
 from .fingerprint import compare_fingerprints, data_fingerprint
-from .runlock import RunLock, check_fresh, check_writable
+from .runlock import Replacement, RunLock, check_fresh, check_writable, refuse_links
 from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def atomic_save(obj: Any, path: str) -> None:
-    """torch.save through :func:`~experiments.atomic.atomic_open`."""
-    with atomic_open(path) as fh:
-        torch.save(obj, fh)
 
 
 def atomic_write_text(text: str, path: str) -> None:
@@ -94,10 +88,70 @@ def check_device(spec: str) -> torch.device:
 
 def check_buildable(cfg: Dict[str, Any]) -> int:
     """Build the model on the meta device (no memory, no data) so that every model-level rule between keys is
-    checked before anything is loaded or written; returns its parameter count without the embedding."""
+    checked before anything is loaded or written; returns its parameter count without the embedding. The meta
+    device is the check's own business: what it cannot know, the device the run trains on, is asked of the encoder
+    (``model.kernel`` on ``train.device``), and every refusal is a ConfigError naming the config keys and that
+    device, never the check's meta device. A config it accepts builds and trains there."""
     with torch.device("meta"):
         model = build_model(cfg, 2, 2)
+    problem = getattr(model.encoder, "kernel_problem", None)
+    why = problem(cfg["train"]["device"]) if problem is not None else None
+    if why is not None:
+        mc = cfg["model"]
+        raise ConfigError(f"config: model.kernel={mc['kernel']!r} cannot run on train.device={cfg['train']['device']!r} "
+                          f"(model.graph={mc['graph']!r}, model.rho={mc['rho']!r}): the {mc['kernel']} kernel {why}")
     return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding."))
+
+
+def memory_available() -> Optional[int]:
+    """Bytes this process may still allocate on the host: the smaller of the address-space limit
+    (``ulimit -v``) less what is mapped now, and the system's available memory (``/proc/meminfo``); None where
+    neither can be read."""
+    limits = []
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as fh:
+                mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            limits.append(soft - mapped)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(limits) if limits else None
+
+
+def check_memory(cfg: Dict[str, Any], params: int, device: torch.device) -> None:
+    """Before any work (CPU runs): the model's weights, gradients and two Adam moments (float32), plus the
+    float64 copy of the descent check, must fit in the memory this process may allocate -- a config that
+    cannot is refused naming its size keys, not left to the allocator's error mid-run. A lower bound: the
+    activations come on top."""
+    if device.type != "cpu":
+        return
+    need = params * (4 * 4 + 8)
+    free = memory_available()
+    if free is not None and need > free:
+        mc = cfg["model"]
+        raise ConfigError(f"model.d={mc['d']}, model.heads={mc['heads']}, model.layers={mc['layers']}: the model has "
+                          f"{params:,} parameters, whose weights, gradients and optimiser state need about "
+                          f"{need / 2 ** 30:.2f} GiB, and this process may allocate {max(free, 0) / 2 ** 30:.2f} GiB "
+                          "(memory limit or available memory); use a smaller model.d")
+
+
+def allocation_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocator's out-of-memory error (host or device)."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator" in text or "out of memory" in text
+                                               or "can't allocate memory" in text)
 
 
 #: bytes a run needs on disk beyond its checkpoints (plots, JSON, vocabulary)
@@ -153,8 +207,10 @@ def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional
 
 
 @torch.no_grad()
-def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False):
-    """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``."""
+def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False, split: str = "eval"):
+    """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``. A logit or a
+    loss that is not finite is never a metric: :class:`TrainingError` naming the split, how many examples and
+    the first one (an accuracy of argmax over NaN would be a number that means nothing)."""
     model.eval()
     correct = total = 0
     loss_sum = 0.0
@@ -162,7 +218,16 @@ def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace:
     for ids, mask, labels in iterate(tensors, batch_size):
         ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
         out = model(ids, mask, trace=trace)
-        loss_sum += torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="sum").item()
+        losses = torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="none")
+        bad = ~(torch.isfinite(out.logits).all(-1) & torch.isfinite(losses))
+        if bad.any():    # evaluation, not the hot path: one read per batch
+            first = total + int(bad.nonzero()[0, 0])
+            raise TrainingError(f"the model gives non-finite logits or loss on {int(bad.sum())} example(s) of the "
+                                f"{split} split (first: example {first}, logits "
+                                f"{out.logits[first - total].tolist()}, {str(out.logits.dtype).replace('torch.', '')}): "
+                                "no metric is computed from them; the weights or the config (e.g. a tiny model.tau) "
+                                "give a model that cannot be evaluated")
+        loss_sum += float(losses.sum())
         correct += int((out.logits.argmax(-1) == labels).sum())
         total += int(labels.numel())
         if trace:
@@ -202,7 +267,8 @@ def check_descent(model: SequenceClassifier, tensors, cfg, device):
     Returns ``(stats, energies, accuracy, energy_min)``."""
     dtype = DTYPES[cfg["train"]["check_dtype"]]
     checker = copy.deepcopy(model).to(dtype)
-    acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True)
+    acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True,
+                                split=f"test ({cfg['train']['check_dtype']} check)")
     stats = energy_stats(energies, dtype, guaranteed=model.encoder.guaranteed)
     floor = energy_floor(checker, tensors, cfg["train"]["batch_size"], device)
     return stats, energies, acc, floor
@@ -236,7 +302,12 @@ class TrainingError(UnfoldError):
 
 
 def last_good(run_dir: str) -> str:
-    """A sentence naming the run's last good checkpoint and best model, or saying there are none yet."""
+    """A sentence naming the run's last good checkpoint and best model, or saying there are none yet (for the
+    staging folder of an ``--overwrite``: that nothing was replaced)."""
+    parent, name = os.path.split(os.path.abspath(run_dir))
+    if name.startswith(".") and name.endswith(Replacement.SUFFIX):
+        old = os.path.join(parent, name[1:-len(Replacement.SUFFIX)])
+        return f"--overwrite: the new run did not complete, so nothing in {old} was replaced (its run is unchanged)."
     last, best = os.path.join(run_dir, LAST), os.path.join(run_dir, "best.pt")
     if not os.path.exists(last):
         return "No epoch finished: there is no checkpoint."
@@ -260,22 +331,43 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     already is refused unless ``overwrite``."""
     device = check_device(cfg["train"]["device"])
     params = check_buildable(cfg)
+    check_memory(cfg, params, device)
     # best + last + prev + the staged checkpoint, each model + two Adam moments in float32
     check_writable(run_dir, need_bytes=RUN_OVERHEAD_BYTES + 4 * 3 * 4 * params)
     lock = RunLock(run_dir)
 
-    def claim() -> None:
-        """Hold the folder (creating it) and refuse one that holds a run already, unless resuming or overwriting."""
+    def claim() -> bool:
+        """Hold the folder (creating it), finish or drop what a killed ``--overwrite`` left there, and refuse a
+        folder that holds anything, unless resuming or overwriting; whether there is something to replace."""
+        refuse_links(run_dir)
         lock.acquire()
-        if not resume:
-            check_fresh(run_dir, overwrite)
+        done = Replacement(run_dir).recover()
+        if done:
+            logging.getLogger(LOGGER).info(done)
+        return False if resume else check_fresh(run_dir, overwrite)
 
-    if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
-        claim()
+    target, claim_target, replacement = run_dir, claim, None
     try:
-        return _train(cfg, run_dir, resume, claim, device)
+        if os.path.isdir(run_dir) and distributed.rank_from_env() == 0:   # refuse a second run at once
+            if claim():     # --overwrite of a folder holding something: the new run is staged, swapped in complete
+                replacement = Replacement(run_dir)
+                replacement.check()
+                target, claim_target = replacement.stage, replacement.begin
+        metrics = _train(cfg, target, resume, claim_target, device)
+        if replacement is not None and metrics:
+            from .bundle import load_model
+
+            load_model(target)          # the new run loads as a bundle before it replaces anything
+            replacement.commit()
+        return metrics
+    except BaseException:
+        if replacement is not None:
+            replacement.abort()         # nothing of the old run was touched
+        raise
     finally:
         close_logger()
+        if replacement is not None:
+            replacement.release()
         lock.release()
 
 
@@ -290,7 +382,13 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     log = run_logger()           # stderr, and RUN_DIR/train.log once the run is under way
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
     data_fp = fingerprint(cfg, splits, vocab)
-    model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
+    try:
+        model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
+    except Exception as exc:     # noqa: BLE001 -- only the allocator's errors are turned into a refusal
+        if not allocation_failed(exc):
+            raise
+        raise ConfigError(f"model.d={cfg['model']['d']}: building the model ran out of memory on {device} "
+                          f"({type(exc).__name__}); use a smaller model.d or model.layers") from None
     if dd.is_main:
         claim()                 # a second run into the folder is refused from here on
         clean_temporaries(run_dir)
@@ -311,7 +409,10 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     monitor = DescentMonitor(monitor_mode(cfg))
     start_epoch, elapsed = 1, 0.0
     if resume:
-        ck, ck_path = load_checkpoint(run_dir, map_location=device)
+        from .checkpoint import TRAINER_KEYS, check_resume_state
+
+        # checksum and every field verified, epoch in [1, train.epochs]; else prev.pt, else refused
+        ck, ck_path = load_checkpoint(run_dir, map_location=device, epochs=tc["epochs"], require=TRAINER_KEYS)
         ck["config"] = with_defaults(ck["config"], DEFAULTS)   # keys added since it was written: their defaults
         upgrade_checkpoint(ck, model)
         if ck["config"] != cfg:
@@ -325,6 +426,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
             raise CheckpointError(f"the data of {splits.name} changed since {run_dir} started ({', '.join(changed)} "
                                   "differ from the fingerprint in its checkpoint): resuming would bind the trained "
                                   "weights to other words or examples; restore the data or start a new run")
+        check_resume_state(ck, ck_path, opt, sched, steps_per_epoch)   # optimizer and schedule fit this run
         try:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optimizer"])
@@ -410,7 +512,10 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 train_inc, train_steps, train_inc - inc0, train_steps - steps0))    # collectives: every rank
             if not dd.is_main:
                 continue
-            val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device)
+            try:
+                val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device, split="validation")
+            except TrainingError as exc:
+                raise TrainingError(f"{exc}: stopping after epoch {epoch}. {last_good(run_dir)}") from None
             rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
                    "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
                    "train_energy_increases": g_inc, "train_energy_steps": g_steps}
@@ -436,6 +541,12 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 "vocab": vocab.itos, "data_fingerprint": data_fp})
     except TrainingError:
         raise
+    except (MemoryError, RuntimeError) as exc:
+        if not allocation_failed(exc):
+            raise
+        raise TrainingError(f"out of memory on {device} at epoch {where['epoch']}, batch {where['batch']} "
+                            f"({type(exc).__name__}): lower train.batch_size, data.max_len or model.d. "
+                            + last_good(run_dir)) from None
     except UnfoldError as exc:   # e.g. diverged weights that the forward pass's input checks refuse
         # the forward's input checks on values computed from the weights (the data are token ids): divergence
         diverged = isinstance(exc, (TokenError, EnergyError, StepError))
@@ -458,7 +569,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         return {}
     state = safe_load(os.path.join(run_dir, "best.pt"), map_location=device)
     model.load_state_dict(state["model"])
-    test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device)
+    test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device, split="test")
     trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device)
     atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
                  "energy_min": floor, "extra_layers": EXTRA_LAYERS,
@@ -491,7 +602,8 @@ def main(argv=None) -> int:
     p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run a folder holds already (refused otherwise)")
+                   help="replace what a folder holds (refused otherwise): the new run is trained beside it and "
+                        "swapped in only when complete; files a run does not write are kept")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
     args = p.parse_args(argv)
     return run_main("python -m experiments.train", lambda: _main(args), argv)

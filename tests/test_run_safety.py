@@ -108,8 +108,8 @@ def test_one_run_per_folder_and_no_silent_overwrite(tmp_path):
     (tmp_path / "r" / "metrics.json").write_text("{}")
     with pytest.raises(RunFolderError, match="already holds a finished run .*--overwrite"):
         check_fresh(str(tmp_path / "r"))
-    check_fresh(str(tmp_path / "r"), overwrite=True)
-    assert not (tmp_path / "r" / "metrics.json").exists()
+    assert check_fresh(str(tmp_path / "r"), overwrite=True) is True      # something to replace: nothing removed
+    assert (tmp_path / "r" / "metrics.json").exists()
 
 
 def test_concurrent_training_runs_into_one_folder(tmp_path):

@@ -66,7 +66,7 @@ def test_bundle_round_trip_keeps_predictions_and_label_names(trained, tmp_path):
     before = model.predict(TEXTS)
     assert [p.label for p in before[:2]] == ["good", "bad"]          # the names map to the right classes
     out = save_model(model, tmp_path / "bundle")
-    assert sorted(os.listdir(out)) == ["bundle.json", "config.yaml", "model.pt", "vocab.json"]
+    assert sorted(n for n in os.listdir(out) if n != ".lock") == ["bundle.json", "config.yaml", "model.pt", "vocab.json"]
     again = load_model(out)
     after = again.predict(TEXTS)
     assert [p.to_dict() for p in after] == [p.to_dict() for p in before]
@@ -118,7 +118,16 @@ def test_weights_are_loaded_without_executing_code(trained, tmp_path):
 
 
 def test_a_run_from_before_bundles_loads_its_label_names_from_its_data(trained, tmp_path):
-    old = load_model(copy_run(trained, tmp_path, bundle=False))
+    """A run from before bundles: no bundle.json and no checksummed checkpoint (both are what today's trainer
+    writes); read only when asked for (``legacy=True``): a folder whose bundle.json was deleted is not one."""
+    copy = copy_run(trained, tmp_path, bundle=False)
+    with pytest.raises(CheckpointError, match="bundle.json"):
+        load_model(copy)
+    with pytest.raises(CheckpointError):                    # checksummed checkpoints: bundle.json was removed
+        load_model(copy, legacy=True)
+    for name in ("last.pt", "prev.pt"):
+        (copy / name).unlink(missing_ok=True)
+    old = load_model(copy, legacy=True)
     assert old.label_names == ["bad", "good"]
     assert [p.to_dict() for p in old.predict(TEXTS)] == [p.to_dict() for p in load_model(trained[0]).predict(TEXTS)]
 
@@ -258,14 +267,19 @@ def test_sweep_reports_a_failed_seed_and_keeps_the_others(tmp_path):
     data = named_label_dir(tmp_path / "toy", n_train=96, n_eval=48)
     root = tmp_path / "sweep"
     (root / "seed-1").mkdir(parents=True)
-    (root / "seed-1" / "metrics.json").write_text("{}")                # another run's folder: never overwritten
-    proc = run("experiments.sweep", "--config", "tiny", "--seeds", "2", "--run-dir", root, f"data.dataset={data}",
-               "data.glove=none", "train.progress=false", "model.layers=1", "train.tensorboard=false")
+    (root / "seed-1" / "notes.txt").write_text("mine")                 # someone else's folder: never overwritten
+    args = ["--config", "tiny", "--seeds", "2", "--run-dir", root, f"data.dataset={data}", "data.glove=none",
+            "train.progress=false", "model.layers=1", "train.tensorboard=false"]
+    proc = run("experiments.sweep", *args)
     assert proc.returncode == 1
     summary = json.loads((root / "summary.json").read_text())
     assert summary["failed"] == [1] and list(summary["runs"]) == ["0"]
     assert summary["metrics"]["test_accuracy"]["n"] == 1 and summary["metrics"]["test_accuracy"]["std"] is None
-    assert (root / "seed-1" / "metrics.json").read_text() == "{}"
+    assert sorted(n for n in os.listdir(root / "seed-1") if n != ".lock") == ["notes.txt", "sweep.log"]
+    # a malformed metrics.json is refused before anything runs (it is neither a finished run nor one to resume)
+    (root / "seed-1" / "metrics.json").write_text("{}")
+    again = run("experiments.sweep", *args)
+    assert again.returncode == 2 and "metrics.json" in again.stderr and "test_accuracy" in again.stderr
 
 
 def test_sweep_refuses_an_override_of_a_seed_key():

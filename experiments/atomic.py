@@ -56,6 +56,21 @@ def atomic_save(obj, path) -> None:
         fh.write(buf.getbuffer())
 
 
+def fsync_dir(path) -> None:
+    """fsync a folder, so that a rename into it survives a power loss; a folder that cannot be opened or synced
+    (some file systems refuse) is left as it is: the rename itself is still atomic."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def open_no_follow(path, flags: int, file_mode: int = FILE_MODE) -> int:
     """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)`` of a regular file: a symbolic link at ``path`` or a file
     that is not regular (FIFO, device, folder) raises :class:`OSError` naming the path; returns the descriptor."""

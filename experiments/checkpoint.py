@@ -71,7 +71,7 @@ import torch
 
 from energies.errors import CheckpointError
 
-from .atomic import atomic_save
+from .atomic import atomic_save, fsync_dir
 from .checkpoint_fields import (DIGEST, REQUIRED, TRAINER_KEYS, check_fingerprint, check_resume_state,
                                 nonfinite_tensor, seal, show, state_digest, validate_checkpoint)
 
@@ -259,22 +259,9 @@ def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> str:
         if os.path.exists(staged):
             os.unlink(staged)
         raise
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     _stage("done")
     return last
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(run_dir: str, map_location="cpu", epochs: Optional[int] = None,

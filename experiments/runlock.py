@@ -33,7 +33,7 @@ from typing import Callable, Optional
 from energies.errors import UnfoldError
 from unfold.cli import folder_problem
 
-from .atomic import atomic_open, open_no_follow
+from .atomic import atomic_open, fsync_dir, open_no_follow
 
 __all__ = ["RunLock", "RunFolderError", "check_fresh", "refuse_links", "check_writable", "RUN_FILES", "RUN_OUTPUTS", "Replacement",
            "folder_content"]
@@ -152,19 +152,6 @@ def check_fresh(run_dir: str, overwrite: bool = False) -> bool:
                          "are replaced once the new run is complete, others are kept)")
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 
 
@@ -237,7 +224,7 @@ class Replacement:
         """Swap the complete new run in (module docstring)."""
         with atomic_open(os.path.join(self.stage, self.COMPLETE), "w") as fh:
             fh.write(json.dumps({"run_dir": self.run_dir}) + "\n")
-        _fsync_dir(self.stage)
+        fsync_dir(self.stage)
         _hook("complete")
         with atomic_open(os.path.join(self.run_dir, self.OLD), "w") as fh:   # marks the old folder once swapped
             fh.write(json.dumps({"replaced_by_overwrite": True}) + "\n")
@@ -258,7 +245,7 @@ class Replacement:
             os.unlink(os.path.join(self.run_dir, self.COMPLETE))
         except FileNotFoundError:
             pass
-        _fsync_dir(self.run_dir)
+        fsync_dir(self.run_dir)
         leftover = [n for n in folder_content(self.stage) if n not in RUN_OUTPUTS and n not in (self.OLD, self.COMPLETE)]
         if leftover:    # a name the new run has too: kept where it is, never deleted
             print(f"--overwrite: {', '.join(leftover)} of the replaced folder also exist in the new run; the old "

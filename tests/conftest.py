@@ -28,3 +28,20 @@ def pytest_generate_tests(metafunc):
         params.append(pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                      reason="no CUDA device")))
         metafunc.parametrize("device", params)
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    """A planted fault for the descent checks' negative controls: every layer adds 0.5 to the first example's
+    tokens after its step, a real energy increase the monitor and the trace must catch."""
+    from unfold.prox import ProxMMStep
+
+    original = ProxMMStep.step_with_trace
+
+    def bumped(self, Y, graph, values=True):
+        out, vals, curv = original(self, Y, graph, values)
+        bump = torch.zeros_like(out)
+        bump[0] = 0.5
+        return out + bump, vals, curv
+
+    monkeypatch.setattr(ProxMMStep, "step_with_trace", bumped)

@@ -303,22 +303,6 @@ def test_evaluate_refuses_nan_logits_and_passes_finite_ones():
 # --- (9) the descent monitor in the trainer, every mode
 
 
-@pytest.fixture
-def faulty(monkeypatch):
-    """Every layer adds 0.5 to the first example's tokens after its step: a real energy increase."""
-    from unfold.prox import ProxMMStep
-
-    original = ProxMMStep.step_with_trace
-
-    def bumped(self, Y, graph, values=True):
-        out, vals, curv = original(self, Y, graph, values)
-        bump = torch.zeros_like(out)
-        bump[0] = 0.5
-        return out + bump, vals, curv
-
-    monkeypatch.setattr(ProxMMStep, "step_with_trace", bumped)
-
-
 def test_monitor_warn_and_strict_work_in_the_trainer(tmp_path, toy, faulty):
     """Before: the monitor's re-check called ``token_graph`` on a SequenceClassifier and crashed on the first
     flagged step (``train.lr=1e10`` exited 1 after writing files): warn and strict never worked in the trainer."""

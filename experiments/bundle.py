@@ -49,6 +49,7 @@ import torch
 
 from energies.errors import CheckpointError
 from unfold.classifier import SequenceClassifier
+from unfold.encoders import check_inference_layers
 from unfold.cli import read_document
 from unfold.strict_json import dumps as json_dumps, load as json_load
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
@@ -181,9 +182,9 @@ class TrainedModel:
         return self._encode(texts)[:2]
 
     @torch.no_grad()
-    def _logits(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _logits(self, ids: torch.Tensor, mask: torch.Tensor, layers: Optional[int] = None) -> torch.Tensor:
         self.model.eval()
-        return self.model(ids, mask, trace=False).logits
+        return self.model(ids, mask, trace=False, layers=layers).logits
 
     def logits(self, texts: Sequence[str]) -> torch.Tensor:
         """The model's logits ``(N, K)`` for ``texts`` (eval mode, trace off, the model's own dtype)."""
@@ -196,10 +197,13 @@ class TrainedModel:
 
     @torch.no_grad()
     def predict(self, texts: Sequence[str], batch_size: int = 64,
-                tol_factor: float = DEFAULT_TOL_FACTOR) -> List[Prediction]:
+                tol_factor: float = DEFAULT_TOL_FACTOR, layers: Optional[int] = None) -> List[Prediction]:
         """One :class:`Prediction` per text: probabilities from the model as trained (its dtype, trace off), the
         energies from a copy in ``train.check_dtype`` (float64 by default) with the trace on, checked layer by
-        layer with the project's tolerance rule (:func:`unfold.trace.report_from_values`)."""
+        layer with the project's tolerance rule (:func:`unfold.trace.report_from_values`). ``layers``: unroll the
+        shared step that many times instead of the trained depth (weight-shared encoders only; else a
+        :class:`~energies.errors.ConfigError` naming it, :func:`unfold.encoders.check_inference_layers`)."""
+        layers = check_inference_layers(self.model.encoder, layers)
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
@@ -212,8 +216,8 @@ class TrainedModel:
         for start in range(0, len(texts), batch_size):
             chunk = texts[start:start + batch_size]
             ids, mask, truncated = self._encode(chunk)
-            probs = torch.softmax(self._logits(ids, mask).double(), dim=-1).cpu()
-            res = checker(ids, mask, trace=True)
+            probs = torch.softmax(self._logits(ids, mask, layers).double(), dim=-1).cpu()
+            res = checker(ids, mask, trace=True, layers=layers)
             rep = report_from_values(res.energies, dtype, tol_factor=tol_factor, guaranteed=checker.encoder.guaranteed)
             totals = rep.totals.cpu()
             terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
@@ -418,11 +422,11 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
         label_names, fingerprint, dataset = list(manifest["label_names"]), manifest.get("data_fingerprint"), \
             manifest.get("dataset")
     else:                            # a run from before bundles: its label names come from its dataset
-        from .data import load_dataset
+        from .data import config_options, load_dataset
 
         dc = cfg["data"]
         splits = load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
-                              label_field=dc["label_field"], splits=dc["splits"])
+                              label_field=dc["label_field"], splits=dc["splits"], options=config_options(dc))
         label_names, fingerprint, dataset = list(splits.label_names), None, splits.name
     head = sd.get("head.weight")
     if head is None or head.dim() != 2 or head.shape[0] != len(label_names):

@@ -27,6 +27,9 @@ TRAINER_KEYS = REQUIRED + ("cuda_rng", "history", "best_val", "best_epoch", "tra
 DIGEST = "sha256"
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds",
                 "train_energy_increases", "train_energy_steps")
+#: the training-pass figures of :mod:`experiments.throughput`, in every record written since they exist (all or
+#: none: a record of an older checkpoint has none of them)
+THROUGHPUT_KEYS = ("train_tokens", "train_pass_seconds", "peak_memory_bytes", "peak_memory_growth_bytes")
 #: containers nested deeper than this are refused before anything walks them (a crafted pickle can nest
 #: lists 100,000 deep; the trainer's deepest value is 4 levels down)
 MAX_NESTING = 32
@@ -246,12 +249,16 @@ def _check_history(path: str, history: Any, epoch: Optional[int]) -> List[Dict[s
     steps_before = 0
     for i, rec in enumerate(history):
         where = f"history[{i}]"
-        if not isinstance(rec, dict) or set(rec) != set(HISTORY_KEYS):
-            raise _fail(path, where, rec, f"must be a record with exactly the keys {list(HISTORY_KEYS)}")
+        if not isinstance(rec, dict) or set(rec) not in (set(HISTORY_KEYS), set(HISTORY_KEYS + THROUGHPUT_KEYS)):
+            raise _fail(path, where, rec, f"must be a record with exactly the keys {list(HISTORY_KEYS)} (and "
+                        f"{list(THROUGHPUT_KEYS)}, or none of those)")
         if not _is_int(rec["epoch"]) or rec["epoch"] != i + 1:
             raise _fail(path, f"{where}.epoch", rec["epoch"], f"must be {i + 1} (records are numbered 1, 2, ...)")
-        for key in ("train_loss", "val_loss", "seconds"):
+        timed = "train_pass_seconds" in rec
+        for key in ("train_loss", "val_loss", "seconds") + (("train_pass_seconds",) if timed else ()):
             _finite(path, f"{where}.{key}", rec[key], lo=0.0)
+        for key in ("train_tokens", "peak_memory_bytes", "peak_memory_growth_bytes") if timed else ():
+            _count(path, f"{where}.{key}", rec[key])
         for key in ("train_accuracy", "val_accuracy"):
             _finite(path, f"{where}.{key}", rec[key], 0.0, 1.0)
         inc = _count(path, f"{where}.train_energy_increases", rec["train_energy_increases"])

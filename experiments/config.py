@@ -161,6 +161,14 @@ DEFAULTS: Dict[str, Any] = {
         "splits": None,                 # hf: datasets: {train: NAME, val: NAME, test: NAME}, any subset; null:
                                         # train; validation | val | dev; test (a missing val/test is carved
                                         # from train 80/10/10)
+        # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
+        "listops_min_len": None,        # 500
+        "listops_max_len": None,        # 2000 (must not exceed data.max_len)
+        "listops_max_depth": None,      # 10
+        "listops_max_args": None,       # 10
+        "listops_train": None,          # 96000 examples
+        "listops_val": None,            # 2000
+        "listops_test": None,           # 2000
     },
     "model": {
         "mode": "guaranteed",           # guaranteed | free | baseline
@@ -175,7 +183,7 @@ DEFAULTS: Dict[str, Any] = {
         "ffn": True,
         "relu": True,
         "layernorm": False,
-        "positional": True,
+        "positional": True,             # learned (true) | sinusoidal | none (false)
         "ffn_mult": 2,
         "dropout": 0.1,
         "curvature": "adaptive",        # guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)
@@ -184,6 +192,8 @@ DEFAULTS: Dict[str, Any] = {
         "norm": None,                   # free: post (default, LayerNorm) | none (add-only blocks)
         "kernel": "auto",               # guaranteed: a registered pairwise kernel (edges | dense | softmax | fused |
                                         # streamed | a plug-in's) or auto
+        "stop_rel": None,               # guaranteed: depth chosen by the energy, null/0 off, else EPS in (0, 1): an
+                                        # example stops when its relative energy decrease at a layer is below EPS
     },
     "train": {
         "epochs": 6,
@@ -207,8 +217,12 @@ DEFAULTS: Dict[str, Any] = {
 NULLABLE = {
     ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("data", "splits"): (dict,), ("model", "d_head"): (int,),
     ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
-    ("train", "monitor"): (str,),
+    ("train", "monitor"): (str,), ("model", "stop_rel"): (float, int),
+    **{("data", f"listops_{k}"): (int,) for k in ("min_len", "max_len", "max_depth", "max_args", "train", "val", "test")},
 }
+
+#: keys that take more than their default's type (and no null): old configs hold booleans for model.positional
+TYPES = {("model", "positional"): (bool, str)}
 
 #: largest sizes accepted (a guard against typos that would allocate terabytes, far above any CPU/GPU run)
 MAX_SIZE = 2 ** 16
@@ -291,6 +305,12 @@ def _check_splits(value) -> None:
     check_split_map(value)
 
 
+def _check_positional(value) -> None:
+    from unfold.classifier import positional_kind    # the embedding's own rule, one definition
+
+    positional_kind(value, "model.positional")
+
+
 def _check_device(spec: str) -> None:
     import torch
 
@@ -334,6 +354,15 @@ RULES: Dict[tuple, Any] = {
     ("data", "label_field"): Text(),
     ("data", "splits"): Checked("null or a mapping of train/val/test to split names of the dataset, e.g. "
                                 "{val: validation}", check=_check_splits),
+    ("data", "listops_min_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "listops_max_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "listops_max_depth"): Range(2, 64, integer=True),
+    ("data", "listops_max_args"): Range(2, 1024, integer=True),
+    ("data", "listops_train"): Range(1, 10 ** 7, integer=True),
+    ("data", "listops_val"): Range(1, 10 ** 7, integer=True),
+    ("data", "listops_test"): Range(1, 10 ** 7, integer=True),
+    ("model", "positional"): Checked("learned | sinusoidal | none, or true (learned) | false (none)",
+                                     check=_check_positional),
     ("model", "d"): Range(1, MAX_SIZE, integer=True),
     ("model", "heads"): Range(1, 1024, integer=True),
     ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
@@ -347,6 +376,8 @@ RULES: Dict[tuple, Any] = {
     ("model", "ffn_mult"): Range(1, 64, integer=True),
     ("model", "dropout"): Range(0, 1, hi_open=True),
     ("model", "attention_temperature"): Range(0, 1e6, lo_open=True),
+    # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
+    ("model", "stop_rel"): Range(0, 1, hi_open=True),
     ("train", "epochs"): Range(1, 10 ** 6, integer=True),
     ("train", "batch_size"): Range(1, 2 ** 20, integer=True),
     ("train", "lr"): Range(0, math.inf, lo_open=True, hi_open=True),
@@ -420,6 +451,15 @@ def _check_rule(where: tuple, value) -> None:
             raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
 
 
+def _takes(mode: str, param: str) -> bool:
+    """Whether the encoder registered as ``mode`` takes the constructor argument ``param`` (plug-ins included)."""
+    import inspect
+
+    from unfold.encoders import ENCODERS
+
+    return mode in ENCODERS and param in inspect.signature(ENCODERS[mode]).parameters
+
+
 def _check_cross(cfg: Dict[str, Any]) -> None:
     """Rules between keys: each names both keys and their values."""
     tc = cfg["train"]
@@ -432,9 +472,37 @@ def _check_cross(cfg: Dict[str, Any]) -> None:
         except UnfoldError as exc:
             raise ConfigError(f"config key 'model.graph'={spec!r} with data.max_len={cfg['data']['max_len']}: "
                               f"{exc}") from None
+    stop_rel, mode = cfg["model"]["stop_rel"], cfg["model"]["mode"]
+    if stop_rel not in (None, 0) and not _takes(mode, "stop_rel"):
+        raise ConfigError(f"config key 'model.stop_rel'={_show(stop_rel)} (the depth chosen by the energy) applies to "
+                          f"weight-shared encoders that take it (guaranteed), not to model.mode={mode!r}: set "
+                          "model.stop_rel=null")
+    _check_listops(cfg["data"])
     if tc["monitor"] not in (None, "off") and not tc["trace"]:
         raise ConfigError(f"config key 'train.monitor'={tc['monitor']!r} watches the training energy trace, which "
                           "train.trace=false turns off: set train.trace=true or train.monitor=off")
+
+
+def _check_listops(dc: Dict[str, Any]) -> None:
+    """``data.listops_*`` apply to ``data.dataset=listops`` only (elsewhere refused, never silently ignored);
+    there, ``min_len <= max_len <= data.max_len`` (a longer example would be truncated), null being the
+    generator's default (:data:`experiments.data.listops.DEFAULTS`)."""
+    from .data.listops import CONFIG_KEYS, DEFAULTS as LISTOPS
+
+    if dc["dataset"] != "listops":
+        for k, key in CONFIG_KEYS.items():
+            if dc.get(f"listops_{k}") is not None:
+                raise ConfigError(f"config key {key!r}={_show(dc[f'listops_{k}'])} applies to data.dataset=listops "
+                                  f"only, not to data.dataset={_show(dc['dataset'])}; leave it null")
+        return
+    lo = dc["listops_min_len"] if dc["listops_min_len"] is not None else LISTOPS["min_len"]
+    hi = dc["listops_max_len"] if dc["listops_max_len"] is not None else LISTOPS["max_len"]
+    if lo > hi:
+        raise ConfigError(f"config key 'data.listops_min_len'={lo} exceeds data.listops_max_len={hi}")
+    if hi > dc["max_len"]:
+        default = " (the default)" if dc["listops_max_len"] is None else ""
+        raise ConfigError(f"config key 'data.listops_max_len'={hi}{default} exceeds data.max_len={dc['max_len']}: "
+                          "longer examples would be truncated; raise data.max_len or lower data.listops_max_len")
 
 
 def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tuple = ()) -> Dict[str, Any]:
@@ -453,7 +521,7 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
             if default is not None and where not in NULLABLE:
                 raise ConfigError(f"config key {name!r} must not be null")
             continue
-        allowed = NULLABLE.get(where) or (type(default),)
+        allowed = NULLABLE.get(where) or TYPES.get(where) or (type(default),)
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             value = cfg[key] = float(value)
         if float in allowed and isinstance(value, str):      # YAML 1.1 reads 1e-3 (no dot) as a string

@@ -4,7 +4,8 @@ For each text: the label name, the class probabilities, and the energy E(Y_t) at
 (float64 by default, ``train.check_dtype``) with the descent check (increases beyond the tolerance, non-finite
 steps, verdict). ``--json`` prints one JSON object a line (keys ``text``, ``label``, ``label_id``,
 ``probabilities``, ``energies``, ``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``,
-``tokens``); ``--plot OUT.png`` draws each text's per-layer energy. The same as the Python call
+``tokens``); ``--plot OUT.png`` draws each text's per-layer energy; ``--layers K`` unrolls the shared step K
+times instead of the trained depth (weight-shared encoders only: refused for untied free/baseline stacks). The same as the Python call
 ``experiments.bundle.load_model(RUN_DIR).predict(texts)``. Exit status 0, or 2 for bad input (no such run,
 no text, a changed bundle, a ``--plot`` path that cannot be written), with nothing written and nothing printed
 on stdout: ``--plot``'s folder is checked (a real write probe) before the model is loaded, and the figure is
@@ -20,6 +21,7 @@ from typing import List, Sequence
 
 from energies.errors import ConfigError
 from unfold.cli import check_device, folder_arg, folder_problem, positive_int, run_main
+from unfold.encoders import check_inference_layers
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -104,6 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object a line")
     p.add_argument("--plot", metavar="OUT.png", help="draw each text's per-layer energy")
     p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--layers", type=positive_int, metavar="K",
+                   help="unroll the shared step K times instead of the trained depth (weight-shared encoders: "
+                        "guaranteed; refused for untied free/baseline stacks)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--legacy", action="store_true",
                    help="read a run folder from before bundles (no bundle.json): nothing ties its weights to its "
@@ -116,7 +121,8 @@ def main(argv=None) -> int:
         texts = read_texts(args.text, args.file)
         trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
                              legacy=args.legacy)
-        predictions = trained.predict(texts, batch_size=args.batch_size)
+        layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
+        predictions = trained.predict(texts, batch_size=args.batch_size, layers=layers)
         if args.plot:
             plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
         for pred in predictions:

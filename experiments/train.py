@@ -37,6 +37,7 @@ from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defau
 from .fingerprint import compare_fingerprints, data_fingerprint
 from .runlock import Replacement, RunLock, check_fresh, check_writable, refuse_links
 from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
+from .throughput import PassMeter, run_metrics
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -52,7 +53,8 @@ def build_data(cfg: Dict[str, Any]):
 
     dc = cfg["data"]
     splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"],
-                            text_field=dc["text_field"], label_field=dc["label_field"], splits=dc["splits"])
+                            text_field=dc["text_field"], label_field=dc["label_field"], splits=dc["splits"],
+                            options=D.config_options(dc))
     train = train_examples(cfg, splits)
     vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
@@ -462,10 +464,13 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
             loss_sum = correct = seen = 0
             inc0, steps0 = train_inc, train_steps
             where["epoch"] = epoch
+            meter, tokens = PassMeter(device), 0    # the training passes only (experiments.throughput)
+            meter.start()
             for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
                 where["batch"] = i
                 global_size = len(batch[2])
                 ids, mask, labels, weight = distributed.shard(batch, dd)
+                tokens += int(mask.sum()) if weight else 0      # real tokens, on the host: no device sync
                 ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
                 out = net(ids, mask, trace=tc["trace"])
                 if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
@@ -507,6 +512,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
             bar.close()
+            passes = meter.record(int(distributed.all_sum(tokens, dd)))    # before validation: not timed
             loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
             g_inc, g_steps, e_inc, e_steps = (int(distributed.all_sum(v, dd)) for v in (
                 train_inc, train_steps, train_inc - inc0, train_steps - steps0))    # collectives: every rank
@@ -518,7 +524,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 raise TrainingError(f"{exc}: stopping after epoch {epoch}. {last_good(run_dir)}") from None
             rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
                    "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
-                   "train_energy_increases": g_inc, "train_energy_steps": g_steps}
+                   "train_energy_increases": g_inc, "train_energy_steps": g_steps, **passes}
             history.append(rec)
             log.info(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
                      f"val loss {val_loss:.4f} acc {val_acc:.4f}")
@@ -585,6 +591,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         "train_energy_increases": train_inc, "train_energy_steps": train_steps,
         "descent_monitor": monitor.summary(), "world_size": dd.world,
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        **run_metrics(history, device),     # tokens/s and peak memory of the training passes, all epochs
     }
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
     write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name)   # the folder is a bundle

@@ -235,6 +235,9 @@ def test_values_drawn_from_each_declared_range_are_accepted_and_outside_refused(
     extra = ["model.mode=guaranteed"] if key == ("model", "attention_temperature") else []
     if key == ("model", "heads"):
         extra = ["model.d=" + str(good * 2)]
+    if key[-1].startswith("listops_"):     # data.dataset=listops only, its lengths within data.max_len
+        extra = ["data.dataset=listops", "data.max_len=65536"] + [
+            f"data.listops_{k}={v}" for k, v in (("min_len", 1), ("max_len", 65536)) if key[-1] != f"listops_{k}"]
     cfg = load_config(None, [_override(key, good)] + extra)
     section = cfg[key[0]] if len(key) == 2 else cfg
     assert section[key[-1]] == good

@@ -160,7 +160,8 @@ def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
     assert bad.returncode == 2 and "invalid choice: 'mm-gelu'" in bad.stderr and "Traceback" not in bad.stderr
 
 
-TIMING = ("train_seconds", "seconds")
+TIMING = ("train_seconds", "seconds", "train_pass_seconds", "train_tokens_per_second", "peak_memory_bytes",
+          "peak_memory_growth_bytes")    # measured (experiments.throughput): the rest must match
 
 
 def _strip_timing(x):

@@ -296,7 +296,7 @@ def test_summary_statistics():
     assert flat["f"] != flat["f"] and flat["g"] == float("-inf")        # kept, to be counted as non-finite
 
 
-CONSOLE = ["unfold-train", "unfold-check", "unfold-predict", "unfold-sweep", "unfold-data"]
+CONSOLE = ["unfold-train", "unfold-check", "unfold-predict", "unfold-sweep", "unfold-data", "unfold-variants"]
 
 
 @pytest.mark.parametrize("command", CONSOLE)

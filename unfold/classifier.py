@@ -20,7 +20,8 @@ from energies.errors import ConfigError, InputError, TokenError
 from .encoders import Encoder, bool_mask, check_device, check_empty_rows, host_checks
 from .trace import DescentReport, report_from_values
 
-__all__ = ["ModelOutput", "TokenEmbedding", "SequenceClassifier", "masked_mean", "upgrade_state_dict"]
+__all__ = ["ModelOutput", "POSITIONAL", "TokenEmbedding", "SequenceClassifier", "masked_mean", "positional_kind",
+           "sinusoidal_positions", "upgrade_state_dict"]
 
 #: state-dict keys of checkpoints written before the encoders were modules of their own -> today's keys
 _OLD_KEYS = (("embed.", "embedding.embed."), ("proj.", "embedding.proj."), ("pos.", "embedding.pos."),
@@ -56,18 +57,53 @@ class ModelOutput:
     states_dtype: torch.dtype = torch.float32
     #: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks)
     inputs: Optional[tuple] = None
+    #: ``(B,)`` int64 on the device: the layers each example ran (fewer than T where the encoder's ``stop_rel``
+    #: stopped it; :class:`~unfold.encoders.GuaranteedEncoder`), or None when the encoder does not say
+    layers_used: Optional[torch.Tensor] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
         """Descent statistics of the trace (increases flagged with the dtype-aware tolerance)."""
         return report_from_values(self.energies, self.states_dtype, tol_factor, self.guaranteed)
 
 
+#: the positional signals of :class:`TokenEmbedding` (``positional``); ``True`` is ``learned``, ``False`` ``none``
+POSITIONAL = ("learned", "sinusoidal", "none")
+
+
+def positional_kind(value, name: str = "positional") -> str:
+    """``value`` as one of :data:`POSITIONAL`: ``True`` (configs and bundles written before the choice) is
+    ``learned``, ``False`` is ``none``; anything else is a :class:`ConfigError` naming ``name`` and the value."""
+    if value is True or value is False:
+        return "learned" if value else "none"
+    if isinstance(value, str) and value in POSITIONAL:
+        return value
+    raise ConfigError(f"{name} must be one of {' | '.join(POSITIONAL)} (or true = learned, false = none), got "
+                      f"{value!r:.80}")
+
+
+def sinusoidal_positions(n: int, d: int, device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The fixed encoding of Vaswani et al. (2017, section 3.5), ``(n, d)``: for position ``p`` and ``i >= 0``,
+
+        PE[p, 2i] = sin(p / 10000^(2i / d)),    PE[p, 2i + 1] = cos(p / 10000^(2i / d))
+
+    (an odd ``d`` ends with a sine column). Computed in float64 on ``device`` (``meta`` included: no data, no
+    host sync), returned in ``dtype``; no parameters."""
+    p = torch.arange(n, device=device, dtype=torch.float64)
+    two_i = torch.arange(0, d, 2, device=device, dtype=torch.float64)
+    angle = p[:, None] / torch.pow(10000.0, two_i / d)[None]
+    return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(1)[:, :d].to(dtype)
+
+
 class TokenEmbedding(nn.Module):
     """ids ``(B, n)`` -> tokens ``(B, n, d)``: an embedding table (``embed_dim`` wide, optionally ``pretrained``
-    and frozen), a linear map to ``d``, learned positions (``positional``, up to ``max_len``) and dropout."""
+    and frozen), a linear map to ``d``, a positional signal added (``positional``, for ``n <= max_len``) and
+    dropout: ``X = drop(proj(embed(ids)) + P[:n])``, ``P`` learned (``"learned"`` or ``True``: a parameter
+    table, ``pos.weight``), :func:`sinusoidal_positions` (``"sinusoidal"``: fixed, computed in the forward pass,
+    nothing in the state dict) or zero (``"none"`` or ``False``). ``P`` acts before the encoder: the energy the
+    layers descend stays a function of their states ``Y`` alone."""
 
     def __init__(self, vocab_size: int, d: int, embed_dim: Optional[int] = None,
-                 pretrained: Optional[torch.Tensor] = None, freeze: bool = False, positional: bool = True,
+                 pretrained: Optional[torch.Tensor] = None, freeze: bool = False, positional: bool | str = True,
                  max_len: int = 512, dropout: float = 0.0, pad_idx: int = 0):
         super().__init__()
         vocab_size = check_int(vocab_size, "vocab_size", 1, error=ConfigError)
@@ -90,7 +126,8 @@ class TokenEmbedding(nn.Module):
                 self.embed.weight.copy_(pretrained)
         self.embed.weight.requires_grad_(not freeze)
         self.proj = nn.Linear(embed_dim, d)
-        self.pos = nn.Embedding(self.max_len, d) if positional else None
+        self.positional = positional_kind(positional)
+        self.pos = nn.Embedding(self.max_len, d) if self.positional == "learned" else None
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -102,10 +139,13 @@ class TokenEmbedding(nn.Module):
             check_device(ids, self, "ids")
         ids = check_ids(ids, self.embed.num_embeddings)
         X = self.proj(self.embed(ids))
-        if self.pos is not None:
+        if self.positional != "none":
             if ids.shape[1] > self.max_len:
                 raise ConfigError(f"sequence length {ids.shape[1]} exceeds max_len={self.max_len}")
-            X = X + self.pos(torch.arange(ids.shape[1], device=ids.device))[None]
+            if self.pos is not None:
+                X = X + self.pos(torch.arange(ids.shape[1], device=ids.device))[None]
+            else:
+                X = X + sinusoidal_positions(ids.shape[1], X.shape[-1], X.device, X.dtype)[None]
         return self.drop(X)
 
 
@@ -184,4 +224,4 @@ class SequenceClassifier(nn.Module):
         out = self.encoder(X, mask, graph=graph, trace=trace, keep_states=keep_states, layers=layers)
         logits = self.head(self.drop(masked_mean(out.Y, mask)))
         return ModelOutput(logits, out.energies, out.states, guaranteed=out.guaranteed, states_dtype=out.Y.dtype,
-                           inputs=(X.detach(), mask))
+                           inputs=(X.detach(), mask), layers_used=getattr(out, "layers_used", None))

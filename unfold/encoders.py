@@ -53,10 +53,11 @@ from energies.terms import ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonN
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import DescentReport, EnergyTrace, report_from_values, resolution
+from .trace import DescentReport, EnergyTrace, _total, keeps_going, report_from_values, resolution
 
 __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
-           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask"]
+           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask", "check_stop_rel",
+           "check_inference_layers", "MAX_INFERENCE_LAYERS"]
 
 ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
 register_encoder = registrar(ENCODERS, "kind")
@@ -106,6 +107,9 @@ class EncoderOutput:
     states: Optional[List[torch.Tensor]] = None
     #: whether every layer is guaranteed to descend the traced energy
     guaranteed: bool = False
+    #: ``(B,)`` int64 on the tokens' device: the layers each example ran (its depth; < T where ``stop_rel`` stopped
+    #: it, :class:`GuaranteedEncoder`)
+    layers_used: Optional[torch.Tensor] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
         """The verdict of every layer step of the trace (:func:`~unfold.trace.report_from_values`)."""
@@ -164,6 +168,43 @@ def _choice(value, what: str, valid) -> str:
     return value
 
 
+def check_stop_rel(value, what: str = "stop_rel", error: type = ConfigError) -> Optional[float]:
+    """The energy-chosen depth's threshold EPS (:class:`GuaranteedEncoder`): None or 0 mean off (None returned),
+    else a finite real number in (0, 1) (a float returned); anything else is an ``error`` naming ``what`` and the
+    value. EPS >= 1 would stop every example after its first layer (a relative decrease is below 1 unless the
+    energy crosses zero), a negative EPS never stops one."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{what} must be null/0 (off) or a number in (0, 1), got {value!r}")
+    value = float(value)
+    if value == 0.0:
+        return None
+    if not (math.isfinite(value) and 0.0 < value < 1.0):
+        raise error(f"{what} must be null/0 (off) or a finite number in (0, 1), got {value!r}")
+    return value
+
+
+#: most layers an inference may unroll (``layers=``, ``unfold-predict --layers``): a guard against typos
+MAX_INFERENCE_LAYERS = 4096
+
+
+def check_inference_layers(encoder, layers, what: str = "layers", error: type = ConfigError) -> Optional[int]:
+    """``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
+    [1, :data:`MAX_INFERENCE_LAYERS`], and only for a weight-shared encoder (:attr:`Encoder.weight_shared`: one
+    step unrolled any number of times); an untied stack (free, baseline) has no layer beyond its last, and fewer
+    layers would drop trained ones: refused, an ``error`` naming ``what``, the value and the encoder."""
+    if layers is None:
+        return None
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_INFERENCE_LAYERS:
+        raise error(f"{what} must be an integer in [1, {MAX_INFERENCE_LAYERS}], got {layers!r}")
+    if not getattr(encoder, "weight_shared", False):
+        raise error(f"{what}={layers}: the {getattr(encoder, 'kind', type(encoder).__name__)} encoder's "
+                    f"{getattr(encoder, 'layers', '?')} layers are untied (no weight-shared step to unroll "
+                    "more or fewer times); another inference depth applies to weight-shared encoders (guaranteed)")
+    return layers
+
+
 def check_input_tokens(X, d: int) -> None:
     """Metadata checks of an encoder's tokens (no host read): a floating tensor ``(B, n, d)`` with ``B, n >= 1``,
     else an :class:`InputError` naming X (an empty batch has no example to encode and no step to judge)."""
@@ -185,6 +226,8 @@ class Encoder(nn.Module):
     kind = "encoder"
     #: every layer descends the traced energy, for any parameters
     guaranteed = False
+    #: one step shared by every layer: the stack unrolls to any depth (``layers=``; :func:`check_inference_layers`)
+    weight_shared = False
 
     def __init__(self, d: int, layers: int, graph: str = "complete", validate: bool = False):
         super().__init__()
@@ -219,8 +262,11 @@ class Encoder(nn.Module):
     def run(self, X, mask, graph, trace, keep_states, layers) -> EncoderOutput:
         raise NotImplementedError
 
-    def finish(self, Y, energy, graph, values, res, states, trace, keep_states, guaranteed) -> EncoderOutput:
-        """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass)."""
+    def finish(self, Y, energy, graph, values, res, states, trace, keep_states, guaranteed, layers_used=None,
+               ran=None) -> EncoderOutput:
+        """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass).
+        ``layers_used`` ``(B,)``: each example's depth; ``ran``: one ``(B,)`` bool per layer, the examples it ran
+        for (:class:`~unfold.trace.EnergyTrace`), or None (all)."""
         if keep_states:
             states.append(Y)
         energies = None
@@ -229,8 +275,8 @@ class Encoder(nn.Module):
             values.append(vals)
             res.append(resolution(energy, Y, graph, curv))
             # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
-            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask)
-        return EncoderOutput(Y, energies, states if keep_states else None, guaranteed)
+            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran)
+        return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
 
     @staticmethod
     def trace_values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):
@@ -272,16 +318,31 @@ class GuaranteedEncoder(Encoder):
     """The shared MM step of the module docstring. ``d`` width, ``heads``, ``d_head`` (default d // heads),
     ``layers`` T, ``rho``, ``tau`` (default sqrt(d_head)), ``graph`` spec, ``alpha`` in (0, 1], ``ffn`` (the S
     term), ``relu`` (the indicator), ``layernorm`` (F.3 terms), ``curvature`` (``adaptive`` | ``constant``),
-    ``kernel`` (a registered pairwise kernel or ``auto``)."""
+    ``kernel`` (a registered pairwise kernel or ``auto``), ``stop_rel`` (the energy-chosen depth, below).
+
+    **Depth chosen by the energy** (``stop_rel`` = EPS in (0, 1); None or 0: off): ``layers`` (or the forward's
+    ``layers=``) is then a maximum T. With E_k the total energy at Y_k (float64, per example: the values the trace
+    records, read off the pass of layer k+1, :meth:`~unfold.prox.ProxMMStep.step_with_trace`), an example runs
+    layer 1, and runs layer k+1 (1 <= k < T) iff it ran layer k and
+
+        (E_{k-1} - E_k) / max(|E_{k-1}|, tiny)  >=  EPS                (:func:`~unfold.trace.keeps_going`)
+
+    so its depth is the first k whose relative decrease falls below EPS (that layer is kept), else T. Both energies
+    are known before layer k+1 is applied, so a stopped example's output is exactly Y_k of the full unroll. On the
+    device, no host read: every layer still runs for the whole batch and ``torch.where`` keeps a stopped example's
+    tokens; ``EncoderOutput.layers_used`` holds each depth, and the trace marks the frozen layers
+    (``EnergyTrace.ran``) so that the verdict judges every layer that ran and no other."""
 
     guaranteed = True
+    weight_shared = True
     EPS_S = 0.1
 
     def __init__(self, d: int = 64, heads: int = 2, d_head: Optional[int] = None, layers: int = 4, rho="exp",
                  tau: Optional[float] = None, graph: str = "complete", alpha: float = 1.0, ffn: bool = True,
                  relu: bool = True, layernorm: bool = False, curvature: str = "adaptive", kernel: str = "auto",
-                 validate: bool = False):
+                 validate: bool = False, stop_rel: Optional[float] = None):
         super().__init__(d, layers, graph, validate)
+        self.stop_rel = check_stop_rel(stop_rel)
         self.heads = check_int(heads, "heads", 1, error=ConfigError)
         self.d_head = check_int(d_head, "d_head", 1, error=ConfigError) if d_head is not None else max(self.d // self.heads, 1)
         self.rho = get_rho(rho)
@@ -342,18 +403,33 @@ class GuaranteedEncoder(Encoder):
         energy = self.energy(X, guard=trace or self.validate or X.device.type == "cpu")
         step = ProxMMStep(energy, self.alpha)      # the shared layer: mm_step with the curvature bound
         Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
+        T = self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)
+        eps = check_stop_rel(self.stop_rel)       # an attribute a study may set: checked where it is used
         values: List[Dict[str, torch.Tensor]] = []
         res: List[torch.Tensor] = []
         states: List[torch.Tensor] = []
-        for _ in range(self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)):
+        ran: List[torch.Tensor] = []              # stop rule: per layer, the examples it ran for (device bools)
+        active = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
+        before: Optional[torch.Tensor] = None     # E_{k-1} per example
+        for _ in range(T):
             if keep_states:
                 states.append(Y)
-            Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace)
+            Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace or eps is not None)
+            if eps is not None:                   # vals hold E_k (at this layer's input Y_k): decide on layer k+1
+                E = _total(vals).detach().to(ACCUM_DTYPE)
+                if before is not None:
+                    active = active & keeps_going(before, E, eps)
+                before = E
+                ran.append(active)
+                Y_next = torch.where(active[:, None, None], Y_next, Y)
             if trace:
                 values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
                 res.append(resolution(energy, Y, graph, curv))
             Y = Y_next
-        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, 0.0 < self.alpha <= 1.0)
+        layers_used = (torch.stack(ran, 1).sum(1) if ran else
+                       torch.full((X.shape[0],), T, dtype=torch.long, device=X.device))
+        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, 0.0 < self.alpha <= 1.0,
+                           layers_used, ran or None)
 
     def extra_repr(self) -> str:
         parts = [f"d={self.d}", f"heads={self.heads}", f"d_head={self.d_head}", f"layers={self.layers}",
@@ -364,6 +440,8 @@ class GuaranteedEncoder(Encoder):
             parts.append(f"curvature={self.curvature}")
         if self.kernel != "auto":
             parts.append(f"kernel={self.kernel}")
+        if self.stop_rel is not None:
+            parts.append(f"stop_rel={self.stop_rel:g}")
         return ", ".join(parts)
 
 
@@ -393,7 +471,8 @@ class _TracedStack(Encoder):
         res: List[torch.Tensor] = []
         states: List[torch.Tensor] = []
         Y = X
-        for block in list(self.blocks_for())[:layers]:
+        blocks = list(self.blocks_for())[:layers]
+        for block in blocks:
             if keep_states:
                 states.append(Y)
             if trace:
@@ -401,7 +480,8 @@ class _TracedStack(Encoder):
                 values.append(vals)
                 res.append(resolution(energy, Y, graph, curv))
             Y = graph.zero_padded(self.apply_block(block, Y, mask, graph))
-        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, False)
+        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, False,
+                           torch.full((X.shape[0],), len(blocks), dtype=torch.long, device=X.device))
 
 
 class FreeLayer(nn.Module):

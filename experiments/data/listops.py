@@ -1,0 +1,198 @@
+"""ListOps (Nangia & Bowman 2018, as the Long Range Arena generates it, Tay et al. 2021): a seeded generator.
+
+An example is a nested list expression over the digits 0-9 and its value, one of 10 classes ``"0"`` .. ``"9"``::
+
+    [MAX 2 9 [MIN 4 7 ] 0 ]      -> 9
+
+The operators, on a list ``a_1 .. a_k`` of values (``k >= 2``):
+
+* ``MAX``: ``max(a)``;  ``MIN``: ``min(a)``;
+* ``MED``: the median as LRA computes it, ``int(numpy.median(a))``: the middle value of the sorted list for odd
+  ``k``, ``floor((s_{k/2} + s_{k/2+1}) / 2)`` of the sorted list ``s`` for even ``k`` (values are non-negative);
+* ``SM`` (sum modulo): ``sum(a) mod 10`` (LRA's spelling ``[SM``; ``SUM_MOD`` would tokenize as three tokens).
+
+The tree (LRA's ``generate_tree``): the root is at depth 1; a node at depth ``< max_depth`` is an operator with
+probability 1/4 and a digit otherwise (a node at ``max_depth`` is a digit); an operator takes ``k`` arguments,
+``k`` uniform in ``[2, max_args]``, each a node one level deeper, and one of the four operators, uniformly. A tree
+is kept when its length is in ``[min_len, max_len]`` and its text is new (rejection sampling, as LRA does; a tree
+is abandoned as soon as it must grow past ``max_len``). The shape is drawn breadth first and the digits at
+``max_depth`` only for a tree that is kept, so the random stream differs from LRA's; the distribution is LRA's.
+
+Length is counted in the tokens :func:`~experiments.data.text.tokenize` makes of the text: an operator node is
+``[``, its name (lower-cased: ``max``, ``min``, ``med``, ``sm``), its arguments and ``]`` (the brackets stay tokens:
+the original LRA release stripped them, a known bug), a digit is one token. LRA counted ``[MAX`` as one token, so
+its lengths 500-2000 are about 1.3 times fewer tokens than the same trees have here.
+
+Randomness: one ``random.Random(seed)``, read through ``random()`` only (a float from the Mersenne Twister,
+the same on every machine and Python release): the same seed and options give byte-identical splits. The first
+``train`` accepted examples are the training split, the next ``val`` the validation split, the next ``test`` the
+test split (disjoint: no text repeats). Labels are the values, so class ``k`` is named ``"k"``.
+
+Label distribution (measured, seed 0, lengths 32-512 tokens, depth 10, 10 arguments, 20,000 examples, 8 s on
+one CPU core): ``0`` 15.9 %, ``9`` 15.5 %, the others 7.6-9.4 % each (MAX and MIN pull values to the ends);
+the majority class is about 16 % of any split, 16.0 % of the test split of ``configs/listops.yaml`` (16-256
+tokens), 17.8 % at 500-2000 tokens (seed 0, 2,200 examples: ``9``).
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from .core import DataError, Splits
+
+#: generator options and their defaults: LRA's depth, arguments and split sizes; lengths in tokens (module doc)
+DEFAULTS = {"min_len": 500, "max_len": 2000, "max_depth": 10, "max_args": 10, "train": 96000, "val": 2000,
+            "test": 2000}
+#: the config keys of the options (``data.listops_<option>``)
+CONFIG_KEYS = {k: f"data.listops_{k}" for k in DEFAULTS}
+#: the operators, as written (upper case) in the text
+OPERATORS = ("MAX", "MIN", "MED", "SM")
+LABELS = [str(v) for v in range(10)]
+#: probability that a node above the depth limit is an operator (LRA's ``VALUE_P``)
+OP_P = 0.25
+#: past ``TRY_SLACK`` trees, keeping fewer than one in ``MAX_TRIES_PER_EXAMPLE`` is refused as infeasible
+MAX_TRIES_PER_EXAMPLE, TRY_SLACK = 2000, 100_000
+
+
+def apply_op(op: str, values: list) -> int:
+    """The value of operator ``op`` on ``values`` (module docstring: MED rounds down, SM is the sum mod 10)."""
+    if op == "MAX":
+        return max(values)
+    if op == "MIN":
+        return min(values)
+    if op == "MED":
+        s = sorted(values)
+        k = len(s)
+        return s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) // 2
+    if op == "SM":
+        return sum(values) % 10
+    raise ValueError(f"unknown ListOps operator {op!r}")
+
+
+def check_options(options: Mapping | None = None) -> dict:
+    """The generator options, defaults filled in, each an int in range (else a :class:`DataError` naming its
+    config key and value): ``1 <= min_len <= max_len``, ``max_depth >= 2``, ``max_args >= 2``, split sizes
+    ``>= 1``. An unknown option is refused naming the valid ones."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise DataError(f"unknown listops option(s) {unknown}; valid: {', '.join(DEFAULTS)}")
+    out = {k: options[k] if options.get(k) is not None else v for k, v in DEFAULTS.items()}
+    least = {"max_depth": 2, "max_args": 2}
+    for k, v in out.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < least.get(k, 1):
+            raise DataError(f"{CONFIG_KEYS[k]} must be an integer >= {least.get(k, 1)}, got {v!r}")
+    if out["min_len"] > out["max_len"]:
+        raise DataError(f"{CONFIG_KEYS['min_len']}={out['min_len']} exceeds {CONFIG_KEYS['max_len']}="
+                        f"{out['max_len']}")
+    return out
+
+
+def _shape(u, max_len: int, max_depth: int, max_args: int):
+    """The shape of one tree, drawn breadth first with ``u`` (a ``random()``), as ``(root, length)``: ``root`` a
+    digit or an operator node ``[op, children]`` (a child: a node, a digit, or ``None`` for a digit at
+    ``max_depth`` whose value :func:`_write` draws later), ``length`` its tokens; ``None`` as soon as it must
+    exceed ``max_len`` tokens. One draw ``r`` decides a node above ``max_depth``: an operator when ``r < OP_P``,
+    else the digit ``int((r - OP_P) / (1 - OP_P) * 10)`` (uniform, given ``r >= OP_P``); an operator then draws its
+    argument count and its name. ``length`` counts decided tokens plus one per undecided argument: a digit adds
+    nothing to it, an operator with ``k`` arguments ``2 + k`` (``[``, name, ``]``, ``k`` arguments, one slot used)."""
+    r = u() if max_depth > 1 else 1.0
+    if r >= OP_P:
+        return min(9, int((r - OP_P) * _SCALE)), 1
+    span, ops = max_args - 1, OPERATORS
+    k = 2 + int(u() * span)
+    root = [ops[int(u() * 4)], []]
+    length = 3 + k
+    if length > max_len:
+        return None
+    frontier, depth = [(root, k)], 1
+    while frontier and depth + 1 < max_depth:        # children at depth + 1 may be operators
+        nxt = []
+        for node, k in frontier:
+            children = node[1]
+            for _ in range(k):
+                r = u()
+                if r < OP_P:
+                    k2 = 2 + int(u() * span)
+                    child = [ops[int(u() * 4)], []]
+                    children.append(child)
+                    nxt.append((child, k2))
+                    length += 2 + k2
+                    if length > max_len:
+                        return None
+                else:
+                    children.append(min(9, int((r - OP_P) * _SCALE)))
+        frontier, depth = nxt, depth + 1
+    for node, k in frontier:                         # their arguments are at max_depth: digits
+        node[1].extend([None] * k)
+    return root, length
+
+
+def _write(root, u) -> tuple[list, int]:
+    """``(parts, value)`` of a tree from :func:`_shape` (``parts``: ``"[MAX"``, digits, ``"]"`` in text order); a
+    ``None`` digit is drawn here, ``int(u() * 10)``, in text order. Iterative (depth-first)."""
+    if not isinstance(root, list):
+        return [_DIGITS[root]], root
+    parts: list = []
+    append = parts.append
+    stack = [(root, iter(root[1]), [])]
+    append("[" + root[0])
+    while True:
+        node, it, values = stack[-1]
+        for c in it:
+            if c is None:
+                c = min(9, int(u() * 10))
+            elif isinstance(c, list):
+                append("[" + c[0])
+                stack.append((c, iter(c[1]), []))
+                break
+            append(_DIGITS[c])
+            values.append(c)
+        else:
+            stack.pop()
+            append("]")
+            value = apply_op(node[0], values)
+            if not stack:
+                return parts, value
+            stack[-1][2].append(value)
+
+
+_SCALE = 10 / (1 - OP_P)
+_DIGITS = [str(d) for d in range(10)]
+
+
+def generate(seed: int, options: Mapping | None = None) -> Splits:
+    """The ListOps splits of ``seed`` and ``options`` (:func:`check_options`; module docstring). A length range
+    that too few distinct trees reach (past :data:`TRY_SLACK` trees, fewer than one kept in
+    :data:`MAX_TRIES_PER_EXAMPLE`) is a :class:`DataError` naming the options, not an endless loop."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+        raise DataError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    o = check_options(options)
+    want = o["train"] + o["val"] + o["test"]
+    u = random.Random(seed).random
+    lo, hi, seen, examples = o["min_len"], o["max_len"], set(), []
+    tries = 0
+    while len(examples) < want:
+        tries += 1
+        if tries > TRY_SLACK and MAX_TRIES_PER_EXAMPLE * len(examples) < tries:
+            raise DataError(f"listops: {len(examples)} of {want} distinct examples after {tries - 1} trees: lengths "
+                            f"{CONFIG_KEYS['min_len']}={lo} .. {CONFIG_KEYS['max_len']}={hi} with "
+                            f"{CONFIG_KEYS['max_depth']}={o['max_depth']}, {CONFIG_KEYS['max_args']}={o['max_args']} "
+                            "are (almost) never reached or hold too few distinct trees; widen the range or ask "
+                            "for fewer examples")
+        shape = _shape(u, hi, o["max_depth"], o["max_args"])
+        if shape is None or shape[1] < lo:
+            continue
+        tokens, value = _write(shape[0], u)
+        text = " ".join(tokens)
+        if text in seen:
+            continue
+        seen.add(text)
+        examples.append((text, value))
+    a, b = o["train"], o["train"] + o["val"]
+    return Splits(examples[:a], examples[a:b], examples[b:], len(LABELS), list(LABELS), "listops")
+
+
+def load_listops(seed: int = 0, data_dir=None, **options) -> Splits:
+    """The registered loader (``data_dir`` unused: nothing is read): :func:`generate`."""
+    return generate(seed, options)

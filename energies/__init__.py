@@ -8,7 +8,7 @@ energies (see :mod:`unfold`). Main objects:
 * penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``softplus``, ``cauchy``, ``lp``), validated on value and
   derivative when built, each value at full relative precision;
 * pairwise kernels (:data:`KERNELS`, :func:`register_kernel`: ``edges``, ``dense``, ``softmax``, ``fused``,
-  ``streamed``), selected by name or ``auto``;
+  ``streamed``, ``banded``), selected by name or ``auto``;
 * terms (:class:`PairwiseAttention`, :class:`Residual`, :class:`FeedForward`,
   :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`;
   each term owns its value, gradient, curvature bound and Jacobi diagonal (:class:`MMParts`) and, for an
@@ -20,6 +20,7 @@ from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_ed
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
 from .pairwise import KERNELS, Kernel, kernel_names, register_kernel
+from . import banded as _banded  # noqa: F401  (registers the banded kernel)
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 

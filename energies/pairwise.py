@@ -142,12 +142,17 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) the ``triton`` kernel where
     Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
     complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
-    ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; any other
-    graph: edges. A kernel that does not apply is an error."""
+    ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
+    shift-invariant graph on the CPU whose key window is short (:func:`~energies.banded.banded_pays`): banded;
+    any other graph: edges. A kernel that does not apply is an error."""
     if kernel == "auto":
         if graph.mask.device.type != "cpu" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
             return "triton"
         if not graph.is_complete:
+            if graph.mask.device.type == "cpu" and "banded" in KERNELS:
+                from .banded import banded_pays
+                if banded_pays(graph):
+                    return "banded"
             return "edges"
         if isinstance(rho, ExpRho):
             if fused_available(graph.mask.device.type):
@@ -296,13 +301,22 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq) if guard else _own_dtype(Zc)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
-        out = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+        out = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
     elif dt != Zc.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
         out = kernel.run(_apply(_centred(Y.to(dt), graph), metric), graph, rho, tau, energy, num, None)
         out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
     else:
         out = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
     return out._replace(Y=Y, metric=metric)
+
+
+def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
+    """The pass from explicit differences (exact to rounding at any scale), where the expansion cannot resolve z: on
+    the complete graph the streamed tiles, of the tokens (with a metric, of the centred features Zc, W getting its
+    gradient through autograd); on any other graph the edge list, differences in token space mapped by W."""
+    if graph.is_complete:
+        return _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+    return _edges_pass(Y, graph, rho, tau, energy, num, metric)
 
 
 def expansion_ok(sq: torch.Tensor, tau: float, sensitivity: float, dtype: torch.dtype) -> torch.Tensor:
@@ -320,7 +334,7 @@ def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, 
     one read of :func:`expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
     ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
     fast = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
-    safe = _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+    safe = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
 
     def pick(a, b):
         return None if a is None else torch.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b.to(a.dtype))
@@ -334,7 +348,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
     features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
     neighbour sums (one flash call over H heads), or the energy-only pass of either (:func:`_softmax_degrees`
-    over B H examples). Each head gets exactly the quantities of its own pass (the same formulas; tested).
+    over B H examples); the banded kernel over ``(B, H)`` at once. Each head gets exactly the quantities of its own pass (the same formulas; tested).
     Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
     dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
     read for all heads in one host read): then call :func:`pairwise_pass` per head."""
@@ -345,7 +359,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
         return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
     if Y.dtype not in EXPANSION_Z_ERROR or (guard and Y.device.type != "cpu"):   # (off the CPU: per head, guarded
         return None                                                                # on the device)
-    if name != "fused" and (num or name != "softmax"):
+    if name not in ("fused", "banded") and (num or name != "softmax"):
         return None
     Y = graph.zero_padded(Y)
     B, n, _ = Y.shape
@@ -358,14 +372,18 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
         top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
         if any(_scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
             return None
-    if num:
-        diff, lse = _fused_parts(Z, graph.mask, tau, sq)
-        agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype)[:, None])
+    if name == "banded":                            # (B, H, n, d_h) in one call (energies.banded)
+        from .banded import banded_sums
+        agg, deg, e = banded_sums(Z, graph.mask, graph.offsets, rho, tau, energy, num, sq)
     else:
-        deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
-                               sq.reshape(B * H, n)).view(B, H, n)
-        agg = None
-    e = _degree_energy(deg, tau) if energy else None
+        if num:
+            diff, lse = _fused_parts(Z, graph.mask, tau, sq)
+            agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype)[:, None])
+        else:
+            deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
+                                   sq.reshape(B * H, n)).view(B, H, n)
+            agg = None
+        e = _degree_energy(deg, tau) if energy else None
     return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
                          metric=metrics[h]) for h in range(H)]
 

@@ -44,8 +44,8 @@ from torch import nn
 
 from energies.checks import check_int, check_number
 from energies.energy import Energy
-from energies.errors import ConfigError, InputError
-from energies.graph import GraphCache, TokenGraph, check_tokens
+from energies.errors import ConfigError, InputError, UnfoldError
+from energies.graph import GraphCache, TokenGraph, check_tokens, graph_from_spec
 from energies.pairwise import KERNELS, kernel_names
 from energies.registry import registrar
 from energies.rho import Rho, get_rho
@@ -309,7 +309,12 @@ def kernel_problem(kernel: str, graph: str, rho, device) -> Optional[str]:
     if device.type == "cuda" and not torch.cuda.is_available():
         return None
     with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
-        probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long), name=graph)
+        try:                           # shift-invariant (offsets) or not, as the spec builds it (the banded kernel)
+            shift = graph != "complete" and graph_from_spec(graph, 2).offsets is not None
+        except UnfoldError:
+            shift = False
+        probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long), name=graph,
+                           offsets=() if shift else None)
     return KERNELS[kernel].supports(probe.to(torch.device(device.type)), rho if isinstance(rho, Rho) else get_rho(rho))
 
 

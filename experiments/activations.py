@@ -61,8 +61,7 @@ def probe_sentence(cfg, run_dir: str, n: int) -> torch.Tensor:
     """The first n tokens of the first test text with at least n, in the run's vocabulary: the probe's
     ray starts at a real sentence (a trained ReLU kernel can be zero on every pair of random tokens)."""
     dc = cfg["data"]
-    splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
-                            label_field=dc["label_field"], splits=dc["splits"], options=D.config_options(dc))
+    splits = D.load_configured(dc)
     ids, mask, _ = D.encode(splits.test[:200], D.Vocab.load(os.path.join(run_dir, "vocab.json")), dc["max_len"])
     long_enough = (mask.sum(1) >= n).nonzero()
     if not len(long_enough):

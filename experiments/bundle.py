@@ -422,11 +422,10 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
         label_names, fingerprint, dataset = list(manifest["label_names"]), manifest.get("data_fingerprint"), \
             manifest.get("dataset")
     else:                            # a run from before bundles: its label names come from its dataset
-        from .data import config_options, load_dataset
+        from .data import load_configured
 
         dc = cfg["data"]
-        splits = load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
-                              label_field=dc["label_field"], splits=dc["splits"], options=config_options(dc))
+        splits = load_configured(dc)
         label_names, fingerprint, dataset = list(splits.label_names), None, splits.name
     head = sd.get("head.weight")
     if head is None or head.dim() != 2 or head.shape[0] != len(label_names):

@@ -154,12 +154,11 @@ def _evaluate(model, tensors, batch_size, device, layers) -> Dict[str, Any]:
 def _test_split(trained, quick: bool):
     """``(ids, mask, labels)`` of the run's test split, encoded with the run's vocabulary and ``data.max_len``,
     refused when the split is not the one the run was tested on (the bundle's data fingerprint)."""
-    from .data import encode, load_dataset
+    from .data import encode, load_configured
     from .fingerprint import data_fingerprint
 
     dc = trained.config["data"]
-    splits = load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
-                          label_field=dc["label_field"], splits=dc["splits"])
+    splits = load_configured(dc)
     stored = trained.data_fingerprint
     if stored is not None:
         now = data_fingerprint(trained.vocab.itos, [], [], splits.test, splits.label_names)

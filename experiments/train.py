@@ -52,9 +52,7 @@ def build_data(cfg: Dict[str, Any]):
     from . import data as D
 
     dc = cfg["data"]
-    splits = D.load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"],
-                            text_field=dc["text_field"], label_field=dc["label_field"], splits=dc["splits"],
-                            options=D.config_options(dc))
+    splits = D.load_configured(dc)
     train = train_examples(cfg, splits)
     vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in

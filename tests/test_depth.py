@@ -258,3 +258,28 @@ def test_depth_study_quick_writes_json_md_png(run, tmp_path):
         code, out, err = run_cli("experiments.depth", args, str(tmp_path))
         assert code == 2 and what in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not os.path.exists(os.path.join(run, "depth"))
+
+
+def test_a_generated_dataset_is_read_back_with_its_options(tmp_path):
+    """A run on ListOps with its own generator options (lengths, counts) is read again by every consumer of its
+    config (here the depth study, which checks the test split's fingerprint) through one function,
+    ``experiments.data.load_configured``; before, the study regenerated the LRA defaults and refused the run."""
+    out = tmp_path / "lo"
+    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", "listops", "--run-dir", str(out),
+                           "data.max_len=24", "data.listops_min_len=8", "data.listops_max_len=24",
+                           "data.listops_train=120", "data.listops_val=40", "data.listops_test=40", "model.d=16",
+                           "model.layers=2", "train.epochs=1", "train.progress=false", "train.tensorboard=false"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, out_json, err = run_cli("experiments.depth", [str(out), "--quick", "--json", "--eps", "0.1,0",
+                                                        "--depths", "1,2"], str(tmp_path))
+    assert code == 0, err
+    import json
+    doc = json.loads(out_json)
+    assert doc["eps"][0]["examples"] == 40 and all(r["increases"] == 0 for r in doc["depths"])
+    # negative control: the same run read with other options is a different test split, refused
+    from experiments.data import config_options, load_configured
+    from experiments.config import load_config
+    dc = load_config(str(out / "config.yaml"))["data"]
+    assert config_options(dc)["max_len"] == 24
+    assert load_configured(dc).test != load_configured({**dc, "listops_min_len": 9}).test

@@ -52,7 +52,7 @@ from .corpora import CF_FILE, CF_LABELS, DATASETS, RT_FILE, RT_LABELS
 from .files import export
 from .glove import GLOVE_DIM, GLOVE_EMB, GLOVE_VOCAB, load_glove
 from .hf import check_split_map
-from .load import config_options, load_dataset
+from .load import config_options, load_configured, load_dataset
 from .sources import SOURCES, fetch
 from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, MANIFEST, check_folder, data_dir
 from .text import URL_TOKEN, Vocab, batches, encode, tokenize
@@ -60,7 +60,7 @@ from .text import URL_TOKEN, Vocab, batches, encode, tokenize
 __all__ = [
     "CF_FILE", "CF_LABELS", "DATASETS", "DATA_DIR_ENV", "DEFAULT_DATA_DIR", "DataError", "GLOVE_DIM", "GLOVE_EMB",
     "GLOVE_VOCAB", "MANIFEST", "PROG", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
-    "Vocab", "batches", "check_classes", "check_folder", "config_options", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
+    "Vocab", "batches", "check_classes", "check_folder", "config_options", "load_configured", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
     "folder_arg", "load_dataset", "load_glove", "main", "output_folder_arg", "read_parquet_strings", "split_examples",
     "split_seed_arg", "tokenize",
 ]

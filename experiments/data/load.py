@@ -67,3 +67,11 @@ def config_options(dc: dict) -> dict | None:
     if dc.get("dataset") != "listops":
         return None
     return {k[len("listops_"):]: v for k, v in dc.items() if k.startswith("listops_") and v is not None}
+
+
+def load_configured(dc: dict) -> Splits:
+    """The dataset a config's ``data`` section names, read as every consumer of a config reads it (trainer,
+    bundles, studies): :func:`load_dataset` with the section's seed, folder, fields, split map and generator
+    options (:func:`config_options`), so that a run's data are the same wherever they are read again."""
+    return load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
+                        label_field=dc["label_field"], splits=dc["splits"], options=config_options(dc))

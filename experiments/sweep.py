@@ -408,6 +408,18 @@ def _check_stat(stat: Any, key: str, path: str) -> None:
             raise ConfigError(f"{path}: '{where}.{field}' must be an integer >= 0, got {_short(v)}")
 
 
+def read_checked(root: str, name: str, what: str, check):
+    """``check(value, path)`` of the JSON file ``root/name`` a finished run of ``what`` wrote (``--table``); a
+    missing or unreadable file is one :class:`ConfigError` line naming the folder and the file."""
+    path = os.path.join(root, name)
+    value, why = _load_json(path)
+    if why == "missing":
+        raise ConfigError(f"--table {root!r}: no {name} (run {what} first)")
+    if why:
+        raise ConfigError(f"--table {root!r}: {path} {why}")
+    return check(value, path)
+
+
 def check_summary(summary: Any, path: str) -> Dict[str, Any]:
     """``summary`` (a ``summary.json``) when :func:`table` can read it, else a :class:`ConfigError` naming
     ``path`` and the key: an object with ``name`` (a non-empty string), ``runs`` (an object, at least one
@@ -448,13 +460,7 @@ def table(roots: Sequence[str]) -> str:
     lines = ["| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
              "|---|---|---|---|---|---|"]
     for root in roots:
-        path = os.path.join(root, SUMMARY_JSON)
-        summary, why = _load_json(path)
-        if why == "missing":
-            raise ConfigError(f"--table {root!r}: no {SUMMARY_JSON} (run the sweep first)")
-        if why:
-            raise ConfigError(f"--table {root!r}: {path} {why}")
-        lines.append(_row(check_summary(summary, path)))
+        lines.append(_row(read_checked(root, SUMMARY_JSON, "the sweep", check_summary)))
     return "\n".join(lines) + "\n"
 
 

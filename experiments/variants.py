@@ -50,7 +50,7 @@ from unfold.strict_json import dumps as json_dumps
 from .atomic import atomic_open
 from .config import load_config
 from .runlock import RunLock, check_writable
-from .sweep import SEED_KEYS, _load_json, describe, run_sweep, seed_dir
+from .sweep import SEED_KEYS, describe, read_checked, run_sweep, seed_dir
 
 PROG = "python -m experiments.variants"
 VARIANTS_JSON, VARIANTS_MD = "variants.json", "variants.md"
@@ -383,13 +383,7 @@ def check_summary(value: Any, path: str) -> Dict[str, Any]:
 
 def read_table(root: str) -> Dict[str, Any]:
     """The checked summary of a finished variants folder (``--table``)."""
-    path = os.path.join(root, VARIANTS_JSON)
-    value, why = _load_json(path)
-    if why == "missing":
-        raise ConfigError(f"--table {root!r}: no {VARIANTS_JSON} (run the variants first)")
-    if why:
-        raise ConfigError(f"--table {root!r}: {path} {why}")
-    return check_summary(value, path)
+    return read_checked(root, VARIANTS_JSON, "the variants", check_summary)
 
 
 def main(argv=None) -> int:

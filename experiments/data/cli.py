@@ -65,27 +65,16 @@ def _option_arg(text: str) -> tuple[str, int]:
     return key.strip(), number
 
 
-def _option_map(pairs) -> dict | None:
-    """The ``--option`` pairs as a mapping (``None`` when none was given); a key given twice is a :class:`DataError`."""
+def _pair_map(pairs, flag: str) -> dict | None:
+    """The ``KEY=VALUE`` pairs of a repeatable flag (``--option``, ``--split``) as a mapping (``None`` when none
+    was given); a key given twice is a :class:`DataError` naming the flag."""
     if not pairs:
         return None
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise DataError(f"--option {key} is given twice ({out[key]!r} and {value!r})")
+            raise DataError(f"{flag} {key} is given twice ({out[key]!r} and {value!r})")
         out[key] = value
-    return out
-
-
-def _split_map(pairs) -> dict | None:
-    """The ``--split`` pairs as a mapping (``None`` when none was given); a key given twice is a :class:`DataError`."""
-    if not pairs:
-        return None
-    out: dict = {}
-    for key, name in pairs:
-        if key in out:
-            raise DataError(f"--split {key} is given twice ({out[key]!r} and {name!r})")
-        out[key] = name
     return out
 
 
@@ -125,7 +114,7 @@ def main(argv=None) -> int:
             return 0
         splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
                               text_field=args.text_field, label_field=args.label_field,
-                              splits=_split_map(args.split), options=_option_map(args.option))
+                              splits=_pair_map(args.split, "--split"), options=_pair_map(args.option, "--option"))
         out = export(splits, args.out)
         print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
                           "label_names": splits.label_names, **splits.sizes()}))

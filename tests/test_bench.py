@@ -23,7 +23,15 @@ def test_quick_suite_prints_its_json_schema(suite, tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["suite"] == suite and out["quick"] is True
     assert HEADLINE[suite] <= set(out["ratios"]) and set(out["ratios"]) <= set(out["targets"])
-    assert all(v > 0 for v in out["ratios"].values())
+    # a ratio of two timings is a finite number > 0; a log-log slope between two quick sizes measured once is a
+    # finite number whose sign is noise on a loaded machine, or "nan" where a peak memory above the baseline was
+    # not measurable (0) at the small size (the schema is checked here, never the speed)
+    import math
+    for k, v in out["ratios"].items():
+        if "slope" in k:
+            assert v == "nan" or (isinstance(v, (int, float)) and math.isfinite(v)), (k, v)
+        else:
+            assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (k, v)
     if suite == "energy":  # the two energy evaluations agree
         assert out["figures"]["pair_energy"]["rel_diff"] < 1e-5
 

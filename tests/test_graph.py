@@ -149,3 +149,20 @@ def test_pattern_builders_scale_with_edges_not_n_squared():
     assert int(E.window(n, 2).num_edges()[0]) == 2 * n - 3
     assert int(E.dilated(n, 3, 2).num_edges()[0]) == (n - 3) + (n - 6)
     assert int(E.strided(1000, 100).num_edges()[0]) == sum(1000 - o for o in list(range(1, 100)) + list(range(100, 1000, 100)))
+
+
+@pytest.mark.parametrize("spec,per_token", [("window:8", 8), ("strided:16", 15 + 2048 // 16), ("dilated:4:8", 8),
+                                            ("star", 2), ("random:0.002", None)])
+def test_builders_scale_to_long_padded_sequences(spec, per_token):
+    """Every builder at n = 2,048 (ListOps-LRA lengths) with ragged padding: it builds, its edge list is linear in
+    the pattern's edges (at most ``per_token`` undirected edges per token slot, never n^2 / 2), and no edge
+    touches a padded slot once weighed by the mask (the edges the kernels see carry weight 0 there)."""
+    n, B = 2048, 2
+    mask = E.mask_from_lengths(torch.tensor([n, 1500]), n)
+    g = E.graph_from_spec(spec, n, B, mask=mask)
+    src, dst, valid = g.fixed_edges()
+    bound = (per_token * n if per_token is not None else 0.002 * n * n) * B
+    assert src.numel() <= 1.5 * bound < B * n * (n - 1) / 2, (spec, src.numel(), bound)
+    live = valid if valid is not None else torch.ones_like(src, dtype=torch.bool)
+    assert bool(mask.reshape(-1)[src[live]].all()) and bool(mask.reshape(-1)[dst[live]].all())
+    assert int(g.num_edges()[1]) < int(g.num_edges()[0])            # the padded example has fewer real edges

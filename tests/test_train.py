@@ -15,27 +15,12 @@ CONFIGS = os.path.join(ROOT, "experiments", "configs")
 
 
 def synthetic_text_dir(path, n_train=600, n_eval=150, seed=0):
-    """A separable toy sentiment set as exported JSONL splits (the trainer uses them as they are)."""
-    rng = random.Random(seed)
-    pos, neg = ["good", "great", "fine", "lovely", "superb"], ["bad", "awful", "poor", "dull", "boring"]
-    filler = [f"w{i}" for i in range(40)]
-
-    def make(n):
-        rows = []
-        for _ in range(n):
-            label = rng.randint(0, 1)
-            words = [rng.choice(filler) for _ in range(rng.randint(3, 12))]
-            for _ in range(rng.randint(1, 3)):
-                words.insert(rng.randint(0, len(words)), rng.choice(pos if label else neg))
-            rows.append({"text": " ".join(words), "label": label})
-        return rows
+    """A separable toy sentiment set as exported JSONL splits (the trainer uses them as they are): the
+    application's own offline set (:func:`experiments.variants.write_toy_data`, also ``--quick``'s data)."""
+    from experiments.variants import write_toy_data
 
     os.makedirs(path, exist_ok=True)
-    for name, n in (("train", n_train), ("val", n_eval), ("test", n_eval)):
-        with open(os.path.join(path, f"{name}.jsonl"), "w") as fh:
-            for r in make(n):
-                fh.write(json.dumps(r) + "\n")
-    return str(path)
+    return write_toy_data(str(path), n_train, n_eval, seed)
 
 
 def run_train(args, timeout=300):

@@ -24,6 +24,7 @@ is short against the sequence, ``w < n / 2``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -32,7 +33,7 @@ from .graph import TokenGraph
 from .pairwise import PairwisePass, register_kernel
 from .rho import Rho
 
-__all__ = ["banded_block", "banded_pays", "banded_sums", "BANDED_ALIGN", "BANDED_MIN_BLOCK"]
+__all__ = ["banded_block", "banded_pays", "banded_plan", "banded_sums", "BANDED_ALIGN", "BANDED_MIN_BLOCK"]
 
 #: the block size is a multiple of this
 BANDED_ALIGN = 8
@@ -48,19 +49,46 @@ def banded_block(reach: int, n: int) -> int:
     return min(b, -(-n // BANDED_ALIGN) * BANDED_ALIGN)
 
 
-def banded_pays(graph: TokenGraph) -> bool:
-    """The ``auto`` rule on the CPU: a shift-invariant graph whose key window ``b + 2R`` is under n / 2."""
-    if graph.offsets is None:
-        return False
-    n = graph.num_nodes
-    reach = max(graph.offsets, default=0)
-    return banded_block(reach, n) + 2 * reach < n / 2
-
-
 def _supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
     if graph.offsets is None:
         return f"needs a shift-invariant graph (window, dilated, strided); got graph {graph.name!r} (use 'edges')"
     return None
+
+
+def _band_width(offsets: Tuple[int, ...], n: int) -> int:
+    """Keys per query of the band layout of ``offsets``: ``b + 2R`` (0 without offsets)."""
+    if not offsets:
+        return 0
+    reach = max(offsets)
+    return banded_block(reach, n) + 2 * reach
+
+
+@functools.lru_cache(maxsize=256)
+def banded_plan(offsets: Tuple[int, ...], n: int) -> Tuple[int, Tuple[int, ...], Optional[int]]:
+    """``(keys per query, band offsets, stride k or None)``: the cheapest split of ``offsets`` into a band and one
+    residue layout. A stride ``k`` qualifies when every multiple of k below n is an offset; its pairs are then
+    those of the complete graph within each residue class ``i mod k`` (``ceil(n / k)`` keys per query), and the
+    other offsets (not multiples of k) go to the band. The plain band (no stride) is a candidate too; ties keep
+    it. A strided graph ``strided:k`` (offsets ``1..k-1`` and every multiple of k) costs ``b + 2(k-1) + n / k``
+    keys per query instead of ``n``."""
+    best = (_band_width(offsets, n), offsets, None)
+    have = set(offsets)
+    for k in offsets:
+        if all(m in have for m in range(k, n, k)):
+            rest = tuple(o for o in offsets if o % k)
+            cost = _band_width(rest, n) + -(-n // k)
+            if cost < best[0]:
+                best = (cost, rest, k)
+    return best
+
+
+def banded_pays(graph: TokenGraph) -> bool:
+    """The ``auto`` rule on the CPU: a shift-invariant graph whose keys per query (:func:`banded_plan`) are under
+    n / 2."""
+    if graph.offsets is None:
+        return False
+    n = graph.num_nodes
+    return banded_plan(graph.offsets, n)[0] < n / 2
 
 
 def _table(offsets: Tuple[int, ...], b: int, reach: int, device) -> torch.Tensor:
@@ -72,46 +100,213 @@ def _table(offsets: Tuple[int, ...], b: int, reach: int, device) -> torch.Tensor
     return table
 
 
-def banded_sums(Z: torch.Tensor, mask: torch.Tensor, offsets: Tuple[int, ...], rho: Rho, tau: float,
-                energy: bool, num: bool, sq: Optional[torch.Tensor] = None, block: Optional[int] = None):
-    """``(agg or None, deg, energy or None)`` of the module docstring for features Z ``(B, H, n, c)`` (centred,
-    zero on padded slots), mask ``(B, n)``; agg ``(B, H, n, c)``, deg ``(B, H, n)``, energy ``(B, H)`` float64.
-    ``sq``: ``|z_u|^2`` ``(B, H, n)`` when already computed. ``block``: b (default :func:`banded_block`)."""
-    B, H, n, c = Z.shape
-    reach = max(offsets, default=0)
-    b = block or banded_block(reach, n)
-    nb = -(-n // b)
-    w = b + 2 * reach
-    total = nb * b + 2 * reach                                    # R slots before, R + padding after
-    pad = (reach, total - reach - n)
-    sq = (Z * Z).sum(-1) if sq is None else sq
-    Zp = torch.nn.functional.pad(Z, (0, 0) + pad)                 # (B, H, total, c), zeros outside [0, n)
-    keys = Zp.unfold(2, w, b)                                     # (B, H, nb, c, w): the key window of each block
-    queries = Zp[:, :, reach:reach + nb * b].reshape(B, H, nb, b, c)
-    sqp = torch.nn.functional.pad(sq, pad)
-    sq_k = sqp.unfold(2, w, b)                                    # (B, H, nb, w)
-    sq_q = sqp[:, :, reach:reach + nb * b].reshape(B, H, nb, b)
-    mp = torch.nn.functional.pad(mask, pad)                       # (B, total), False outside [0, n)
-    pm = (_table(offsets, b, reach, Z.device)
+def _band_masks(mask: torch.Tensor, offsets: Tuple[int, ...], b: int, H: int):
+    """Pair mask of the band layout ``(B, H, nb, b, w)`` (expanded over heads and contiguous: ``torch.where``
+    with a broadcast bool mask is not vectorised on the CPU), from the offset table and the token mask."""
+    B, n = mask.shape
+    reach = max(offsets)
+    nb, w = -(-n // b), b + 2 * reach
+    mp = torch.nn.functional.pad(mask, (reach, nb * b + reach - n))              # False outside [0, n)
+    pm = (_table(offsets, b, reach, mask.device)
           & mp[:, reach:reach + nb * b].reshape(B, nb, b, 1)
-          & mp.unfold(1, w, b)[:, :, None, :])[:, None]          # (B, 1, nb, b, w)
-    d2 = sq_q[..., None] + sq_k[..., None, :] - 2.0 * (queries @ keys)
-    z = torch.clamp(d2, min=0.0) / (2.0 * tau)                    # (B, H, nb, b, w)
-    zero = torch.zeros((), dtype=Z.dtype, device=Z.device)
-    gamma = torch.where(pm, rho.derivative(z), zero)
-    deg = gamma.sum(-1)                                           # (B, H, nb, b)
-    agg = None
-    if num:
-        agg = (gamma @ keys.transpose(-1, -2) - deg[..., None] * queries).reshape(B, H, nb * b, c)[:, :, :n]
-    e = None
-    if energy:
-        e = 0.5 * tau * torch.where(pm, rho.value(z), zero).to(torch.float64).sum((2, 3, 4))
-    return agg, deg.reshape(B, H, nb * b)[:, :, :n], e
+          & mp.unfold(1, w, b)[:, :, None, :])
+    return pm[:, None].expand(B, H, nb, b, w).contiguous()
+
+
+def _residue_masks(mask: torch.Tensor, k: int, H: int):
+    """Pair mask of the residue layout ``(B, H, k, m, m)``: tokens ``q k + r`` of class r meet each other (not
+    themselves), real tokens only; ``m = ceil(n / k)``."""
+    B, n = mask.shape
+    m = -(-n // k)
+    mr = torch.nn.functional.pad(mask, (0, m * k - n)).reshape(B, m, k).transpose(1, 2)     # (B, k, m)
+    eye = torch.eye(m, dtype=torch.bool, device=mask.device)
+    pm = mr[..., :, None] & mr[..., None, :] & ~eye
+    return pm[:, None].expand(B, H, k, m, m).contiguous()
+
+
+def _masks(graph_or_mask, plan, H: int):
+    """``(band mask or None, residue mask or None)`` for ``plan``; cached on a graph per mask object, its version
+    and H (as the graph's slot bits are), since every layer of an unroll meets the same graph."""
+    _, band, k = plan
+    if isinstance(graph_or_mask, TokenGraph):
+        mask = graph_or_mask.mask
+        cacheable = not (torch.compiler.is_compiling() or mask.is_inference())
+    else:
+        mask, cacheable = graph_or_mask, False
+    n = mask.shape[1]
+
+    def build():
+        return (_band_masks(mask, band, banded_block(max(band), n), H) if band else None,
+                None if k is None else _residue_masks(mask, k, H))
+    if not cacheable:
+        return build()
+    key = (plan, H, mask._version)
+    cache = graph_or_mask.__dict__.get("_banded")
+    if cache is None or cache[0] is not mask:      # a new mask object: a new cache
+        cache = graph_or_mask.__dict__["_banded"] = (mask, {})
+    out = cache[1].get(key)
+    if out is None:
+        if len(cache[1]) > 8:
+            cache[1].clear()
+        out = cache[1][key] = build()
+    return out
+
+
+def _tile_z(queries, keys, sq_q, sq_k, tau: float) -> torch.Tensor:
+    """``z = max(|q|^2 + |k|^2 - 2 q.k, 0) / (2 tau)`` on ``(N, b, w)`` tiles, the scale folded into the sums."""
+    s = 0.5 / tau
+    base = (sq_q * s)[..., :, None] + (sq_k * s)[..., None, :]
+    return torch.baddbmm(base, queries, keys.transpose(1, 2), alpha=-2.0 * s).clamp_min_(0.0)
+
+
+class _TileSums(torch.autograd.Function):
+    """``(agg, deg, energy)`` of the module docstring over tiles: queries ``(N, b, c)``, keys ``(N, w, c)``, their
+    squared norms ``(N, b)``, ``(N, w)`` and the pair mask ``(N, b, w)``; energy per tile ``(N,)`` float64 (each
+    tile's rows summed in z's dtype, then the row sums in float64: a relative error of about ``log2(w) eps``, inside
+    the trace's ``64 eps`` rule).
+
+    The backward pass recomputes z and gamma from the inputs (nothing of size ``(N, b, w)`` is held between the
+    passes: the memory of the banded kernel is that of its inputs and outputs) and applies the chain rule by hand;
+    with ``G = dL/dz [z > 0] / (2 tau)`` (the clamp's rule),
+
+        dL/dgamma_uv = A_u . (k_v - q_u) + D_u,    dL/dz = dL/dgamma rho''(z) + g_E tau/2 gamma,
+        dL/dq_u = -2 sum_v G_uv k_v - deg_u A_u,   dL/dk_v = -2 sum_u G_uv q_u + sum_u gamma_uv A_u,
+        dL/d|q_u|^2 = sum_v G_uv,                  dL/d|k_v|^2 = sum_u G_uv,
+
+    (A, D, g_E: the gradients of agg, deg, energy), ``rho''`` as the vector-Jacobian product of ``rho.derivative``
+    (any registered rho). First-order only (as the streamed and fused kernels)."""
+
+    @staticmethod
+    def forward(ctx, queries, keys, sq_q, sq_k, pm, rho, tau, energy):
+        ctx.save_for_backward(queries, keys, sq_q, sq_k, pm)
+        ctx.rho, ctx.tau = rho, tau
+        z = _tile_z(queries, keys, sq_q, sq_k, tau)
+        zero = torch.zeros((), dtype=z.dtype, device=z.device)
+        gamma = torch.where(pm, rho.derivative(z), zero)
+        deg = gamma.sum(-1)
+        agg = torch.baddbmm(queries * -deg[..., None], gamma, keys)
+        e = (0.5 * tau * torch.where(pm, rho.value(z), zero).sum(-1).to(torch.float64).sum(-1) if energy
+             else torch.zeros(z.shape[0], dtype=torch.float64, device=z.device))
+        return agg, deg, e
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_agg, g_deg, g_e):
+        queries, keys, sq_q, sq_k, pm = ctx.saved_tensors
+        rho, tau = ctx.rho, ctx.tau
+        z = _tile_z(queries, keys, sq_q, sq_k, tau)
+        zero = torch.zeros((), dtype=z.dtype, device=z.device)
+        with torch.enable_grad():
+            zz = z.requires_grad_()
+            rd = rho.derivative(zz)
+        gamma = torch.where(pm, rd.detach(), zero)
+        dgamma = torch.zeros_like(z) if g_deg is None else g_deg[..., None].expand_as(z).clone()
+        if g_agg is not None:
+            dgamma.baddbmm_(g_agg, keys.transpose(1, 2)).sub_((g_agg * queries).sum(-1)[..., None])
+        dz = torch.autograd.grad(rd, zz, torch.where(pm, dgamma, zero))[0]          # dL/dgamma rho''(z)
+        if g_e is not None:
+            dz.add_(gamma * (0.5 * tau * g_e.to(z.dtype))[:, None, None])
+        G = torch.where(z > 0, dz, zero).mul_(0.5 / tau)
+        dq = torch.bmm(G, keys).mul_(-2.0)
+        dk = torch.bmm(G.transpose(1, 2), queries).mul_(-2.0)
+        if g_agg is not None:
+            dq.sub_(gamma.sum(-1)[..., None] * g_agg)
+            dk.baddbmm_(gamma.transpose(1, 2), g_agg)
+        return dq, dk, G.sum(-1), G.sum(-2), None, None, None, None
+
+
+def _tile_sums(queries, keys, sq_q, sq_k, pm, rho: Rho, tau: float, energy: bool, num: bool):
+    """The module docstring's sums over tiles: queries ``(B, H, t, b, c)``, keys ``(B, H, t, w, c)``, their squared
+    norms, the pair mask ``(B, H, t, b, w)``. Returns ``(agg (B, H, t, b, c) or None, deg (B, H, t, b), energy
+    (B, H) or None)`` (:class:`_TileSums`)."""
+    lead, (b, c), w = queries.shape[:-2], queries.shape[-2:], keys.shape[-2]
+    agg, deg, e = _TileSums.apply(queries.reshape(-1, b, c), keys.reshape(-1, w, c), sq_q.reshape(-1, b),
+                                  sq_k.reshape(-1, w), pm.reshape(-1, b, w), rho, tau, energy)
+    return (agg.reshape(*lead, b, c) if num else None, deg.reshape(*lead, b),
+            e.reshape(*lead).sum(-1) if energy else None)
+
+
+def _softmax_route(rho: Rho, Z: torch.Tensor) -> bool:
+    """Whether the residue layout's classes go to the fused flash op (rho = exp, CPU op present, float32/64)."""
+    from .fused import fused_available
+    from .rho import ExpRho
+    return isinstance(rho, ExpRho) and Z.dtype in (torch.float32, torch.float64) and fused_available(Z.device.type)
+
+
+def mask_of(graph) -> torch.Tensor:
+    return graph.mask if isinstance(graph, TokenGraph) else graph
+
+
+def banded_sums(Z: torch.Tensor, graph, rho: Rho, tau: float, energy: bool, num: bool,
+                sq: Optional[torch.Tensor] = None, offsets: Optional[Tuple[int, ...]] = None):
+    """``(agg or None, deg, energy or None)`` of the module docstring for features Z ``(B, H, n, c)`` (centred,
+    zero on padded slots) on ``graph`` (a :class:`TokenGraph` with offsets, or a ``(B, n)`` token mask with
+    ``offsets`` given); agg ``(B, H, n, c)``, deg ``(B, H, n)``, energy ``(B, H)`` float64. ``sq``: ``|z_u|^2``
+    ``(B, H, n)`` when already computed. The layout is :func:`banded_plan`'s: a band, a residue layout, or both
+    (their pair sets are disjoint, so their sums add)."""
+    B, H, n, c = Z.shape
+    offsets = graph.offsets if offsets is None else tuple(offsets)
+    plan = banded_plan(offsets, n)
+    band_pm, res_pm = _masks(graph, plan, H)
+    _, band, k = plan
+    sq = (Z * Z).sum(-1) if sq is None else sq
+    agg = deg = e = None
+
+    def add(a, x):
+        return x if a is None else (None if x is None else a + x)
+    if band:
+        reach = max(band)
+        b = banded_block(reach, n)
+        nb, w = -(-n // b), b + 2 * reach
+        pad = (reach, nb * b + reach - n)
+        Zp = torch.nn.functional.pad(Z, (0, 0) + pad)                             # zeros outside [0, n)
+        keys = Zp.unfold(2, w, b).transpose(-1, -2).contiguous()                  # (B, H, nb, w, c)
+        queries = torch.nn.functional.pad(Z, (0, 0, 0, nb * b - n)).reshape(B, H, nb, b, c)
+        sqp = torch.nn.functional.pad(sq, pad)
+        a, d, e = _tile_sums(queries, keys, sqp[:, :, reach:reach + nb * b].reshape(B, H, nb, b),
+                             sqp.unfold(2, w, b), band_pm, rho, tau, energy, num)
+        deg = d.reshape(B, H, nb * b)[:, :, :n]
+        agg = None if a is None else a.reshape(B, H, nb * b, c)[:, :, :n]
+    if k is not None:
+        m = -(-n // k)
+
+        def classes(t):                          # (B, H, n, ...) -> (B k, H, m, ...): residue class r of example b
+            t = torch.nn.functional.pad(t, (0, 0) * (t.ndim - 3) + (0, m * k - n))
+            t = t.reshape(B, H, m, k, *t.shape[3:]).movedim(3, 1)
+            return t.reshape(B * k, H, m, *t.shape[4:])
+
+        def tokens(t):                           # the inverse: (B k, H, m, ...) -> (B, H, n, ...)
+            t = t.reshape(B, k, H, m, *t.shape[3:]).movedim(1, 3)
+            return t.reshape(B, H, m * k, *t.shape[4:])[:, :, :n]
+        if _softmax_route(rho, Z):
+            # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
+            # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
+            from .pairwise import _degree_energy, _from_lse, _fused_parts
+            mr = torch.nn.functional.pad(mask_of(graph), (0, m * k - n)).reshape(B, m, k).transpose(1, 2)
+            mr = mr.reshape(B * k, m)
+            diff, lse = _fused_parts(classes(Z), mr, tau, classes(sq))
+            a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
+            er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
+            a, d = tokens(a), tokens(d)
+        else:
+            Zr = classes(Z).reshape(B, k, H, m, c).transpose(1, 2)                 # (B, H, k, m, c)
+            sqr = classes(sq).reshape(B, k, H, m).transpose(1, 2)
+            a, d, er = _tile_sums(Zr, Zr, sqr, sqr, res_pm, rho, tau, energy, num)
+            d = tokens(d.transpose(1, 2).reshape(B * k, H, m))
+            a = None if a is None else tokens(a.transpose(1, 2).reshape(B * k, H, m, c))
+        deg = add(deg, d)
+        if num:
+            agg = add(agg, a)
+        e = add(e, er) if energy else None
+    if deg is None:                                     # no offsets: no edge
+        deg = Z.new_zeros(B, H, n)
+        agg = Z.new_zeros(B, H, n, c) if num else None
+        e = Z.new_zeros(B, H, dtype=torch.float64) if energy else None
+    return agg, deg, e
 
 
 @register_kernel("banded", _supports, expansion=True)
 def _banded_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
     """Shift-invariant graphs (offsets), block by block (module docstring)."""
-    agg, deg, e = banded_sums(Y[:, None], graph.mask, graph.offsets, rho, tau, energy, num,
-                              None if sq is None else sq[:, None])
+    agg, deg, e = banded_sums(Y[:, None], graph, rho, tau, energy, num, None if sq is None else sq[:, None])
     return PairwisePass(None if agg is None else agg[:, 0], deg[:, 0], None if e is None else e[:, 0])

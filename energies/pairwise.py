@@ -374,7 +374,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
             return None
     if name == "banded":                            # (B, H, n, d_h) in one call (energies.banded)
         from .banded import banded_sums
-        agg, deg, e = banded_sums(Z, graph.mask, graph.offsets, rho, tau, energy, num, sq)
+        agg, deg, e = banded_sums(Z, graph, rho, tau, energy, num, sq)
     else:
         if num:
             diff, lse = _fused_parts(Z, graph.mask, tau, sq)

@@ -21,7 +21,7 @@ from energies.rho import get_rho, kernel_sensitivity
 from unfold.encoders import GuaranteedEncoder
 
 RHOS = ["exp", "relu:2", "softplus:2:0.5", "cauchy", "lp:1.5:0.1"]
-GRAPHS = ["window:1", "window:3", "window:8", "dilated:2:3", "dilated:4:8", "strided:4"]
+GRAPHS = ["window:1", "window:3", "window:8", "dilated:2:3", "dilated:4:8", "strided:4", "strided:5", "dilated:3:20"]
 TAU = 1.7
 
 
@@ -73,18 +73,18 @@ def test_banded_equals_edges_for_every_rho(graph, dtype, padded):
 def test_a_wrong_offset_table_fails_the_comparison(monkeypatch):
     """Negative control: a table missing the largest offset (or one with an extra offset) is caught."""
     Y, mask = _tokens(3, 19, 4, torch.float64, True, seed=1)
-    g = E.window(19, 3, batch_size=3, mask=mask)
     rho = get_rho("cauchy")
-    assert _compare(Y, g, rho, torch.float64)
+    assert _compare(Y, E.window(19, 3, batch_size=3, mask=mask), rho, torch.float64)
     real = BD._table
     monkeypatch.setattr(BD, "_table", lambda offsets, b, reach, device: real(offsets[:-1], b, reach, device))
-    assert not _compare(Y, g, rho, torch.float64)
+    assert not _compare(Y, E.window(19, 3, batch_size=3, mask=mask), rho, torch.float64)   # a new graph: no cache
     monkeypatch.setattr(BD, "_table", lambda offsets, b, reach, device: real(offsets + (reach + 1,), b, reach + 1,
                                                                              device)[:, 1:-1])
-    assert not _compare(Y, g, rho, torch.float64)
+    assert not _compare(Y, E.window(19, 3, batch_size=3, mask=mask), rho, torch.float64)
 
 
-@pytest.mark.parametrize("graph,spec", [("window:3", "softplus:2:0.5"), ("dilated:2:3", "exp")])
+@pytest.mark.parametrize("graph,spec", [("window:3", "softplus:2:0.5"), ("dilated:2:3", "exp"), ("strided:3", "exp"),
+                                        ("strided:3", "cauchy"), ("dilated:2:9", "lp:1.5:0.1")])
 def test_gradcheck_float64(graph, spec):
     Y, mask = _tokens(2, 11, 3, torch.float64, True, seed=4)
     g = E.graph_from_spec(graph, 11, batch_size=2, mask=mask)
@@ -108,7 +108,8 @@ def test_declines_graphs_without_offsets_and_auto_picks_it_on_the_cpu_where_it_p
     assert pick_kernel(E.window(512, 8), r) == "banded"
     assert pick_kernel(E.dilated(512, 4, 8), r) == "banded"
     assert pick_kernel(E.window(40, 8), r) == "edges"          # key window 8 + 16 >= 40 / 2
-    assert pick_kernel(E.strided(512, 4), r) == "edges"        # reaches the whole sequence
+    assert pick_kernel(E.strided(512, 16), r) == "banded"      # band 16 + 30 and classes of 32: 78 keys < 256
+    assert pick_kernel(E.strided(64, 16), r) == "edges"        # 46 + 4 keys >= 32
     assert pick_kernel(E.window(512, 8).to("meta"), r) != "banded"   # off the CPU auto is as before
 
 
@@ -149,3 +150,71 @@ def test_guaranteed_encoder_runs_on_meta():
         assert out.Y.device.type == "meta" and out.Y.shape == (2, 5, 8)
         out = enc(X, mask)
         out.Y.sum().backward()
+
+
+def test_plan_splits_strided_graphs_into_a_band_and_residue_classes():
+    """``banded_plan``: a stride qualifies only when every multiple below n is an offset; the cheaper layout wins."""
+    assert BD.banded_plan(E.window(512, 8).offsets, 512) == (8 + 16, tuple(range(1, 9)), None)
+    cost, band, k = BD.banded_plan(E.strided(512, 16).offsets, 512)
+    assert (band, k) == (tuple(range(1, 16)), 16) and cost == 16 + 30 + 32
+    assert BD.banded_plan(E.dilated(40, 3, 20).offsets, 40) == (14, (), 3)          # every multiple: classes only
+    cost, band, k = BD.banded_plan(E.dilated(512, 4, 8).offsets, 512)               # 36, 40, ... missing: no stride
+    assert k is None and band == tuple(range(4, 33, 4))
+    assert BD.banded_plan((), 9) == (0, (), None)
+
+
+@pytest.mark.parametrize("spec", ["exp", "cauchy"])
+def test_both_layouts_of_a_strided_graph_are_used_and_agree_with_edges(spec, monkeypatch):
+    """strided:4 at n = 37 takes the band (offsets 1..3) and the classes mod 4 (the flash op for exp, tiles
+    otherwise); each part is seen to run, and the sum matches the edge kernel (the parametrized test above)."""
+    calls = []
+    real = BD._tile_sums
+    monkeypatch.setattr(BD, "_tile_sums", lambda q, *a: calls.append(tuple(q.shape)) or real(q, *a))
+    Y, mask = _tokens(3, 37, 4, torch.float64, True, seed=2)
+    g = E.strided(37, 4, batch_size=3, mask=mask)
+    assert _compare(Y, g, get_rho(spec), torch.float64)
+    assert calls[0] == (3, 1, 5, 8, 4)                         # the band: 5 blocks of 8 queries
+    assert BD._softmax_route(get_rho(spec), Y) == (spec == "exp")
+    assert len(calls) == (1 if spec == "exp" else 2)
+    if spec != "exp":
+        assert calls[1] == (3, 1, 4, 10, 4)                    # 4 classes of ceil(37 / 4) = 10 tokens
+
+
+def test_backward_recomputes_instead_of_holding_the_weights():
+    """Nothing of the tiles' size ``(N, b, w)`` in floating point is saved for the backward pass (z, gamma are
+    recomputed): the largest saved float tensor is an input (the key windows, ``(N, w, c)``, here c = 2 < b = 8).
+    Control: the same measurement of the edge kernel sees its per-edge weights saved."""
+    def largest_saved(kernel):
+        Y, mask = _tokens(3, 64, 2, torch.float64, True, seed=3)
+        g = E.window(64, 8, batch_size=3, mask=mask)
+        sizes = []
+
+        def pack(t):
+            if t.is_floating_point():
+                sizes.append(t.numel())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = pairwise_pass(Y.requires_grad_(), g, get_rho("cauchy"), TAU, kernel, energy=True)
+        (out.agg.sum() + out.deg.sum() + out.energy.sum()).backward()
+        return max(sizes)
+    N, b, w, c = 3 * 8, 8, 24, 2
+    assert largest_saved("banded") <= N * w * c < N * b * w
+    assert largest_saved("edges") >= 3 * (64 * 8 - 36)          # one weight per directed edge at least
+
+
+def test_a_wrong_backward_fails_gradcheck(monkeypatch):
+    """Negative control for the hand-written backward: dropping the energy's share of dL/dz is caught."""
+    Y, mask = _tokens(2, 11, 3, torch.float64, True, seed=4)
+    g = E.window(11, 3, batch_size=2, mask=mask)
+    rho = get_rho("cauchy")
+
+    def fn(Y):
+        out = pairwise_pass(Y, g, rho, TAU, "banded", energy=True)
+        return out.energy
+    assert torch.autograd.gradcheck(fn, (Y.clone().requires_grad_(),), eps=1e-6, atol=1e-7)
+    real = BD._TileSums.backward
+
+    def wrong(ctx, g_agg, g_deg, g_e):
+        return real(ctx, g_agg, g_deg, None if g_e is None else g_e * 0.5)
+    monkeypatch.setattr(BD._TileSums, "backward", staticmethod(wrong))
+    assert not torch.autograd.gradcheck(fn, (Y.clone().requires_grad_(),), eps=1e-6, atol=1e-7, raise_exception=False)

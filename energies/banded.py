@@ -18,9 +18,18 @@ n x n). ``[uv in E]`` is a static ``(b, w)`` 0/1 table (``|v - u| in O`` for que
 ``v - u = c - R - r``) times the token mask of both ends (slots outside ``[0, n)`` are masked). Memory for the
 weights ``O(n w)`` per head; the key windows ``O(n w d / b)``.
 
-``supports``: every graph with offsets (a strided graph reaches the whole sequence, so its tiles cover all of it:
-correct, at dense cost). :func:`banded_pays` is the rule of ``auto`` on the CPU: use banded where the key window
-is short against the sequence, ``w < n / 2``.
+Strided graphs (every multiple of k an offset, :func:`banded_plan`): the pairs ``|i - j| = 0 (mod k)`` are the
+complete graph of each residue class ``i mod k`` (``m = ceil(n / k)`` tokens), laid out as ``(B, H, k, m, c)``
+tiles with the table ``r != c``, and only the other offsets (``1 .. k-1`` for ``strided:k``) go to the band: the
+two pair sets are disjoint, so the sums add. With rho = exp each class goes to the fused flash op (a complete
+graph with padded keys, as the ``fused`` kernel does), else to the same tiles. Keys per query: ``b + 2R`` for a
+band, ``b + 2(k - 1) + m`` for ``strided:k`` (78 at n = 512, k = 16, against 511 for the complete graph).
+
+The tiles' backward pass (:class:`_TileSums`) recomputes z and the weights instead of keeping them, so the
+memory is that of the features and the key windows, ``O(n (b + 2R) c / b)`` per head.
+
+``supports``: every graph with offsets. :func:`banded_pays` is the rule of ``auto`` on the CPU: use banded where
+the keys per query of the cheapest layout are under n / 2.
 """
 from __future__ import annotations
 
@@ -124,8 +133,9 @@ def _residue_masks(mask: torch.Tensor, k: int, H: int):
     return pm[:, None].expand(B, H, k, m, m).contiguous()
 
 
-def _masks(graph_or_mask, plan, H: int):
-    """``(band mask or None, residue mask or None)`` for ``plan``; cached on a graph per mask object, its version
+def _masks(graph_or_mask, plan, H: int, classes: bool = True):
+    """``(band mask or None, residue mask or None)`` for ``plan`` (no residue mask where ``classes`` is False: the
+    flash op takes the classes); cached on a graph per mask object, its version
     and H (as the graph's slot bits are), since every layer of an unroll meets the same graph."""
     _, band, k = plan
     if isinstance(graph_or_mask, TokenGraph):
@@ -137,10 +147,10 @@ def _masks(graph_or_mask, plan, H: int):
 
     def build():
         return (_band_masks(mask, band, banded_block(max(band), n), H) if band else None,
-                None if k is None else _residue_masks(mask, k, H))
+                None if k is None or not classes else _residue_masks(mask, k, H))
     if not cacheable:
         return build()
-    key = (plan, H, mask._version)
+    key = (plan, H, classes, mask._version)
     cache = graph_or_mask.__dict__.get("_banded")
     if cache is None or cache[0] is not mask:      # a new mask object: a new cache
         cache = graph_or_mask.__dict__["_banded"] = (mask, {})
@@ -247,8 +257,9 @@ def banded_sums(Z: torch.Tensor, graph, rho: Rho, tau: float, energy: bool, num:
     B, H, n, c = Z.shape
     offsets = graph.offsets if offsets is None else tuple(offsets)
     plan = banded_plan(offsets, n)
-    band_pm, res_pm = _masks(graph, plan, H)
     _, band, k = plan
+    soft = k is not None and _softmax_route(rho, Z)
+    band_pm, res_pm = _masks(graph, plan, H, classes=not soft)
     sq = (Z * Z).sum(-1) if sq is None else sq
     agg = deg = e = None
 
@@ -278,7 +289,7 @@ def banded_sums(Z: torch.Tensor, graph, rho: Rho, tau: float, energy: bool, num:
         def tokens(t):                           # the inverse: (B k, H, m, ...) -> (B, H, n, ...)
             t = t.reshape(B, k, H, m, *t.shape[3:]).movedim(1, 3)
             return t.reshape(B, H, m * k, *t.shape[4:])[:, :, :n]
-        if _softmax_route(rho, Z):
+        if soft:
             # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
             # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
             from .pairwise import _degree_energy, _from_lse, _fused_parts

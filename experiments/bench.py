@@ -148,14 +148,14 @@ def sparse_suite(quick: bool, device: torch.device) -> dict:
     peak memory (CPU), with the memory per edge to show it is linear in |E|."""
     d, radius = 64, 4
     graph = f"window:{radius}"
-    sizes = [512, 2048] if quick else [1024, 4096, 16384, 65536]
+    sizes = [128, 512] if quick else [1024, 4096, 16384, 65536]
     rows, base = [], {}
     for n in sizes:
         edges = int(window(n, radius).edges().shape[1])
         t_ours, t_pyg = timeit_interleaved([_case("ours", n, d, 1, device, graph), _case("pyg", n, d, 1, device, graph)],
                                            2 if quick else 7, warmup=1)
         row = {"n": n, "edges": edges, "ours_s": t_ours, "pyg_s": t_pyg, "ours_over_pyg": t_ours / t_pyg}
-        if device.type == "cpu":
+        if _memory_row(device, quick, n, sizes):
             for kind in ("ours", "pyg"):
                 mb = _peak_above_base(kind, n, d, 1, graph, base)
                 row[f"{kind}_peak_mb"] = mb
@@ -331,6 +331,12 @@ def _peak_rss_mb(kind: str, n: int, d: int, B: int, graph: str = "complete") -> 
     return int(out.stdout.strip().splitlines()[-1]) / 1024.0
 
 
+def _memory_row(device: torch.device, quick: bool, n: int, sizes) -> bool:
+    """Whether a row measures peak memory: on the CPU, every size; with ``--quick`` the largest only (each figure is
+    a fresh process that imports torch: the quick runs check the code path and the JSON, not the figures)."""
+    return device.type == "cpu" and (not quick or n == sizes[-1])
+
+
 def _peak_above_base(kind: str, n: int, d: int, B: int, graph: str, base: dict) -> float:
     """Peak RSS of the case minus that of the same case at n = 8 (the interpreter and libraries)."""
     key = (kind, graph)
@@ -342,7 +348,7 @@ def _peak_above_base(kind: str, n: int, d: int, B: int, graph: str, base: dict) 
 @suite("attention")
 def attention_suite(quick: bool, device: torch.device) -> dict:
     d, B = 64, 2
-    sizes = [256, 512] if quick else [256, 1024, 2048, 4096, 8192]
+    sizes = [64, 128] if quick else [256, 1024, 2048, 4096, 8192]
     base: dict = {}
     rows = []
     for n in sizes:
@@ -350,7 +356,7 @@ def attention_suite(quick: bool, device: torch.device) -> dict:
         t_ours, t_sdpa = timeit_interleaved([_case("ours", n, d, B, device), _case("sdpa", n, d, B, device)],
                                             rep, warmup=1)
         row = {"n": n, "ours_s": t_ours, "sdpa_s": t_sdpa, "ours_over_sdpa": t_ours / t_sdpa}
-        if device.type == "cpu":
+        if _memory_row(device, quick, n, sizes):
             row["ours_peak_mb"] = _peak_above_base("ours", n, d, B, "complete", base)
             row["sdpa_peak_mb"] = _peak_above_base("sdpa", n, d, B, "complete", base)
         rows.append(row)
@@ -368,7 +374,7 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
     import os
 
     d, B = 64, 1
-    sizes = [256, 1024] if quick else [256, 1024, 4096, 16384, 65536]
+    sizes = [64, 256] if quick else [256, 1024, 4096, 16384, 65536]
     cases = (("guaranteed", "complete"), ("guaranteed", "window:4"), ("torch_layer", "complete"))
     rows, base = [], {}
     for kind, graph in cases:
@@ -376,7 +382,7 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
             big = n >= 16384
             seconds = timeit(_case(kind, n, d, B, device, graph), 1 if quick or big else 3, warmup=0 if big else 1)
             row = {"layer": kind, "graph": graph, "n": n, "seconds": seconds, "tokens_per_s": B * n / seconds}
-            if device.type == "cpu":
+            if device.type == "cpu" and (not quick or (kind, graph) == cases[0]):   # --quick: one memory slope
                 row["peak_mb"] = _peak_above_base(kind, n, d, B, graph, base)
             rows.append(row)
     pick = {c: [r for r in rows if (r["layer"], r["graph"]) == c] for c in cases}

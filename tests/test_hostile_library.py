@@ -292,8 +292,8 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
     monkeypatch.setattr(F, "_AVAILABLE", {})              # as in a fresh process: the check probes first
 
     accepted = 0
-    for graph in GRAPHS:
-        for rho in RHOS:
+    for gi, graph in enumerate(GRAPHS):
+        for ri, rho in enumerate(RHOS):
             cfg = load_config("tiny", [f"model.kernel={kernel}", f"model.graph={graph}", f"model.rho={rho}",
                                        "model.layers=1", "model.d=8"])
             refused = _check(cfg)
@@ -307,6 +307,8 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
                     assert not _probe(), f"fused refused although the op works here: {refused}"
                 continue
             accepted += 1
+            if kernel == "triton" and ri % len(GRAPHS) != gi:    # interpreted (slow): every rho once, every graph
+                continue
             model = build_model(cfg, 20, 2)
             out = model(ids, mask)
             torch.nn.functional.cross_entropy(out.logits, torch.tensor([0, 1])).backward()

@@ -123,7 +123,7 @@ def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
 
 def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
     """experiments.activations on a toy set: two spline variants, one non-spline; a rerun reuses the runs."""
-    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+    data = synthetic_text_dir(tmp_path / "toy", n_train=96, n_eval=40)
     args = [sys.executable, "-m", "experiments.activations", "--out", str(tmp_path / "sweep"), "--epochs", "1",
             "--only", "std-relu-nonorm", "mm-relu-const", "mm-relu", "--probe-n", "3",
             "--set", f"data.dataset={data}", "data.glove=none", "model.d=8", "model.heads=1", "model.layers=2",
@@ -168,8 +168,8 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
 
     from experiments.checkpoint import LAST, load_checkpoint
 
-    data = synthetic_text_dir(tmp_path / "toy", n_train=400, n_eval=80)
-    base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=8",
+    data = synthetic_text_dir(tmp_path / "toy", n_train=320, n_eval=64)
+    base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=6",
             "train.progress=false", "model.layers=2", "train.threads=1", "train.batch_size=16"]
     ref = tmp_path / "ref"
     assert run_train(base[:2] + ["--run-dir", str(ref)] + base[2:]).returncode == 0

@@ -143,7 +143,7 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
     complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
     ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
-    shift-invariant graph on the CPU whose key window is short (:func:`~energies.banded.banded_pays`): banded;
+    shift-invariant graph on the CPU where its tiles pay (:func:`~energies.banded.banded_pays`): banded;
     any other graph: edges. A kernel that does not apply is an error."""
     if kernel == "auto":
         if graph.mask.device.type != "cpu" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:

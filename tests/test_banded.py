@@ -107,9 +107,10 @@ def test_declines_graphs_without_offsets_and_auto_picks_it_on_the_cpu_where_it_p
         pick_kernel(E.star(16), r, "banded")
     assert pick_kernel(E.window(512, 8), r) == "banded"
     assert pick_kernel(E.dilated(512, 4, 8), r) == "banded"
-    assert pick_kernel(E.window(40, 8), r) == "edges"          # key window 8 + 16 >= 40 / 2
-    assert pick_kernel(E.strided(512, 16), r) == "banded"      # band 16 + 30 and classes of 32: 78 keys < 256
-    assert pick_kernel(E.strided(64, 16), r) == "edges"        # 46 + 4 keys >= 32
+    assert pick_kernel(E.window(40, 8), r) == "banded"         # 24 keys for 16 neighbours
+    assert pick_kernel(E.strided(512, 16), r) == "banded"      # band 16 + 30 and classes of 32: 78 keys, 46 offsets
+    assert pick_kernel(E.strided(64, 16), r) == "banded"       # 46 + 4 keys for 18 offsets
+    assert pick_kernel(E.dilated(2048, 64, 1), r) == "edges"   # 64 + 128 keys for 2 neighbours
     assert pick_kernel(E.window(512, 8).to("meta"), r) != "banded"   # off the CPU auto is as before
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import inspect
 import logging
 import re
@@ -565,6 +566,13 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         if csv_log is not None:
             csv_log.close()
     train_seconds = time.perf_counter() - t_start
+    if dd.enabled:
+        # the DDP wrapper's reducer holds the process group: free it now, on every rank while all are alive, so
+        # that the group's last reference goes in teardown (after its barrier). Freed with this frame instead,
+        # after the other rank had exited, ProcessGroupGloo's destructor waited on its worker threads for ever
+        # (rank 0 hung after writing metrics.json; seen once in the suite).
+        net = None
+        gc.collect()
     train_inc, train_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
     monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared = (
         int(distributed.all_sum(v, dd)) for v in (monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared))

@@ -134,8 +134,9 @@ def test_auto_picks_by_graph_and_size_and_kernels_refuse_clearly():
     assert pick_kernel(E.complete(4096), r_exp) == "fused"
     assert pick_kernel(E.complete(64), r_c) == "dense"
     assert pick_kernel(E.complete(4096), r_c) == "streamed"
-    assert pick_kernel(E.window(64, 2), r_exp) == "banded"         # key window 8 + 2 * 2 < 64 / 2 (CPU)
-    assert pick_kernel(E.window(16, 8), r_exp) == "edges"          # 8 + 2 * 8 >= 16 / 2: not worth it
+    assert pick_kernel(E.window(64, 2), r_exp) == "banded"         # 8 + 2 * 2 keys for 4 neighbours (CPU)
+    assert pick_kernel(E.window(16, 8), r_exp) == "banded"         # 24 keys per query for 16 neighbours
+    assert pick_kernel(E.dilated(2048, 64, 1), r_exp) == "edges"    # 192 keys for 2 neighbours: not worth it
     assert pick_kernel(E.star(64), r_exp) == "edges"
     with pytest.raises(EnergyError, match="streamed kernel is for the complete graph"):
         pick_kernel(E.window(64, 2), r_exp, "streamed")

@@ -314,8 +314,11 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
     run = tmp_path / "run"
     args = ["--config", TINY, "--run-dir", str(run), f"data.dataset={data}", "data.glove=none", "train.epochs=200",
             "train.progress=false", "train.threads=1"]
+    # Ctrl-C's default action restored in the child: a test runner started in the background (`pytest &`) has
+    # SIGINT ignored, which the child would inherit (and Python then installs no KeyboardInterrupt handler)
     proc = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not (run / LAST).exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)

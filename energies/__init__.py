@@ -13,6 +13,10 @@ energies (see :mod:`unfold`). Main objects:
   :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`;
   each term owns its value, gradient, curvature bound and Jacobi diagonal (:class:`MMParts`) and, for an
   indicator, its proximal map.
+
+Layer: the bottom of the project. May import: nothing of the project outside :mod:`energies` (torch, numpy;
+PyG and Triton lazily). The code of graphs and kernels is in :mod:`energies.graphs` and :mod:`energies.kernels`, one
+builder or kernel a file, re-exported by :mod:`energies.graph` and :mod:`energies.pairwise`.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError

@@ -1,4 +1,4 @@
-"""The ``dilated:K[:R]`` graph."""
+"""The ``dilated:K[:R]`` graph: a dilated window, ``{i, i + m k}`` for ``m = 1..R``."""
 from __future__ import annotations
 
 from .container import TokenGraph

@@ -1,4 +1,6 @@
-"""The ``star`` graph."""
+"""The ``star`` graph: the Star-Transformer pattern (Guo et al. 2019), a relay joined to every token, plus a ring.
+
+Its edges depend on the mask (the relay is the first real token), so it is not ``mask_free``."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""The ``strided:K`` graph."""
+"""The ``strided:K`` graph: the Sparse Transformer pattern (Child et al. 2019), local and strided heads joined."""
 from __future__ import annotations
 
 from ..errors import GraphError

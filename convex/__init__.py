@@ -6,6 +6,8 @@
 * :mod:`convex.solver`: proximal gradient / monotone FISTA with singular-value thresholding, and
   ``method="newton"`` (FISTA warm-up, then proximal steps alternating with trust-region Newton-CG steps on
   the Burer-Monteiro factors), duality gap, ``beta_max``, ranks, and the objective traced per iteration.
+
+Layer: beside :mod:`unfold`. May import: :mod:`energies` and :mod:`unfold`, nothing else of the project.
 """
 from .heads import HEADS, Head, make_head, register_head
 from .losses import LOSSES, get_loss, register_loss

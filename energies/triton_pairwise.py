@@ -40,7 +40,6 @@ surrounding code runs on the ``meta`` device and compiles without graph breaks.
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Dict, NamedTuple, Optional, Tuple
 
@@ -48,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .pairwise import expansion_ok
+from .kernels.guard import expansion_ok
 
 __all__ = ["INTERPRETED", "pairwise_heads", "block_size", "layout_for", "block_table", "Layout"]
 

@@ -22,9 +22,9 @@ def sample(B=3, n=37, d=5, seed=0, device="cpu"):
 @pytest.mark.parametrize("rho", RHOS)
 @pytest.mark.parametrize("tile", [1, 8, 13, 64])
 def test_streamed_equals_dense(rho, tile, device, monkeypatch):
-    import energies.pairwise as P
+    import energies.kernels.streamed as S        # the kernel's own module: what _streamed_pass reads
 
-    monkeypatch.setattr(P, "STREAM_TILE", tile)
+    monkeypatch.setattr(S, "STREAM_TILE", tile)
     Y, mask = sample(device=device)
     g = E.complete(Y.shape[1], Y.shape[0], mask).to(device)
     r = E.get_rho(rho)

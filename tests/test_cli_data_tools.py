@@ -19,8 +19,8 @@ import torch
 from clifuzz import expect_refusal, run_cli
 from experiments import data as D
 from experiments.data import files as F
-from experiments import tfidf as T
-from experiments.config import dump_config
+from experiments.app import tfidf as T
+from experiments.app.config import dump_config
 from experiments.data import DataError, Splits, Vocab, load_dataset, load_glove
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,7 +175,7 @@ def ws(tmp_path_factory):
     put("bad.yaml", "model: [unclosed\n")
     put("list.yaml", "- 1\n- 2\n")
     # an activations output folder whose reused run has a broken metrics.json
-    from experiments.activations import variant_config
+    from experiments.studies.activations import variant_config
     act = w / "act" / "std-softmax"
     act.mkdir(parents=True)
     (act / "config.yaml").write_text(dump_config(variant_config("std-softmax", 6)))

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from clifuzz import expect_refusal, run_cli
-from experiments.checkpoint import LAST, load_checkpoint
-from experiments.config import CHOICE_KEYS, DEFAULTS, RULES, ConfigError, Range, choices, load_config
+from experiments.app.checkpoint import LAST, load_checkpoint
+from experiments.app.config import CHOICE_KEYS, DEFAULTS, RULES, ConfigError, Range, choices, load_config
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
@@ -148,7 +148,7 @@ def test_unwritable_or_full_run_folder_is_refused_before_any_work(tmp_path, toy,
     disk are refused before data are loaded; nothing is written."""
     import tempfile
 
-    import experiments.runlock as runlock
+    import experiments.app.runlock as runlock
     import unfold.cli as cli
 
     argv = ["--config", TINY, "--run-dir", "run", f"data.dataset={toy}", "data.glove=none"]
@@ -334,7 +334,7 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
     ck, path = load_checkpoint(str(run))
     assert ck["epoch"] >= 1
     assert not list(run.glob(".*.tmp"))
-    from experiments.runlock import RunLock
+    from experiments.app.runlock import RunLock
 
     with RunLock(str(run)):          # the lock went with the process
         pass

@@ -16,7 +16,7 @@ import torch
 
 from clifuzz import run_cli
 from energies.errors import ConfigError, StepError
-from experiments.config import load_config
+from experiments.app.config import load_config
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 from unfold.encoders import FreeEncoder, GuaranteedEncoder, check_inference_layers, check_stop_rel
 from unfold.model import UnfoldedTransformer
@@ -218,8 +218,8 @@ def test_predict_unrolls_more_layers_and_refuses_bad_ones(run, tmp_path):
         code, out, err = run_cli("experiments.predict", [run, "--text", "good", "--layers", bad], str(tmp_path))
         assert code == 2 and what in err and not out, (bad, err)
     # an untied (free) model: a bundle of one, refused naming --layers
-    from experiments.bundle import TrainedModel, load_model, save_model
-    from experiments.train import build_model
+    from experiments.app.bundle import TrainedModel, load_model, save_model
+    from experiments.app.build import build_model
 
     trained = load_model(run)
     cfg = load_config(os.path.join(run, "config.yaml"), ["model.mode=free"])
@@ -279,7 +279,7 @@ def test_a_generated_dataset_is_read_back_with_its_options(tmp_path):
     assert doc["eps"][0]["examples"] == 40 and all(r["increases"] == 0 for r in doc["depths"])
     # negative control: the same run read with other options is a different test split, refused
     from experiments.data import config_options, load_configured
-    from experiments.config import load_config
+    from experiments.app.config import load_config
     dc = load_config(str(out / "config.yaml"))["data"]
     assert config_options(dc)["max_len"] == 24
     assert load_configured(dc).test != load_configured({**dc, "listops_min_len": 9}).test

@@ -7,10 +7,9 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from energies.errors import EnergyError, UnfoldError
-from energies.graph import GRAPHS
 from energies.rho import RHOS, Rho, get_rho
-from experiments.config import load_config
-from experiments.train import build_model
+from experiments.app.config import load_config
+from experiments.app.build import build_model
 from unfold.attention import ACTIVATIONS
 from unfold.model import MODES
 

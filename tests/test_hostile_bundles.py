@@ -29,7 +29,7 @@ import torch
 
 from clifuzz import expect_refusal, run_cli
 from energies.errors import CheckpointError
-from experiments import checkpoint as C
+from experiments.app import checkpoint as C
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
@@ -70,7 +70,7 @@ def base(tmp_path_factory):
                            "model.layers=1", "train.tensorboard=false"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from experiments.bundle import load_model, save_model
+    from experiments.app.bundle import load_model, save_model
 
     saved = tmp / "saved"
     save_model(load_model(str(run)), str(saved))
@@ -204,7 +204,7 @@ def test_a_crafted_pickle_is_reported_as_code_in_every_format_and_never_executed
 # ------------------------------------------------------------------------------------------- JSON and YAML bombs
 def test_deeply_nested_documents_are_one_line_refusals_naming_the_file(tmp_path):
     """Before: 5,000 nested brackets escaped every reader as RecursionError (an internal error, exit 1)."""
-    from experiments.config import load_config
+    from experiments.app.config import load_config
     from energies.errors import ConfigError
     from unfold import strict_json
 
@@ -227,7 +227,7 @@ def test_deeply_nested_documents_are_one_line_refusals_naming_the_file(tmp_path)
 # ---------------------------------------------------------------------------------------------------- bundles
 def test_bundle_json_of_the_wrong_json_type_is_refused_naming_it(base, tmp_path):
     """Before: bundle.json = [1, 2] raised AttributeError (an internal error)."""
-    from experiments.bundle import load_model
+    from experiments.app.bundle import load_model
 
     folder = copy_folder(base[0], tmp_path / "b")
     for text, kind in (("[1, 2]", "array"), ('"x"', "string"), ("null", "null"), ("3", "number")):
@@ -240,7 +240,7 @@ def test_a_folder_without_bundle_json_is_read_only_with_legacy_and_only_when_tru
     """Before: deleting bundle.json skipped every hash check, so swapped weights loaded. Now the folder is refused;
     with legacy=True it is still refused while it holds what only the current format writes (a checksummed
     checkpoint, a format-marked model.pt); a folder with neither loads with legacy=True, label names from its data."""
-    from experiments.bundle import load_model
+    from experiments.app.bundle import load_model
 
     run = copy_folder(base[0], tmp_path / "run")
     os.unlink(os.path.join(run, "bundle.json"))
@@ -267,7 +267,7 @@ def test_a_folder_without_bundle_json_is_read_only_with_legacy_and_only_when_tru
 
 
 def test_bundle_weights_must_be_finite_and_save_model_refuses_a_nonfinite_model(base, tmp_path):
-    from experiments.bundle import load_model, save_model
+    from experiments.app.bundle import load_model, save_model
 
     folder = copy_folder(base[1], tmp_path / "saved")
     state = load_pt(os.path.join(folder, "model.pt"))

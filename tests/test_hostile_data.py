@@ -26,11 +26,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from clifuzz import expect_refusal
-from experiments import sweep as S
-from experiments import tfidf as T
-from experiments import config as C
+from experiments.app import sweep as S
+from experiments.app import tfidf as T
+from experiments.app import config as C
 from experiments import data as D
-from experiments.config import ConfigError, dump_config, load_config
+from experiments.app.config import ConfigError, dump_config, load_config
 from experiments.data import DataError, Splits, check_classes, load_dataset
 from experiments.data.core import label_table
 
@@ -664,7 +664,7 @@ def test_the_strict_reader_keeps_what_yaml_allows():
 
 
 def test_every_shipped_config_and_dataset_card_still_reads():
-    from experiments.config import config_names
+    from experiments.app.config import config_names
     for name in config_names():
         assert load_config(name)["name"]
     for folder in ("reviews_hub", "plain_hub"):

@@ -224,7 +224,7 @@ class _HidesOverflow(nn.Module):
 
 def test_the_probe_never_computes_a_verdict_from_an_overflow_the_module_hid():
     """Before: the output was finite (0 far out), and the probe gave a verdict from it."""
-    from experiments.spline_probe import NonFiniteSample, probe
+    from experiments.studies.spline_probe import NonFiniteSample, probe
 
     mod = _HidesOverflow().double()
     X0, D = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
@@ -237,7 +237,7 @@ def test_the_probe_never_computes_a_verdict_from_an_overflow_the_module_hid():
 
 def test_the_probe_refuses_a_ray_that_does_not_move():
     """Before: --t-max 1e-300 sampled one point 1025 times and reported "spline, degree 0"."""
-    from experiments.spline_probe import probe_attention
+    from experiments.studies.spline_probe import probe_attention
 
     with pytest.raises(ConfigError, match=r"t_max=1e-15 is too short for float64"):
         probe_attention("softmax", n=3, t_max=1e-15)
@@ -265,7 +265,7 @@ RHOS = ["exp", "relu:1", "softplus:2:0.5", "cauchy", "lp:1", "lp:1.5:0.01"]
 
 
 def _check(cfg):
-    from experiments.train import check_buildable
+    from experiments.app.build import check_buildable
     try:
         check_buildable(cfg)
     except ConfigError as exc:
@@ -286,8 +286,8 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
     Before: model.kernel=triton was accepted on the CPU and failed at the first training step; the check, first in
     a process, probed the fused op with meta tensors and refused model.kernel=fused although the op works."""
     from energies import fused as F
-    from experiments.config import load_config
-    from experiments.train import build_model
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
 
     monkeypatch.setattr(F, "_AVAILABLE", {})              # as in a fresh process: the check probes first
 
@@ -324,7 +324,7 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
 def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkeypatch):
     """The check knows where the run trains (train.device); its meta device is never the reason."""
     from energies import fused as F
-    from experiments.config import load_config
+    from experiments.app.config import load_config
 
     monkeypatch.setitem(F._AVAILABLE, "cpu", False)        # a PyTorch without the CPU flash-attention op
     msg = _check(load_config("tiny", ["model.kernel=fused"]))
@@ -341,8 +341,8 @@ def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkey
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_on_a_gpu_the_build_check_refuses_the_cpu_only_kernel_and_accepts_what_trains_there():
-    from experiments.config import load_config
-    from experiments.train import build_model
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
 
     msg = _check(load_config("tiny", ["model.kernel=fused", "train.device=cuda"]))
     assert msg is not None and "train.device='cuda'" in msg
@@ -380,7 +380,7 @@ def _trace(Y, mask=None, layers=2):
 
 
 def _probe(f_kind, **kw):
-    from experiments.spline_probe import probe, probe_attention
+    from experiments.studies.spline_probe import probe, probe_attention
     if f_kind == "attention":
         return probe_attention("relu", n=3, grid=33, **kw)
     mod = _HidesOverflow().double()

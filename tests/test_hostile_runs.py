@@ -19,10 +19,10 @@ import torch
 from clifuzz import expect_refusal, run_cli, snapshot
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
-from experiments import runlock as RL
-from experiments.atomic import atomic_open
-from experiments import atomic
-from experiments.bundle import load_model
+from experiments.app import runlock as RL
+from experiments.app.atomic import atomic_open
+from experiments.app import atomic
+from experiments.app.bundle import load_model
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
 TRAIN = "experiments.train"
@@ -88,7 +88,7 @@ def test_a_refused_overwrite_leaves_the_old_run_untouched(tmp_path, toy, old_run
 
 @pytest.mark.parametrize("failure", ["interrupt", "diverge"])
 def test_an_overwrite_that_fails_midway_leaves_the_old_run_and_says_so(tmp_path, toy, old_run, monkeypatch, failure):
-    import experiments.train as T
+    import experiments.app.train as T
 
     before, files = probabilities(old_run), snapshot(str(old_run))
     real = T.evaluate
@@ -125,12 +125,12 @@ def die(name):
     if name == stage:
         os.kill(os.getpid(), signal.SIGKILL)
 if hook == "replace":
-    import experiments.runlock as R
+    import experiments.app.runlock as R
     R.STAGE_HOOK = die
 else:
-    import experiments.checkpoint as C
+    import experiments.app.checkpoint as C
     C.STAGE_HOOK = die
-from experiments.train import main
+from experiments.app.train import main
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -176,7 +176,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_overwrite_keeps_them(tmp
 
 def test_save_model_refuses_someone_elses_folder_and_replaces_a_bundle_whole(tmp_path, trained):
     """Before: ``save_model`` wrote model.pt, config.yaml, vocab.json into a folder holding someone's config.yaml."""
-    from experiments.bundle import save_model
+    from experiments.app.bundle import save_model
 
     model = load_model(str(trained))
     folder = tmp_path / "U"
@@ -248,8 +248,8 @@ def test_appending_and_locking_never_follow_links_or_open_fifos(tmp_path):
 def test_the_untraced_forward_is_guarded_on_the_cpu():
     """Before: ``model.tau=1e-10`` gave NaN logits with the trace off (the expansion unguarded) and finite ones with
     it on; the validation loss was NaN. On the CPU the guard's one read is of host memory: always on."""
-    from experiments.config import load_config
-    from experiments.train import build_model
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
 
     torch.manual_seed(0)
     model = build_model(load_config("tiny", ["model.tau=1e-10"]), 50, 2).eval()
@@ -284,9 +284,9 @@ def test_non_finite_logits_are_a_failure_named_never_a_metric(tmp_path, toy, mon
 
 
 def test_evaluate_refuses_nan_logits_and_passes_finite_ones():
-    from experiments.train import TrainingError, evaluate
-    from experiments.config import load_config
-    from experiments.train import build_model
+    from experiments.app.train import TrainingError, evaluate
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
 
     torch.manual_seed(0)
     model = build_model(load_config("tiny"), 30, 2)
@@ -376,8 +376,8 @@ def test_a_full_disk_is_reported_with_the_path(tmp_path, monkeypatch):
 
 def test_convex_heads_default_config_resolves_outside_the_repository(tmp_path):
     """Before: ``--config`` defaulted to the relative ``experiments/configs/default.yaml``."""
-    import experiments.convex_heads as CH
-    from experiments.config import load_config
+    import experiments.studies.convex_heads as CH
+    from experiments.app.config import load_config
 
     old = os.getcwd()
     os.chdir(tmp_path)
@@ -433,7 +433,7 @@ def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_p
     """A seed killed before its first checkpoint leaves config.yaml and vocab.json (no run files): the trainer now
     refuses such a folder without --overwrite, so the sweep passes it for a folder whose config.yaml is this
     seed's own, and only then; a folder of someone else's files stays refused (the negative control)."""
-    from experiments.config import dump_config, load_config
+    from experiments.app.config import dump_config, load_config
 
     root = tmp_path / "sweep"
     common = [f"data.dataset={toy}", "data.glove=none", "train.progress=false", "model.layers=1", "train.epochs=1",
@@ -588,7 +588,7 @@ def test_the_build_check_leaves_the_fused_op_available(tmp_path):
     the op was taken as missing for the rest of the process: ``model.kernel=fused`` was refused "not available on
     'cpu'" and every training run fell back from it."""
     import subprocess as sp
-    code = ("from experiments.config import load_config; from experiments.train import check_buildable; "
+    code = ("from experiments.app.config import load_config; from experiments.app.build import check_buildable; "
             "from energies.fused import fused_available; "
             "check_buildable(load_config('tiny', ['model.kernel=fused'])); print(fused_available('cpu'))")
     out = sp.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -600,8 +600,8 @@ def test_the_build_check_agrees_with_a_real_build(kernel):
     """Every kernel x graph x rho: the build check accepts it and a real CPU model trains a step with it, or it
     refuses it with a ConfigError naming model.* keys and never its own 'meta' device."""
     from energies.errors import ConfigError
-    from experiments.config import load_config
-    from experiments.train import build_model, check_buildable
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model, check_buildable
 
     accepted = 0
     for graph in GRAPH_SPECS:

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 from torch_geometric.utils import erdos_renyi_graph
 
 import energies as E
@@ -113,7 +112,7 @@ def test_a_registered_kernel_is_selectable_by_name_everywhere(counting_kernel, t
     b = U.GuaranteedEncoder(6, layers=2, graph="window:2", kernel="edges").double()
     n_before = len(counting_kernel)
     assert torch.equal(a(X, mask).Y, b(X, mask).Y) and len(counting_kernel) > n_before
-    from experiments.config import load_config
+    from experiments.app.config import load_config
     assert load_config(None, ["model.kernel=edges_counted"])["model"]["kernel"] == "edges_counted"
     with pytest.raises(ConfigError, match="model.kernel"):
         load_config(None, ["model.kernel=nope"])
@@ -320,8 +319,8 @@ def test_forward_passes_compile_in_one_graph_without_host_reads():
     """fullgraph=True refuses any graph break (a .item(), a bool(tensor), a data-dependent branch): the
     classifier with the trace off and on and the cached conv have none. Negative control: validate=True
     (host reads by design) breaks the graph."""
-    from experiments.config import load_config
-    from experiments.train import build_model
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
     torch.manual_seed(0)
     model = build_model(load_config(None, ["model.d=8", "model.layers=2"]), 50, 2).eval()
     ids = torch.randint(1, 50, (3, 7))
@@ -362,8 +361,9 @@ def test_resuming_an_old_layout_checkpoint_keeps_each_adam_moment_with_its_param
     """A checkpoint of the layout before the encoders were modules (keys W, A, embed.*, ... in that order, the
     optimizer's state in that order) is upgraded: keys renamed and the optimizer state permuted to today's order.
     Negative control: loading the old optimizer state as it is attaches moments to the wrong parameters."""
-    from experiments.config import load_config
-    from experiments.train import build_model, upgrade_checkpoint
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
+    from experiments.app.train import upgrade_checkpoint
     torch.manual_seed(0)
     model = build_model(load_config(None, ["model.d=8", "model.layers=2"]), 20, 2)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)

@@ -11,10 +11,10 @@ import torch
 
 from clifuzz import expect_refusal, run_cli
 from energies.errors import ConfigError
-from experiments.config import load_config
+from experiments.app.config import load_config
 from experiments.data import DataError, config_options, load_dataset, tokenize
 from experiments.data.listops import generate
-from experiments.fingerprint import data_fingerprint
+from experiments.app.fingerprint import data_fingerprint
 from unfold.classifier import TokenEmbedding, positional_kind, sinusoidal_positions
 
 SMALL = {"min_len": 8, "max_len": 64, "max_depth": 6, "max_args": 5, "train": 300, "val": 30, "test": 30}
@@ -242,7 +242,7 @@ def test_sinusoidal_on_meta():
 
 def test_build_model_positional_and_energy():
     """build_model takes every form; the sinusoidal signal is in X (the encoder's input), not in the energy."""
-    from experiments.train import build_model
+    from experiments.app.build import build_model
 
     for v in ("sinusoidal", True, False):
         cfg = load_config("tiny", [f"model.positional={str(v).lower()}"])

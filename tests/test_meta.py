@@ -10,8 +10,8 @@ import torch
 
 from energies import pairwise as P
 from energies.rho import get_rho
-from experiments.config import load_config
-from experiments.train import check_buildable
+from experiments.app.config import load_config
+from experiments.app.build import check_buildable
 from unfold.encoders import ENCODERS
 
 RHOS = ["exp", "relu:1.5", "softplus:2:0.5", "cauchy", "lp:1", "lp:1.5:0.01"]

@@ -143,7 +143,7 @@ def test_trainer_takes_a_plugin_rho_and_graph_by_name(trained):
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["model"]["rho"] == "myrho:2" and cfg["model"]["graph"] == "mygraph:3"
-    from experiments.checkpoint import load_checkpoint
+    from experiments.app.checkpoint import load_checkpoint
 
     ck, _ = load_checkpoint(str(run_dir))
     assert ck["config"]["model"]["rho"] == "myrho:2"
@@ -175,7 +175,7 @@ def test_config_checks_plugin_names_like_builtin_ones(ws, inproc, tmp_path, over
 def test_config_accepts_plugin_names_in_process(ws, inproc):
     """``load_config`` reads the registries when it validates: once the plug-in is imported, its names
     (with arguments) are accepted; before, they are refused naming the key."""
-    from experiments.config import ConfigError, load_config
+    from experiments.app.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="model.rho"):
         load_config(TINY, ["model.rho=inrho"])

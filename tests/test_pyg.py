@@ -130,7 +130,7 @@ def test_bad_input_gets_named_errors():
 def test_sbm_example_trains_with_the_energy_traced_at_every_layer():
     """A few shared convs on PyG's stochastic block model beat the features-only MLP, and the energy
     falls at every layer of every forward (float32)."""
-    from experiments.pyg_sbm import sbm_data, train
+    from experiments.studies.pyg_sbm import sbm_data, train
 
     data = sbm_data(blocks=3, size=100, sep=0.4, seed=0)
     ours = train(layers=3, epochs=40, data=data, seed=0)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from energies.errors import CheckpointError
-from experiments import checkpoint as C
-from experiments.runlock import RunFolderError, RunLock, check_fresh
+from experiments.app import checkpoint as C
+from experiments.app.runlock import RunFolderError, RunLock, check_fresh
 from test_train import CONFIGS, ROOT, run_train, synthetic_text_dir
 
 
@@ -45,7 +45,7 @@ def test_safe_load_refuses_objects_that_could_run_code(tmp_path):
 KILL = r"""
 import os, sys, torch
 sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, "tests"))
-from experiments import checkpoint as C
+from experiments.app import checkpoint as C
 from test_run_safety import state
 
 class Bomb:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import tfidf as T
+from experiments.app import tfidf as T
 from experiments.data import DataError, Splits, split_examples
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from experiments.config import DEFAULTS, ConfigError, apply_overrides, dump_config, load_config
+from experiments.app.config import DEFAULTS, ConfigError, apply_overrides, dump_config, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "experiments", "configs")
@@ -16,8 +16,8 @@ CONFIGS = os.path.join(ROOT, "experiments", "configs")
 
 def synthetic_text_dir(path, n_train=600, n_eval=150, seed=0):
     """A separable toy sentiment set as exported JSONL splits (the trainer uses them as they are): the
-    application's own offline set (:func:`experiments.variants.write_toy_data`, also ``--quick``'s data)."""
-    from experiments.variants import write_toy_data
+    application's own offline set (:func:`experiments.studies.variants.write_toy_data`, also ``--quick``'s data)."""
+    from experiments.studies.variants import write_toy_data
 
     os.makedirs(path, exist_ok=True)
     return write_toy_data(str(path), n_train, n_eval, seed)
@@ -166,7 +166,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
     metrics, model and energy trace equal those of an uninterrupted run; no checkpoint is ever unloadable."""
     import time
 
-    from experiments.checkpoint import LAST, load_checkpoint
+    from experiments.app.checkpoint import LAST, load_checkpoint
 
     data = synthetic_text_dir(tmp_path / "toy", n_train=320, n_eval=64)
     base = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none", "train.epochs=6",

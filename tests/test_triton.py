@@ -13,7 +13,6 @@ and likewise for the degrees (``S = n rho'(0)``) and the energy (relative to ``s
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from energies.errors import CheckpointError, ConfigError
-from experiments import sweep as S
-from experiments.bundle import BUNDLE, load_model, save_model
-from experiments.config import CONFIG_DIR, config_names, load_config
-from experiments.runlog import COLUMNS, MetricsLog, read_metrics_csv
+from experiments.app import sweep as S
+from experiments.app.bundle import BUNDLE, load_model, save_model
+from experiments.app.config import CONFIG_DIR, config_names, load_config
+from experiments.app.runlog import COLUMNS, MetricsLog, read_metrics_csv
 from tests.test_train import synthetic_text_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,5 @@
 """``python -m experiments.variants``: the quick run end to end, its resumability, its refusals, and the training
-throughput / peak memory figures the trainer records for its table (:mod:`experiments.throughput`)."""
+throughput / peak memory figures the trainer records for its table (:mod:`experiments.app.throughput`)."""
 import json
 import os
 import subprocess
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from energies.errors import CheckpointError
-from experiments import variants as V
-from experiments.checkpoint import TRAINER_KEYS, load_checkpoint
-from experiments.checkpoint_fields import HISTORY_KEYS, THROUGHPUT_KEYS, _check_history
-from experiments.config import load_config
-from experiments.throughput import run_metrics
+from experiments.studies import variants as V
+from experiments.app.checkpoint import TRAINER_KEYS, load_checkpoint
+from experiments.app.checkpoint_fields import HISTORY_KEYS, THROUGHPUT_KEYS, _check_history
+from experiments.app.config import load_config
+from experiments.app.throughput import run_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPHS = V.QUICK_GRAPHS.split(",")
@@ -69,7 +69,7 @@ def test_trainer_records_throughput_and_peak_memory(quick):
     assert m["train_tokens_per_second"] == pytest.approx(m["train_tokens"] / m["train_pass_seconds"])
     assert m["train_pass_seconds"] < m["train_seconds"]                 # validation and checkpoints not timed
     # the real (unpadded) tokens: every training example's length, once per epoch
-    from experiments.train import build_data
+    from experiments.app.build import build_data
 
     ids, mask, _ = build_data(load_config(str(seed / "config.yaml")))[2]["train"]
     assert len(ids) == 200 and m["train_tokens"] == 4 * int(mask.sum())
@@ -88,7 +88,7 @@ def test_second_run_trains_nothing(quick, capsys):
     code = V.main(["--quick", "--run-dir", str(root)])                 # in this process: nothing to train
     again = capsys.readouterr()
     assert code == 0, again.err[-2000:]
-    assert again.err.count("finished already") == len(GRAPHS) and "experiments.train" not in again.err
+    assert again.err.count("finished already") == len(GRAPHS) and "-m experiments" not in again.err   # no run started
     assert {g: (root / V.slug(g) / "seed-0" / "best.pt").stat().st_mtime_ns for g in GRAPHS} == stamps
     assert {g: (root / V.slug(g) / "seed-0" / "metrics.json").read_bytes() for g in GRAPHS} == metrics
     assert "| window:2 |" in again.out

@@ -281,7 +281,7 @@ def test_the_monitor_clears_a_nan_that_only_the_kernel_reported(monkeypatch):
 
 
 def test_metrics_with_nan_energies_are_strict_json():
-    from experiments.train import energy_stats
+    from experiments.app.train import energy_stats
 
     vals = EnergyTrace([("head0", torch.tensor([[1.0, math.nan], [2.0, 1.0]], dtype=torch.float64)),
                         ("relu", torch.zeros(2, 2, dtype=torch.float64))], indicators=("relu",))
@@ -411,7 +411,7 @@ def test_fused_kernel_is_finite_where_its_key_bias_overflows(dtype, scale, tau):
 
 
 def test_the_scale_guard_picks_the_dtype_and_is_what_keeps_kernels_exact(monkeypatch):
-    import energies.pairwise as P
+    import energies.kernels.guard as G           # the guard's own module: what expansion_dtype reads
 
     Y = torch.randn(1, 8, 4, dtype=torch.float64)
     assert expansion_dtype(Y, 1.0) == torch.float64
@@ -429,7 +429,7 @@ def test_the_scale_guard_picks_the_dtype_and_is_what_keeps_kernels_exact(monkeyp
     ref = pairwise_pass(Y, g.to_sparse(), rho, 1.0, "edges")
     good = pairwise_pass(Y, g, rho, 1.0, "dense")
     assert (good.agg - ref.agg).abs().max() <= 1e-9 * ref.agg.abs().max()
-    monkeypatch.setattr(P, "EXPANSION_Z_ERROR", {torch.float64: math.inf, torch.float32: math.inf})
+    monkeypatch.setattr(G, "EXPANSION_Z_ERROR", {torch.float64: math.inf, torch.float32: math.inf})
     bad = pairwise_pass(Y, g, rho, 1.0, "dense")
     assert (bad.agg - ref.agg).abs().max() > 1e-3 * ref.agg.abs().max()
     # and float32 tokens upcast for the expansion are centred in float64 (no rounding of y - mean in float32)

@@ -14,6 +14,9 @@
   experiments' classifier in one constructor);
 * :class:`Attention`: standard attention with a softmax, relu or softplus activation;
 * ``python -m unfold.check``: the descent checker.
+
+Layer: the layers on :mod:`energies`. May import: :mod:`energies`, nothing else of the project (no config keys,
+no run folders: :mod:`experiments.app` builds models from these registries).
 """
 from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, GradientStep, ReLUProxStep,
                     RescaleStep, Sequence, Step, layernorm_step, register_step, theorem41_bound)

@@ -42,6 +42,9 @@ Every loaded dataset (:func:`load_dataset`, which the trainer, ``export``, the T
 loader all go through) has three non-empty splits, label names that do not collide, and at least two classes,
 in its training split too (:func:`check_classes`); the loaders refuse a colliding label or an empty split
 naming the file, the field or split and the values, before anything is written.
+
+Part of the application (:mod:`experiments.app`), kept at its documented path (``python -m experiments.data``).
+May import: the library and :mod:`experiments.app`; never :mod:`experiments.studies`.
 """
 from unfold.cli import folder_arg, output_folder_arg
 

@@ -1,4 +1,4 @@
-"""What a checkpoint may hold, checked field by field, and its checksum (split from :mod:`experiments.checkpoint`).
+"""What a checkpoint may hold, checked field by field, and its checksum (split from :mod:`experiments.app.checkpoint`).
 
 :func:`state_digest` is the SHA-256 of a canonical encoding of every field (tensors by dtype, shape and bytes);
 :func:`seal` stores it under :data:`DIGEST`; :func:`validate_checkpoint` checks every field the trainer writes
@@ -27,7 +27,7 @@ TRAINER_KEYS = REQUIRED + ("cuda_rng", "history", "best_val", "best_epoch", "tra
 DIGEST = "sha256"
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds",
                 "train_energy_increases", "train_energy_steps")
-#: the training-pass figures of :mod:`experiments.throughput`, in every record written since they exist (all or
+#: the training-pass figures of :mod:`experiments.app.throughput`, in every record written since they exist (all or
 #: none: a record of an older checkpoint has none of them)
 THROUGHPUT_KEYS = ("train_tokens", "train_pass_seconds", "peak_memory_bytes", "peak_memory_growth_bytes")
 #: containers nested deeper than this are refused before anything walks them (a crafted pickle can nest
@@ -273,7 +273,7 @@ def _check_history(path: str, history: Any, epoch: Optional[int]) -> List[Dict[s
 
 
 def _check_report(path: str, field: str, rep: Any) -> None:
-    """The untrained model's energy report (``experiments.train.energy_stats``): counts >= 0 that agree with
+    """The untrained model's energy report (``experiments.app.train.energy_stats``): counts >= 0 that agree with
     its verdict; a non-finite number only under the verdict "nonfinite"."""
     keys = ("energy_verdict", "energy_steps", "energy_increases", "energy_nonfinite", "energy_term_nonfinite",
             "energy_max_rel_increase", "energy_tol_rule", "energy_term_increases", "energy_first_mean",

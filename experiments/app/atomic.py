@@ -94,3 +94,9 @@ def open_append(path, binary: bool = False):
     """A file object appending to ``path`` (created if missing) through :func:`open_no_follow`."""
     fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "ab") if binary else io.open(fd, "a", encoding="utf-8", newline="")
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (:func:`atomic_open`)."""
+    with atomic_open(path, "w") as fh:
+        fh.write(text)

@@ -4,7 +4,7 @@
 the run ends; the operating system releases it on any exit, SIGKILL included, so a stale lock cannot
 outlive its process. A second run into the same folder (training, resume) is refused at once with a
 :class:`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
-a link (:func:`~experiments.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
+a link (:func:`~experiments.app.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
 
 :func:`check_fresh` refuses to start a new run in a folder that holds anything but a lock: a run (finished or
 interrupted), or files of something else (a ``config.yaml`` of another tool, notes): refused unless

@@ -1,0 +1,71 @@
+"""The graph cache: :class:`GraphCache`, the graphs of one spec for batches of masks, built on the mask's device once
+per shape (or per mask pattern for a builder whose edges depend on the mask)."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import torch
+
+from .container import TokenGraph
+from .edges import check_int, check_seed
+from .registry import MASK_FREE
+from .spec import graph_from_spec
+
+
+class GraphCache:
+    """Token graphs of one spec for batches of masks, built on the mask's device and cached by shape.
+
+    ``cache(mask)`` equals ``graph_from_spec(spec, n, batch_size=B, mask=mask, seed=seed)`` on the mask's device.
+    The complete graph is implicit: built per call from the mask with no host read. A :data:`MASK_FREE` spec is
+    built once per ``(B, n, device)`` and masked on the device (:meth:`TokenGraph.with_mask`: one selection of
+    the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it is built
+    on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns; on ``meta``
+    (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask."""
+
+    def __init__(self, spec: str = "complete", seed: int = 0, maxsize: int = 64):
+        self.spec, self.seed = spec, check_seed(seed)
+        self.maxsize = check_int(maxsize, "maxsize", 1)
+        self._graphs: Dict[tuple, TokenGraph] = {}
+
+    @property
+    def mask_free(self) -> bool:
+        name = self.spec.partition(":")[0]
+        return name in MASK_FREE or self.spec.endswith(".npy") or os.path.sep in self.spec
+
+    def __call__(self, mask: torch.Tensor) -> TokenGraph:
+        B, n = mask.shape
+        if self.spec == "complete":
+            return TokenGraph(B, n, mask, None, name="complete")
+        return self._sparse(mask)
+
+    @torch.compiler.disable
+    def _sparse(self, mask: torch.Tensor) -> TokenGraph:
+        """A sparse graph: built (on the host, outside any compiled region) and cached, then masked."""
+        B, n = mask.shape
+        if self.mask_free:
+            key = (B, n, str(mask.device))
+            if key not in self._graphs:
+                with torch.device("cpu"):          # built on the host (also under a device context), then moved
+                    graph = graph_from_spec(self.spec, n, batch_size=B, seed=self.seed)
+                self._store(key, graph.to(mask.device))
+            return self._graphs[key].with_mask(mask)
+        meta = mask.device.type == "meta"     # no values to build from: a meta forward computes shapes (those of
+        host = torch.ones(B, n, dtype=torch.bool, device="cpu") if meta else mask.detach().cpu()   # all-real ones)
+        key = (B, n, str(mask.device), host.numpy().tobytes())
+        if key not in self._graphs:
+            with torch.device("cpu"):
+                graph = graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed)
+            self._store(key, graph.to(mask.device))
+        return self._graphs[key].with_mask(mask) if meta else self._graphs[key]
+
+    def _store(self, key, graph: TokenGraph) -> None:
+        if len(self._graphs) >= self.maxsize:
+            self._graphs.pop(next(iter(self._graphs)))
+        self._graphs[key] = graph
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+    def __repr__(self) -> str:
+        return f"GraphCache(spec={self.spec!r}, cached={len(self._graphs)})"

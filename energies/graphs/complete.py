@@ -1,0 +1,12 @@
+"""The ``complete`` graph: all pairs of real tokens (plain self-attention), kept implicit."""
+from __future__ import annotations
+
+from .container import TokenGraph
+from .registry import _sizes, register_graph
+
+
+@register_graph("complete", mask_free=True)
+def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
+    return TokenGraph(batch_size, n, mask, None, name="complete")

@@ -1,0 +1,18 @@
+"""The ``dilated:K[:R]`` graph: a dilated window, ``{i, i + m k}`` for ``m = 1..R``."""
+from __future__ import annotations
+
+from .container import TokenGraph
+from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+
+
+@register_graph("dilated", mask_free=True)
+def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``. Offsets of n or more join no pair, so the
+    radius is clamped to ``(n - 1) // k`` (O(n + |E|) for any k and radius; no edge when k >= n)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
+    k = _positive_int(k, "dilation k")
+    radius = _positive_int(radius, "dilated radius")
+    reach = min(radius, (n - 1) // k)
+    offsets = [k * m for m in range(1, reach + 1)]
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"dilated:{k}:{radius} on n={n}"), n, batch_size,
+                         mask, f"dilated:{k}:{radius}", offsets)

@@ -1,0 +1,122 @@
+"""Edge lists and masks checked: :func:`canonical_edges` (every undirected edge once, ``u < v``, ids in range), the
+padding mask from lengths and its checks, and the integer and number checks of graph arguments (raising
+:class:`~energies.errors.GraphError`)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .. import checks
+from ..errors import GraphError
+
+
+def mask_from_lengths(lengths, n: int) -> torch.Tensor:
+    """Padding mask ``(B, n)``, ``True`` on the first ``lengths[b]`` slots of example ``b``."""
+    n = check_int(n, "n (slots per example)", 1)
+    try:
+        raw = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError):
+        raise GraphError(f"lengths must be a 1-D sequence of integers, got {lengths!r}") from None
+    if raw.dtype == torch.bool or raw.dtype.is_complex or (raw.dtype.is_floating_point and not (
+            bool(torch.isfinite(raw).all()) and bool((raw == raw.round()).all()))):
+        raise GraphError(f"lengths must be integers, got {raw.tolist() if raw.numel() <= 16 else raw.dtype}")
+    lengths = raw.to(torch.long)
+    if lengths.ndim != 1:
+        raise GraphError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
+    if (lengths < 0).any() or (lengths > n).any():
+        raise GraphError(f"lengths must lie in [0, {n}], got {lengths.tolist()}")
+    return torch.arange(n)[None, :] < lengths[:, None]
+
+
+def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
+    if mask is None:
+        return torch.ones(batch_size, n, dtype=torch.bool)
+    # a numpy mask is copied: sharing its memory would let later writes to the array change the graph unseen
+    mask = mask if isinstance(mask, torch.Tensor) else torch.tensor(np.asarray(mask))
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.dtype != torch.bool:
+        raise GraphError(f"mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    if tuple(mask.shape) != (batch_size, n):
+        raise GraphError(f"mask has shape {tuple(mask.shape)}, expected (batch_size, n) = ({batch_size}, {n})")
+    return mask
+
+
+def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
+    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``, sorted:
+    the one canonicalisation of every edge list in the framework (token graphs and the PyG conv).
+
+    Accepts each edge once (either orientation) or in both orientations (PyG convention).
+    Rejects: wrong shape/dtype, ids out of ``[0, total)``, an edge joining two different examples and, unless
+    ``lenient`` (PyG inputs: ``add_self_loops`` / multigraph conventions), self loops and an edge repeated in the
+    same orientation, which ``lenient`` drops instead. The ids stay on their device; the checks read them once.
+    """
+    if isinstance(edge_index, torch.Tensor) and type(edge_index) is not torch.Tensor:
+        edge_index = edge_index.as_subclass(torch.Tensor)   # torch_geometric.EdgeIndex and other subclasses
+    ei = torch.as_tensor(edge_index)
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise GraphError(f"edge_index must have shape (2, m), got {tuple(ei.shape)}")
+    if ei.dtype.is_floating_point or ei.dtype == torch.bool or ei.dtype.is_complex:
+        raise GraphError(f"edge_index must hold integers, got dtype {ei.dtype}")
+    if ei.device.type == "meta":      # the checks read the ids: a meta tensor has none (build, then graph.to("meta"))
+        raise GraphError("edge_index is on the meta device, which holds no ids to check: build the graph from "
+                         "ids on the CPU (or a GPU) and move it with graph.to('meta')")
+    if ei.dtype == torch.uint64 and ei.numel():   # ids of 2^63 and more would wrap to negative in int64: the true
+        top = ei.view(torch.int64) < 0            # value is named (the message once said -1 for 2^64 - 1)
+        if bool(top.any()):
+            k = int(top.any(0).nonzero()[0, 0])
+            u, v = (int(x) % 2 ** 64 for x in ei[:, k].view(torch.int64).tolist())
+            raise GraphError(f"edge {k} = ({u}, {v}) is out of range: node ids must lie in [0, {total})")
+    ei = ei.to(torch.long)
+    if ei.numel() == 0:
+        return ei.reshape(2, 0)
+    lo, hi = int(ei.min()), int(ei.max())
+    if lo < 0 or hi >= total:
+        bad = ((ei < 0) | (ei >= total)).any(0).nonzero()[0, 0].item()
+        raise GraphError(
+            f"edge {bad} = ({ei[0, bad].item()}, {ei[1, bad].item()}) is out of range: "
+            f"node ids must lie in [0, {total})"
+        )
+    if lenient:
+        ei = ei[:, ei[0] != ei[1]]
+    loops = (ei[0] == ei[1]).nonzero()
+    if loops.numel():
+        k = loops[0, 0].item()
+        raise GraphError(f"edge {k} = ({ei[0, k].item()}, {ei[1, k].item()}) is a self loop; "
+                         "the attention energy has no self terms")
+    cross = (ei[0] // n != ei[1] // n).nonzero()
+    if cross.numel():
+        k = cross[0, 0].item()
+        raise GraphError(f"edge {k} = ({ei[0, k].item()}, {ei[1, k].item()}) joins examples "
+                         f"{ei[0, k].item() // n} and {ei[1, k].item() // n}")
+    key = ei[0] * total + ei[1]
+    uniq, counts = torch.unique(key, return_counts=True)
+    if not lenient and (counts > 1).any():
+        dup = uniq[counts > 1][0].item()
+        raise GraphError(f"edge ({dup // total}, {dup % total}) is repeated in the same orientation "
+                         f"({counts[counts > 1][0].item()} times)")
+    lo_ids = torch.minimum(ei[0], ei[1])
+    hi_ids = torch.maximum(ei[0], ei[1])
+    canon = torch.unique(lo_ids * total + hi_ids)  # sorted, each undirected edge once
+    return torch.stack([canon // total, canon % total])
+
+
+def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """:func:`energies.checks.check_int` raising :class:`GraphError`."""
+    return checks.check_int(value, what, minimum, maximum, GraphError)
+
+
+def check_number(value, what: str, rule: str = "finite") -> float:
+    """:func:`energies.checks.check_number` raising :class:`GraphError`."""
+    return checks.check_number(value, what, rule, GraphError)
+
+
+def check_seed(value, what: str = "seed") -> int:
+    """:func:`energies.checks.check_seed` raising :class:`GraphError`."""
+    return checks.check_seed(value, what, GraphError)
+
+
+#: the most token slots (batch_size x num_nodes) of a graph: flat edge keys ``u * slots + v`` stay in int64
+MAX_SLOTS = 2 ** 31

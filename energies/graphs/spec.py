@@ -1,0 +1,74 @@
+"""Graphs by spec: :func:`graph_from_spec` (``complete | window:K | ... | FILE.npy``), read from the registry."""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Tuple
+
+import numpy as np
+import torch
+
+from ..checks import one_line
+from ..errors import GraphError
+
+from .container import TokenGraph
+from .edge_list import from_edge_index
+from .registry import GRAPHS, _sizes
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_arity(builder) -> Tuple[int, int]:
+    """How many ``:`` arguments a builder's spec takes (its positional parameters after n, before batch_size)."""
+    try:
+        params = list(inspect.signature(builder).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return 0, 2 ** 31
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 0, 2 ** 31
+    spec = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in ("batch_size", "mask", "seed")]
+    return sum(p.default is p.empty for p in spec), len(spec)
+
+
+def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Build a graph from a short spec: ``complete | window:K | strided:K | dilated:K[:R] | star |
+    random:P`` or a path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise GraphError(f"graph spec must be a string or a path, got {type(spec).__name__}")
+    spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise GraphError(f"graph spec must be a non-empty string, got {spec!r}")
+    n, batch_size, seed = _sizes(n, batch_size, seed)
+    if spec.endswith(".npy") or os.path.sep in spec:
+        if os.path.isdir(spec):
+            raise GraphError(f"graph file {spec!r} is a folder, not a .npy edge list")
+        if not os.path.isfile(spec):
+            raise GraphError(f"graph file {spec!r} does not exist")
+        try:
+            arr = np.load(spec, allow_pickle=False)
+        except Exception as exc:  # numpy raises several types on a corrupt file
+            raise GraphError(f"graph file {spec!r} could not be read as .npy: {one_line(exc, 200)}") from None
+        if not isinstance(arr, np.ndarray):
+            arr.close()
+            raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
+        # every integer dtype but uint64 fits int64 value for value; uint64 ids of 2^63 and more would wrap to
+        # negative there, so they go as uint64 and are named by their true value (canonical_edges)
+        wide = np.uint64 if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 else np.int64
+        return from_edge_index(torch.from_numpy(np.ascontiguousarray(arr, dtype=wide)), n, batch_size, mask, name=spec)
+    name, _, rest = spec.partition(":")
+    if name not in GRAPHS:
+        raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")
+    args = [a for a in rest.split(":") if a] if rest else []
+    lo, hi = _spec_arity(GRAPHS[name])
+    if not lo <= len(args) <= hi:
+        takes = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        raise GraphError(f"graph {name!r} takes {takes} argument(s) after its name, got {len(args)} in spec {spec!r}")
+    try:
+        return GRAPHS[name](n, *args, batch_size=batch_size, mask=mask, seed=seed)
+    except TypeError as exc:
+        raise GraphError(f"bad arguments for graph {name!r} in spec {spec!r}: {exc}") from None
+    except GraphError as exc:
+        raise GraphError(f"graph spec {spec!r}: {exc}") from None

@@ -1,0 +1,37 @@
+"""The ``star`` graph: the Star-Transformer pattern (Guo et al. 2019), a relay joined to every token, plus a ring.
+
+Its edges depend on the mask (the relay is the first real token), so it is not ``mask_free``."""
+from __future__ import annotations
+
+import torch
+
+from .container import TokenGraph
+from .edges import _check_mask
+from .registry import _sizes, register_graph
+
+
+@register_graph("star")
+def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Star-Transformer graph (Guo et al. 2019): a relay joined to all tokens, plus a ring.
+
+    The relay is the first real token of each example (a [CLS]-like slot); the other real
+    tokens form a ring in sequence order (closed when there are at least three of them).
+    """
+    n, batch_size, _ = _sizes(n, batch_size, seed)
+    mask_t = _check_mask(mask, batch_size, n)
+    src, dst = [], []
+    for b in range(batch_size):
+        idx = mask_t[b].nonzero().reshape(-1).cpu() + b * n
+        if idx.numel() < 2:
+            continue
+        relay, sat = idx[0], idx[1:]
+        src.append(relay.repeat(sat.numel()))
+        dst.append(sat)
+        if sat.numel() >= 2:  # a ring of two is one edge, written in both orientations
+            src.append(sat)
+            dst.append(torch.roll(sat, -1))
+    if src:
+        ei = torch.stack([torch.cat(src), torch.cat(dst)])
+    else:
+        ei = torch.zeros(2, 0, dtype=torch.long)
+    return TokenGraph(batch_size, n, mask_t, ei, name="star")

@@ -1,0 +1,24 @@
+"""The ``strided:K`` graph: the Sparse Transformer pattern (Child et al. 2019), local and strided heads joined."""
+from __future__ import annotations
+
+from ..errors import GraphError
+
+from .container import TokenGraph
+from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+
+
+@register_graph("strided", mask_free=True)
+def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Sparse Transformer strided pattern (Child et al. 2019) with stride ``k``.
+
+    The union of its two heads: the local head ``0 < |i - j| < k`` and the strided head
+    ``|i - j| = 0 (mod k)``. A stride of n or more leaves the local head alone, all pairs (offsets are
+    clamped to n - 1: O(n + |E|) for any k).
+    """
+    n, batch_size, _ = _sizes(n, batch_size, seed)
+    k = _positive_int(k, "stride k")
+    if k < 2:
+        raise GraphError(f"stride k must be >= 2, got {k}")
+    offsets = sorted(set(range(1, min(k, n))) | set(range(k, n, k)))
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"strided:{k} on n={n}"), n, batch_size, mask,
+                         f"strided:{k}", offsets)

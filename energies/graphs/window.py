@@ -1,0 +1,16 @@
+"""The ``window:K`` graph: each token linked to the K tokens on each side."""
+from __future__ import annotations
+
+from .container import TokenGraph
+from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+
+
+@register_graph("window", mask_free=True)
+def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
+    """Sliding window of radius ``k``: ``{i, j}`` with ``0 < |i - j| <= k``. A radius of n - 1 or more
+    is the complete graph's edge list (the radius is clamped to n - 1: O(n + |E|) for any k)."""
+    n, batch_size, _ = _sizes(n, batch_size, seed)
+    k = _positive_int(k, "window radius k")
+    offsets = range(1, min(k, n - 1) + 1)
+    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"window:{k} on n={n}"),
+                         n, batch_size, mask, f"window:{k}", offsets)

@@ -1,0 +1,186 @@
+"""The pass over a graph: :func:`pick_kernel` (``auto`` and the checks of a named kernel), :func:`pairwise_pass`
+(centring, the precision guard, the fallback to explicit differences), :func:`pairwise_pass_heads` (one call for
+several heads), and the independent energy every check uses (:func:`pairwise_energy`). Reaches the kernels through
+the registry (:data:`~energies.kernels.registry.KERNELS` and its auto and heads rules) and the exact passes it falls
+back to (:mod:`.edges`, :mod:`.streamed`) directly."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..errors import EnergyError
+from ..fused import fused_available
+from ..graph import TokenGraph
+from ..rho import ExpRho, Rho, kernel_sensitivity
+from .edges import _edges_pass
+from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtype, _scale_dtype, expansion_dtype,
+                    expansion_ok, explicit_z)
+from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names
+from .softmax import _degree_energy, _from_lse, _fused_parts, _softmax_degrees
+from .streamed import STREAM_MIN_N, _streamed_pass
+from .triton_kernel import _triton_heads
+
+
+def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
+    """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) the ``triton`` kernel where
+    Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
+    complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
+    ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
+    graph that is not complete, on the CPU: the first registered kernel whose auto rule says it pays
+    (:data:`~energies.kernels.registry.AUTO_RULES`: banded, where a shift-invariant graph's tiles pay,
+    :func:`~energies.banded.banded_pays`); any other graph: edges. A kernel that does not apply is an error."""
+    if kernel == "auto":
+        if graph.mask.device.type != "cpu" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
+            return "triton"
+        if not graph.is_complete:
+            if graph.mask.device.type == "cpu":
+                for name, pays in AUTO_RULES.items():
+                    if name in KERNELS and pays(graph):
+                        return name
+            return "edges"
+        if isinstance(rho, ExpRho):
+            if fused_available(graph.mask.device.type):
+                return "fused"
+            return "streamed" if graph.num_nodes > STREAM_MIN_N else "softmax"
+        return "streamed" if graph.num_nodes > STREAM_MIN_N else "dense"
+    if kernel not in KERNELS:
+        raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {kernel_names()}")
+    why = KERNELS[kernel].supports(graph, rho)
+    if why is not None:
+        raise EnergyError(f"the {kernel} kernel {why}")
+    return kernel
+
+
+def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
+                  energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None,
+                  guard: bool = True) -> PairwisePass:
+    """One pass over the graph: ``(agg, deg)`` in Y's dtype and, if asked, the pairwise energy.
+    ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass.
+    ``metric`` W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then ``(B, n, d_h)``),
+    formed from differences or centred tokens, never from ``Y W`` of tokens far from the origin.
+
+    ``guard``: for an expansion kernel, read the tokens' scale (one host read) and widen the dtype, or fall
+    back to explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With
+    ``guard=False`` (a forward pass with the trace off) there is no host read: the expansion runs in the
+    tokens' own dtype on centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``."""
+    kernel = KERNELS[pick_kernel(graph, rho, kernel)]
+    Y = graph.zero_padded(Y)
+    if not kernel.expansion:
+        return kernel.run(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
+    Zc = apply_metric(_centred(Y, graph), metric)
+    sq = (Zc * Zc).sum(-1)
+    if guard and Y.device.type != "cpu" and not torch.compiler.is_compiling():
+        return _guarded_on_device(kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric)
+    dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq) if guard else _own_dtype(Zc)
+    if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
+        # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
+        out = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
+    elif dt != Zc.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
+        out = kernel.run(apply_metric(_centred(Y.to(dt), graph), metric), graph, rho, tau, energy, num, None)
+        out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
+    else:
+        out = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
+    return out._replace(Y=Y, metric=metric)
+
+
+def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
+    """The pass from explicit differences (exact to rounding at any scale), where the expansion cannot resolve z: on
+    the complete graph the streamed tiles, of the tokens (with a metric, of the centred features Zc, W getting its
+    gradient through autograd); on any other graph the edge list, differences in token space mapped by W."""
+    if graph.is_complete:
+        return _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+    return _edges_pass(Y, graph, rho, tau, energy, num, metric)
+
+
+def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric) -> PairwisePass:
+    """The precision guard without a host read (tokens off the CPU, where reading the scale would wait for the
+    device): both the kernel's expansion in the tokens' own dtype and the explicit-difference pass (exact to
+    rounding at any scale), selected per example on the device by :func:`expansion_ok`. The CPU keeps the
+    one read of :func:`expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
+    ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
+    fast = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
+    safe = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
+
+    def pick(a, b):
+        return None if a is None else torch.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b.to(a.dtype))
+    return PairwisePass(pick(fast.agg, safe.agg), pick(fast.deg, safe.deg), pick(fast.energy, safe.energy),
+                        Y=Y, metric=metric)
+
+
+def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
+                        energy: bool = False, num: bool = True, guard: bool = True):
+    """:func:`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
+    kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
+    features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
+    neighbour sums (one flash call over H heads), or the energy-only pass of either (:func:`_softmax_degrees`
+    over B H examples); the banded kernel over ``(B, H)`` at once. Each head gets exactly the quantities of its own pass (the same formulas; tested).
+    Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
+    dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
+    read for all heads in one host read): then call :func:`pairwise_pass` per head."""
+    if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1:
+        return None
+    name = pick_kernel(graph, rho, kernel)
+    if name == "triton":
+        return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
+    if Y.dtype not in EXPANSION_Z_ERROR or (guard and Y.device.type != "cpu"):   # (off the CPU: per head, guarded
+        return None                                                                # on the device)
+    if name != "fused" and name not in HEADS_PASSES and (num or name != "softmax"):
+        return None
+    Y = graph.zero_padded(Y)
+    B, n, _ = Y.shape
+    H, dh = len(metrics), metrics[0].shape[1]
+    W = torch.cat([w.to(device=Y.device, dtype=Y.dtype) for w in metrics], 1)            # (d, H d_h)
+    Z = (_centred(Y, graph) @ W).unflatten(-1, (H, dh)).transpose(1, 2)                 # (B, H, n, d_h)
+    sq = (Z * Z).sum(-1)                                                                 # (B, H, n)
+    if guard and not torch.compiler.is_compiling():
+        sens = max(1.0, float(kernel_sensitivity(rho)))
+        top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
+        if any(_scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
+            return None
+    if name in HEADS_PASSES:                        # (B, H, n, d_h) in one call (banded: energies.banded)
+        agg, deg, e = HEADS_PASSES[name](Z, graph, rho, tau, energy, num, sq)
+    else:
+        if num:
+            diff, lse = _fused_parts(Z, graph.mask, tau, sq)
+            agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype)[:, None])
+        else:
+            deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
+                                   sq.reshape(B * H, n)).view(B, H, n)
+            agg = None
+        e = _degree_energy(deg, tau) if energy else None
+    return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
+                         metric=metrics[h]) for h in range(H)]
+
+
+def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):
+    """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``."""
+    out = pairwise_pass(Y, graph, rho, tau, kernel)
+    return out.num, out.deg
+
+
+def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
+                    metric: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)`` float64, each undirected edge once.
+
+    The independent evaluation every check uses: directly from the pairs, never from a log-sum-exp, and always
+    from explicit differences (the edge list; on the complete graph key tiles of ``(B, n, tile, d)``
+    differences), so z, and so each ``rho(z)``, is exact to rounding at every scale: an expansion
+    ``|a|^2 + |b|^2 - 2 a.b`` would err by about ``eps |y|^2`` per pair, which can exceed a tolerance relative
+    to a small energy. With a metric W the differences are taken in token space, then mapped:
+    ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked but not used."""
+    kernel = pick_kernel(graph, rho, kernel)
+    Y = graph.zero_padded(Y)
+    if not graph.is_complete:
+        return _edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy
+    B, n, d = Y.shape
+    tile = _explicit_tile(Y, d if metric is None else d + metric.shape[-1], n)
+    rows = torch.arange(n, device=Y.device)
+    mask = graph.mask
+    zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
+    e = torch.zeros(B, dtype=torch.float64, device=Y.device)
+    for s in range(0, n, tile):
+        z, _ = explicit_z(Y, Y[:, s:s + tile], tau, metric)
+        pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] < rows[None, s:s + tile])  # each pair once
+        e = e + tau * _f64(torch.where(pm, rho.value(torch.where(pm, z, zero)), zero)).sum((1, 2))
+    return e

@@ -1,0 +1,99 @@
+"""The precision guard of the expansion kernels: in which dtype the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred
+tokens resolves the edge weights (:func:`expansion_dtype` with one host read, :func:`expansion_ok` on the device),
+the centring itself, and z from the expansion or from explicit differences. Used by the dispatcher and the
+kernels; imports no kernel."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..graph import TokenGraph
+from .registry import apply_metric
+
+#: largest (B * n * tile * d) element count of one tile of explicit differences
+EXPLICIT_TILE_ELEMENTS = 1 << 22
+#: largest tolerated rounding error of z in the expansion, per compute dtype: ``eps * max|y|^2 / tau``.
+#: 2^-30 (float64) keeps kernels within ~1e-9 of the step; 2^-14 (float32: max|y|^2 / tau <= 512) is
+#: near float32's own rounding of a sum of a few hundred terms. Others (half, bfloat16) compute in float32.
+EXPANSION_Z_ERROR = {torch.float64: 2.0 ** -30, torch.float32: 2.0 ** -14}
+
+
+def edge_z(Yf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, tau: float) -> torch.Tensor:
+    """``z_e = ||y_src - y_dst||^2 / (2 tau)`` per edge, from explicit differences."""
+    diff = Yf[src] - Yf[dst]
+    return (diff * diff).sum(-1) / (2.0 * tau)
+
+
+def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``(B, n, m)`` matrix of ``z_uv = |y_u - k_v|^2 / (2 tau)`` for keys K (default: Y itself) by the
+    expansion ``|y_u|^2 + |k_v|^2 - 2 y_u.k_v``, clamped at 0 (accurate when the tokens are centred and
+    :func:`expansion_dtype` accepts their scale)."""
+    K = Y if K is None else K
+    d2 = (Y * Y).sum(-1)[:, :, None] + (K * K).sum(-1)[:, None, :] - 2.0 * Y @ K.transpose(1, 2)
+    return torch.clamp(d2, min=0.0) / (2.0 * tau)
+
+
+def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float, metric: Optional[torch.Tensor] = None):
+    """``(z, W^T (k_v - y_u))`` for queries Y ``(B, n, d)`` and keys K ``(B, m, d)`` from explicit differences
+    ``(B, n, m, d)``, taken in token space and then mapped by the metric W (if any): exact to rounding at any
+    scale, at d times the memory of :func:`dense_z`."""
+    diff = apply_metric(K[:, None, :, :] - Y[:, :, None, :], metric)
+    return (diff * diff).sum(-1) / (2.0 * tau), diff
+
+
+def _explicit_tile(Y: torch.Tensor, width: int, cap: int) -> int:
+    """Keys per tile of explicit differences: at most ``cap`` and ``EXPLICIT_TILE_ELEMENTS`` elements of
+    ``(B, n, tile, width)``."""
+    B, n, _ = Y.shape
+    return max(1, min(cap, EXPLICIT_TILE_ELEMENTS // max(1, B * n * width)))
+
+
+def _centred(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+    """Y (zero on padded slots) minus the mean of each example's real tokens (padded slots stay 0). z and agg
+    depend on differences only, so this changes nothing but the rounding of the expansion; the mean is
+    detached (translation invariance makes its gradient contribution zero)."""
+    m = graph.mask.to(Y.dtype)[..., None]
+    mean = Y.detach().sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1.0)
+    return (Y - mean) * m
+
+
+def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0,
+                    sq: Optional[torch.Tensor] = None) -> Optional[torch.dtype]:
+    """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves the edge weights
+    to ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
+    differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``; a weight rho'(z) then moves
+    by ``|dz| * sensitivity`` relative to the largest (:meth:`~energies.rho.Rho.kernel_sensitivity`, at least 1
+    here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
+    ``torch.compile``, which keeps Yc's dtype). ``sq``: ``|y_u|^2`` of Yc when already computed."""
+    own = _own_dtype(Yc)
+    if torch.compiler.is_compiling() or Yc.numel() == 0:
+        return own
+    sq = (Yc.detach() * Yc.detach()).sum(-1) if sq is None else sq.detach()
+    return _scale_dtype(float(sq.max()) / tau * max(1.0, float(sensitivity)), own)
+
+
+def _scale_dtype(scale: float, own: torch.dtype) -> Optional[torch.dtype]:
+    """The rule of :func:`expansion_dtype` for ``scale = max |y|^2 / tau * sensitivity``: ``own``, else float64,
+    where ``scale * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``; None where neither resolves it."""
+    for dt in dict.fromkeys((own, torch.float64)):
+        if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
+            return dt
+    return None
+
+
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
+
+
+def expansion_ok(sq: torch.Tensor, tau: float, sensitivity: float, dtype: torch.dtype) -> torch.Tensor:
+    """The rule of :func:`expansion_dtype` decided on the device, per example: a bool ``(B,)`` (or ``sq``'s leading
+    shape), True where ``max_u |z_u|^2 / tau * max(1, sensitivity) * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``
+    (``sq`` the squared norms of the centred features, ``(..., n)``); NaN and inf give False. No host read."""
+    bound = EXPANSION_Z_ERROR[dtype] / (torch.finfo(dtype).eps * max(1.0, float(sensitivity)))
+    return sq.detach().amax(-1) / tau <= bound
+
+
+def _own_dtype(Zc: torch.Tensor) -> torch.dtype:
+    return Zc.dtype if Zc.dtype in EXPANSION_Z_ERROR else torch.float32

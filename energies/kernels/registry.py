@@ -1,0 +1,95 @@
+"""The pairwise-kernel registry: what a kernel returns (:class:`PairwisePass`), what it is (:class:`Kernel`), the
+table :data:`KERNELS` and :func:`register_kernel`, plus the two optional rules a kernel may add for the dispatcher
+(:func:`register_auto_rule`: when ``auto`` picks it for a sparse graph on the CPU; :func:`register_heads_pass`: one
+call for the heads of a multi-head energy). Imports nothing of the kernels themselves, so a kernel module (in this
+package or a plug-in anywhere) imports only this."""
+from __future__ import annotations
+
+from typing import Callable, Dict, NamedTuple, Optional
+
+import torch
+
+from ..errors import EnergyError
+from ..graph import TokenGraph
+from ..rho import Rho
+
+
+class PairwisePass(NamedTuple):
+    agg: Optional[torch.Tensor]     # (B, n, d)  sum_v gamma_uv (y_v - y_u), or None (energy-only pass)
+    deg: torch.Tensor               # (B, n)     sum_v gamma_uv
+    energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
+    Y: Optional[torch.Tensor] = None       # the (zero-padded) tokens of the pass, for :attr:`num`
+    metric: Optional[torch.Tensor] = None  # the pass's metric W, for :attr:`num`
+
+    @property
+    def num(self) -> Optional[torch.Tensor]:
+        """``sum_v gamma_uv z_v = agg_u + deg_u z_u`` ``(B, n, d)``, z = W^T y (not translation invariant)."""
+        return None if self.agg is None else self.agg + self.deg[..., None] * apply_metric(self.Y, self.metric)
+
+
+class Kernel(NamedTuple):
+    """A registered pairwise kernel (:func:`register_kernel`).
+
+    ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``. A kernel with ``expansion=False`` gets the
+    zero-padded tokens Y and the metric W (or None) and must form z from them itself; one with
+    ``expansion=True`` gets the centred features ``Z = W^T (y - mean)`` already in the dtype that resolves the
+    expansion ``|a|^2 + |b|^2 - 2 a.b`` (:func:`expansion_dtype`), ``metric=None`` and the keyword ``sq``
+    (``|z_u|^2`` when already computed, else None), so it may use the expansion freely."""
+    name: str
+    run: Callable[..., PairwisePass]
+    #: ``supports(graph, rho)``: None where the kernel applies, else why not, worded to follow
+    #: "the NAME kernel ..." (e.g. "needs the complete graph")
+    supports: Callable[[TokenGraph, Rho], Optional[str]]
+    expansion: bool
+
+
+#: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
+KERNELS: Dict[str, Kernel] = {}
+
+
+def _any_graph(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    return None
+
+
+def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Optional[str]]] = None,
+                    expansion: bool = False):
+    """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
+    kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
+    :class:`Kernel` for the contract. Every kernel must return the same ``agg``, ``deg`` and energy as
+    ``edges`` to rounding (the tests compare each registered kernel with it)."""
+    if not isinstance(name, str) or not name or name == "auto" or ":" in name:
+        raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
+
+    def deco(run):
+        KERNELS[name] = Kernel(name, run, supports or _any_graph, bool(expansion))
+        return run
+
+    return deco
+
+
+def kernel_names():
+    """``['auto', *registered kernels]``: the values a ``kernel`` argument takes."""
+    return ["auto"] + list(KERNELS)
+
+
+def apply_metric(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:
+    """``Y W`` (the features ``z_u = W^T y_u``), or Y itself without a metric."""
+    return Y if metric is None else Y @ metric.to(device=Y.device, dtype=Y.dtype)
+
+
+#: ``auto`` on the CPU, for a graph that is not complete: ``{kernel: pays(graph)}``, consulted in registration order
+#: (a registered kernel whose rule says True is picked; else ``edges``)
+AUTO_RULES: Dict[str, Callable[[TokenGraph], bool]] = {}
+#: ``{kernel: heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)}`` over ``(B, H, n, d_h)``
+#: centred features: one call for every head (:func:`~energies.kernels.dispatch.pairwise_pass_heads`)
+HEADS_PASSES: Dict[str, Callable] = {}
+
+
+def register_auto_rule(name: str, pays: Callable[[TokenGraph], bool]) -> None:
+    """Let ``auto`` pick the kernel ``name`` on the CPU for a graph that is not complete where ``pays(graph)``."""
+    AUTO_RULES[name] = pays
+
+
+def register_heads_pass(name: str, heads: Callable) -> None:
+    """Let the kernel ``name`` serve every head of a multi-head energy in one call (:data:`HEADS_PASSES`)."""
+    HEADS_PASSES[name] = heads

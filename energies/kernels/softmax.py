@@ -1,0 +1,128 @@
+"""The ``softmax`` kernel: complete graph, rho = exp, softmax over all keys of the logits ``-z_uv`` (self included),
+explicit n x n logits; its log-sum-exp gives the degrees and the energy (:mod:`energies.pairwise`). Also the
+parts the ``fused`` kernel and the multi-head pass share (:func:`_fused_parts`, :func:`_from_lse`,
+:func:`_softmax_degrees`)."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..fused import fused_attention
+from ..graph import TokenGraph
+from ..rho import ExpRho, Rho
+from .guard import dense_z
+from .registry import PairwisePass, register_kernel
+
+
+def _softmax_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    if graph.is_complete and isinstance(rho, ExpRho):
+        return None
+    return f"needs the complete graph and rho='exp'; got graph {graph.name!r}, rho {rho.spec()!r}"
+
+
+#: key feature of padded tokens in the fused form: logit below -PAD_LOGIT, so that p = 0 exactly
+PAD_LOGIT = 1.0e4
+
+
+def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, num: bool,
+                   sq: Optional[torch.Tensor] = None):
+    """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
+    ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y. Explicit: ``(B, n, n)`` logits with the diagonal
+    exactly 0. Fused: one flash-attention call; the biases are folded into two extra features,
+    ``[y_u, 1, -|y_u|^2/2] . [y_v, -|y_v|^2/2, 1] / tau = -z_uv``, and the values are the queries (their
+    two extra output columns are not used), so q, k, v share one head size and no n x n matrix is formed."""
+    if not fused:
+        z = dense_z(Y, tau)
+        eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
+        logits = (-z).masked_fill(eye, 0.0).masked_fill(~graph.mask[:, None, :], -math.inf)
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        diff = torch.exp(logits - lse) @ Y - Y if num else None
+        return diff, lse[..., 0]
+    diff, lse = _fused_parts(Y[:, None], graph.mask, tau, None if sq is None else sq[:, None])
+    return (diff[:, 0] if num else None), lse[:, 0]
+
+
+def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None):
+    """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``), one flash call:
+    ``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
+    queries themselves (their two extra output columns are dropped, so the gradient reaching them is 0 and the
+    shared tensor gets exactly the gradient of ``[Z, 0, 0]`` as values), and a spare zero column that the
+    backward uses for the LSE gradient (:func:`~energies.fused.fused_attention`)."""
+    half_sq = 0.5 * ((Z * Z).sum(-1) if sq is None else sq)
+    B, H, n, c = Z.shape
+    q, k = Z.new_empty(B, H, n, c + 3), Z.new_empty(B, H, n, c + 3)
+    q[..., :c], k[..., :c] = Z, Z
+    q[..., c], q[..., c + 1] = 1.0, -half_sq
+    k[..., c] = torch.where(mask[:, None], -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
+    k[..., c + 1] = 1.0
+    q[..., c + 2], k[..., c + 2] = 0.0, 0.0
+    attn, lse = fused_attention(q, k, q, 1.0 / tau, spare=True)
+    return attn[..., :c] - Z, lse
+
+
+@register_kernel("softmax", _softmax_only, expansion=True)
+def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused: bool = False) -> PairwisePass:
+    """Softmax over all keys of the logits ``-z_uv`` (self included): ``deg_u = expm1(LSE_u)``,
+    ``agg_u = (1 + deg_u) (P Y - Y)_u``, the energy ``-tau/2 sum_u deg_u`` (module docstring)."""
+    if not num:                                     # energy-only: no neighbour sums, half the exponentials
+        deg = _softmax_degrees(Y, graph.mask, tau, sq)
+        agg = None
+    else:
+        diff, lse = _softmax_parts(Y, graph, tau, fused, num, sq)
+        agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype))
+    return PairwisePass(agg, deg, _degree_energy(deg, tau) if energy else None)
+
+
+def _from_lse(diff: torch.Tensor, lse: torch.Tensor, real: torch.Tensor):
+    """``(agg, deg)`` of the softmax kernels from ``P Y - Y`` and the log-sum-exp ``LSE = log(1 + deg)`` (self
+    included): ``deg = expm1(LSE)``, ``agg = (1 + deg) (P Y - Y)``; ``real`` the 0/1 mask of real queries
+    (broadcast against LSE), padded queries 0."""
+    log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
+    return (torch.exp(log_s) * real)[..., None] * diff, torch.expm1(log_s)    # the (., n) factors joined first
+
+
+def _degree_energy(deg: torch.Tensor, tau: float) -> torch.Tensor:
+    """The pairwise energy of rho = exp from the degrees: ``-tau/2 sum_u deg_u`` (float64, per example)."""
+    return -0.5 * tau * deg.sum(-1, dtype=torch.float64)
+
+
+#: largest element count of one block of logits in :func:`_softmax_degrees` (16 MiB in float32)
+DEGREE_BLOCK_ELEMENTS = 1 << 22
+
+
+def _softmax_degrees(Y: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None
+                     ) -> torch.Tensor:
+    """``deg_u = sum_{v != u, v real} exp(-z_uv)`` ``(B, n)`` (0 on padded u, ``mask`` ``(B, n)``) for centred tokens Y: the
+    energy-only pass of the softmax kernels (rho = exp, complete graph; the energy is ``-tau/2 sum_u deg_u``).
+
+    The logits are symmetric, ``-z_uv = (y_u.y_v + b_u + b_v) / tau`` with ``b_u = -|y_u|^2 / 2``
+    (``-PAD_LOGIT tau`` on padded slots, where exp gives exactly 0), i.e. ``f_u . g_v / tau`` with
+    ``f = [y, b, 1]`` and ``g = [y, 1, b]``. Blocks of query rows are taken against the keys from their own
+    block on: each entry right of the diagonal block counts for its row and its column, so about half of
+    the n^2 exponentials are computed. ``-z <= 0`` needs no max shift; the diagonal is left out exactly
+    (no cancellation as in ``deg = exp(LSE) - 1``); float32 sums are torch's cascade sums (error about eps
+    relative, measured in the tests against float64)."""
+    B, n, _ = Y.shape
+    half = 0.5 * ((Y * Y).sum(-1) if sq is None else sq)
+    b = torch.where(mask, -half, torch.full_like(half, -PAD_LOGIT * tau))[..., None]
+    one = torch.ones_like(b)
+    f = torch.cat([Y, b, one], -1)
+    g = (torch.cat([Y, one, b], -1) * (1.0 / tau)).transpose(1, 2)
+    rows = max(1, min(n, max(64, -(-n // 8)), DEGREE_BLOCK_ELEMENTS // max(1, B * n)))
+    inplace = not (torch.is_grad_enabled() and Y.requires_grad)
+    deg = Y.new_zeros(B, n)
+    for s in range(0, n, rows):
+        e = min(n, s + rows)
+        K = torch.bmm(f[:, s:e], g[:, :, s:])                       # (B, r, n - s): logits of rows s..e
+        if inplace:
+            K = K.exp_()
+            K[:, :, :e - s].diagonal(dim1=1, dim2=2).zero_()
+        else:
+            eye = torch.eye(e - s, n - s, dtype=torch.bool, device=Y.device)
+            K = torch.where(eye, torch.zeros((), dtype=K.dtype, device=K.device), K.exp())
+        deg[:, s:e] += K.sum(-1)
+        if e < n:
+            deg[:, e:] += K[:, :, e - s:].sum(-2)
+    return deg

@@ -1,0 +1,68 @@
+"""The ``triton`` kernel: the Triton kernels of :mod:`energies.triton_pairwise` (imported only when it runs), on CUDA
+or, on the CPU, in Triton's interpreter; :func:`triton_unavailable` says why it cannot run on a device."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from ..graph import TokenGraph
+from ..rho import Rho, kernel_sensitivity
+from .guard import _centred, _own_dtype
+from .registry import PairwisePass, register_kernel
+
+_TRITON: Dict[str, Optional[str]] = {}
+
+
+def triton_unavailable(device_type: str) -> Optional[str]:
+    """Why the ``triton`` kernel cannot run on tensors of this device type (worded to follow "the triton kernel
+    ..."), or None. It runs on CUDA (compiled), on the CPU only in Triton's interpreter (``TRITON_INTERPRET=1``
+    set before Triton is first imported: numpy per program, for tests), and on ``meta`` (shapes only). Probed
+    once per device type."""
+    if device_type not in _TRITON:
+        try:
+            from .. import triton_pairwise
+        except ImportError as exc:
+            _TRITON[device_type] = (f"needs Triton (pip install 'unfolded-transformers[gpu]' or pip install triton): "
+                                    f"{type(exc).__name__}: {exc}")
+        else:
+            why = None
+            if device_type == "cpu" and not triton_pairwise.INTERPRETED:
+                why = ("runs on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 before the first "
+                       "import of triton (e.g. TRITON_INTERPRET=1 unfold-check --kernel triton ...), or use a GPU")
+            elif device_type not in ("cpu", "cuda", "meta"):
+                why = f"runs on CUDA devices (and CPU through TRITON_INTERPRET=1), not on {device_type!r}"
+            _TRITON[device_type] = why
+    return _TRITON[device_type]
+
+
+def _triton_supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
+    why = triton_unavailable(graph.mask.device.type)
+    if why is None and rho.triton() is None:
+        why = f"needs a rho with Triton functions (Rho.triton); {rho.spec()!r} has none"
+    return why
+
+
+@register_kernel("triton", _triton_supports)
+def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass:
+    """Triton kernels (:mod:`energies.triton_pairwise`): the complete graph and shift-invariant graphs tile by
+    tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
+    return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
+
+
+def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
+    """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
+    for the half types), one :class:`PairwisePass` per metric (None: the tokens themselves)."""
+    from ..triton_pairwise import layout_for, pairwise_heads
+    dt = _own_dtype(Y)
+    Yc = _centred(Y.to(dt), graph)
+    if metrics[0] is None:
+        Z = Yc[:, None]
+    else:
+        H, dh = len(metrics), metrics[0].shape[1]
+        W = torch.cat([w.to(device=Y.device, dtype=dt) for w in metrics], 1)
+        Z = (Yc @ W).unflatten(-1, (H, dh)).transpose(1, 2)
+    agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,
+                                 kernel_sensitivity(rho))
+    return [PairwisePass(None if agg is None else agg[:, h].to(Y.dtype), deg[:, h].to(Y.dtype),
+                         None if e is None else e[:, h], Y=Y, metric=metrics[h]) for h in range(len(metrics))]

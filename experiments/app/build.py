@@ -1,0 +1,117 @@
+"""A model and its data built from a config: the one place both training (:mod:`experiments.app.train`) and model
+bundles (:mod:`experiments.app.bundle`) build from, so that neither imports the other for it.
+
+* :func:`build_model`: the classifier a config describes, composed from the library's registries (embedding, the
+  encoder registered as ``model.mode``, a linear head), the library's errors renamed to config keys;
+* :func:`check_buildable`: the same on the meta device, every model-level rule checked before any data is read;
+* :func:`build_data`, :func:`train_examples`: the splits, vocabulary, encoded tensors and GloVe matrix a run
+  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.app.fingerprint`).
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from typing import Any, Dict, Optional
+
+import torch
+
+from energies.errors import ConfigError
+from unfold.classifier import SequenceClassifier, TokenEmbedding
+from unfold.encoders import ENCODERS
+
+from .config import DEFAULTS
+from .fingerprint import data_fingerprint
+from .runlog import LOGGER
+
+
+#: model keys that configure one kind of encoder only: set on another kind (away from their default) they are
+#: refused, with a hint where one helps
+ENCODER_ONLY_KEYS = ("attention", "norm", "curvature", "kernel")
+_HINTS = {("guaranteed", "attention"): "; in guaranteed mode the attention kernel is rho's derivative: model.rho=exp "
+                                       "(softmax), relu:C (ReLU), softplus:C:T (softplus)",
+          ("guaranteed", "norm"): "; guaranteed mode has the LayerNorm energy terms (model.layernorm)",
+          ("baseline", "norm"): "; the baseline has torch's post-LN layers"}
+
+
+def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None
+                ) -> SequenceClassifier:
+    """The classifier a config describes, composed from the library's registries: a
+    :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``model.mode`` (its constructor's
+    parameters read from the ``model`` keys of the same names) and a linear head. The library's errors, which
+    name its parameters, come back naming the config keys."""
+    mc = cfg["model"]
+    mode = mc["mode"]
+    if mode not in ENCODERS:
+        raise ConfigError(f"config key 'model.mode'={mode!r} is unknown; valid: {sorted(ENCODERS)}")
+    cls = ENCODERS[mode]
+    params = inspect.signature(cls).parameters
+    for key in ENCODER_ONLY_KEYS:
+        if key not in params and mc[key] != DEFAULTS["model"][key]:
+            raise ConfigError(f"config key 'model.{key}'={mc[key]!r} applies to another encoder, not to "
+                              f"model.mode={mode}{_HINTS.get((mode, key), '')}")
+    kwargs = {k: mc[k] for k in params if k in mc and mc[k] is not None}
+    try:   # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
+        embedding = TokenEmbedding(vocab_size, mc["d"], pretrained=glove, freeze=cfg["data"]["glove"] == "frozen",
+                                   positional=mc["positional"], max_len=cfg["data"]["max_len"], dropout=mc["dropout"])
+        head = torch.nn.Linear(mc["d"], num_classes)
+        return SequenceClassifier(embedding, cls(**kwargs), head, dropout=mc["dropout"])
+    except ConfigError as exc:
+        raise ConfigError(_config_names(str(exc), mc)) from None
+
+
+def _config_names(message: str, mc: Dict[str, Any]) -> str:
+    """A library message naming parameters ``name=...`` with the config keys ``model.name=...``."""
+    keys = "|".join(sorted((re.escape(k) for k in mc), key=len, reverse=True))
+    return "config: " + re.sub(rf"(?<![\w.])({keys})(?==)", r"model.\1", message).replace("max_len=", "data.max_len=")
+
+
+def check_buildable(cfg: Dict[str, Any]) -> int:
+    """Build the model on the meta device (no memory, no data) so that every model-level rule between keys is
+    checked before anything is loaded or written; returns its parameter count without the embedding. The meta
+    device is the check's own business: what it cannot know, the device the run trains on, is asked of the encoder
+    (``model.kernel`` on ``train.device``), and every refusal is a ConfigError naming the config keys and that
+    device, never the check's meta device. A config it accepts builds and trains there."""
+    with torch.device("meta"):
+        model = build_model(cfg, 2, 2)
+    problem = getattr(model.encoder, "kernel_problem", None)
+    why = problem(cfg["train"]["device"]) if problem is not None else None
+    if why is not None:
+        mc = cfg["model"]
+        raise ConfigError(f"config: model.kernel={mc['kernel']!r} cannot run on train.device={cfg['train']['device']!r} "
+                          f"(model.graph={mc['graph']!r}, model.rho={mc['rho']!r}): the {mc['kernel']} kernel {why}")
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding."))
+
+
+def build_data(cfg: Dict[str, Any]):
+    """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them."""
+    from .. import data as D
+
+    dc = cfg["data"]
+    splits = D.load_configured(dc)
+    train = train_examples(cfg, splits)
+    vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
+    tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
+               (("train", train), ("val", splits.val), ("test", splits.test))}
+    glove = None
+    if dc["glove"] != "none":
+        glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
+        logging.getLogger(LOGGER).info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
+    return splits, vocab, tensors, glove
+
+
+def train_examples(cfg: Dict[str, Any], splits) -> list:
+    """The training examples a run uses: the training split, its first ``train.max_train_examples`` when set.
+    A subsample holding one class only is refused (it would train to a meaningless 100 %)."""
+    limit = cfg["train"]["max_train_examples"]
+    train = splits.train if limit is None else splits.train[:limit]
+    classes = {y for _, y in train}
+    if len(classes) < 2:
+        raise ConfigError(f"train.max_train_examples={limit}: the first {len(train)} training examples of "
+                          f"{splits.name} hold one class only ({sorted(classes)}); use more examples")
+    return train
+
+
+def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
+    """The data fingerprint of a run (:mod:`experiments.app.fingerprint`): vocabulary, the splits as trained on."""
+    return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)

@@ -1,0 +1,510 @@
+"""Training configuration: YAML files plus dotted ``key=value`` overrides, validated against defaults.
+
+Every key must exist in :data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid
+keys at that level) and every value must have the default's type (``None`` defaults accept the
+types listed in :data:`NULLABLE`).
+
+Every YAML text the project reads goes through :func:`~experiments.app.strict_yaml.load_yaml` (re-exported
+here), the strict safe loader of :mod:`experiments.app.strict_yaml`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pathlib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional
+
+import yaml
+
+from energies.errors import ConfigError, UnfoldError
+from unfold.cli import read_document
+
+from .strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
+
+__all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
+           "ConfigError", "load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH"]
+
+DEFAULTS: Dict[str, Any] = {
+    "name": "default",
+    "data": {
+        "dataset": "rotten_tomatoes",   # rotten_tomatoes | crowdflower | path/to/file.csv|.jsonl|dir | hf:NAME
+        "seed": 0,                      # split seed
+        "max_len": 64,                  # tokens kept per text
+        "min_freq": 1,                  # vocabulary: minimum count in the training split
+        "max_vocab": None,              # vocabulary: most frequent tokens kept
+        "glove": "finetune",            # none | frozen | finetune (GloVe 6B 50d)
+        "data_dir": None,               # default $UNFOLD_DATA or ~/.cache/unfolded-transformers
+        "text_field": "text",
+        "label_field": "label",
+        "splits": None,                 # hf: datasets: {train: NAME, val: NAME, test: NAME}, any subset; null:
+                                        # train; validation | val | dev; test (a missing val/test is carved
+                                        # from train 80/10/10)
+        # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
+        "listops_min_len": None,        # 500
+        "listops_max_len": None,        # 2000 (must not exceed data.max_len)
+        "listops_max_depth": None,      # 10
+        "listops_max_args": None,       # 10
+        "listops_train": None,          # 96000 examples
+        "listops_val": None,            # 2000
+        "listops_test": None,           # 2000
+    },
+    "model": {
+        "mode": "guaranteed",           # guaranteed | free | baseline
+        "d": 64,
+        "heads": 2,
+        "d_head": None,
+        "layers": 4,
+        "rho": "exp",
+        "tau": None,
+        "graph": "complete",
+        "alpha": 1.0,
+        "ffn": True,
+        "relu": True,
+        "layernorm": False,
+        "positional": True,             # learned (true) | sinusoidal | none (false)
+        "ffn_mult": 2,
+        "dropout": 0.1,
+        "curvature": "adaptive",        # guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)
+        "attention": None,              # free/baseline: softmax (default) | relu | softplus
+        "attention_temperature": 1.0,   # softplus attention: t softplus(s / t)
+        "norm": None,                   # free: post (default, LayerNorm) | none (add-only blocks)
+        "kernel": "auto",               # guaranteed: a registered pairwise kernel (edges | dense | softmax | fused |
+                                        # streamed | a plug-in's) or auto
+        "stop_rel": None,               # guaranteed: depth chosen by the energy, null/0 off, else EPS in (0, 1): an
+                                        # example stops when its relative energy decrease at a layer is below EPS
+    },
+    "train": {
+        "epochs": 6,
+        "batch_size": 32,
+        "lr": 0.002,
+        "weight_decay": 0.01,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "device": "cpu",
+        "threads": None,
+        "trace": True,                  # energy trace during training (model dtype)
+        "monitor": None,                # descent monitor on the training trace: off | warn | strict (null: warn
+                                        # with the trace on, off without it)
+        "check_dtype": "float64",       # dtype of the descent check on the test set
+        "max_train_examples": None,     # subsample the training split (smoke runs)
+        "progress": True,
+        "tensorboard": True,            # scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed
+    },
+}
+
+NULLABLE = {
+    ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("data", "splits"): (dict,), ("model", "d_head"): (int,),
+    ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
+    ("train", "monitor"): (str,), ("model", "stop_rel"): (float, int),
+    **{("data", f"listops_{k}"): (int,) for k in ("min_len", "max_len", "max_depth", "max_args", "train", "val", "test")},
+}
+
+#: keys that take more than their default's type (and no null): old configs hold booleans for model.positional
+TYPES = {("model", "positional"): (bool, str)}
+
+#: largest sizes accepted (a guard against typos that would allocate terabytes, far above any CPU/GPU run)
+MAX_SIZE = 2 ** 16
+MAX_COUNT = 2 ** 31 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric range ``lo <= v <= hi`` (``<`` on an open end); ints when ``integer``; always finite."""
+
+    lo: float
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+
+    def holds(self, v) -> bool:
+        if not isinstance(v, int) and not math.isfinite(v):   # an int of any size is compared exactly
+            return False
+        return (v > self.lo if self.lo_open else v >= self.lo) and (v < self.hi if self.hi_open else v <= self.hi)
+
+    def describe(self) -> str:
+        what = "an integer" if self.integer else "a finite number"
+        fmt = (lambda v: str(int(v))) if self.integer else (lambda v: f"{v:g}")
+        lo = f"{'(' if self.lo_open else '['}{fmt(self.lo)}"
+        hi = f"{fmt(self.hi)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
+        return f"{what} in {lo}, {hi}"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A non-empty string, optionally matching ``pattern`` (full match) or passing ``check`` (which raises
+    an :class:`~energies.errors.UnfoldError`); ``rule`` says in words what is accepted."""
+
+    rule: str = "a non-empty string"
+    pattern: Optional[str] = None
+    check: Optional[Callable[[str], Any]] = None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A value of another kind (a mapping) accepted when ``check`` (the library's own check, raising an
+    :class:`~energies.errors.UnfoldError`) passes; ``rule`` says in words what is accepted."""
+
+    rule: str
+    check: Callable[[Any], Any]
+
+
+def _check_rho(spec: str) -> None:
+    from energies.rho import get_rho
+
+    get_rho(spec)
+
+
+def _is_graph_file(spec: str) -> bool:
+    return spec.endswith(".npy") or os.path.sep in spec
+
+
+def _check_graph(spec: str) -> None:
+    """Parse a named spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to
+    n). An edge-list file is checked by :func:`_check_cross` against ``data.max_len``."""
+    from energies.graph import graph_from_spec
+
+    if not _is_graph_file(spec):
+        graph_from_spec(spec, 4)
+
+
+def _check_splits(value) -> None:
+    from ..data.hf import check_split_map    # the loader's own rule, one definition
+
+    check_split_map(value)
+
+
+def _check_positional(value) -> None:
+    from unfold.classifier import positional_kind    # the embedding's own rule, one definition
+
+    positional_kind(value, "model.positional")
+
+
+def _check_device(spec: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"config key 'train.device' must be a torch device such as cpu, cuda or cuda:1, "
+                          f"got {spec!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"config key 'train.device' must be cpu or cuda[:K], got {spec!r}")
+
+
+def _choices(where: tuple) -> tuple:
+    """Valid values of a choice key, read from the library's registries (never retyped here)."""
+    from energies.pairwise import kernel_names
+    from unfold.attention import ACTIVATIONS
+    from unfold.encoders import CURVATURES, ENCODERS, NORMS
+
+    return {("model", "mode"): tuple(ENCODERS), ("model", "curvature"): tuple(CURVATURES),
+            ("model", "attention"): tuple(sorted(ACTIVATIONS)), ("model", "norm"): tuple(NORMS),
+            ("model", "kernel"): tuple(kernel_names()),
+            ("data", "glove"): ("none", "frozen", "finetune"), ("train", "check_dtype"): ("float32", "float64"),
+            ("train", "monitor"): ("off", "warn", "strict")}[where]
+
+
+CHOICE_KEYS = (("data", "glove"), ("model", "mode"), ("model", "curvature"), ("model", "attention"),
+               ("model", "norm"), ("model", "kernel"), ("train", "check_dtype"), ("train", "monitor"))
+
+#: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
+#: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.
+RULES: Dict[tuple, Any] = {
+    ("name",): Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
+                    pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}"),
+    ("data", "dataset"): Text(),
+    ("data", "seed"): Range(0, 2 ** 32 - 1, integer=True),
+    ("data", "max_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "min_freq"): Range(1, MAX_COUNT, integer=True),
+    ("data", "max_vocab"): Range(1, MAX_COUNT, integer=True),
+    ("data", "data_dir"): Text(),
+    ("data", "text_field"): Text(),
+    ("data", "label_field"): Text(),
+    ("data", "splits"): Checked("null or a mapping of train/val/test to split names of the dataset, e.g. "
+                                "{val: validation}", check=_check_splits),
+    ("data", "listops_min_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "listops_max_len"): Range(1, MAX_SIZE, integer=True),
+    ("data", "listops_max_depth"): Range(2, 64, integer=True),
+    ("data", "listops_max_args"): Range(2, 1024, integer=True),
+    ("data", "listops_train"): Range(1, 10 ** 7, integer=True),
+    ("data", "listops_val"): Range(1, 10 ** 7, integer=True),
+    ("data", "listops_test"): Range(1, 10 ** 7, integer=True),
+    ("model", "positional"): Checked("learned | sinusoidal | none, or true (learned) | false (none)",
+                                     check=_check_positional),
+    ("model", "d"): Range(1, MAX_SIZE, integer=True),
+    ("model", "heads"): Range(1, 1024, integer=True),
+    ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
+    ("model", "layers"): Range(1, 1024, integer=True),
+    ("model", "rho"): Text("a rho spec: exp | relu:C | softplus:C:T | cauchy | lp:P or a registered name",
+                           check=_check_rho),
+    ("model", "tau"): Range(0, 1e12, lo_open=True),
+    ("model", "graph"): Text("a graph spec: complete | window:K | strided:K | dilated:K[:R] | star | random:P "
+                             "or a .npy edge list", check=_check_graph),
+    ("model", "alpha"): Range(0, 1, lo_open=True),
+    ("model", "ffn_mult"): Range(1, 64, integer=True),
+    ("model", "dropout"): Range(0, 1, hi_open=True),
+    ("model", "attention_temperature"): Range(0, 1e6, lo_open=True),
+    # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
+    ("model", "stop_rel"): Range(0, 1, hi_open=True),
+    ("train", "epochs"): Range(1, 10 ** 6, integer=True),
+    ("train", "batch_size"): Range(1, 2 ** 20, integer=True),
+    ("train", "lr"): Range(0, math.inf, lo_open=True, hi_open=True),
+    ("train", "weight_decay"): Range(0, math.inf, hi_open=True),
+    ("train", "grad_clip"): Range(0, math.inf, hi_open=True),
+    ("train", "seed"): Range(0, 2 ** 63 - 1, integer=True),
+    ("train", "device"): Text("cpu | cuda | cuda:K", check=_check_device),
+    ("train", "threads"): Range(1, 4096, integer=True),
+    ("train", "max_train_examples"): Range(1, MAX_COUNT, integer=True),
+}
+
+
+def with_defaults(cfg: Dict[str, Any], defaults: Dict[str, Any] = None) -> Dict[str, Any]:
+    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (:data:`DEFAULTS`), section by section: a
+    config written before a key existed reads as it ran."""
+    defaults = DEFAULTS if defaults is None else defaults
+    out = copy.deepcopy(defaults)
+    for key, value in cfg.items():
+        both = isinstance(defaults.get(key), dict) and isinstance(value, dict)
+        out[key] = with_defaults(value, defaults[key]) if both else copy.deepcopy(value)
+    return out
+
+
+def monitor_mode(cfg: Dict[str, Any]) -> str:
+    """``train.monitor`` with its default resolved: warn when the training trace is on, off otherwise."""
+    tc = cfg["train"]
+    return tc["monitor"] or ("warn" if tc["trace"] else "off")
+
+
+def choices(where: tuple) -> tuple:
+    """The valid values of choice key ``where`` (a tuple such as ``("model", "mode")``)."""
+    return _choices(where)
+
+
+def _valid_keys(defaults: Dict[str, Any]) -> str:
+    return ", ".join(sorted(defaults))
+
+
+def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], path: str) -> None:
+    if not isinstance(new, dict):
+        raise ConfigError(f"config section {path or '<root>'} must be a mapping, got {type(new).__name__}")
+    for key, value in new.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in defaults:
+            raise ConfigError(f"unknown config key {_show(where)}; valid keys{' in ' + path if path else ''}: "
+                              f"{_valid_keys(defaults)}")
+        if isinstance(defaults[key], dict):
+            _merge(base[key], value, defaults[key], where)
+        else:
+            base[key] = value
+
+
+def _check_rule(where: tuple, value) -> None:
+    name = ".".join(where)
+    if where in CHOICE_KEYS and value not in choices(where):
+        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {_show(value)}")
+    rule = RULES.get(where)
+    if isinstance(rule, Range):
+        if rule.integer and isinstance(value, float):
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
+        if not rule.holds(value):
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
+    elif isinstance(rule, Text) and (not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value))):
+        raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")
+    if isinstance(rule, (Text, Checked)) and rule.check is not None:
+        try:
+            rule.check(value)
+        except ConfigError:
+            raise
+        except UnfoldError as exc:
+            raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
+
+
+def _takes(mode: str, param: str) -> bool:
+    """Whether the encoder registered as ``mode`` takes the constructor argument ``param`` (plug-ins included)."""
+    import inspect
+
+    from unfold.encoders import ENCODERS
+
+    return mode in ENCODERS and param in inspect.signature(ENCODERS[mode]).parameters
+
+
+def _check_cross(cfg: Dict[str, Any]) -> None:
+    """Rules between keys: each names both keys and their values."""
+    tc = cfg["train"]
+    spec = cfg["model"]["graph"]
+    if _is_graph_file(spec):       # its node ids must fit the longest sequence
+        from energies.graph import graph_from_spec
+
+        try:
+            graph_from_spec(spec, cfg["data"]["max_len"])
+        except UnfoldError as exc:
+            raise ConfigError(f"config key 'model.graph'={spec!r} with data.max_len={cfg['data']['max_len']}: "
+                              f"{exc}") from None
+    stop_rel, mode = cfg["model"]["stop_rel"], cfg["model"]["mode"]
+    if stop_rel not in (None, 0) and not _takes(mode, "stop_rel"):
+        raise ConfigError(f"config key 'model.stop_rel'={_show(stop_rel)} (the depth chosen by the energy) applies to "
+                          f"weight-shared encoders that take it (guaranteed), not to model.mode={mode!r}: set "
+                          "model.stop_rel=null")
+    _check_listops(cfg["data"])
+    if tc["monitor"] not in (None, "off") and not tc["trace"]:
+        raise ConfigError(f"config key 'train.monitor'={tc['monitor']!r} watches the training energy trace, which "
+                          "train.trace=false turns off: set train.trace=true or train.monitor=off")
+
+
+def _check_listops(dc: Dict[str, Any]) -> None:
+    """``data.listops_*`` apply to ``data.dataset=listops`` only (elsewhere refused, never silently ignored);
+    there, ``min_len <= max_len <= data.max_len`` (a longer example would be truncated), null being the
+    generator's default (:data:`experiments.data.listops.DEFAULTS`)."""
+    from ..data.listops import CONFIG_KEYS, DEFAULTS as LISTOPS
+
+    if dc["dataset"] != "listops":
+        for k, key in CONFIG_KEYS.items():
+            if dc.get(f"listops_{k}") is not None:
+                raise ConfigError(f"config key {key!r}={_show(dc[f'listops_{k}'])} applies to data.dataset=listops "
+                                  f"only, not to data.dataset={_show(dc['dataset'])}; leave it null")
+        return
+    lo = dc["listops_min_len"] if dc["listops_min_len"] is not None else LISTOPS["min_len"]
+    hi = dc["listops_max_len"] if dc["listops_max_len"] is not None else LISTOPS["max_len"]
+    if lo > hi:
+        raise ConfigError(f"config key 'data.listops_min_len'={lo} exceeds data.listops_max_len={hi}")
+    if hi > dc["max_len"]:
+        default = " (the default)" if dc["listops_max_len"] is None else ""
+        raise ConfigError(f"config key 'data.listops_max_len'={hi}{default} exceeds data.max_len={dc['max_len']}: "
+                          "longer examples would be truncated; raise data.max_len or lower data.listops_max_len")
+
+
+def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tuple = ()) -> Dict[str, Any]:
+    """Check every value's type against the defaults and its declared rule (:data:`RULES`, :func:`choices`),
+    then (at the top level) the rules between keys; returns ``cfg``, numbers normalised (int -> float keys)."""
+    for key, default in defaults.items():
+        where = path + (key,)
+        value = cfg.get(key, default)
+        name = ".".join(where)
+        if isinstance(default, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config section {name!r} must be a mapping, got {type(value).__name__}")
+            validate(value, default, where)
+            continue
+        if value is None:
+            if default is not None and where not in NULLABLE:
+                raise ConfigError(f"config key {name!r} must not be null")
+            continue
+        allowed = NULLABLE.get(where) or TYPES.get(where) or (type(default),)
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            value = cfg[key] = float(value)
+        if float in allowed and isinstance(value, str):      # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = cfg[key] = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) and bool not in allowed:
+            raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, got bool {value!r}")
+        if not isinstance(value, allowed):
+            raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, "
+                              f"got {type(value).__name__} {_show(value)}")
+        _check_rule(where, value)
+    if not path:
+        _check_cross(cfg)
+    return cfg
+
+
+def _is_text_key(where: tuple) -> bool:
+    node: Any = DEFAULTS
+    for k in where:
+        if not isinstance(node, dict) or k not in node:
+            return False
+        node = node[k]
+    return isinstance(node, str) or str in NULLABLE.get(where, ())
+
+
+def _too_deep(value, limit: int = MAX_YAML_DEPTH) -> bool:
+    """Whether ``value`` nests lists and dicts more than ``limit`` levels deep (iterative; shared parts once)."""
+    stack, seen = [(value, 1)], set()
+    while stack:
+        v, depth = stack.pop()
+        if not isinstance(v, (dict, list)) or id(v) in seen:
+            continue
+        if depth > limit:
+            return True
+        seen.add(id(v))
+        stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
+    """Apply ``section.key=value`` strings (values parsed as YAML by :func:`load_yaml`: 3, 0.5, true, null, text;
+    a value that is not YAML is taken as text). A value with a repeated key or nested deeper than
+    :data:`MAX_YAML_DEPTH` levels (key path included) is a :class:`ConfigError` naming the override."""
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"override {_show(item)} must look like section.key=value")
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        try:
+            value = load_yaml(raw)
+        except StrictYAMLError as exc:
+            raise ConfigError(f"override {_show(item)}: {exc}") from None
+        except (yaml.YAMLError, ValueError):   # ValueError: an integer beyond Python's digit limit
+            value = raw
+        if _is_text_key(tuple(keys)) and value is not None:
+            value = raw        # a text key takes the text as typed (YAML would read "hf:x" as a mapping, "007" as 7)
+        nested: Dict[str, Any] = value
+        for k in reversed(keys):
+            nested = {k: nested}
+        if len(keys) > MAX_YAML_DEPTH or _too_deep(nested):
+            raise ConfigError(f"override {_show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
+                              "3 levels deep)")
+        _merge(cfg, nested, DEFAULTS, "")
+    return cfg
+
+
+#: the configs shipped with the package (package data), found by name: ``--config default``
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def config_names() -> list:
+    """Names of the shipped configs (``experiments/configs/NAME.yaml``), sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config(spec: str) -> str:
+    """The file a ``--config`` value names: an existing file path as given, otherwise a shipped config's name
+    (``default`` or ``default.yaml``, from :data:`CONFIG_DIR`, so that it works outside the repository). A value
+    that is neither is refused listing the shipped names."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"--config must name a config file or a shipped config, got {spec!r}; shipped: "
+                          f"{', '.join(config_names())}")
+    if os.path.isfile(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
+        return spec                     # a file, or a path: read (and its problems reported) as a path
+    shipped = CONFIG_DIR / (spec if spec.endswith(".yaml") else f"{spec}.yaml")
+    if shipped.is_file():
+        return str(shipped)
+    raise ConfigError(f"config {spec!r} is neither a file nor a shipped config; shipped: {', '.join(config_names())}")
+
+
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
+    """Defaults <- YAML file <- overrides, validated. ``path`` is a file or a shipped config's name
+    (:func:`resolve_config`); ``name`` defaults to the file's stem."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = resolve_config(path)
+        loaded = read_document(path, load_yaml, ConfigError, f"config file {path!r}", "YAML",
+                               (yaml.YAMLError, ValueError))
+        loaded = {} if loaded is None else loaded
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "
+                              f"got a YAML {type(loaded).__name__}")
+        if "name" not in loaded:
+            stem = os.path.splitext(os.path.basename(path))[0]
+            loaded["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "config"
+        _merge(cfg, loaded, DEFAULTS, "")
+    apply_overrides(cfg, overrides)
+    return validate(cfg)
+
+
+def dump_config(cfg: Dict[str, Any]) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False)

@@ -147,9 +147,9 @@ def test_auto_picks_by_graph_and_size_and_kernels_refuse_clearly():
 
 
 def test_streamed_runs_where_dense_would_not_fit():
-    """n = 8,192 on the complete graph: each dense float64 n x n intermediate would take 537 MB;
-    the streamed step holds B * n * tile at a time and still descends."""
-    n, d = 8_192, 8
+    """n = 4,096 on the complete graph (auto streams above 1,024): each dense float64 n x n intermediate would take
+    134 MB; the streamed step holds B * n * tile at a time and still descends."""
+    n, d = 4_096, 8
     Y = torch.randn(1, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     g = E.complete(n)
     step = U.AttentionStep("cauchy", math.sqrt(d), 1.0)

@@ -86,3 +86,23 @@ def check_number(value, what: str, rule: str = "finite", error: type = UnfoldErr
 def check_seed(value, what: str = "seed", error: type = UnfoldError) -> int:
     """A random seed: an integer in [0, 2**63 - 1] (what ``torch.Generator.manual_seed`` accepts)."""
     return check_int(value, what, 0, 2 ** 63 - 1, error)
+
+
+def load_npy(path: str, label: str, content: str, error: type = UnfoldError) -> np.ndarray:
+    """One ``.npy`` array from ``path``, never executing code (``allow_pickle=False``); a folder, a missing file,
+    an unreadable file or an ``.npz`` archive is refused with ``error`` naming ``label`` (e.g. ``"graph file"``) and
+    the path; ``content`` names what one array should be (``"edge list"``)."""
+    import os
+
+    if os.path.isdir(path):
+        raise error(f"{label} {path!r} is a folder, not a .npy {content}")
+    if not os.path.isfile(path):
+        raise error(f"{label} {path!r} does not exist")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as exc:  # numpy raises several types on a corrupt or unreadable file
+        raise error(f"{label} {path!r} could not be read as .npy: {one_line(exc, 200)}") from None
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise error(f"{label} {path!r} is an .npz archive, not one .npy {content}")
+    return arr

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from energies.pairwise import kernel_names
+from energies.checks import load_npy
 from energies.errors import UnfoldError
 from energies.graph import graph_from_spec
 from energies.rho import get_rho
@@ -76,17 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_input(path: str) -> np.ndarray:
-    if os.path.isdir(path):
-        raise CheckError(f"--input {path!r} is a folder, not a .npy file")
-    if not os.path.isfile(path):
-        raise CheckError(f"--input file {path!r} does not exist")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except Exception as exc:   # numpy raises several types on a corrupt or unreadable file
-        raise CheckError(f"--input file {path!r} could not be read as .npy: {' '.join(str(exc).split())[:200]}") from None
-    if not isinstance(arr, np.ndarray):
-        arr.close()
-        raise CheckError(f"--input file {path!r} is an .npz archive, not one .npy matrix")
+    arr = load_npy(path, "--input file", "matrix", CheckError)
     if arr.ndim != 2 or min(arr.shape) < 1:
         raise CheckError(f"--input must hold one n x d matrix with n, d >= 1, got shape {arr.shape}")
     if not np.issubdtype(arr.dtype, np.floating):

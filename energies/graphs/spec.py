@@ -9,7 +9,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from ..checks import one_line
+from ..checks import load_npy
 from ..errors import GraphError
 
 from .container import TokenGraph
@@ -41,17 +41,7 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         raise GraphError(f"graph spec must be a non-empty string, got {spec!r}")
     n, batch_size, seed = _sizes(n, batch_size, seed)
     if spec.endswith(".npy") or os.path.sep in spec:
-        if os.path.isdir(spec):
-            raise GraphError(f"graph file {spec!r} is a folder, not a .npy edge list")
-        if not os.path.isfile(spec):
-            raise GraphError(f"graph file {spec!r} does not exist")
-        try:
-            arr = np.load(spec, allow_pickle=False)
-        except Exception as exc:  # numpy raises several types on a corrupt file
-            raise GraphError(f"graph file {spec!r} could not be read as .npy: {one_line(exc, 200)}") from None
-        if not isinstance(arr, np.ndarray):
-            arr.close()
-            raise GraphError(f"graph file {spec!r} is an .npz archive, not one .npy edge list")
+        arr = load_npy(spec, "graph file", "edge list", GraphError)
         if not np.issubdtype(arr.dtype, np.integer):
             raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
         # every integer dtype but uint64 fits int64 value for value; uint64 ids of 2^63 and more would wrap to

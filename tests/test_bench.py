@@ -41,3 +41,18 @@ def test_unknown_suite_exits_2():
 
     code, _, err = run_cli("experiments.bench", ["nope"], ROOT)
     assert code == 2 and "valid: ['attention', 'compile', 'energy', 'gpu', 'model', 'scaling', 'sparse']" in err
+
+
+def test_the_peak_memory_probe_measures_a_fresh_process_above_its_baseline():
+    """The memory figures of the full runs (``--quick`` leaves them out): a fresh process per case, its peak resident
+    set less that of the same case at n = 8. One attention step on window:4 with n = 65,536 tokens of d = 64 holds
+    at least its input and the input's gradient (16 MiB each in float32): it must come out more than 32 MiB above
+    its baseline, and a case of n = 16 below that (a probe that measured nothing, or the parent, fails)."""
+    import math
+    from experiments.studies.bench import _peak_above_base
+
+    base: dict = {}
+    small = _peak_above_base("ours", 16, 64, 1, "window:4", base)
+    large = _peak_above_base("ours", 65536, 64, 1, "window:4", base)
+    assert math.isfinite(small) and math.isfinite(large)
+    assert large > 32 > small, (small, large)

@@ -30,7 +30,7 @@ def run_train(args, timeout=300):
 
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
-    data = synthetic_text_dir(tmp_path / "toy")
+    data = synthetic_text_dir(tmp_path / "toy", n_train=400)
     run = tmp_path / "run"
     proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run),
                       f"data.dataset={data}", "data.glove=none", f"model.mode={mode}", "train.epochs=12",

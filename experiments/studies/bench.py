@@ -332,9 +332,10 @@ def _peak_rss_mb(kind: str, n: int, d: int, B: int, graph: str = "complete") -> 
 
 
 def _memory_row(device: torch.device, quick: bool, n: int, sizes) -> bool:
-    """Whether a row measures peak memory: on the CPU, every size; with ``--quick`` the largest only (each figure is
-    a fresh process that imports torch: the quick runs check the code path and the JSON, not the figures)."""
-    return device.type == "cpu" and (not quick or n == sizes[-1])
+    """Whether a row measures peak memory: on the CPU, every size; never with ``--quick`` (each figure is a fresh
+    process that imports torch; the quick runs check the timings' code and the JSON, and the memory probe has its
+    own test, ``tests/test_bench.py``)."""
+    return device.type == "cpu" and not quick
 
 
 def _peak_above_base(kind: str, n: int, d: int, B: int, graph: str, base: dict) -> float:
@@ -382,7 +383,7 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
             big = n >= 16384
             seconds = timeit(_case(kind, n, d, B, device, graph), 1 if quick or big else 3, warmup=0 if big else 1)
             row = {"layer": kind, "graph": graph, "n": n, "seconds": seconds, "tokens_per_s": B * n / seconds}
-            if device.type == "cpu" and (not quick or (kind, graph) == cases[0]):   # --quick: one memory slope
+            if _memory_row(device, quick, n, sizes):
                 row["peak_mb"] = _peak_above_base(kind, n, d, B, graph, base)
             rows.append(row)
     pick = {c: [r for r in rows if (r["layer"], r["graph"]) == c] for c in cases}

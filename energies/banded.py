@@ -129,44 +129,36 @@ def _band_masks(mask: torch.Tensor, offsets: Tuple[int, ...], b: int, H: int):
     return pm[:, None].expand(B, H, nb, b, w).contiguous()
 
 
+def _class_mask(mask: torch.Tensor, k: int) -> torch.Tensor:
+    """``(B k, m)``: the token mask of each residue class ``i mod k`` of each example (row ``b k + r``: tokens
+    ``r, r + k, ...``), padded with False to ``m = ceil(n / k)``."""
+    B, n = mask.shape
+    m = -(-n // k)
+    return torch.nn.functional.pad(mask, (0, m * k - n)).reshape(B, m, k).transpose(1, 2).reshape(B * k, m)
+
+
 def _residue_masks(mask: torch.Tensor, k: int, H: int):
     """Pair mask of the residue layout ``(B, H, k, m, m)``: tokens ``q k + r`` of class r meet each other (not
     themselves), real tokens only; ``m = ceil(n / k)``."""
-    B, n = mask.shape
-    m = -(-n // k)
-    mr = torch.nn.functional.pad(mask, (0, m * k - n)).reshape(B, m, k).transpose(1, 2)     # (B, k, m)
+    B = mask.shape[0]
+    mr = _class_mask(mask, k).reshape(B, k, -1)                                            # (B, k, m)
+    m = mr.shape[-1]
     eye = torch.eye(m, dtype=torch.bool, device=mask.device)
     pm = mr[..., :, None] & mr[..., None, :] & ~eye
     return pm[:, None].expand(B, H, k, m, m).contiguous()
 
 
-def _masks(graph_or_mask, plan, H: int, classes: bool = True):
+def _masks(graph: TokenGraph, plan, H: int, classes: bool = True):
     """``(band mask or None, residue mask or None)`` for ``plan`` (no residue mask where ``classes`` is False: the
-    flash op takes the classes); cached on a graph per mask object, its version
-    and H (as the graph's slot bits are), since every layer of an unroll meets the same graph."""
+    flash op takes the classes), cached on the graph per mask (:meth:`TokenGraph.mask_cached`)."""
     _, band, k = plan
-    if isinstance(graph_or_mask, TokenGraph):
-        mask = graph_or_mask.mask
-        cacheable = not (torch.compiler.is_compiling() or mask.is_inference())
-    else:
-        mask, cacheable = graph_or_mask, False
+    mask = graph.mask
     n = mask.shape[1]
 
     def build():
         return (_band_masks(mask, band, banded_block(max(band), n), H) if band else None,
                 None if k is None or not classes else _residue_masks(mask, k, H))
-    if not cacheable:
-        return build()
-    key = (plan, H, classes, mask._version)
-    cache = graph_or_mask.__dict__.get("_banded")
-    if cache is None or cache[0] is not mask:      # a new mask object: a new cache
-        cache = graph_or_mask.__dict__["_banded"] = (mask, {})
-    out = cache[1].get(key)
-    if out is None:
-        if len(cache[1]) > 8:
-            cache[1].clear()
-        out = cache[1][key] = build()
-    return out
+    return graph.mask_cached("_banded", (plan, H, classes), build)
 
 
 def _tile_z(queries, keys, sq_q, sq_k, tau: float) -> torch.Tensor:
@@ -250,20 +242,15 @@ def _softmax_route(rho: Rho, Z: torch.Tensor) -> bool:
     return isinstance(rho, ExpRho) and Z.dtype in (torch.float32, torch.float64) and fused_available(Z.device.type)
 
 
-def mask_of(graph) -> torch.Tensor:
-    return graph.mask if isinstance(graph, TokenGraph) else graph
-
-
-def banded_sums(Z: torch.Tensor, graph, rho: Rho, tau: float, energy: bool, num: bool,
-                sq: Optional[torch.Tensor] = None, offsets: Optional[Tuple[int, ...]] = None):
+def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
+                sq: Optional[torch.Tensor] = None):
     """``(agg or None, deg, energy or None)`` of the module docstring for features Z ``(B, H, n, c)`` (centred,
-    zero on padded slots) on ``graph`` (a :class:`TokenGraph` with offsets, or a ``(B, n)`` token mask with
-    ``offsets`` given); agg ``(B, H, n, c)``, deg ``(B, H, n)``, energy ``(B, H)`` float64. ``sq``: ``|z_u|^2``
+    zero on padded slots) on ``graph`` (a :class:`TokenGraph` with offsets); agg ``(B, H, n, c)``, deg
+    ``(B, H, n)``, energy ``(B, H)`` float64. ``sq``: ``|z_u|^2``
     ``(B, H, n)`` when already computed. The layout is :func:`banded_plan`'s: a band, a residue layout, or both
     (their pair sets are disjoint, so their sums add)."""
     B, H, n, c = Z.shape
-    offsets = graph.offsets if offsets is None else tuple(offsets)
-    plan = banded_plan(offsets, n)
+    plan = banded_plan(graph.offsets, n)
     _, band, k = plan
     soft = k is not None and _softmax_route(rho, Z)
     band_pm, res_pm = _masks(graph, plan, H, classes=not soft)
@@ -300,8 +287,7 @@ def banded_sums(Z: torch.Tensor, graph, rho: Rho, tau: float, energy: bool, num:
             # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
             # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
             from .pairwise import _degree_energy, _from_lse, _fused_parts
-            mr = torch.nn.functional.pad(mask_of(graph), (0, m * k - n)).reshape(B, m, k).transpose(1, 2)
-            mr = mr.reshape(B * k, m)
+            mr = _class_mask(graph.mask, k)
             diff, lse = _fused_parts(classes(Z), mr, tau, classes(sq))
             a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
             er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None

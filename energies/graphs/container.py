@@ -193,19 +193,27 @@ class TokenGraph:
         """The slot mask as an integer of x's width, all bits set on real slots, none on padded ones, shaped
         to broadcast against x (cached per width, rank and device while the mask is unchanged)."""
         itype = SAME_WIDTH_INT[x.dtype]
+        return self.mask_cached("_bits", (itype, x.ndim, str(x.device)),
+                                lambda: -self._slot_mask(x).to(device=x.device, dtype=itype))
+
+    def mask_cached(self, slot: str, key, build):
+        """``build()``, cached under ``key`` in the graph's ``slot`` while the mask is the same object and unchanged
+        (its version counter joins the key; a new mask object starts a new cache; at most 9 entries a slot). Not
+        cached while compiling or for an inference-mode mask (no version counter to key on): built each time.
+        Every layer of an unroll meets the same graph, so what depends only on the mask is built once."""
         mask = self.mask
-        if torch.compiler.is_compiling() or mask.is_inference():     # no version counter to key a cache on
-            return -self._slot_mask(x).to(device=x.device, dtype=itype)
-        key = (itype, x.ndim, str(x.device), mask._version)
-        cache = self.__dict__.get("_bits")
+        if torch.compiler.is_compiling() or mask.is_inference():
+            return build()
+        key = (key, mask._version)
+        cache = self.__dict__.get(slot)
         if cache is None or cache[0] is not mask:      # the mask object itself owns the cache (a new mask: a new one)
-            cache = self.__dict__["_bits"] = (mask, {})
-        bits = cache[1].get(key)
-        if bits is None:
+            cache = self.__dict__[slot] = (mask, {})
+        out = cache[1].get(key)
+        if out is None:
             if len(cache[1]) > 8:
                 cache[1].clear()
-            bits = cache[1][key] = -self._slot_mask(x).to(device=x.device, dtype=itype)
-        return bits
+            out = cache[1][key] = build()
+        return out
 
     def to(self, device) -> "TokenGraph":
         g = object.__new__(TokenGraph)

@@ -155,7 +155,7 @@ def sparse_suite(quick: bool, device: torch.device) -> dict:
         t_ours, t_pyg = timeit_interleaved([_case("ours", n, d, 1, device, graph), _case("pyg", n, d, 1, device, graph)],
                                            2 if quick else 7, warmup=1)
         row = {"n": n, "edges": edges, "ours_s": t_ours, "pyg_s": t_pyg, "ours_over_pyg": t_ours / t_pyg}
-        if _memory_row(device, quick, n, sizes):
+        if _memory_row(device, quick):
             for kind in ("ours", "pyg"):
                 mb = _peak_above_base(kind, n, d, 1, graph, base)
                 row[f"{kind}_peak_mb"] = mb
@@ -331,7 +331,7 @@ def _peak_rss_mb(kind: str, n: int, d: int, B: int, graph: str = "complete") -> 
     return int(out.stdout.strip().splitlines()[-1]) / 1024.0
 
 
-def _memory_row(device: torch.device, quick: bool, n: int, sizes) -> bool:
+def _memory_row(device: torch.device, quick: bool) -> bool:
     """Whether a row measures peak memory: on the CPU, every size; never with ``--quick`` (each figure is a fresh
     process that imports torch; the quick runs check the timings' code and the JSON, and the memory probe has its
     own test, ``tests/test_bench.py``)."""
@@ -357,7 +357,7 @@ def attention_suite(quick: bool, device: torch.device) -> dict:
         t_ours, t_sdpa = timeit_interleaved([_case("ours", n, d, B, device), _case("sdpa", n, d, B, device)],
                                             rep, warmup=1)
         row = {"n": n, "ours_s": t_ours, "sdpa_s": t_sdpa, "ours_over_sdpa": t_ours / t_sdpa}
-        if _memory_row(device, quick, n, sizes):
+        if _memory_row(device, quick):
             row["ours_peak_mb"] = _peak_above_base("ours", n, d, B, "complete", base)
             row["sdpa_peak_mb"] = _peak_above_base("sdpa", n, d, B, "complete", base)
         rows.append(row)
@@ -383,7 +383,7 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
             big = n >= 16384
             seconds = timeit(_case(kind, n, d, B, device, graph), 1 if quick or big else 3, warmup=0 if big else 1)
             row = {"layer": kind, "graph": graph, "n": n, "seconds": seconds, "tokens_per_s": B * n / seconds}
-            if _memory_row(device, quick, n, sizes):
+            if _memory_row(device, quick):
                 row["peak_mb"] = _peak_above_base(kind, n, d, B, graph, base)
             rows.append(row)
     pick = {c: [r for r in rows if (r["layer"], r["graph"]) == c] for c in cases}

@@ -371,6 +371,85 @@ def test_a_full_disk_is_reported_with_the_path(tmp_path, monkeypatch):
     assert (tmp_path / "y.txt").read_text() == "ok"
 
 
+@pytest.mark.parametrize("where", ["open", "fdopen", "write", "fsync", "chmod", "replace"])
+def test_a_ctrl_c_anywhere_in_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch, where):
+    """A KeyboardInterrupt at each step of :func:`atomic_open` (after the step for open, the one that creates the
+    file; before it for the others): the old file is kept whole and no temporary file is left. CI once found a
+    ``.history.json.*.tmp`` after a Ctrl-C: ``tempfile.mkstemp`` creates the file before it returns its name."""
+    (tmp_path / "h.json").write_text("old")
+    real = {"open": os.open, "fdopen": os.fdopen, "fsync": os.fsync, "chmod": os.chmod, "replace": os.replace}
+
+    def interrupted(*a, **k):
+        if where == "open":
+            real["open"](*a, **k)                       # the file now exists, its descriptor is lost
+        raise KeyboardInterrupt
+
+    if where != "write":
+        monkeypatch.setattr(os, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_open(tmp_path / "h.json", "w") as fh:
+            if where == "write":
+                fh.write("half")
+                raise KeyboardInterrupt
+            fh.write("new")
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["h.json"] and (tmp_path / "h.json").read_text() == "old"
+    atomic.atomic_write_text("new", tmp_path / "h.json")        # the negative control: uninterrupted, replaced
+    assert sorted(os.listdir(tmp_path)) == ["h.json"] and (tmp_path / "h.json").read_text() == "new"
+
+
+def test_mkstemp_would_leave_its_file_when_interrupted(tmp_path, monkeypatch):
+    """Why atomic_open names its temporary file first: the same interrupt as above inside ``tempfile.mkstemp``
+    leaves a file whose name nobody was given (the control showing the injected interrupt reaches the window)."""
+    import tempfile
+
+    real_open = os.open
+
+    def interrupted(*a, **k):
+        real_open(*a, **k)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "open", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tempfile.mkstemp(dir=tmp_path, prefix=".h.json.", suffix=".tmp")
+    monkeypatch.undo()
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and left[0].endswith(".tmp")
+    assert atomic.clean_temporaries(tmp_path) == [str(tmp_path / left[0])] and not os.listdir(tmp_path)
+
+
+STORM = """
+import glob, os, random, signal, sys, threading
+sys.path.insert(0, {root!r})
+from experiments.app.atomic import atomic_write_text
+folder, rng, left, interrupts = {folder!r}, random.Random(0), 0, 0
+target = os.path.join(folder, "history.json")
+atomic_write_text("x" * 1000, target)          # the target exists before the first interrupt
+for trial in range(200):
+    timer = threading.Timer(rng.uniform(0, 0.003), os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        while True:
+            atomic_write_text("x" * 1000, target)
+    except KeyboardInterrupt:
+        interrupts += 1
+    timer.join()
+    left += len(glob.glob(os.path.join(folder, ".*.tmp")))
+    assert open(target).read() == "x" * 1000
+print(interrupts, left)
+"""
+
+
+def test_ctrl_c_at_random_instants_of_atomic_writes_leaves_nothing_behind(tmp_path):
+    """200 real SIGINTs timed at random into a loop of writes (a fresh process, SIGINT's default handler): every
+    one lands somewhere in a write, and none leaves a temporary file or a half-written target (with ``mkstemp``
+    a third of them left one)."""
+    proc = subprocess.run([sys.executable, "-c", STORM.format(root=ROOT, folder=str(tmp_path))], capture_output=True,
+                          text=True, timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["200", "0"]
+
+
 # --- (16) a study's default config found from any folder
 
 

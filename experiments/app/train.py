@@ -461,6 +461,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                                if diverged else "") + last_good(run_dir)) from None
     except KeyboardInterrupt:
         if dd.is_main:
+            # this process holds the folder's lock: whatever write the Ctrl-C cut short leaves no temporary file
+            clean_temporaries(run_dir)
             log.info(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run_dir)}")
         raise
     finally:

@@ -59,12 +59,26 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 def block_size(device: torch.device, dtype: torch.dtype, d: int) -> Tuple[int, int]:
     """``(BM, BN)``: 16 in the interpreter (numpy per program: small tiles keep tests fast), 64 on a GPU (32 for
-    float64 or wide heads, to bound registers). ``tl.dot`` needs at least 16."""
+    wide heads, 16 for float64, to bound registers). ``tl.dot`` needs at least 16."""
     if device.type != "cuda":
         return 16, 16
-    if dtype == torch.float64 or d > 128:
+    if dtype == torch.float64:         # the product is a (BM, BD, BN) sum in registers (_mm)
+        return 16, 16
+    if d > 128:
         return 32, 32
     return 64, 64
+
+
+@triton.jit
+def _mm(a, b, IP: tl.constexpr):
+    """``a @ b`` of two tiles: ``tl.dot`` (``input_precision=IP``), or for ``IP == "fp64"`` the sum of products
+    over the shared axis. Triton 3.6 fails to lower a float64 ``tl.dot`` for sm_90 (``PassManager::run failed`` in
+    ``ConvertTritonGPUToLLVM``, seen on an H200): every float64 pass, the dtype of the descent checks, failed to
+    compile there."""
+    if IP == "fp64":
+        return tl.sum(a[:, :, None] * b[None, :, :], 1)
+    else:
+        return tl.dot(a, b, input_precision=IP)
 
 
 @triton.jit
@@ -81,7 +95,7 @@ def _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM: tl.constexpr
     xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
     if flag != 0:
         sqk = tl.sum(xk * xk, 1)
-        dot = tl.dot(xq, tl.trans(xk), input_precision=IP)
+        dot = _mm(xq, tl.trans(xk), IP)
         d2 = tl.maximum(sqq[:, None] + sqk[None, :] - 2.0 * dot, 0.0)
     else:
         d2 = tl.zeros([BM, BN], dtype=xq.dtype)
@@ -148,7 +162,7 @@ def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
                                                          n, D, b, tau, p0, p1, p2, p3, RHO_D, COMPLETE, BM, BN, BD, IP)
         deg += tl.sum(gamma, 1).to(tl.float64)
         if NUM:
-            num += tl.dot(gamma.to(dtype), xk, input_precision=IP)
+            num += _mm(gamma.to(dtype), xk, IP)
         if ENERGY:
             en += tl.sum(tl.where(edge, RHO_V(zs, p0, p1, p2, p3), 0.0), 1).to(tl.float64)
     out = bh * n + rows
@@ -188,7 +202,7 @@ def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H
         gdk = tl.load(GD + cols, mask=cmask, other=0.0)
         if flag != 0:       # (g_u - g_v).(x_v - x_u) = g_u.x_v + g_v.x_u - g_u.x_u - g_v.x_v
             gxk = tl.sum(gk * xk, 1)
-            s = (tl.dot(gq, tl.trans(xk), input_precision=IP) + tl.dot(xq, tl.trans(gk), input_precision=IP)
+            s = (_mm(gq, tl.trans(xk), IP) + _mm(xq, tl.trans(gk), IP)
                  - gxq[:, None] - gxk[None, :])
         else:
             s = tl.zeros([BM, BN], dtype=dtype)
@@ -201,7 +215,7 @@ def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H
         c = tl.where(edge, (s + gdq[:, None] + gdk[None, :]) * r2 / tau, 0.0)
         deg += tl.sum(gamma, 1)
         csum += tl.sum(c, 1)
-        acc += tl.dot(gamma.to(dtype), gk - ge * xk, input_precision=IP) - tl.dot(c.to(dtype), xk, input_precision=IP)
+        acc += _mm(gamma.to(dtype), gk - ge * xk, IP) - _mm(c.to(dtype), xk, IP)
     dx = acc - deg[:, None] * gq + (csum + ge * deg)[:, None] * xq
     tl.store(DX + (bh * n + rows)[:, None] * D + dcol[None, :], dx, mask=tile)
 
@@ -299,7 +313,8 @@ def _bd(D: int) -> int:
 
 
 def _ip(dtype: torch.dtype) -> str:
-    return "ieee"
+    """The tiles' product (:func:`_mm`): ``tl.dot`` in IEEE precision (no TF32), or the plain sum for float64."""
+    return "fp64" if dtype == torch.float64 else "ieee"
 
 
 class Layout(NamedTuple):
@@ -323,10 +338,16 @@ def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
     shift-invariant graphs, cached per shape; CSR otherwise, cached on the graph's fixed edge list). Built from
     fixed shapes: the mask is applied in the kernels."""
     device = graph.mask.device
-    bm, bn = block_size(device, dtype, D)
     if graph.is_complete or graph.offsets is not None:
-        return _tiled_layout((graph.num_nodes, None if graph.is_complete else graph.offsets, bm, bn, str(device)))
-    return _csr_layout(graph, bm)
+        return tiled_layout(graph.num_nodes, None if graph.is_complete else graph.offsets, D, dtype, device)
+    return _csr_layout(graph, block_size(device, dtype, D)[0])
+
+
+def tiled_layout(n: int, offsets, D: int, dtype: torch.dtype, device) -> Layout:
+    """The tiled :class:`Layout` of ``n`` tokens: the complete graph (``offsets`` None) or the shift-invariant graph
+    of ``offsets`` (cached per shape, :func:`_tiled_layout`)."""
+    bm, bn = block_size(torch.device(device), dtype, D)
+    return _tiled_layout((n, None if offsets is None else tuple(offsets), bm, bn, str(device)))
 
 
 @torch.compiler.assume_constant_result
@@ -399,17 +420,45 @@ def block_table(n: int, bm: int, bn: int, offsets: Optional[Tuple[int, ...]], de
 
 #: the Triton functions of each penalty the kernels have seen, by key (custom ops take strings, not functions)
 _RHO_FNS: Dict[str, tuple] = {}
+_RHO_PARAMS: Dict[str, tuple] = {}
 _DUMMY: Dict[str, torch.Tensor] = {}
 
 
-@torch.compiler.assume_constant_result
-def _rho_key(rho) -> Tuple[str, tuple]:
-    """The key under which the kernels find a penalty's Triton functions, and its parameters. Run for real while
-    ``torch.compile`` traces (a constant to it), so that the functions are registered before the op runs."""
+def _key_of(rho) -> str:
+    return f"{type(rho).__module__}.{type(rho).__qualname__}:{rho.spec()}"
+
+
+def _register(rho) -> Tuple[str, tuple]:
     value, derivative, second, params = rho_functions(rho)
-    key = f"{type(rho).__module__}.{type(rho).__qualname__}:{rho.spec()}"
+    key = _key_of(rho)
     _RHO_FNS[key] = (value, derivative, second)
+    _RHO_PARAMS[key] = params
     return key, params
+
+
+@torch.compiler.assume_constant_result
+def _rho_params(key: str) -> tuple:
+    """The parameters of the penalty registered under ``key``, rebuilt from its spec (:func:`energies.rho.get_rho`)
+    when it was never run eagerly. A string argument: a constant to every torch version's dynamo (torch 2.11 refused
+    the penalty module itself, ``UnspecializedNNModuleVariable(ExpRho) is not a constant``)."""
+    if key not in _RHO_PARAMS:
+        from .rho import get_rho
+
+        rho = get_rho(key.split(":", 1)[1])
+        if _key_of(rho) != key:
+            raise NotImplementedError(f"rho {key!r} is not rebuilt by its spec: run it once outside torch.compile")
+        _register(rho)
+    return _RHO_PARAMS[key]
+
+
+def _rho_key(rho) -> Tuple[str, tuple]:
+    """The key under which the kernels find a penalty's Triton functions, and its parameters. Eagerly the penalty
+    registers itself; while ``torch.compile`` traces, the key is a string computed from constants and the lookup is
+    a constant to dynamo (:func:`_rho_params`), so the functions are registered before the op runs."""
+    if not torch.compiler.is_compiling():
+        return _register(rho)
+    key = _key_of(rho)
+    return key, _rho_params(key)
 
 
 def _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):

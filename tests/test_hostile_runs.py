@@ -427,8 +427,8 @@ target = os.path.join(folder, "history.json")
 atomic_write_text("x" * 1000, target)          # the target exists before the first interrupt
 for trial in range(200):
     timer = threading.Timer(rng.uniform(0, 0.003), os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
+        timer.start()                  # inside the try: under load the signal can come before start() returns
         while True:
             atomic_write_text("x" * 1000, target)
     except KeyboardInterrupt:

@@ -107,6 +107,45 @@ def test_other_layouts_and_a_window_wider_than_the_sequence(graph):
     _check(pairwise_pass(Y, g, rho, tau, "triton", energy=True), _explicit(Y, g, rho, tau), g, torch.float64, rho)
 
 
+@pytest.mark.parametrize("graph, n", [("strided:4", 42), ("strided:3", 24), ("dilated:3:20", 40), ("strided:5", 13)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_strided_graphs_split_into_band_and_residue_classes(graph, n, dtype, monkeypatch):
+    """A stride's multiples are the complete graph of each residue class: the kernel runs them as ``B k`` examples of
+    ``ceil(n / k)`` tokens plus the band (n not a multiple of k, padded tokens at both ends). It equals the explicit
+    float64 form, and its gradients pass gradcheck. Controls: the split is what ran (strided:5 at n = 13 is not
+    cheaper split, and stays whole), and a split that forgets the band fails the comparison."""
+    from energies.kernels import triton_kernel as TK
+
+    B, d, tau = 2, 3, 1.1
+    Y, mask = _tokens(B, n, d, dtype, True, seed=n)
+    g = E.graph_from_spec(graph, n, batch_size=B, mask=mask.cpu()).to(DEVICE)
+    rho = get_rho("softplus:1.5:0.5")
+    split = TK.residue_split(g.offsets, n)
+    assert (split is None) == (graph == "strided:5")
+    calls = []
+    real = TK._residue_heads
+    monkeypatch.setattr(TK, "_residue_heads", lambda *a: calls.append(a[3]) or real(*a))
+    out = pairwise_pass(Y, g, rho, tau, "triton", energy=True)
+    assert calls == ([] if split is None else [split[1]])
+    ref = _explicit(Y, g, rho, tau)
+    _check(out, ref, g, dtype, rho)
+    if split is None:
+        return
+    if dtype == torch.float64 and graph == "strided:3":      # one gradcheck (the interpreter is slow)
+        W = torch.randn(d, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+
+        def fn(Y, W):
+            o = pairwise_pass(Y, g, rho, tau, "triton", energy=True, metric=W)
+            return o.agg, o.deg, o.energy
+
+        assert torch.autograd.gradcheck(fn, (Y.clone().requires_grad_(), W.requires_grad_()), eps=1e-6, atol=1e-7,
+                                        fast_mode=True)
+    if split[0]:                   # the negative control: without the band the pass is wrong
+        monkeypatch.setattr(TK, "_residue_heads", lambda Z, m, band, k, *a: real(Z, m, (), k, *a))
+        with pytest.raises(AssertionError):
+            _check(pairwise_pass(Y, g, rho, tau, "triton", energy=True), ref, g, dtype, rho)
+
+
 def test_a_mask_applied_on_the_device_keeps_the_edge_list_shape():
     """GraphCache masks a shift-invariant graph without compacting its edges (no host read); the kernels weigh
     each edge by the mask, and the result equals the graph built with the mask."""
@@ -353,12 +392,15 @@ def test_the_triton_kernel_compiles_in_one_graph_from_a_cold_cache():
     from unfold.encoders import GuaranteedEncoder
 
     TP._LAYOUTS.clear()
+    TP._RHO_FNS.clear()          # cold: the penalty is found from its spec while dynamo traces (_rho_params)
+    TP._RHO_PARAMS.clear()
     dynamo.reset()
     torch.manual_seed(0)
     enc = GuaranteedEncoder(d=8, heads=2, layers=2, kernel="triton").to(DEVICE)
     X, mask = _tokens(2, 9, 8, torch.float32, True, seed=13)
     X = X.relu()
     out = torch.compile(lambda X, m: enc(X, m, trace=True), backend="aot_eager", fullgraph=True)(X, mask)
+    assert TP._RHO_PARAMS, "the compiled call registered the penalty"
     ref = enc(X, mask, trace=True)
     assert torch.allclose(out.Y, ref.Y, rtol=1e-6, atol=1e-6)
     for k in ref.energies:

@@ -127,7 +127,8 @@ class EnergyTrace(OrderedDict):
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
         no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent.
         ``ran``: one ``(S,)`` bool per layer (the class docstring), or None."""
-        trace = cls(((k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]),
+        trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
+                    # dynamo could not compile a generator handed to the dict ('remaining_items')
                     resolution=torch.stack(resolution, dim=1), indicators=indicators,
                     ran=torch.stack(ran, dim=1) if ran else None)
         if mask is not None:

@@ -2,11 +2,12 @@
 or, on the CPU, in Triton's interpreter; :func:`triton_unavailable` says why it cannot run on a device."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from ..graph import TokenGraph
+from ..graphs.bands import banded_plan
 from ..rho import Rho, kernel_sensitivity
 from .guard import _centred, _own_dtype
 from .registry import PairwisePass, register_kernel
@@ -50,6 +51,51 @@ def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass
     return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
 
 
+#: split strided graphs into band + residue classes (:func:`residue_split`); off only for the tests' comparison
+SPLIT_RESIDUES = True
+
+
+@torch.compiler.assume_constant_result
+def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int, ...], int]]:
+    """``(band offsets, stride k)`` when the graph of ``offsets`` on n tokens is cheaper as a band plus the complete
+    graph of each residue class mod k (:func:`~energies.graphs.bands.banded_plan`: fewer keys per query than n),
+    else None. The tiled kernel visits every key block a query block's offsets reach: every multiple of k is an
+    offset of ``strided:k``, so unsplit it visits every block (as slow as the complete graph on a GPU: 0.94x at
+    n = 65,536, H200), split ``n / k + b + 2(k - 1)`` keys per query."""
+    if not SPLIT_RESIDUES:
+        return None
+    keys, band, k = banded_plan(tuple(offsets), n)
+    return (band, k) if k is not None and keys < n else None
+
+
+def _residue_heads(Z, mask, band, k, rho, tau, num, energy):
+    """The kernel's three outputs on a strided graph, as two launches whose pair sets are disjoint (so the sums add):
+    the band (offsets not multiples of k) on the tokens as they are, and the complete graph of each residue class
+    ``i mod k`` on the tokens regrouped as ``B k`` examples of ``m = ceil(n / k)`` (padded with masked slots)."""
+    from ..triton_pairwise import pairwise_heads, tiled_layout
+    B, H, n, D = Z.shape
+    m = -(-n // k)
+    sens = kernel_sensitivity(rho)
+    pad = m * k - n
+    Zp = torch.cat([Z, Z.new_zeros(B, H, pad, D)], 2) if pad else Z
+    mp = torch.cat([mask, mask.new_zeros(B, pad)], 1) if pad else mask
+    Zc = Zp.reshape(B, H, m, k, D).permute(0, 3, 1, 2, 4).reshape(B * k, H, m, D)
+    mc = mp.reshape(B, m, k).transpose(1, 2).reshape(B * k, m)
+    agg, deg, e = pairwise_heads(Zc, mc, tiled_layout(m, None, D, Z.dtype, Z.device), rho, tau, num, energy, sens)
+    deg = deg.reshape(B, k, H, m).permute(0, 2, 3, 1).reshape(B, H, m * k)[:, :, :n]
+    if num:
+        agg = agg.reshape(B, k, H, m, D).permute(0, 2, 3, 1, 4).reshape(B, H, m * k, D)[:, :, :n]
+    if energy:
+        e = e.reshape(B, k, H).sum(1)
+    if band:
+        a2, d2, e2 = pairwise_heads(Z, mask, tiled_layout(n, band, D, Z.dtype, Z.device), rho, tau, num, energy,
+                                    sens)
+        deg = deg + d2
+        agg = agg + a2 if num else agg
+        e = e + e2 if energy else e
+    return agg, deg, e
+
+
 def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
     """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
     for the half types), one :class:`PairwisePass` per metric (None: the tokens themselves)."""
@@ -62,7 +108,11 @@ def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
         H, dh = len(metrics), metrics[0].shape[1]
         W = torch.cat([w.to(device=Y.device, dtype=dt) for w in metrics], 1)
         Z = (Yc @ W).unflatten(-1, (H, dh)).transpose(1, 2)
-    agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,
-                                 kernel_sensitivity(rho))
+    split = residue_split(graph.offsets, graph.num_nodes) if graph.offsets is not None else None
+    if split is None:
+        agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,
+                                     kernel_sensitivity(rho))
+    else:
+        agg, deg, e = _residue_heads(Z, graph.mask, split[0], split[1], rho, tau, num, energy)
     return [PairwisePass(None if agg is None else agg[:, h].to(Y.dtype), deg[:, h].to(Y.dtype),
                          None if e is None else e[:, h], Y=Y, metric=metrics[h]) for h in range(len(metrics))]

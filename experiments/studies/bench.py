@@ -435,10 +435,10 @@ def _cuda_peak_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
-def _gpu_cases(n: int, d: int, B: int, H: int, device, dtype, graph: str = "complete"):
+def _gpu_cases(n: int, d: int, B: int, H: int, device, dtype, graph: str = "complete", flex: bool = True):
     """Closures for the gpu suite, each forward + backward of one attention layer on (B, n, d) tokens: ``ours`` (one
     guaranteed layer, H heads of d / H, the Triton kernel, trace off), ``sdpa`` and ``flex`` (torch's attention on
-    q = k = v of H heads of d / H; flex compiled, None where it cannot run: no backward off CUDA)."""
+    q = k = v of H heads of d / H; flex compiled, None where it cannot run: no backward off CUDA, or ``flex=False``)."""
     from unfold.encoders import GuaranteedEncoder
 
     gen = torch.Generator().manual_seed(n)
@@ -451,26 +451,91 @@ def _gpu_cases(n: int, d: int, B: int, H: int, device, dtype, graph: str = "comp
         Q = X.detach().reshape(B, n, H, d // H).transpose(1, 2).contiguous().requires_grad_()
         cases["sdpa"] = lambda: torch.nn.functional.scaled_dot_product_attention(Q, Q, Q).sum().backward()
         cases["flex"] = None
-        if device.type == "cuda":
+        if device.type == "cuda" and flex:
             try:
                 from torch.nn.attention.flex_attention import flex_attention
-                flex = torch.compile(flex_attention)
-                cases["flex"] = lambda: flex(Q, Q, Q).sum().backward()
-            except Exception:              # pragma: no cover - depends on the GPU's torch build
+                compiled = torch.compile(flex_attention)
+                compiled(Q, Q, Q).sum().backward()          # compiled here: a build that cannot compile it says so
+                cases["flex"] = lambda: compiled(Q, Q, Q).sum().backward()
+            except Exception as exc:       # pragma: no cover - depends on the GPU's torch build and compiler
+                print(f"flex_attention left out at n = {n}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
                 cases["flex"] = None
     return enc, X, mask, cases
+
+
+def _gpu_batch(n: int, quick: bool) -> int:
+    """Examples per call: 16,384 tokens in all (one example from n = 16,384 on)."""
+    return 1 if quick else max(1, 16384 // n)
+
+
+def gpu_layer_row(n: int, dtype, device, quick: bool, d: int, H: int, flex: bool = True) -> dict:
+    """One row of the gpu suite: tokens/s (and peak MiB on CUDA) of one layer, forward + backward, on the complete
+    graph (ours, SDPA, FlexAttention) and on window:8 (ours), with the ratios read off them."""
+    B = _gpu_batch(n, quick)
+    rep = 1 if quick else (3 if n >= 16384 else 7)
+    row = {"n": n, "B": B, "dtype": str(dtype).replace("torch.", "")}
+    for graph in ("complete", "window:8"):
+        _, _, _, cases = _gpu_cases(n, d, B, H, device, dtype, graph, flex=flex)
+        names = [k for k, f in cases.items() if f is not None]
+        times = timeit_interleaved([cases[k] for k in names], rep, warmup=1)
+        tag = "" if graph == "complete" else "window_"
+        for k, t in zip(names, times):
+            row[f"{tag}{k}_tokens_per_s"] = B * n / t
+            if device.type == "cuda":
+                row[f"{tag}{k}_peak_mb"] = _cuda_peak_mb(cases[k])
+    row["ours_over_sdpa_time"] = row["sdpa_tokens_per_s"] / row["ours_tokens_per_s"]
+    if "flex_tokens_per_s" in row:
+        row["ours_over_flex_time"] = row["flex_tokens_per_s"] / row["ours_tokens_per_s"]
+    row["window_over_complete_tokens_per_s"] = row["window_ours_tokens_per_s"] / row["ours_tokens_per_s"]
+    return row
+
+
+#: the graph variants the gpu suite compares with the complete graph (Triton kernel, float32)
+GPU_VARIANTS = ("complete", "window:8", "strided:16", "star")
+
+
+def gpu_variants_row(n: int, device, quick: bool, d: int, H: int) -> dict:
+    """Tokens/s of one layer (forward + backward, float32, the Triton kernel) on each of :data:`GPU_VARIANTS`, timed
+    in alternation, and each over the complete graph's."""
+    B = _gpu_batch(n, quick)
+    fns = [_gpu_cases(n, d, B, H, device, torch.float32, g, flex=False)[3]["ours"] for g in GPU_VARIANTS]
+    times = timeit_interleaved(fns, 1 if quick else (3 if n >= 16384 else 5), warmup=1)
+    row = {"n": n, "B": B}
+    for g, t in zip(GPU_VARIANTS, times):
+        row[f"{g}_tokens_per_s"] = B * n / t
+        row[f"{g}_over_complete"] = times[0] / t
+    return row
+
+
+def gpu_trace_row(n: int, device, quick: bool, d: int, H: int) -> dict:
+    """The default guaranteed encoder (T = 4, Triton kernel) forward with the energy trace on vs off, and the
+    trace's verdict."""
+    from unfold.encoders import GuaranteedEncoder
+
+    B = _gpu_batch(n, quick)
+    gen = torch.Generator().manual_seed(n)
+    X = torch.randn(B, n, d, generator=gen).relu().to(device)
+    mask = torch.ones(B, n, dtype=torch.bool, device=device)
+    torch.manual_seed(0)
+    enc = GuaranteedEncoder(d=d, heads=H, layers=4, kernel="triton").to(device)
+    with torch.no_grad():
+        off, on = timeit_interleaved([lambda: enc(X, mask), lambda: enc(X, mask, trace=True)],
+                                     1 if quick else 7, warmup=1)
+        rep = enc(X, mask, trace=True).report()
+    return {"n": n, "B": B, "off_s": off, "on_s": on, "on_over_off": on / off,
+            "increases": rep.num_increases, "verdict": rep.verdict}
 
 
 @suite("gpu")
 def gpu_suite(quick: bool, device: torch.device) -> dict:
     """The Triton kernel on a GPU (``--device cuda``): tokens per second and peak memory of one layer (forward +
     backward) on the complete graph against ``scaled_dot_product_attention`` and FlexAttention, and on window:8, for
-    n = 512 ... 65,536 (d = 64, 2 heads) in float32 and bfloat16 (ours computes bfloat16 inputs in float32), and
-    the default model's forward (T = 4) with the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's
-    interpreter: it checks the code and the JSON, not the speed)."""
+    n = 512 ... 65,536 (d = 64, 2 heads) in float32 and bfloat16 (ours computes bfloat16 inputs in float32); the
+    graph variants (:data:`GPU_VARIANTS`) against the complete graph; and the default model's forward (T = 4) with
+    the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's interpreter: it checks the code and the
+    JSON, not the speed)."""
     from energies.errors import ConfigError
     from energies.pairwise import triton_unavailable
-    from unfold.encoders import GuaranteedEncoder
 
     why = triton_unavailable(device.type)
     if why is not None:
@@ -480,43 +545,12 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
     d, H = (16, 2) if quick else (64, 2)
     sizes = [32, 48] if quick else [512, 2048, 4096, 8192, 16384, 65536]
     dtypes = [torch.float32] if quick else [torch.float32, torch.bfloat16]
-    rows = []
-    for dtype in dtypes:
-        for n in sizes:
-            B = 1 if quick else max(1, 16384 // n)
-            rep = 1 if quick else (3 if n >= 16384 else 7)
-            row = {"n": n, "B": B, "dtype": str(dtype).replace("torch.", "")}
-            for graph in ("complete", "window:8"):
-                _, _, _, cases = _gpu_cases(n, d, B, H, device, dtype, graph)
-                names = [k for k, f in cases.items() if f is not None]
-                times = timeit_interleaved([cases[k] for k in names], rep, warmup=1)
-                tag = "" if graph == "complete" else "window_"
-                for k, t in zip(names, times):
-                    row[f"{tag}{k}_tokens_per_s"] = B * n / t
-                    if device.type == "cuda":
-                        row[f"{tag}{k}_peak_mb"] = _cuda_peak_mb(cases[k])
-            row["ours_over_sdpa_time"] = row["sdpa_tokens_per_s"] / row["ours_tokens_per_s"]
-            if "flex_tokens_per_s" in row:
-                row["ours_over_flex_time"] = row["flex_tokens_per_s"] / row["ours_tokens_per_s"]
-            row["window_over_complete_tokens_per_s"] = row["window_ours_tokens_per_s"] / row["ours_tokens_per_s"]
-            rows.append(row)
-    trace = []
-    for n in sizes:
-        B = 1 if quick else max(1, 16384 // n)
-        gen = torch.Generator().manual_seed(n)
-        X = torch.randn(B, n, d, generator=gen).relu().to(device)
-        mask = torch.ones(B, n, dtype=torch.bool, device=device)
-        torch.manual_seed(0)
-        enc = GuaranteedEncoder(d=d, heads=H, layers=4, kernel="triton").to(device)
-        with torch.no_grad():
-            off, on = timeit_interleaved([lambda: enc(X, mask), lambda: enc(X, mask, trace=True)],
-                                         1 if quick else 7, warmup=1)
-            rep = enc(X, mask, trace=True).report()
-        trace.append({"n": n, "B": B, "off_s": off, "on_s": on, "on_over_off": on / off,
-                      "increases": rep.num_increases, "verdict": rep.verdict})
+    rows = [gpu_layer_row(n, dtype, device, quick, d, H) for dtype in dtypes for n in sizes]
+    variants = [gpu_variants_row(n, device, quick, d, H) for n in (sizes if quick else [2048, 8192, 65536])]
+    trace = [gpu_trace_row(n, device, quick, d, H) for n in sizes if n <= 16384]    # T = 4 at 65,536: minutes
     f32 = [r for r in rows if r["dtype"] == "float32"]
     big = [t for t in trace if t["n"] >= 4096] or trace
-    return {"figures": {"d": d, "heads": H, "rows": rows, "trace": trace,
+    return {"figures": {"d": d, "heads": H, "rows": rows, "variants": variants, "trace": trace,
                         "memory": "torch.cuda.max_memory_allocated during one call, above what was allocated before"},
             "ratios": {"trace_on_over_off_n4096_plus": max(t["on_over_off"] for t in big),
                        "ours_over_sdpa_time": f32[-1]["ours_over_sdpa_time"],

@@ -62,7 +62,7 @@ def test_metric_form_is_the_prox_mm_step_of_the_same_energy(relu, device):
     # the same per-edge float64 values summed by the same kernel, in an order that may differ between its two calls
     # (CUDA's index_add adds with atomics: on an H200 the two differed in the last bits): reordering a sum of m terms
     # moves it by at most (m - 1) eps sum |terms|
-    bound = ei.shape[1] * torch.finfo(torch.float64).eps * sum(float(v.abs().sum()) for v in vals.values())
+    bound = ei.shape[1] * torch.finfo(torch.float64).eps * sum(float(v.detach().abs().sum()) for v in vals.values())
     assert (conv.energy(x, ei, x0) - total(vals)).abs() <= bound
 
 

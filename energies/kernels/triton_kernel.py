@@ -51,10 +51,6 @@ def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass
     return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
 
 
-#: split strided graphs into band + residue classes (:func:`residue_split`); off only for the tests' comparison
-SPLIT_RESIDUES = True
-
-
 @torch.compiler.assume_constant_result
 def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int, ...], int]]:
     """``(band offsets, stride k)`` when the graph of ``offsets`` on n tokens is cheaper as a band plus the complete
@@ -62,8 +58,6 @@ def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int,
     else None. The tiled kernel visits every key block a query block's offsets reach: every multiple of k is an
     offset of ``strided:k``, so unsplit it visits every block (as slow as the complete graph on a GPU: 0.94x at
     n = 65,536, H200), split ``n / k + b + 2(k - 1)`` keys per query."""
-    if not SPLIT_RESIDUES:
-        return None
     keys, band, k = banded_plan(tuple(offsets), n)
     return (band, k) if k is not None and keys < n else None
 

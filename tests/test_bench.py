@@ -32,6 +32,10 @@ def test_quick_suite_prints_its_json_schema(suite, tmp_path):
             assert v == "nan" or (isinstance(v, (int, float)) and math.isfinite(v)), (k, v)
         else:
             assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (k, v)
+    if suite == "gpu":     # every variant's row names each graph's ratio to the complete graph's
+        from experiments.studies.bench import GPU_VARIANTS
+        assert out["figures"]["variants"] and all(isinstance(row[f"{g}_over_complete"], float)
+                                                  for row in out["figures"]["variants"] for g in GPU_VARIANTS)
     if suite == "energy":  # the two energy evaluations agree
         assert out["figures"]["pair_energy"]["rel_diff"] < 1e-5
 

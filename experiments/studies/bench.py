@@ -17,8 +17,9 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
 * ``model``: training steps per second of the default guaranteed model vs ``torch.nn.TransformerEncoder``
   of the same width and depth (``ours_over_torch_steps_per_s``);
 * ``gpu``: the Triton kernel on a GPU (``--device cuda``): tokens/s and peak memory of one layer against SDPA and
-  FlexAttention (complete graph) and on window:8, n = 512 ... 65,536, float32 and bfloat16, and the trace's cost
-  at T = 4 (``trace_on_over_off_n4096_plus``, ``ours_over_sdpa_time``, ``window8_over_complete_tokens_per_s``);
+  FlexAttention (complete graph) and on window:8, n = 512 ... 65,536, float32 and bfloat16, the graph variants
+  (window:8, strided:16, star) against the complete graph, and the trace's cost at T = 4
+  (``trace_on_over_off_n4096_plus``, ``ours_over_sdpa_time``, ``window8_over_complete_tokens_per_s``);
 * ``compile``: ``torch.compile`` readiness of the hot path: graph breaks (``torch._dynamo.explain``) of the
   default classifier's forward with the trace off (``graph_breaks_trace_off``, target 0) and on
   (``graph_breaks_trace_on``), of a cached ``UnfoldedAttentionConv`` (``conv_graph_breaks``), and training

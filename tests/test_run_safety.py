@@ -2,6 +2,7 @@
 (real process exits), a corrupt last checkpoint that must not replace the good one, and one run per folder."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,36 +114,48 @@ def test_one_run_per_folder_and_no_silent_overwrite(tmp_path):
 
 
 def test_concurrent_training_runs_into_one_folder(tmp_path):
-    """Before: two runs into one --run-dir both exited 0 and one reported the other's best.pt."""
-    data = synthetic_text_dir(tmp_path / "toy", n_train=3000)
+    """Before: two runs into one --run-dir both exited 0 and one reported the other's best.pt. The first run is given
+    far more epochs than the checks take, so that it still holds the folder while a second run and a resume are
+    refused (with 6 epochs it once finished first on a fast machine, and the resume then rightly ran); then Ctrl-C
+    stops it. A finished folder is refused, and replaced only with --overwrite."""
+    data = synthetic_text_dir(tmp_path / "toy", n_train=600)
+
+    def args(run, *extra):
+        return ["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
+                "data.glove=none", "train.progress=false", *extra]
+
     run = tmp_path / "run"
-    args = ["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
-            "data.glove=none", "train.progress=false", "train.max_train_examples=3000", "train.epochs=6"]
-    first = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args(run, "train.epochs=100000"), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not (run / "config.yaml").exists() and time.time() < deadline and first.poll() is None:
             time.sleep(0.1)
         assert first.poll() is None, "the first run ended before the second could start"
-        second = run_train(args)
+        second = run_train(args(run, "train.epochs=100000"))
         assert second.returncode == 2 and "is in use by another run" in second.stderr, second.stderr[-2000:]
         assert "Traceback" not in second.stderr
         resume = run_train(["--resume", str(run)])
-        assert resume.returncode == 2 and "is in use by another run" in resume.stderr
-        out, err = first.communicate(timeout=300)
+        assert resume.returncode == 2 and "is in use by another run" in resume.stderr, resume.stderr[-2000:]
+        assert first.poll() is None, "the first run must still hold the folder after the checks"
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
             first.kill()
-    assert first.returncode == 0, err[-2000:]
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["name"] == "tiny"
-    again = run_train(args)                                  # a finished folder is not silently overwritten
+    assert first.returncode == 130, err[-2000:]
+    done = tmp_path / "done"
+    proc = run_train(args(done, "train.epochs=2"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metrics = json.loads((done / "metrics.json").read_text())
+    assert metrics["name"] == "tiny" and len(json.loads((done / "history.json").read_text())) == 2
+    again = run_train(args(done, "train.epochs=2"))               # a finished folder is not silently overwritten
     assert again.returncode == 2 and "already holds a finished run" in again.stderr
-    assert json.loads((run / "metrics.json").read_text()) == metrics
-    replaced = run_train(args[:-1] + ["train.epochs=1", "--overwrite"])
+    assert json.loads((done / "metrics.json").read_text()) == metrics
+    replaced = run_train(args(done, "train.epochs=1", "--overwrite"))
     assert replaced.returncode == 0, replaced.stderr[-2000:]
-    assert json.loads((run / "metrics.json").read_text())["best_epoch"] == 1
+    assert len(json.loads((done / "history.json").read_text())) == 1
 
 
 def test_everything_a_run_saves_loads_with_weights_only(tmp_path):

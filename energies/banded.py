@@ -38,7 +38,8 @@ from typing import Optional, Tuple
 import torch
 
 from .graph import TokenGraph
-from .graphs.bands import BANDED_ALIGN, BANDED_MIN_BLOCK, banded_block, banded_plan  # noqa: F401  (re-exported)
+from .graphs.bands import (BANDED_ALIGN, BANDED_MIN_BLOCK, banded_block, banded_plan,  # noqa: F401  (re-exported)
+                           class_mask, from_classes, to_classes)
 from .pairwise import PairwisePass, register_kernel
 from .rho import Rho
 
@@ -89,19 +90,11 @@ def _band_masks(mask: torch.Tensor, offsets: Tuple[int, ...], b: int, H: int):
     return pm[:, None].expand(B, H, nb, b, w).contiguous()
 
 
-def _class_mask(mask: torch.Tensor, k: int) -> torch.Tensor:
-    """``(B k, m)``: the token mask of each residue class ``i mod k`` of each example (row ``b k + r``: tokens
-    ``r, r + k, ...``), padded with False to ``m = ceil(n / k)``."""
-    B, n = mask.shape
-    m = -(-n // k)
-    return torch.nn.functional.pad(mask, (0, m * k - n)).reshape(B, m, k).transpose(1, 2).reshape(B * k, m)
-
-
 def _residue_masks(mask: torch.Tensor, k: int, H: int):
     """Pair mask of the residue layout ``(B, H, k, m, m)``: tokens ``q k + r`` of class r meet each other (not
     themselves), real tokens only; ``m = ceil(n / k)``."""
     B = mask.shape[0]
-    mr = _class_mask(mask, k).reshape(B, k, -1)                                            # (B, k, m)
+    mr = class_mask(mask, k).reshape(B, k, -1)                                            # (B, k, m)
     m = mr.shape[-1]
     eye = torch.eye(m, dtype=torch.bool, device=mask.device)
     pm = mr[..., :, None] & mr[..., None, :] & ~eye
@@ -234,30 +227,21 @@ def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
         agg = None if a is None else a.reshape(B, H, nb * b, c)[:, :, :n]
     if k is not None:
         m = -(-n // k)
-
-        def classes(t):                          # (B, H, n, ...) -> (B k, H, m, ...): residue class r of example b
-            t = torch.nn.functional.pad(t, (0, 0) * (t.ndim - 3) + (0, m * k - n))
-            t = t.reshape(B, H, m, k, *t.shape[3:]).movedim(3, 1)
-            return t.reshape(B * k, H, m, *t.shape[4:])
-
-        def tokens(t):                           # the inverse: (B k, H, m, ...) -> (B, H, n, ...)
-            t = t.reshape(B, k, H, m, *t.shape[3:]).movedim(1, 3)
-            return t.reshape(B, H, m * k, *t.shape[4:])[:, :, :n]
         if soft:
             # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
             # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
             from .pairwise import _degree_energy, _from_lse, _fused_parts
-            mr = _class_mask(graph.mask, k)
-            diff, lse = _fused_parts(classes(Z), mr, tau, classes(sq))
+            mr = class_mask(graph.mask, k)
+            diff, lse = _fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
             a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
             er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
-            a, d = tokens(a), tokens(d)
+            a, d = from_classes(a, k, n), from_classes(d, k, n)
         else:
-            Zr = classes(Z).reshape(B, k, H, m, c).transpose(1, 2)                 # (B, H, k, m, c)
-            sqr = classes(sq).reshape(B, k, H, m).transpose(1, 2)
+            Zr = to_classes(Z, k).reshape(B, k, H, m, c).transpose(1, 2)                 # (B, H, k, m, c)
+            sqr = to_classes(sq, k).reshape(B, k, H, m).transpose(1, 2)
             a, d, er = _tile_sums(Zr, Zr, sqr, sqr, res_pm, rho, tau, energy, num)
-            d = tokens(d.transpose(1, 2).reshape(B * k, H, m))
-            a = None if a is None else tokens(a.transpose(1, 2).reshape(B * k, H, m, c))
+            d = from_classes(d.transpose(1, 2).reshape(B * k, H, m), k, n)
+            a = None if a is None else from_classes(a.transpose(1, 2).reshape(B * k, H, m, c), k, n)
         deg = add(deg, d)
         if num:
             agg = add(agg, a)

@@ -1,12 +1,16 @@
 """How a shift-invariant graph's offsets are laid out in blocks: the band (block size and keys per query) and the
-residue classes of a stride (:func:`banded_plan`). Plain arithmetic on the offsets, shared by the CPU's ``banded``
-kernel (:mod:`energies.banded`) and the GPU's ``triton`` kernel (:mod:`energies.kernels.triton_kernel`)."""
+residue classes of a stride (:func:`banded_plan`), and the tokens regrouped by residue class and back
+(:func:`to_classes`, :func:`from_classes`, :func:`class_mask`). Shared by the CPU's ``banded`` kernel
+(:mod:`energies.banded`) and the GPU's ``triton`` kernel (:mod:`energies.kernels.triton_kernel`)."""
 from __future__ import annotations
 
 import functools
 from typing import Optional, Tuple
 
-__all__ = ["BANDED_ALIGN", "BANDED_MIN_BLOCK", "banded_block", "band_width", "banded_plan"]
+import torch
+
+__all__ = ["BANDED_ALIGN", "BANDED_MIN_BLOCK", "banded_block", "band_width", "banded_plan", "class_mask",
+           "from_classes", "to_classes"]
 
 #: the block size is a multiple of this
 BANDED_ALIGN = 8
@@ -47,3 +51,28 @@ def banded_plan(offsets: Tuple[int, ...], n: int) -> Tuple[int, Tuple[int, ...],
             if cost < best[0]:
                 best = (cost, rest, k)
     return best
+
+
+def class_mask(mask: torch.Tensor, k: int) -> torch.Tensor:
+    """``(B k, m)``: the token mask of each residue class ``i mod k`` of each example (row ``b k + r``: tokens
+    ``r, r + k, ...``), padded with False to ``m = ceil(n / k)``."""
+    B, n = mask.shape
+    m = -(-n // k)
+    return torch.nn.functional.pad(mask, (0, m * k - n)).reshape(B, m, k).transpose(1, 2).reshape(B * k, m)
+
+
+def to_classes(t: torch.Tensor, k: int) -> torch.Tensor:
+    """``(B, H, n, ...) -> (B k, H, m, ...)``: row ``b k + r`` holds the tokens ``r, r + k, ...`` of example b
+    (residue class r), padded with zeros to ``m = ceil(n / k)``; rows as in :func:`class_mask`."""
+    B, H, n = t.shape[:3]
+    m = -(-n // k)
+    t = torch.nn.functional.pad(t, (0, 0) * (t.ndim - 3) + (0, m * k - n))
+    t = t.reshape(B, H, m, k, *t.shape[3:]).movedim(3, 1)
+    return t.reshape(B * k, H, m, *t.shape[4:])
+
+
+def from_classes(t: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """The inverse of :func:`to_classes`: ``(B k, H, m, ...) -> (B, H, n, ...)`` (the padding dropped)."""
+    Bk, H, m = t.shape[:3]
+    t = t.reshape(Bk // k, k, H, m, *t.shape[3:]).movedim(1, 3)
+    return t.reshape(Bk // k, H, m * k, *t.shape[4:])[:, :, :n]

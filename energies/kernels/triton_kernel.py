@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..graph import TokenGraph
-from ..graphs.bands import banded_plan
+from ..graphs.bands import banded_plan, class_mask, from_classes, to_classes
 from ..rho import Rho, kernel_sensitivity
 from .guard import _centred, _own_dtype
 from .registry import PairwisePass, register_kernel
@@ -68,19 +68,12 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy):
     ``i mod k`` on the tokens regrouped as ``B k`` examples of ``m = ceil(n / k)`` (padded with masked slots)."""
     from ..triton_pairwise import pairwise_heads, tiled_layout
     B, H, n, D = Z.shape
-    m = -(-n // k)
     sens = kernel_sensitivity(rho)
-    pad = m * k - n
-    Zp = torch.cat([Z, Z.new_zeros(B, H, pad, D)], 2) if pad else Z
-    mp = torch.cat([mask, mask.new_zeros(B, pad)], 1) if pad else mask
-    Zc = Zp.reshape(B, H, m, k, D).permute(0, 3, 1, 2, 4).reshape(B * k, H, m, D)
-    mc = mp.reshape(B, m, k).transpose(1, 2).reshape(B * k, m)
-    agg, deg, e = pairwise_heads(Zc, mc, tiled_layout(m, None, D, Z.dtype, Z.device), rho, tau, num, energy, sens)
-    deg = deg.reshape(B, k, H, m).permute(0, 2, 3, 1).reshape(B, H, m * k)[:, :, :n]
-    if num:
-        agg = agg.reshape(B, k, H, m, D).permute(0, 2, 3, 1, 4).reshape(B, H, m * k, D)[:, :, :n]
-    if energy:
-        e = e.reshape(B, k, H).sum(1)
+    classes = tiled_layout(-(-n // k), None, D, Z.dtype, Z.device)           # complete, on ceil(n / k) tokens
+    agg, deg, e = pairwise_heads(to_classes(Z, k), class_mask(mask, k), classes, rho, tau, num, energy, sens)
+    deg = from_classes(deg, k, n)
+    agg = from_classes(agg, k, n) if num else None
+    e = e.reshape(B, k, H).sum(1) if energy else None
     if band:
         a2, d2, e2 = pairwise_heads(Z, mask, tiled_layout(n, band, D, Z.dtype, Z.device), rho, tau, num, energy,
                                     sens)

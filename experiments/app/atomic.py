@@ -71,10 +71,8 @@ def clean_temporaries(folder) -> list:
     temporary file in the same folder would be removed under it."""
     removed = []
     for tmp in glob.glob(os.path.join(glob.escape(str(folder)), ".*.tmp")):
-        if os.path.isdir(tmp) and not os.path.islink(tmp):
-            continue                           # the project's temporaries in a run folder are files
         try:
-            os.unlink(tmp)
+            os.unlink(tmp)                     # a folder so named is not ours: unlink refuses it
             removed.append(tmp)
         except OSError:
             pass

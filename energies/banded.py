@@ -192,7 +192,8 @@ def _softmax_route(rho: Rho, Z: torch.Tensor) -> bool:
     """Whether the residue layout's classes go to the fused flash op (rho = exp, CPU op present, float32/64)."""
     from .fused import fused_available
     from .rho import ExpRho
-    return isinstance(rho, ExpRho) and Z.dtype in (torch.float32, torch.float64) and fused_available(Z.device.type)
+    return (isinstance(rho, ExpRho) and Z.dtype in (torch.float32, torch.float64)
+            and fused_available(Z.device.type, Z.dtype))
 
 
 def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,

@@ -10,7 +10,9 @@ HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"
             "model": {"ours_over_torch_steps_per_s"}, "attention": {"ours_over_sdpa_time"},
             "scaling": {"complete_time_loglog_slope", "window_time_loglog_slope"},
             # on the CPU through Triton's interpreter (conftest sets TRITON_INTERPRET=1 without a GPU): code and JSON
-            "gpu": {"trace_on_over_off_n4096_plus", "ours_over_sdpa_time", "window8_over_complete_tokens_per_s"}}
+            "gpu": {"trace_on_over_off_n4096_plus", "ours_over_sdpa_time", "window8_over_complete_tokens_per_s"},
+            "speed": {"exp_ours_over_sdpa_max", "other_rho_ours_over_sdpa_max", "trace_on_over_off_max",
+                      "layer_over_torch_layer_max"}}
 
 
 @pytest.mark.parametrize("suite", sorted(HEADLINE))
@@ -36,6 +38,11 @@ def test_quick_suite_prints_its_json_schema(suite, tmp_path):
         from experiments.studies.bench import GPU_VARIANTS
         assert out["figures"]["variants"] and all(isinstance(row[f"{g}_over_complete"], float)
                                                   for row in out["figures"]["variants"] for g in GPU_VARIANTS)
+    if suite == "speed":   # every timing beside its error against the float64 form, within float32's reach
+        rows = out["figures"]["attention"]
+        assert {r["rho"] for r in rows} == {"exp", "cauchy"} and all(r["sdpa"] for r in rows)
+        assert all(0 <= r[k] < 1e-4 for r in rows for k in ("deg_rel_err", "agg_rel_err", "energy_rel_err"))
+        assert out["figures"]["layer"] and all(t["verdict"] == "descent" for t in out["figures"]["trace"])
     if suite == "energy":  # the two energy evaluations agree
         assert out["figures"]["pair_energy"]["rel_diff"] < 1e-5
 
@@ -44,7 +51,7 @@ def test_unknown_suite_exits_2():
     from clifuzz import run_cli       # in process (the subprocess path of the alias is run by the quick suites)
 
     code, _, err = run_cli("experiments.bench", ["nope"], ROOT)
-    assert code == 2 and "valid: ['attention', 'compile', 'energy', 'gpu', 'model', 'scaling', 'sparse']" in err
+    assert code == 2 and "valid: ['attention', 'compile', 'energy', 'gpu', 'model', 'scaling', 'sparse', 'speed']" in err
 
 
 def test_the_peak_memory_probe_measures_a_fresh_process_above_its_baseline():

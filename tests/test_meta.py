@@ -52,14 +52,42 @@ def test_every_encoder_runs_on_meta(kind, graph, rho, trace, gpu_kernels):
     _run(kind, graph, rho, trace)
     if gpu_kernels == "triton":          # what ran was the GPU's kernel
         g = ENCODERS[kind](d=8, layers=1, graph=graph).graphs(torch.ones(2, 5, dtype=torch.bool, device="meta"))
-        assert P.pick_kernel(g, get_rho(rho)) == "triton"
+        expected = "fused" if (graph, rho) == ("complete", "exp") else "triton"   # torch's own fused attention
+        assert P.pick_kernel(g, get_rho(rho)) == expected
 
 
-@pytest.mark.parametrize("kernel", ["softmax", "dense", "streamed", "edges"])
+@pytest.mark.parametrize("kernel", ["softmax", "dense", "streamed", "edges", "fused"])
 def test_every_torch_kernel_guards_on_the_device(kernel, monkeypatch):
     monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
     graph = "complete" if kernel != "edges" else "window:2"
     _run("guaranteed", graph, "exp", True, kernel=kernel)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("trace", [False, True])
+def test_the_fused_kernel_runs_the_cuda_ops_on_meta(trace, dtype, monkeypatch):
+    """The CUDA fused ops (memory-efficient for float32, flash for bfloat16: their meta kernels) through the
+    guaranteed encoder, forward and backward, trace on (the guard's exact side the Triton kernel, where installed)
+    and off; with the trace off bfloat16 features go to the flash op as they are (the ops called are recorded)."""
+    import energies.fused as F
+    assert F.fused_ops("meta", torch.float32).name == "cuda-memory-efficient"
+    assert F.fused_ops("meta", torch.bfloat16).name == "cuda-flash"
+    called = []
+
+    class Spy:
+        def __getattr__(self, name):
+            called.append(name)
+            return getattr(torch.ops.aten, name)
+    monkeypatch.setattr(F, "_aten", Spy)
+    with torch.device("meta"):
+        enc = ENCODERS["guaranteed"](d=16, heads=2, layers=2, graph="complete", rho="exp", kernel="fused").to(dtype)
+        out = enc(torch.randn(2, 37, 16, dtype=dtype), torch.ones(2, 37, dtype=torch.bool), trace=trace)
+        assert out.Y.shape == (2, 37, 16)
+        if trace:
+            assert all(v.dtype == torch.float64 for v in out.energies.values())
+        out.Y.float().sum().backward()
+    op = "flash" if (dtype == torch.bfloat16 and not trace) else "efficient"
+    assert f"_scaled_dot_product_{op}_attention" in called and f"_scaled_dot_product_{op}_attention_backward" in called
 
 
 def test_a_host_read_fails_on_meta():

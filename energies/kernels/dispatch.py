@@ -17,13 +17,14 @@ from .edges import _edges_pass
 from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtype, _scale_dtype, expansion_dtype,
                     expansion_ok, explicit_z)
 from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names
-from .softmax import _degree_energy, _from_lse, _fused_parts, _softmax_degrees
+from .softmax import _degree_energy, _softmax_degrees
 from .streamed import STREAM_MIN_N, _streamed_pass
 from .triton_kernel import _triton_heads
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
-    """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) the ``triton`` kernel where
+    """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) on the complete graph with
+    rho = exp the ``fused`` kernel (torch's own fused attention on CUDA), else the ``triton`` kernel where
     Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
     complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
     ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
@@ -31,7 +32,10 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     (:data:`~energies.kernels.registry.AUTO_RULES`: banded, where a shift-invariant graph's tiles pay,
     :func:`~energies.banded.banded_pays`); any other graph: edges. A kernel that does not apply is an error."""
     if kernel == "auto":
-        if graph.mask.device.type != "cpu" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
+        off_cpu = graph.mask.device.type != "cpu"
+        if off_cpu and graph.is_complete and isinstance(rho, ExpRho) and fused_available(graph.mask.device.type):
+            return "fused"
+        if off_cpu and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
             return "triton"
         if not graph.is_complete:
             if graph.mask.device.type == "cpu":
@@ -72,7 +76,10 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     sq = (Zc * Zc).sum(-1)
     if guard and Y.device.type != "cpu" and not torch.compiler.is_compiling():
         return _guarded_on_device(kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric)
-    dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq) if guard else _own_dtype(Zc)
+    if guard:
+        dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq)
+    else:
+        dt = Zc.dtype if _native_half(kernel, Zc) else _own_dtype(Zc)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
         out = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
@@ -82,6 +89,12 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     else:
         out = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
     return out._replace(Y=Y, metric=metric)
+
+
+def _native_half(kernel: Kernel, Zc: torch.Tensor) -> bool:
+    """Whether the kernel takes these bfloat16 / float16 features as they are (:attr:`Kernel.native_half`, off the
+    CPU, guard off): the step in the half type on its own tensor-core path, never a certified energy."""
+    return kernel.native_half and Zc.dtype in (torch.bfloat16, torch.float16) and Zc.device.type != "cpu"
 
 
 def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
@@ -98,14 +111,31 @@ def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, 
     device): both the kernel's expansion in the tokens' own dtype and the explicit-difference pass (exact to
     rounding at any scale), selected per example on the device by :func:`expansion_ok`. The CPU keeps the
     one read of :func:`expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
+    own = Y.dtype
+    if Zc.dtype not in EXPANSION_Z_ERROR:           # half types: the rule and the pass in float32, the result in own
+        Zc = apply_metric(_centred(Y.float(), graph), metric)
+        Y, sq = Y.float(), (Zc * Zc).sum(-1)
     ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
     fast = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
-    safe = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
+    safe = _safe_pass(kernel, Y, Zc, ok, graph, rho, tau, energy, num, metric)
 
-    def pick(a, b):
-        return None if a is None else torch.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b.to(a.dtype))
-    return PairwisePass(pick(fast.agg, safe.agg), pick(fast.deg, safe.deg), pick(fast.energy, safe.energy),
-                        Y=Y, metric=metric)
+    def pick(a, b, dtype=None):
+        if a is None:
+            return None
+        return torch.where(ok.reshape(ok.shape + (1,) * (a.ndim - 1)), a, b.to(a.dtype)).to(dtype or a.dtype)
+    return PairwisePass(pick(fast.agg, safe.agg, own), pick(fast.deg, safe.deg, own), pick(fast.energy, safe.energy),
+                        Y=Y.to(own), metric=metric)
+
+
+def _safe_pass(kernel: Kernel, Y, Zc, ok, graph, rho, tau, energy, num, metric) -> PairwisePass:
+    """The guard's exact side: the explicit-difference pass; for the fused kernel on the complete graph, where
+    Triton serves the device, the ``triton`` kernel on the examples the rule refuses only (the others' tokens
+    masked out), which decides per example in the kernel and takes explicit differences where the expansion
+    cannot resolve z."""
+    if kernel.name == "fused" and "triton" in KERNELS and KERNELS["triton"].supports(graph, rho) is None:
+        sub = graph.with_mask(graph.mask & ~ok[:, None])
+        return KERNELS["triton"].run(Y, sub, rho, tau, energy, num, metric)
+    return _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
 
 
 def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
@@ -123,9 +153,12 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     name = pick_kernel(graph, rho, kernel)
     if name == "triton":
         return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
-    if Y.dtype not in EXPANSION_Z_ERROR or (guard and Y.device.type != "cpu"):   # (off the CPU: per head, guarded
-        return None                                                                # on the device)
-    if name != "fused" and name not in HEADS_PASSES and (num or name != "softmax"):
+    native = not guard and name == "fused" and _native_half(KERNELS[name], Y)
+    if (Y.dtype not in EXPANSION_Z_ERROR and not native) or (guard and Y.device.type != "cpu"):
+        return None                                      # (off the CPU: per head, guarded on the device)
+    if name == "fused" and not fused_available(Y.device.type, Y.dtype):
+        return None                                      # (no op for this dtype: per head, the exact torch forms)
+    if name not in HEADS_PASSES and (num or name != "softmax"):
         return None
     Y = graph.zero_padded(Y)
     B, n, _ = Y.shape
@@ -138,16 +171,12 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
         top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
         if any(_scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
             return None
-    if name in HEADS_PASSES:                        # (B, H, n, d_h) in one call (banded: energies.banded)
+    if name in HEADS_PASSES:                        # (B, H, n, d_h) in one call (fused, banded)
         agg, deg, e = HEADS_PASSES[name](Z, graph, rho, tau, energy, num, sq)
-    else:
-        if num:
-            diff, lse = _fused_parts(Z, graph.mask, tau, sq)
-            agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype)[:, None])
-        else:
-            deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
-                                   sq.reshape(B * H, n)).view(B, H, n)
-            agg = None
+    else:                                           # the softmax kernel's energy-only pass
+        deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
+                               sq.reshape(B * H, n)).view(B, H, n)
+        agg = None
         e = _degree_energy(deg, tau) if energy else None
     return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
                          metric=metrics[h]) for h in range(H)]

@@ -41,6 +41,9 @@ class Kernel(NamedTuple):
     #: "the NAME kernel ..." (e.g. "needs the complete graph")
     supports: Callable[[TokenGraph, Rho], Optional[str]]
     expansion: bool
+    #: an expansion kernel that takes bfloat16 / float16 features as they are off the CPU when the precision guard
+    #: is off (a step with the trace off, e.g. under autocast); others get them in float32
+    native_half: bool = False
 
 
 #: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
@@ -52,7 +55,7 @@ def _any_graph(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 
 def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Optional[str]]] = None,
-                    expansion: bool = False):
+                    expansion: bool = False, native_half: bool = False):
     """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
     kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
     :class:`Kernel` for the contract. Every kernel must return the same ``agg``, ``deg`` and energy as
@@ -61,7 +64,7 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
         raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
 
     def deco(run):
-        KERNELS[name] = Kernel(name, run, supports or _any_graph, bool(expansion))
+        KERNELS[name] = Kernel(name, run, supports or _any_graph, bool(expansion), bool(native_half))
         return run
 
     return deco

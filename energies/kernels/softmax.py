@@ -9,7 +9,8 @@ from typing import Optional
 
 import torch
 
-from ..fused import fused_attention
+from ..errors import EnergyError
+from ..fused import FusedOps, fused_attention, fused_ops, fused_unavailable
 from ..graph import TokenGraph
 from ..rho import ExpRho, Rho
 from .guard import dense_z
@@ -44,12 +45,24 @@ def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, 
     return (diff[:, 0] if num else None), lse[:, 0]
 
 
-def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None):
-    """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``), one flash call:
-    ``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
+def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None,
+                 ops: Optional[FusedOps] = None):
+    """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``) in one fused
+    attention call, ``LSE_u = log(1 + deg_u)`` (self included), by the layout the op wants
+    (:func:`_spare_layout` for the CPU flash op, :func:`_compact_layout` for the CUDA ops, whose kernels are
+    instantiated for head sizes 32, 64, 96, 128, ...). ``ops``: the op pair (default: the tensors' own)."""
+    ops = fused_ops(Z.device.type, Z.dtype) if ops is None else ops
+    if ops is None:
+        raise EnergyError(f"the fused kernel {fused_unavailable(Z.device.type, Z.dtype)}")
+    layout = _spare_layout if ops.head_multiple == 1 else _compact_layout
+    return layout(Z, mask, tau, sq, ops)
+
+
+def _spare_layout(Z, mask, tau, sq, ops):
+    """``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
     queries themselves (their two extra output columns are dropped, so the gradient reaching them is 0 and the
     shared tensor gets exactly the gradient of ``[Z, 0, 0]`` as values), and a spare zero column that the
-    backward uses for the LSE gradient (:func:`~energies.fused.fused_attention`)."""
+    backward uses for the LSE gradient (:func:`~energies.fused.fused_attention`): c + 3 columns, any c."""
     half_sq = 0.5 * ((Z * Z).sum(-1) if sq is None else sq)
     B, H, n, c = Z.shape
     q, k = Z.new_empty(B, H, n, c + 3), Z.new_empty(B, H, n, c + 3)
@@ -58,8 +71,30 @@ def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[t
     k[..., c] = torch.where(mask[:, None], -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau))
     k[..., c + 1] = 1.0
     q[..., c + 2], k[..., c + 2] = 0.0, 0.0
-    attn, lse = fused_attention(q, k, q, 1.0 / tau, spare=True)
+    attn, lse = fused_attention(q, k, q, 1.0 / tau, spare=True, ops=ops)
     return attn[..., :c] - Z, lse
+
+
+def _compact_layout(Z, mask, tau, sq, ops):
+    """One extra column, padded with zeros to the op's head multiple: ``q_u = [z_u, 1]``, ``k_v = [z_v, b_v]`` with
+    ``b_v = -|z_v|^2/2`` (``-PAD_LOGIT tau`` on padded keys), values ``[z_v, 0]``, scale ``1/tau``:
+
+        q_u.k_v / tau = -z_uv + |z_u|^2 / (2 tau),
+
+    so the softmax is the step's (the query's constant cancels), ``log(1 + deg_u) = LSE_u - |z_u|^2 / (2 tau)``,
+    and the values' zero column c serves the backward's LSE gradient (``lse_col``). Head size c + 1 rounded up to
+    the op's multiple: d_h = 32 gives 40 (the 64-wide instantiation), d_h = 31 gives 32. The CUDA ops' LSE is
+    float32 (bfloat16 inputs included); the query constant is taken off in float32 too."""
+    B, H, n, c = Z.shape
+    wide = torch.float64 if Z.dtype == torch.float64 else torch.float32
+    half_sq = 0.5 * ((Z.to(wide) ** 2).sum(-1) if sq is None or sq.dtype != wide else sq)
+    pad = -(c + 1) % ops.head_multiple
+    b = torch.where(mask[:, None], -half_sq, torch.full_like(half_sq, -PAD_LOGIT * tau)).to(Z.dtype)
+    q = torch.nn.functional.pad(torch.cat([Z, torch.ones_like(Z[..., :1])], -1), (0, pad))
+    k = torch.nn.functional.pad(torch.cat([Z, b[..., None]], -1), (0, pad))
+    v = torch.nn.functional.pad(Z, (0, 1 + pad))
+    attn, lse = fused_attention(q, k, v, 1.0 / tau, lse_col=c, ops=ops)
+    return attn[..., :c] - Z, lse.to(wide) - half_sq / tau
 
 
 @register_kernel("softmax", _softmax_only, expansion=True)

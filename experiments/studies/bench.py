@@ -20,6 +20,9 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
   FlexAttention (complete graph) and on window:8, n = 512 ... 65,536, float32 and bfloat16, the graph variants
   (window:8, strided:16, star) against the complete graph, and the trace's cost at T = 4
   (``trace_on_over_off_n4096_plus``, ``ours_over_sdpa_time``, ``window8_over_complete_tokens_per_s``);
+* ``speed``: issue 32's GPU benchmark (``--device cuda``): our attention pass vs SDPA with its backend pinned and its
+  arithmetic stated, our whole layer vs ``nn.TransformerEncoderLayer``, the trace's cost, every rho, each timing
+  beside its error against the float64 form (:mod:`experiments.studies.bench_speed`);
 * ``compile``: ``torch.compile`` readiness of the hot path: graph breaks (``torch._dynamo.explain``) of the
   default classifier's forward with the trace off (``graph_breaks_trace_off``, target 0) and on
   (``graph_breaks_trace_on``), of a cached ``UnfoldedAttentionConv`` (``conv_graph_breaks``), and training
@@ -558,6 +561,15 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
                        "window8_over_complete_tokens_per_s": f32[-1]["window_over_complete_tokens_per_s"]},
             "targets": {"trace_on_over_off_n4096_plus": "<= 1.10", "ours_over_sdpa_time": "<= 1.3",
                         "window8_over_complete_tokens_per_s": ">= 10 at n = 65,536"}}
+
+
+@suite("speed")
+def speed_suite(quick: bool, device: torch.device) -> dict:
+    """Issue 32's honest GPU benchmark (:mod:`experiments.studies.bench_speed`): our attention pass vs SDPA with its
+    backend pinned, our whole layer vs ``nn.TransformerEncoderLayer``, the trace's cost, every rho, errors
+    against the float64 form beside each timing."""
+    from .bench_speed import speed_suite as run
+    return run(quick, device, timeit_interleaved)
 
 
 def suite_arg(text: str) -> str:

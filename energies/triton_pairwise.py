@@ -82,19 +82,26 @@ def _mm(a, b, IP: tl.constexpr):
 
 
 @triton.jit
+def _mma(a, b, acc, IP: tl.constexpr):
+    """``acc + a @ b``: ``tl.dot`` accumulating into ``acc`` (no temporary tile), or the float64 sum of products."""
+    if IP == "fp64":
+        return acc + tl.sum(a[:, :, None] * b[None, :, :], 1)
+    else:
+        return tl.dot(a, b, acc, input_precision=IP)
+
+
+@triton.jit
 def _load_params(P, dtype: tl.constexpr):
     tau = tl.load(P + 0).to(dtype)
     return tau, tl.load(P + 1).to(dtype), tl.load(P + 2).to(dtype), tl.load(P + 3).to(dtype), tl.load(P + 4).to(dtype)
 
 
 @triton.jit
-def _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM: tl.constexpr, BN: tl.constexpr,
-            BD: tl.constexpr, IP: tl.constexpr):
-    """z of a (BM, BN) tile: the expansion (flag = 1) or explicit differences column by column (flag = 0)."""
-    dcol = tl.arange(0, BD)
-    xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
+def _tile_z(X, xq, sqq, xk, sqk, rows, cols, rmask, cmask, flag, D, inv2, BM: tl.constexpr, BN: tl.constexpr,
+            IP: tl.constexpr):
+    """z of a (BM, BN) tile: the expansion ``|x_u|^2 + |x_v|^2 - 2 x_u.x_v`` from the precomputed squared norms and
+    one product (flag = 1), or explicit differences column by column (flag = 0); times ``inv2 = 1 / (2 tau)``."""
     if flag != 0:
-        sqk = tl.sum(xk * xk, 1)
         dot = _mm(xq, tl.trans(xk), IP)
         d2 = tl.maximum(sqq[:, None] + sqk[None, :] - 2.0 * dot, 0.0)
     else:
@@ -104,23 +111,34 @@ def _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM: tl.constexpr
             b = tl.load(X + cols * D + k, mask=cmask, other=0.0)
             diff = a[:, None] - b[None, :]
             d2 += diff * diff
-    return d2 / (2.0 * tau), xk
+    return d2 * inv2
 
 
 @triton.jit
-def _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE: tl.constexpr):
-    """Edge indicator of a tile: both real, not the same token, the offset |i - j| in the graph's table."""
+def _key_tile(X, SQ, MASK, ALLOWED, rows, cols, n, D, b, dcol, MASKED: tl.constexpr, BANDED: tl.constexpr):
+    """The keys of a tile: ``(cmask, x_k, |x_k|^2, edge)``; ``edge`` is ``(1, BN)`` (the key is real) on an
+    unmasked tile (every key inside the sequence, none equal to a query: off the diagonal) and ``(BM, BN)`` on a
+    masked one (inside the sequence, not the query itself, and for a banded graph |i - j| in the offsets table).
+    The query's own mask is applied once per row at the end (:func:`_finish_rows`)."""
     cmask = cols < n
-    mk = tl.load(MASK + b * n + cols, mask=cmask, other=0) != 0
-    off = tl.abs(cols[None, :] - rows[:, None])
-    edge = mq[:, None] & mk[None, :] & (off > 0)
-    if not COMPLETE:
-        edge = edge & (tl.load(ALLOWED + off, mask=edge, other=0) != 0)
-    return edge, cmask
+    if MASKED:
+        xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
+        sqk = tl.load(SQ + cols, mask=cmask, other=0.0)
+        mk = tl.load(MASK + b * n + cols, mask=cmask, other=0) != 0
+        edge = mk[None, :] & (rows[:, None] != cols[None, :])
+        if BANDED:
+            off = tl.abs(cols[None, :] - rows[:, None])
+            ok = edge & (off < n)
+            edge = ok & (tl.load(ALLOWED + off, mask=ok, other=0) != 0)
+    else:
+        xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=dcol[None, :] < D, other=0.0)
+        sqk = tl.load(SQ + cols)
+        edge = (tl.load(MASK + b * n + cols) != 0)[None, :]
+    return cmask, xk, sqk, edge
 
 
 @triton.jit
-def _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM: tl.constexpr, BD: tl.constexpr):
+def _query_block(X, SQ, MASK, FLAG, qb, bh, b, n, D, BM: tl.constexpr, BD: tl.constexpr):
     """A block of BM queries of example-head bh: ``(rows, rmask, dcol, tile mask, x_q, real, |x_q|^2, guard flag)``."""
     rows = qb * BM + tl.arange(0, BM)
     rmask = rows < n
@@ -128,54 +146,121 @@ def _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM: tl.constexpr, BD: tl.conste
     tile = rmask[:, None] & (dcol[None, :] < D)
     xq = tl.load(X + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
     mq = (tl.load(MASK + b * n + rows, mask=rmask, other=0) != 0) & rmask
-    return rows, rmask, dcol, tile, xq, mq, tl.sum(xq * xq, 1), tl.load(FLAG + bh)
+    sqq = tl.load(SQ + rows, mask=rmask, other=0.0)
+    return rows, rmask, dcol, tile, xq, mq, sqq, tl.load(FLAG + bh)
 
 
 @triton.jit
-def _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag, n, D, b, tau, p0, p1, p2, p3,
-                  RHO_D: tl.constexpr, COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BD: tl.constexpr, IP: tl.constexpr):
-    """The i-th key tile of a query block: ``(cols, cmask, edge, z (0 off the edges), x_k, gamma)``."""
-    cols = tl.load(KB_IDX + i) * BN + tl.arange(0, BN)
-    edge, cmask = _tile_edges(MASK, ALLOWED, mq, rows, cols, n, b, COMPLETE)
-    z, xk = _tile_z(X, xq, sqq, rows, cols, rmask, cmask, flag, D, tau, BM, BN, BD, IP)
-    zs = tl.where(edge, z, 0.0)
-    return cols, cmask, edge, zs, xk, tl.where(edge, RHO_D(zs, p0, p1, p2, p3), 0.0)
+def _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol, inv2,
+              p0, p1, p2, p3, RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
+              MASKED: tl.constexpr, BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr):
+    """One key tile of the forward: the row sums of gamma (float64), ``gamma @ x_k`` and rho's row sums (float64)."""
+    cols = kb * BN + tl.arange(0, BN)
+    cmask, xk, sqk, edge = _key_tile(X, SQ, MASK, ALLOWED, rows, cols, n, D, b, dcol, MASKED, BANDED)
+    z = _tile_z(X, xq, sqq, xk, sqk, rows, cols, rmask, cmask, flag, D, inv2, BM, BN, IP)
+    gamma = tl.where(edge, RHO_D(z, p0, p1, p2, p3), 0.0)
+    deg += tl.sum(gamma, 1).to(tl.float64)
+    if NUM:
+        num = _mma(gamma, xk, num, IP)
+    if ENERGY:
+        en += tl.sum(tl.where(edge, RHO_V(z, p0, p1, p2, p3), 0.0), 1).to(tl.float64)
+    return num, deg, en
 
 
 @triton.jit
-def _tiled_fwd(X, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H,
+def _key_ranges(qb, n, BM: tl.constexpr, BN: tl.constexpr):
+    """The complete graph's key blocks for query block qb, as ``(lo, hi, full, nkb)``: blocks ``[0, lo)`` and
+    ``[hi, full)`` are unmasked (off the diagonal, inside the sequence), ``[lo, hi)`` (those meeting the queries'
+    own positions) and ``[max(hi, full), nkb)`` (the ragged last block, if not already among them) masked."""
+    nkb = tl.cdiv(n, BN)
+    lo = (qb * BM) // BN
+    hi = tl.minimum(((qb + 1) * BM + BN - 1) // BN, nkb)
+    return lo, hi, n // BN, nkb
+
+
+@triton.jit
+def _tiled_fwd(X, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H, NKEY,
                RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
                COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
     qb = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     X = X + bh * n * D
+    SQ = SQ + bh * n
     dtype = X.dtype.element_ty
     tau, p0, p1, p2, p3 = _load_params(P, dtype)
-    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM, BD)
+    inv2 = tl.load(P + 5).to(dtype)
+    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, SQ, MASK, FLAG, qb, bh, b, n, D, BM, BD)
     num = tl.zeros([BM, BD], dtype=dtype)
     deg = tl.zeros([BM], dtype=tl.float64)
     en = tl.zeros([BM], dtype=tl.float64)
-    for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
-        cols, cmask, edge, zs, xk, gamma = _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag,
-                                                         n, D, b, tau, p0, p1, p2, p3, RHO_D, COMPLETE, BM, BN, BD, IP)
-        deg += tl.sum(gamma, 1).to(tl.float64)
-        if NUM:
-            num += _mm(gamma.to(dtype), xk, IP)
-        if ENERGY:
-            en += tl.sum(tl.where(edge, RHO_V(zs, p0, p1, p2, p3), 0.0), 1).to(tl.float64)
+    if COMPLETE:        # a plain walk over the key blocks; masks only on the diagonal and the ragged tiles
+        lo, hi, full, nkb = _key_ranges(qb, n, BM, BN)
+        for kb in range(0, lo):
+            num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP)
+        for kb in range(hi, full):
+            num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP)
+        for kb in range(lo, hi):
+            num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP)
+        for kb in range(tl.maximum(hi, full), nkb):
+            num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP)
+    else:               # a shift-invariant graph: the key blocks its offsets reach (the block table), all masked
+        for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
+            num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, tl.load(KB_IDX + i), xq, sqq, rows, rmask,
+                                     flag, n, D, b, dcol, inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, True,
+                                     BM, BN, IP)
+    deg = tl.where(mq, deg, 0.0)
     out = bh * n + rows
     tl.store(DEG + out, deg.to(dtype), mask=rmask)
     if NUM:
-        agg = num - deg.to(dtype)[:, None] * xq
+        agg = tl.where(mq[:, None], num - deg.to(dtype)[:, None] * xq, 0.0)
         tl.store(AGG + out[:, None] * D + dcol[None, :], agg, mask=tile)
     if ENERGY:
-        tl.store(EN + out, en * 0.5 * tl.load(P + 0), mask=rmask)
+        tl.store(EN + out, tl.where(mq, en, 0.0) * 0.5 * tl.load(P + 0), mask=rmask)
 
 
 @triton.jit
-def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H,
+def _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows, rmask, flag, n, D, b,
+              dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D: tl.constexpr, RHO_2: tl.constexpr, MASKED: tl.constexpr,
+              BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr):
+    """One key tile of the backward: ``acc += gamma @ g_k + cn @ x_k`` with ``cn = -(C + ge gamma)`` (the energy's
+    gradient folded into the edge coefficient), and the row sums of gamma and cn."""
+    cols = kb * BN + tl.arange(0, BN)
+    cmask, xk, sqk, edge = _key_tile(X, SQ, MASK, ALLOWED, rows, cols, n, D, b, dcol, MASKED, BANDED)
+    if MASKED:
+        gk = tl.load(G + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
+        gdk = tl.load(GD + cols, mask=cmask, other=0.0)
+    else:
+        gk = tl.load(G + cols[:, None] * D + dcol[None, :], mask=dcol[None, :] < D, other=0.0)
+        gdk = tl.load(GD + cols)
+    z = _tile_z(X, xq, sqq, xk, sqk, rows, cols, rmask, cmask, flag, D, inv2, BM, BN, IP)
+    gamma = tl.where(edge, RHO_D(z, p0, p1, p2, p3), 0.0)
+    if flag != 0:       # (g_u - g_v).(x_v - x_u) + gd_u + gd_v = g_u.x_v + g_v.x_u + a_u + a_v, a = gd - g.x
+        ak = gdk - tl.sum(gk * xk, 1)
+        s = _mma(xq, tl.trans(gk), _mm(gq, tl.trans(xk), IP), IP) + aq[:, None] + ak[None, :]
+    else:
+        s = tl.zeros([BM, BN], dtype=xq.dtype)
+        for k in range(0, D):
+            xa = tl.load(X + rows * D + k, mask=rmask, other=0.0)
+            xb = tl.load(X + cols * D + k, mask=cmask, other=0.0)
+            ga = tl.load(G + rows * D + k, mask=rmask, other=0.0)
+            gb = tl.load(G + cols * D + k, mask=cmask, other=0.0)
+            s += (ga[:, None] - gb[None, :]) * (xb[None, :] - xa[:, None])
+        s = s + gdq[:, None] + gdk[None, :]
+    cn = tl.where(edge, s * RHO_2(z, p0, p1, p2, p3) * ninv - ge * gamma, 0.0)
+    deg += tl.sum(gamma, 1)
+    csum += tl.sum(cn, 1)
+    acc = _mma(gamma, gk, acc, IP)
+    acc = _mma(cn, xk, acc, IP)
+    return acc, deg, csum
+
+
+@triton.jit
+def _tiled_bwd(X, G, GD, GE, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H, NKEY,
                RHO_D: tl.constexpr, RHO_2: tl.constexpr, COMPLETE: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
     qb = tl.program_id(0)
@@ -184,39 +269,43 @@ def _tiled_bwd(X, G, GD, GE, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H
     X = X + bh * n * D
     G = G + bh * n * D
     GD = GD + bh * n
+    SQ = SQ + bh * n
     dtype = X.dtype.element_ty
     tau, p0, p1, p2, p3 = _load_params(P, dtype)
+    inv2 = tl.load(P + 5).to(dtype)
+    ninv = tl.load(P + 6).to(dtype)
     ge = tl.load(GE + bh).to(dtype)
-    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, MASK, FLAG, qb, bh, b, n, D, BM, BD)
+    rows, rmask, dcol, tile, xq, mq, sqq, flag = _query_block(X, SQ, MASK, FLAG, qb, bh, b, n, D, BM, BD)
     gq = tl.load(G + rows[:, None] * D + dcol[None, :], mask=tile, other=0.0)
     gdq = tl.load(GD + rows, mask=rmask, other=0.0)
-    gxq = tl.sum(gq * xq, 1)
-    acc = tl.zeros([BM, BD], dtype=dtype)        # sum_v gamma g_v - C x_v - ge gamma x_v
+    aq = gdq - tl.sum(gq * xq, 1)
+    acc = tl.zeros([BM, BD], dtype=dtype)        # sum_v gamma g_v + cn x_v
     deg = tl.zeros([BM], dtype=dtype)
     csum = tl.zeros([BM], dtype=dtype)
-    for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
-        cols, cmask, edge, zs, xk, gamma = _tile_weights(X, MASK, ALLOWED, KB_IDX, i, xq, sqq, mq, rows, rmask, flag,
-                                                         n, D, b, tau, p0, p1, p2, p3, RHO_D, COMPLETE, BM, BN, BD, IP)
-        r2 = tl.where(edge, RHO_2(zs, p0, p1, p2, p3), 0.0)
-        gk = tl.load(G + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
-        gdk = tl.load(GD + cols, mask=cmask, other=0.0)
-        if flag != 0:       # (g_u - g_v).(x_v - x_u) = g_u.x_v + g_v.x_u - g_u.x_u - g_v.x_v
-            gxk = tl.sum(gk * xk, 1)
-            s = (_mm(gq, tl.trans(xk), IP) + _mm(xq, tl.trans(gk), IP)
-                 - gxq[:, None] - gxk[None, :])
-        else:
-            s = tl.zeros([BM, BN], dtype=dtype)
-            for k in range(0, D):
-                xa = tl.load(X + rows * D + k, mask=rmask, other=0.0)
-                xb = tl.load(X + cols * D + k, mask=cmask, other=0.0)
-                ga = tl.load(G + rows * D + k, mask=rmask, other=0.0)
-                gb = tl.load(G + cols * D + k, mask=cmask, other=0.0)
-                s += (ga[:, None] - gb[None, :]) * (xb[None, :] - xa[:, None])
-        c = tl.where(edge, (s + gdq[:, None] + gdk[None, :]) * r2 / tau, 0.0)
-        deg += tl.sum(gamma, 1)
-        csum += tl.sum(c, 1)
-        acc += _mm(gamma.to(dtype), gk - ge * xk, IP) - _mm(c.to(dtype), xk, IP)
-    dx = acc - deg[:, None] * gq + (csum + ge * deg)[:, None] * xq
+    if COMPLETE:
+        lo, hi, full, nkb = _key_ranges(qb, n, BM, BN)
+        for kb in range(0, lo):
+            acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
+                                       rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
+                                       False, False, BM, BN, IP)
+        for kb in range(hi, full):
+            acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
+                                       rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
+                                       False, False, BM, BN, IP)
+        for kb in range(lo, hi):
+            acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
+                                       rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
+                                       True, False, BM, BN, IP)
+        for kb in range(tl.maximum(hi, full), nkb):
+            acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
+                                       rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
+                                       True, False, BM, BN, IP)
+    else:
+        for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
+            acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, tl.load(KB_IDX + i), xq, gq, aq,
+                                       gdq, sqq, rows, rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3,
+                                       RHO_D, RHO_2, True, True, BM, BN, IP)
+    dx = tl.where(mq[:, None], acc - deg[:, None] * gq - csum[:, None] * xq, 0.0)
     tl.store(DX + (bh * n + rows)[:, None] * D + dcol[None, :], dx, mask=tile)
 
 
@@ -313,8 +402,41 @@ def _bd(D: int) -> int:
 
 
 def _ip(dtype: torch.dtype) -> str:
-    """The tiles' product (:func:`_mm`): ``tl.dot`` in IEEE precision (no TF32), or the plain sum for float64."""
-    return "fp64" if dtype == torch.float64 else "ieee"
+    """The tiles' product (:func:`_mm`): ``tl.dot`` with 3xTF32 products on tensor cores for float32 (the error of z
+    within :data:`~energies.kernels.guard.EXPANSION_Z_ULPS`, as IEEE products are; the interpreter computes it in
+    full float32), or the plain sum of products for float64."""
+    return "fp64" if dtype == torch.float64 else "tf32x3"
+
+
+#: ``UNFOLD_TRITON_AUTOTUNE=0`` turns the CUDA autotuning of the complete graph's kernels off (the fixed
+#: :func:`block_size` tiles then run: no benchmarking of configurations on first use)
+AUTOTUNE = os.environ.get("UNFOLD_TRITON_AUTOTUNE", "1") != "0"
+_TUNERS: Dict[tuple, object] = {}
+
+
+def _configs(wide: bool):
+    """The autotuning space: BLOCK_M {32, 64, 128} x BLOCK_N {32, 64} x warps {4, 8} x stages {2, 3, 4}; for heads
+    wider than 128 features (a (BM, BD) float32 query tile per program) BLOCK_M {32, 64} x BLOCK_N 32 x stages {2, 3}."""
+    bms, bns, stages = ((32, 64), (32,), (2, 3)) if wide else ((32, 64, 128), (32, 64), (2, 3, 4))
+    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=st)
+            for bm in bms for bn in bns for w in (4, 8) for st in stages]
+
+
+def _tuner(which: str, X: torch.Tensor):
+    """The autotuned ``_tiled_fwd`` / ``_tiled_bwd`` for the complete graph, or None where the fixed tiles run: in the
+    interpreter (autotuning there would benchmark numpy), off CUDA, in float64 (the products are register sums,
+    :func:`_mm`: 16 x 16 tiles only) or with ``UNFOLD_TRITON_AUTOTUNE=0``. Only the complete graph: its kernels walk
+    the key blocks in a plain loop, so any BLOCK_M / BLOCK_N serves; the banded graphs' block table is built for
+    :func:`block_size`'s tiles and must run with them. Key: the sequence length rounded up to a power of two
+    (``NKEY``) and the head width (the tensors' dtypes are part of Triton's key)."""
+    if INTERPRETED or not AUTOTUNE or X.device.type != "cuda" or X.dtype == torch.float64:
+        return None
+    wide = X.shape[-1] > 128
+    t = _TUNERS.get((which, wide))
+    if t is None:
+        fn = _tiled_fwd if which == "fwd" else _tiled_bwd
+        t = _TUNERS[(which, wide)] = triton.autotune(configs=_configs(wide), key=["NKEY", "D"])(fn)
+    return t
 
 
 class Layout(NamedTuple):
@@ -461,7 +583,7 @@ def _rho_key(rho) -> Tuple[str, tuple]:
     return key, _rho_params(key)
 
 
-def _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+def _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
     BH, n, D = X.shape
     rho_v, rho_d, _ = _RHO_FNS[rho_key]
     agg = torch.empty_like(X) if num else X.new_zeros(1)
@@ -470,25 +592,34 @@ def _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, nu
     if n == 0 or BH == 0:
         return agg, deg.zero_(), en.zero_()
     if kind != CSR:
-        _tiled_fwd[(-(-n // bm), BH)](X, mask8, t0, t1, t2, flag, params, agg, deg, en, n, D, H, RHO_V=rho_v,
-                                      RHO_D=rho_d, NUM=num, ENERGY=energy, COMPLETE=kind == COMPLETE, BM=bm, BN=bn,
-                                      BD=_bd(D), IP=_ip(X.dtype))
+        args = (X, sq, mask8, t0, t1, t2, flag, params, agg, deg, en, n, D, H, triton.next_power_of_2(n))
+        meta = dict(RHO_V=rho_v, RHO_D=rho_d, NUM=num, ENERGY=energy, COMPLETE=kind == COMPLETE, BD=_bd(D),
+                    IP=_ip(X.dtype))
+        tuned = _tuner("fwd", X) if kind == COMPLETE else None
+        if tuned is not None:
+            tuned[lambda m: (triton.cdiv(n, m["BM"]), BH)](*args, **meta)
+        else:
+            _tiled_fwd[(-(-n // bm), BH)](*args, BM=bm, BN=bn, **meta)
     else:
         _csr_fwd[(BH // H * n, H)](X, mask8, t0, t1, params, agg, deg, en, n, D, H, RHO_V=rho_v, RHO_D=rho_d,
                                    NUM=num, ENERGY=energy, BN=bn, BD=_bd(D))
     return agg, deg, en
 
 
-def _launch_bwd(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+def _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
     BH, n, D = X.shape
     _, rho_d, rho_2 = _RHO_FNS[rho_key]
     dx = torch.zeros_like(X)
     if n == 0 or BH == 0:
         return dx
     if kind != CSR:
-        _tiled_bwd[(-(-n // bm), BH)](X, g, gd, ge, mask8, t0, t1, t2, flag, params, dx, n, D, H, RHO_D=rho_d,
-                                      RHO_2=rho_2, COMPLETE=kind == COMPLETE, BM=bm, BN=bn, BD=_bd(D),
-                                      IP=_ip(X.dtype))
+        args = (X, g, gd, ge, sq, mask8, t0, t1, t2, flag, params, dx, n, D, H, triton.next_power_of_2(n))
+        meta = dict(RHO_D=rho_d, RHO_2=rho_2, COMPLETE=kind == COMPLETE, BD=_bd(D), IP=_ip(X.dtype))
+        tuned = _tuner("bwd", X) if kind == COMPLETE else None
+        if tuned is not None:
+            tuned[lambda m: (triton.cdiv(n, m["BM"]), BH)](*args, **meta)
+        else:
+            _tiled_bwd[(-(-n // bm), BH)](*args, BM=bm, BN=bn, **meta)
     else:
         _csr_bwd[(BH // H * n, H)](X, g, gd, ge, mask8, t0, t1, params, dx, n, D, H, RHO_D=rho_d, RHO_2=rho_2,
                                    BN=bn, BD=_bd(D))
@@ -500,48 +631,50 @@ COMPLETE, BANDED, CSR = 0, 1, 2
 
 
 @torch.library.custom_op("unfolded_transformers::triton_pairwise", mutates_args=())
-def _pairwise_op(X: torch.Tensor, mask8: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor,
+def _pairwise_op(X: torch.Tensor, sq: torch.Tensor, mask8: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor,
                  params: torch.Tensor, flag: torch.Tensor, H: int, kind: int, bm: int, bn: int, rho_key: str,
                  num: bool, energy: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(agg or a 1-element placeholder, deg, energy per (example, head) (BH,) float64 or placeholder)``."""
-    agg, deg, en = _launch_fwd(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy)
+    """``(agg or a 1-element placeholder, deg, energy per (example, head) (BH,) float64 or placeholder)``; ``sq``
+    the squared norms ``|x_u|^2`` ``(BH, n)`` (computed once per pass, not per tile; treated as a constant of X:
+    the backward differentiates z itself)."""
+    agg, deg, en = _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy)
     return agg, deg, (en.sum(-1) if energy else en)
 
 
 @_pairwise_op.register_fake
-def _pairwise_fake(X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+def _pairwise_fake(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
     BH, n, _ = X.shape
     return (torch.empty_like(X) if num else X.new_empty(1), X.new_empty(BH, n),
             X.new_empty(BH if energy else 1, dtype=torch.float64))
 
 
 @torch.library.custom_op("unfolded_transformers::triton_pairwise_backward", mutates_args=())
-def _pairwise_bwd_op(X: torch.Tensor, g: torch.Tensor, gd: torch.Tensor, ge: torch.Tensor, mask8: torch.Tensor,
+def _pairwise_bwd_op(X: torch.Tensor, sq: torch.Tensor, g: torch.Tensor, gd: torch.Tensor, ge: torch.Tensor, mask8: torch.Tensor,
                      t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, params: torch.Tensor, flag: torch.Tensor,
                      H: int, kind: int, bm: int, bn: int, rho_key: str) -> torch.Tensor:
-    return _launch_bwd(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key)
+    return _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key)
 
 
 @_pairwise_bwd_op.register_fake
-def _pairwise_bwd_fake(X, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+def _pairwise_bwd_fake(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
     return torch.empty_like(X)
 
 
 def _setup(ctx, inputs, output):
-    X, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy = inputs
-    ctx.save_for_backward(X, mask8, t0, t1, t2, params, flag)
+    X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy = inputs
+    ctx.save_for_backward(X, sq, mask8, t0, t1, t2, params, flag)
     ctx.rest = (H, kind, bm, bn, rho_key)
     ctx.num, ctx.energy = num, energy
 
 
 def _backward(ctx, g_agg, g_deg, g_e):
-    X, mask8, t0, t1, t2, params, flag = ctx.saved_tensors
+    X, sq, mask8, t0, t1, t2, params, flag = ctx.saved_tensors
     BH, n, D = X.shape
     g = g_agg.to(X.dtype).contiguous() if (ctx.num and g_agg is not None) else torch.zeros_like(X)
     gd = g_deg.to(X.dtype).contiguous() if g_deg is not None else X.new_zeros(BH, n)
     ge = g_e.to(X.dtype).contiguous() if (ctx.energy and g_e is not None) else X.new_zeros(BH)
-    dx = _pairwise_bwd_op(X, g, gd, ge, mask8, t0, t1, t2, params, flag, *ctx.rest)
-    return (dx,) + (None,) * 13
+    dx = _pairwise_bwd_op(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, *ctx.rest)
+    return (dx,) + (None,) * 14
 
 
 _pairwise_op.register_autograd(_backward, setup_context=_setup)
@@ -556,9 +689,10 @@ def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, t
     X = Z.reshape(B * H, n, D).contiguous()
     key, p = _rho_key(rho)
     params = _params(float(tau), p, Z.device)
-    flag = expansion_ok((X.detach() * X.detach()).sum(-1), float(tau), sensitivity, X.dtype).to(torch.int8)
+    sq = (X.detach() * X.detach()).sum(-1)           # |x_u|^2, once per pass: the guard's input and the kernels'
+    flag = expansion_ok(sq, float(tau), sensitivity, X.dtype).to(torch.int8)
     mask8 = mask.to(torch.int8).contiguous()
-    agg, deg, e = _pairwise_op(X, mask8, layout.t0, layout.t1, layout.t2, params, flag, H, layout.kind, layout.bm,
+    agg, deg, e = _pairwise_op(X, sq, mask8, layout.t0, layout.t1, layout.t2, params, flag, H, layout.kind, layout.bm,
                                layout.bn, key, bool(num), bool(energy))
     return (agg.view(B, H, n, D) if num else None), deg.view(B, H, n), (e.view(B, H) if energy else None)
 
@@ -567,11 +701,12 @@ _PARAMS: Dict[tuple, torch.Tensor] = {}
 
 
 def _params(tau: float, p: tuple, device) -> torch.Tensor:
-    """``[tau, p0, p1, p2, p3]`` float64 on the device (cached: no host-to-device copy per pass once seen)."""
+    """``[tau, p0, p1, p2, p3, 1 / (2 tau), -1 / tau]`` float64 on the device (cached: no host-to-device copy per pass
+    once seen; the reciprocals spare the tiles a division per pair)."""
     key = (tau, p, str(device))
     t = _PARAMS.get(key)
     if t is None:
         if len(_PARAMS) > 256:
             _PARAMS.clear()
-        t = _PARAMS[key] = torch.tensor([tau, *p], dtype=torch.float64, device="cpu").to(device)
+        t = _PARAMS[key] = torch.tensor([tau, *p, 0.5 / tau, -1.0 / tau], dtype=torch.float64, device="cpu").to(device)
     return t

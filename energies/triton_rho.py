@@ -7,12 +7,17 @@ float64 kernels keep them exact). Python float literals below adopt the dtype of
 scalar rule), so float64 kernels keep full precision. The formulas are those of :mod:`energies.rho`, with the
 same precision rules:
 
-* exp: ``-exp(-z)``, ``exp(-z)`` (``-z <= 0``: no overflow, no shift needed);
+* exp: ``-exp(-z)``, ``exp(-z)`` (``-z <= 0``: no overflow, no shift needed); in float32 as ``exp2(-z log2(e))``
+  (the constant folded into one multiply: what CUDA's fast float32 ``exp`` does anyway), in float64 ``exp`` itself
+  (``exp2`` would add about ``z`` ulps from rounding the scaled argument);
 * relu:C: ``m (C - m / 2)``, ``m = min(z, C)``; ``max(C - z, 0)``;
 * softplus:C:T: ``rho' = max(C - z, 0) + T softplus(-|C - z| / T)`` (``softplus(x) = log1p(e^x)`` for x <= 0 by
   the compensated ``log(1 + w) - ((1 + w) - 1 - w) / (1 + w)``, as libdevice's log1p is not available to the
   interpreter); ``rho`` by 16-point Gauss-Legendre quadrature for z < 2T and by the dilogarithm series
-  (Landen's identity, 60 terms of ``w^k / k^2`` with ``w = sigmoid(u) <= 1/2``) elsewhere;
+  (Landen's identity, ``sum_k w^k / k^2`` with ``w = sigmoid(u) <= 1/2`` by Horner's rule as energies.rho does:
+  60 terms in float64, 24 in float32, whose next term is below ``2^-23 / 625`` of the sum) elsewhere; each tile
+  evaluates only the branches its z reach (a tile of z all below 2T runs the quadrature alone, a tile all above
+  it the series alone: per-tile branches on ``min z`` / ``max z``, the result unchanged);
 * cauchy: ``log1p(z)`` (compensated as above), ``1 / (1 + z)``;
 * lp:P:EPS: ``z^(P/2)`` as ``exp(P/2 log z)`` above EPS (relative error about ``(1 + |P/2 log z|) eps``), the
   linear floor below; ``rho' = P/2 max(z, EPS)^(P/2 - 1)``.
@@ -39,19 +44,33 @@ def softplus_neg(x):
     return log1p(tl.exp(x))
 
 
+#: log2(e): ``exp(-z) = exp2(-z log2(e))``
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def exp_neg(z):
+    """``exp(-z)``: ``exp2`` with log2(e) folded into the one multiply in float32, ``exp`` in float64."""
+    if z.dtype == tl.float64:
+        r = tl.exp(-z)
+    else:
+        r = tl.exp2(z * -1.4426950408889634)
+    return r
+
+
 @triton.jit
 def exp_value(z, p0, p1, p2, p3):
-    return -tl.exp(-z)
+    return -exp_neg(z)
 
 
 @triton.jit
 def exp_derivative(z, p0, p1, p2, p3):
-    return tl.exp(-z)
+    return exp_neg(z)
 
 
 @triton.jit
 def exp_second(z, p0, p1, p2, p3):
-    return -tl.exp(-z)
+    return -exp_neg(z)
 
 
 @triton.jit
@@ -85,13 +104,18 @@ def softplus_second(z, c, t, p2, p3):
 def _landen(u):
     """``F(u) = int_{-inf}^u softplus(s) ds = Li2(sigmoid(u)) + softplus(u)^2 / 2`` for ``u <= 0``."""
     w = 1.0 / (1.0 + tl.exp(-u))
-    wk = w
-    acc = w
-    for k in range(2, 61):
-        wk = wk * w
-        acc += wk / (k * k)
+    # Horner's rule, w (1 + w (1/4 + w (1/9 + ...))): positive terms, w <= 1/2, constants folded at compile time
+    # (static_range: k is a constant, 1 / k^2 a literal in the tile's dtype), no division per pair
+    if u.dtype == tl.float64:
+        acc = tl.zeros_like(w) + 1.0 / 3600.0
+        for k in tl.static_range(59, 0, -1):
+            acc = acc * w + 1.0 / (k * k)
+    else:
+        acc = tl.zeros_like(w) + 1.0 / 576.0
+        for k in tl.static_range(23, 0, -1):
+            acc = acc * w + 1.0 / (k * k)
     sp = softplus_neg(u)
-    return acc + 0.5 * sp * sp
+    return acc * w + 0.5 * sp * sp
 
 
 @triton.jit
@@ -121,12 +145,17 @@ def softplus_value(z, c, t, f_c, p3):
     """``f_c = F(-C / T)`` (computed once in float64 on the host). z < 2T: quadrature; 2T <= z <= C:
     ``z (C - z / 2) + T^2 (F((z - C) / T) - F(-C / T))``; beyond: ``C^2 / 2 + T^2 (pi^2 / 6 - F(-C / T) - F((C - z)
     / T))`` (energies.rho.SoftplusRho.value)."""
-    f_u = _landen(-tl.abs(z - c) / t)
-    mid = z * (c - 0.5 * z) + t * t * (f_u - f_c)
-    big = 0.5 * c * c + t * t * (1.6449340668482264 - f_c - f_u)
     small = z < 2.0 * t
-    zq = tl.where(small, z, 0.0)
-    return tl.where(small, _quad(zq, c, t), tl.where(z <= c, mid, big))
+    q = tl.zeros_like(z)
+    if tl.min(z) < 2.0 * t:            # some z of the tile below 2T: the quadrature
+        q = _quad(tl.where(small, z, 0.0), c, t)
+    r = q
+    if tl.max(z) >= 2.0 * t:           # some at or above: the series
+        f_u = _landen(-tl.abs(z - c) / t)
+        mid = z * (c - 0.5 * z) + t * t * (f_u - f_c)
+        big = 0.5 * c * c + t * t * (1.6449340668482264 - f_c - f_u)
+        r = tl.where(small, q, tl.where(z <= c, mid, big))
+    return r
 
 
 @triton.jit

@@ -18,6 +18,14 @@ EXPLICIT_TILE_ELEMENTS = 1 << 22
 #: 2^-30 (float64) keeps kernels within ~1e-9 of the step; 2^-14 (float32: max|y|^2 / tau <= 512) is
 #: near float32's own rounding of a sum of a few hundred terms. Others (half, bfloat16) compute in float32.
 EXPANSION_Z_ERROR = {torch.float64: 2.0 ** -30, torch.float32: 2.0 ** -14}
+#: the worst-case rounding of z by the expansion as ``(a, b)``: ``|dz| <= (a d + b) eps(dtype) max_u |x_u|^2 / tau``
+#: for d features, per product of the tiles: "ieee" (float32 FMA chains; float64 sums) and "tf32x3" (3xTF32 on
+#: tensor cores, the Triton kernel's float32 ``tl.dot``: operands split hi + lo, hi rounded to TF32, lo truncated
+#: to TF32 by the tensor core, lo * lo' dropped: <= 5 eps per term, accumulation truncating). Derived in
+#: tests/test_tf32x3.py and checked there against float64 by a simulation of the products (plain TF32, ~2^13 eps
+#: per term, exceeds it). With the guard's rule above, the weights' relative error is at most
+#: ``(a d + b) EXPANSION_Z_ERROR[dtype]`` for either product: 3xTF32 keeps the guard and the trace's budget.
+EXPANSION_Z_ULPS = {"ieee": (1.0, 4.0), "tf32x3": (1.5, 9.0)}
 
 
 def edge_z(Yf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, tau: float) -> torch.Tensor:

@@ -174,3 +174,40 @@ def test_cuda_fused_kernel_equals_the_float64_form(dtype, n):
     assert (got.deg.double().cpu() - ref.deg).abs().max().item() < tol * scale
     assert (got.num.double().cpu() - ref.num).abs().max().item() < tol * scale * Y.abs().max().item()
     assert torch.allclose(got.energy.cpu(), ref.energy, rtol=tol, atol=0)
+
+
+def _online_lse(s: torch.Tensor, block: int) -> torch.Tensor:
+    """The CUDA ops' log-sum-exp as they compute it, in float32: key blocks of ``block``, a running maximum m and a
+    running sum l rescaled by ``exp(m_old - m_new)`` when m grows, LSE = m + log(l)."""
+    m = torch.full(s.shape[:-1], -float("inf"), dtype=torch.float32)
+    l_ = torch.zeros(s.shape[:-1], dtype=torch.float32)
+    for j in range(0, s.shape[-1], block):
+        t = s[..., j:j + block].float()
+        m_new = torch.maximum(m, t.amax(-1))
+        l_ = l_ * torch.exp(m - m_new) + torch.exp(t - m_new[..., None]).sum(-1)
+        m = m_new
+    return m + torch.log(l_)
+
+
+@pytest.mark.parametrize("kind", ["equal", "random", "growing"])
+def test_the_running_lse_stays_inside_the_bound_behind_fused_lse_max_n(kind):
+    """The rule behind FUSED_LSE_MAX_N: exp(LSE) from a float32 running sum over key blocks of 64 errs by at most
+    (n / 64 + 8) eps relative (checked against float64 on equal logits -- every term the same, the worst case of
+    a sum of positive terms --, random ones, and a maximum that grows block after block, forcing every rescale),
+    so n <= 1,024 keeps it within 24 eps, half the trace's 64 eps budget with room for the logits' rounding."""
+    eps = torch.finfo(torch.float32).eps
+    gen = torch.Generator().manual_seed(0)
+    for n in (64, 512, 1024, 4096):
+        if kind == "equal":
+            s = torch.zeros(4, n, dtype=torch.float64)
+        elif kind == "random":
+            s = torch.randn(4, n, dtype=torch.float64, generator=gen) * 3
+        else:
+            s = torch.linspace(-20, 0, n, dtype=torch.float64).repeat(4, 1)
+        s = s.float().double()                            # logits exactly representable: only the sum's rounding
+        got = _online_lse(s, 64).double()
+        ref = torch.logsumexp(s, -1)
+        rel = (torch.exp(got - ref) - 1).abs().max().item()
+        assert rel <= (n / 64 + 8) * eps, (n, rel / eps)
+        if n <= 1024:
+            assert rel <= 24 * eps

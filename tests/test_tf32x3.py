@@ -179,3 +179,38 @@ def test_the_interpreter_computes_tf32x3_in_full_float32():
     assert err <= 32 * 2.0 ** -24                             # IEEE float32 accumulation of 32 terms
     plain = product(A, B.T.contiguous(), "tf32")
     assert float(((plain.double() - ref).abs() / scale).max()) > 100 * err   # TF32 would be far coarser
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the tensor cores' products need a GPU")
+def test_the_kernels_z_error_on_the_device_is_within_the_bound(monkeypatch):
+    """The compiled kernel's own z, read through relu:1 on near-duplicate pairs far from the origin: each token's
+    degree is ``1 - z`` of its partner alone (every other pair lies at z ~ 400 > 1), so ``|deg - deg_ref|`` is one
+    pair's z error. Within the 3xTF32 bound at ``max|x|^2 / tau ~ 400`` (inside the guard); negative control: with
+    plain TF32 products the same pass is far outside it (which also shows the precision reaches the hardware)."""
+    from energies import triton_pairwise as TP
+    from energies.pairwise import pairwise_pass
+    import energies as E
+    from energies.rho import get_rho
+
+    g = torch.Generator().manual_seed(0)
+    pairs, d, tau = 128, 32, 1.0
+    centres = torch.randn(pairs, d, generator=g, dtype=torch.float64) * (16.0 / math.sqrt(d))
+    Y = torch.stack([centres, centres + torch.randn(pairs, d, generator=g, dtype=torch.float64) * (0.8 / math.sqrt(d))], 1)
+    Y = Y.reshape(1, 2 * pairs, d).float().double()          # the float32 tokens, exactly
+    Yc = Y - Y.mean(1, keepdim=True)
+    unit = EPS * float((Yc * Yc).sum(-1).max()) / tau
+    graph = E.complete(2 * pairs).to("cuda")
+    rho = get_rho("relu:1")
+    z_ref = ((Yc[0, 0::2] - Yc[0, 1::2]) ** 2).sum(-1) / (2 * tau)
+    deg_ref = torch.clamp(1.0 - z_ref, min=0.0).repeat_interleave(2)
+    assert float(z_ref.max()) < 1.0
+    assert bool(TP.expansion_ok((Yc * Yc).sum(-1).float(), tau, 1.0, torch.float32).all())      # the expansion runs
+
+    def err():
+        out = pairwise_pass(Y.float().cuda(), graph, rho, tau, "triton")
+        return float((out.deg[0].double().cpu() - deg_ref).abs().max()) / unit
+
+    assert err() <= bound("tf32x3", d)
+    monkeypatch.setattr(TP, "_ip", lambda dtype: "fp64" if dtype == torch.float64 else "tf32")
+    assert err() > bound("tf32x3", d)

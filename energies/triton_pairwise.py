@@ -10,7 +10,8 @@ token, what the MM step and the trace need (:mod:`energies.pairwise`):
 without an n x n tensor. Two layouts of the token graph:
 
 * **tiled** (the complete graph and every shift-invariant graph: window, strided, dilated; :attr:`TokenGraph.offsets`):
-  a program takes a block of BM queries and visits only the key blocks its offsets reach (a block table built
+  a program takes a block of BM queries and visits only the key blocks its offsets reach (the complete graph: a
+  plain loop over every key block, unmasked off the diagonal and the ragged last block; others: a block table built
   once per shape); inside a tile, a pair is an edge where both tokens are real and ``|i - j|`` is one of the
   graph's offsets (a 0/1 table over offsets). z comes from the expansion ``|a|^2 + |b|^2 - 2 a.b`` (two
   ``tl.dot``) on centred features, or, per example, from explicit differences where the precision guard says
@@ -23,7 +24,8 @@ without an n x n tensor. Two layouts of the token graph:
 
 Padding: a pair counts only where both tokens are real (the mask is read in the kernel), so sparse layouts keep
 a fixed shape whatever the mask. Accumulation: neighbour sums in the compute dtype (float32 tiles accumulate
-in float32, ``tl.dot`` with ``input_precision="ieee"``: no TF32); the degrees and energy shares sum each tile's
+in float32, ``tl.dot`` with ``input_precision="tf32x3"``: 3xTF32 on tensor cores, z within
+:data:`~energies.kernels.guard.EXPANSION_Z_ULPS` as with IEEE products); the degrees and energy shares sum each tile's
 BN terms in the compute dtype (a pairwise tree: error <= ceil(log2 BN) eps relative to sum |x|) and add the tile
 sums in float64, so a float32 energy carries at most about (log2 BN + 2) eps relative error whatever n, inside
 the trace's tolerance ``64 eps sum_k |E_k|``.

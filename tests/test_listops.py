@@ -13,7 +13,7 @@ from clifuzz import expect_refusal, run_cli
 from energies.errors import ConfigError
 from experiments.app.config import load_config
 from experiments.data import DataError, config_options, load_dataset, tokenize
-from experiments.data.listops import generate
+from experiments.data.listops import CLOSE, DEFAULTS, OPERATORS, from_lra, generate, lra_length, to_lra
 from experiments.app.fingerprint import data_fingerprint
 from unfold.classifier import TokenEmbedding, positional_kind, sinusoidal_positions
 
@@ -21,9 +21,13 @@ SMALL = {"min_len": 8, "max_len": 64, "max_depth": 6, "max_args": 5, "train": 30
 
 
 # --------------------------------------------------------------------- an independent evaluator of the text
+OPS = ("max", "min", "med", "sm")
+
+
 def parse(tokens: list) -> tuple:
-    """Tokens of one expression (``[``, op, args..., ``]``; digits) as a nested tuple ``(op, [args])`` or an int;
-    any malformed input raises ValueError."""
+    """Tokens of one expression as a nested tuple ``(op, [args])`` or an int: an operator opens a list that ``]``
+    closes, spelled as the generator writes it (``max``), as LRA does (``[max``) or in two tokens (``[``, ``max``);
+    digits; any malformed input raises ValueError."""
     pos = 0
 
     def node():
@@ -34,10 +38,13 @@ def parse(tokens: list) -> tuple:
         pos += 1
         if t.isdigit() and len(t) == 1:
             return int(t)
-        if t != "[":
+        if t == "[":
+            op = tokens[pos]
+            pos += 1
+        else:
+            op = t[1:] if t.startswith("[") else t
+        if op not in OPS:
             raise ValueError(f"unexpected {t!r}")
-        op = tokens[pos]
-        pos += 1
         args = []
         while tokens[pos] != "]":
             args.append(node())
@@ -73,9 +80,39 @@ def small():
     return generate(3, SMALL)
 
 
-def test_brackets_are_tokens():
-    assert tokenize("[MAX 2 9 [MIN 4 7 ] 0 ]") == ["[", "max", "2", "9", "[", "min", "4", "7", "]", "0", "]"]
-    assert tokenize("[SM 1 2 ]") == ["[", "sm", "1", "2", "]"]
+#: hand-built expressions in LRA's spelling, their LRA length (LRA's generate_tree: a digit 1, an operator 2 + its
+#: arguments' lengths) and value, worked out by hand
+HAND = [("[MAX 2 9 [MIN 4 7 ] 0 ]", 9, 9), ("[SM 1 2 ]", 4, 3), ("7", 1, 7),
+        ("[MED [SM 9 9 ] 1 [MAX 0 0 3 ] 6 ]", 13, 4),           # SM 9 9 = 8, MAX = 3; median of 8 1 3 6 = 4.5 -> 4
+        ("[MIN [MIN [MIN [MIN 5 6 ] 7 ] 8 ] 9 ]", 13, 5)]
+
+
+@pytest.mark.parametrize("lra, length, value", HAND)
+def test_one_token_per_lra_token(lra, length, value):
+    """The model's tokenizer makes exactly LRA's tokens of a text: ``[MAX`` (written ``MAX``) is one, ``]`` one, a
+    digit one; the count is LRA's length, and both spellings evaluate to the hand-computed value."""
+    text = from_lra(lra)
+    assert "[" not in text and to_lra(text) == lra
+    tokens = tokenize(text)
+    assert len(tokens) == lra_length(text) == len(lra.split()) == length
+    assert [t.lstrip("[") for t in lra.lower().split()] == tokens             # one for one, in order
+    assert set(tokens) <= set(OPS) | {CLOSE} | {str(d) for d in range(10)}
+    assert evaluate(parse(tokens)) == evaluate(parse(lra.lower().split())) == value
+    # negative control: LRA's own spelling through the same tokenizer is the old two-token rule
+    n_ops = sum(t in OPS for t in tokens)
+    assert len(tokenize(lra)) == length + n_ops
+
+
+def test_from_lra_reads_lra_files():
+    """LRA's TSV text (``to_string`` with its ``( ... )`` pairs) reads as the same expression; other words are
+    refused, naming the word."""
+    tsv = "( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )"
+    assert from_lra(tsv) == "MAX 2 9 MIN 4 7 ] 0 ]" == from_lra("[MAX 2 9 [MIN 4 7 ] 0 ]")
+    for bad in ("[MAX 2 10 ]", "[SUM_MOD 1 2 ]", "MAX 1 2 ]", "[ MAX 1 2 ]"):
+        with pytest.raises(DataError, match="not an LRA ListOps token"):
+            from_lra(bad)
+    assert OPERATORS == ("MAX", "MIN", "MED", "SM") and [from_lra("[" + o + " 1 2 ]") for o in OPERATORS] == [
+        "MAX 1 2 ]", "MIN 1 2 ]", "MED 1 2 ]", "SM 1 2 ]"]
 
 
 def test_labels_grammar_and_limits(small):
@@ -103,7 +140,7 @@ def test_evaluator_can_fail(small):
     half_up = lambda a: int(math.floor(np.median(a) + 0.5))
     every = small.train + small.val + small.test
     assert any(evaluate(parse(tokenize(t)), half_up) != y for t, y in every)
-    for bad in ("[MAX 1 2", "[MAX 1 2 ] ]", "MAX 1 2 ]"):
+    for bad in ("MAX 1 2", "MAX 1 2 ] ]", "1 2 ]", "[MAX 1 2", "FOO 1 2 ]", "] 1"):
         with pytest.raises((ValueError, IndexError)):
             parse(tokenize(bad))
 
@@ -119,11 +156,14 @@ def test_deterministic_by_seed(small):
     first = generate(0, {**SMALL, "train": 1, "val": 1, "test": 1}).train[0]
     assert first == generate(0, {**SMALL, "train": 1, "val": 1, "test": 1}).train[0]
     assert first == PINNED_FIRST
+    # the same tree as before LRA's length rule (the first tree drawn is kept under both): only the spelling moved
+    assert (to_lra(first[0]), first[1]) == PINNED_BEFORE
 
 
 #: seed 0's first example under SMALL (checked by hand: MED 2 4 1 4 = 3, MAX = 7, SM 7 9 7 = 3, MED 9 4 4 = 4,
 #: SM 2 4 9 = 5, MIN 7 5 3 5 = 3)
-PINNED_FIRST = ("[MIN 7 5 [SM [MAX [MED 2 4 1 4 ] 3 7 3 ] 9 7 ] [SM 2 [MED 9 4 4 ] 9 ] ]", 3)
+PINNED_FIRST = ("MIN 7 5 SM MAX MED 2 4 1 4 ] 3 7 3 ] 9 7 ] SM 2 MED 9 4 4 ] 9 ] ]", 3)
+PINNED_BEFORE = ("[MIN 7 5 [SM [MAX [MED 2 4 1 4 ] 3 7 3 ] 9 7 ] [SM 2 [MED 9 4 4 ] 9 ] ]", 3)
 
 
 def test_refusals_of_the_generator():
@@ -133,14 +173,16 @@ def test_refusals_of_the_generator():
         generate(0, {"depth": 3})
     with pytest.raises(DataError, match="max_depth"):
         generate(0, {"max_depth": 1})
-    with pytest.raises(DataError, match="never reached"):                # no tree has 2..4 tokens: no endless loop
-        generate(0, {"min_len": 2, "max_len": 4, "train": 1, "val": 1, "test": 1})
+    with pytest.raises(DataError, match="never reached"):   # no tree has 2..3 tokens (MAX 1 2 ] has 4): no endless loop
+        generate(0, {"min_len": 2, "max_len": 3, "train": 1, "val": 1, "test": 1})
+    four = generate(0, {"min_len": 2, "max_len": 4, "train": 5, "val": 1, "test": 1})      # its control: 4 is reached
+    assert {len(tokenize(t)) for t, _ in four.train} == {4}
     with pytest.raises(DataError, match="options"):
         load_dataset("rotten_tomatoes", options={"max_len": 10})
 
 
 @pytest.mark.parametrize("overrides, names", [
-    (["data.dataset=listops"], ["data.listops_max_len", "2000", "data.max_len"]),        # default 2000 > 64
+    (["data.dataset=listops"], ["data.listops_max_len", "1999", "data.max_len"]),        # default 1999 > 64
     (["data.dataset=listops", "data.max_len=100", "data.listops_max_len=101"], ["data.listops_max_len", "101"]),
     (["data.dataset=listops", "data.max_len=100", "data.listops_max_len=50", "data.listops_min_len=60"],
      ["data.listops_min_len", "60"]),
@@ -167,7 +209,8 @@ def test_config_path_to_loader():
     assert config_options(dc)["max_len"] == dc["listops_max_len"]
     assert config_options(load_config(None)["data"]) is None
     lra = load_config("listops_lra")["data"]
-    assert (lra["listops_min_len"], lra["listops_max_len"]) == (500, 2000) and lra["max_len"] >= 2000
+    assert (lra["listops_min_len"], lra["listops_max_len"]) == (501, 1999) and lra["max_len"] >= 1999
+    assert (DEFAULTS["min_len"], DEFAULTS["max_len"]) == (501, 1999)        # LRA keeps 500 < length < 2000
     cfg = load_config(None, ["data.dataset=listops", "data.max_len=64", "data.listops_max_len=64",
                              "data.listops_min_len=16", "data.listops_train=40", "data.listops_val=5",
                              "data.listops_test=5"])
@@ -195,6 +238,83 @@ def test_export_round_trip(tmp_path):
                                         "--option", "max_depth=1"], str(tmp_path), names=["max_depth", "1"])
     expect_refusal("experiments.data", ["export", "--dataset", "rotten_tomatoes", "--out", str(tmp_path / "c"),
                                         "--option", "max_len=9"], str(tmp_path), names=["rotten_tomatoes"])
+
+
+# --------------------------------------------------------------------- the LRA-size config, as the model sees it
+LRA_SAMPLE = ["data.listops_train=240", "data.listops_val=40", "data.listops_test=40"]
+
+
+def lra_lengths_refused(counts, lo=501, hi=1999) -> list:
+    """The counts outside LRA's ``500 < length < 2000`` (``lo``..``hi`` inclusive)."""
+    return [c for c in counts if not lo <= c <= hi]
+
+
+@pytest.fixture(scope="module")
+def lra_data():
+    from experiments.app.build import build_data
+
+    cfg = load_config("listops_lra", LRA_SAMPLE)
+    return cfg, build_data(cfg)
+
+
+def test_lra_config_lengths_as_the_model_sees_them(lra_data):
+    """Every example of ``listops_lra`` (a sample of its split sizes; the lengths and tree options as configured)
+    reaches the model as 501..1999 tokens (the padding mask of the trainer's own encoding) and that count is LRA's
+    (the LRA spelling's words); the vocabulary is LRA's 15 tokens; every label is the independent evaluation of
+    the text, in either spelling."""
+    cfg, (splits, vocab, tensors, _) = lra_data
+    assert splits.sizes() == {"train": 240, "val": 40, "test": 40}
+    assert set(vocab.itos[2:]) == set(OPS) | {CLOSE} | {str(d) for d in range(10)}
+    counts = []
+    for name in ("train", "val", "test"):
+        examples = getattr(splits, name)
+        ids, mask, labels = tensors[name]
+        seen = mask.sum(1).tolist()
+        assert seen == [len(to_lra(t).split()) for t, _ in examples] == [lra_length(t) for t, _ in examples]
+        assert not (ids[mask] == vocab.UNK).any()
+        for text, label in examples:
+            assert evaluate(parse(tokenize(text))) == label, text
+            assert evaluate(parse(to_lra(text).lower().split())) == label, text
+        counts += seen
+    assert lra_lengths_refused(counts) == []
+    assert cfg["data"]["max_len"] >= max(counts)                   # nothing truncated
+    assert min(counts) < 560 and max(counts) > 1400                 # the range is used, not a corner of it
+    assert len({y for _, y in splits.train}) == 10
+
+
+def test_negative_control_old_two_token_rule():
+    """The old rule (LRA's spelling through the tokenizer: ``[`` and ``max`` two tokens) kept trees of 500-2000 of
+    its tokens; drawn from the same trees, some of those are below LRA's 500 (and the check above flags them), and
+    the new rule's sample holds none. Trees are drawn down to 380 LRA tokens so that the old rule's can be found."""
+    wide = generate(0, {"min_len": 380, "max_len": 1999, "train": 400, "val": 1, "test": 1}).train
+    lra = [len(tokenize(t)) for t, _ in wide]
+    old = [len(tokenize(to_lra(t))) for t, _ in wide]
+    assert all(o == n + sum(w in OPERATORS for w in t.split()) for o, n, (t, _) in zip(old, lra, wide))
+    kept_before = [n for n, o in zip(lra, old) if 500 <= o <= 2000]
+    assert len(kept_before) > 100
+    short = lra_lengths_refused(kept_before)
+    assert short and max(short) <= 500 and len(short) >= 0.02 * len(kept_before), (len(short), len(kept_before))
+    kept_now = [n for n in lra if 501 <= n <= 1999]
+    assert lra_lengths_refused(kept_now) == []
+
+
+def test_old_runs_are_refused_on_resume():
+    """A run started before LRA's rule trained on the old spelling: its data fingerprint (vocabulary and splits)
+    differs from what the generator makes now, so resuming it or studying it on regenerated data is refused
+    (``experiments/app/train.py``, ``experiments/studies/depth.py`` compare fingerprints); the old spelling of the
+    same trees is what :func:`to_lra` gives (the bundle still loads, with its own vocabulary)."""
+    from experiments.app.fingerprint import compare_fingerprints
+
+    now = generate(3, SMALL)
+    before = [[(to_lra(t), y) for t, y in getattr(now, s)] for s in ("train", "val", "test")]
+    fp = lambda splits, vocab: data_fingerprint(vocab, *splits, now.label_names)
+    vocab_now = sorted({w for t, _ in now.train for w in tokenize(t)})
+    vocab_before = sorted({w for t, _ in before[0] for w in tokenize(t)})
+    assert "[" in vocab_before and "[" not in vocab_now
+    changed = compare_fingerprints(fp(before, vocab_before), fp((now.train, now.val, now.test), vocab_now))
+    assert [c.split()[0] for c in changed] == ["vocab", "train", "val", "test"]
+    assert compare_fingerprints(fp((now.train, now.val, now.test), vocab_now),
+                                fp((now.train, now.val, now.test), vocab_now)) == []      # negative control
 
 
 # --------------------------------------------------------------------- model.positional

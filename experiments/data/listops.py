@@ -1,37 +1,57 @@
 """ListOps (Nangia & Bowman 2018, as the Long Range Arena generates it, Tay et al. 2021): a seeded generator.
 
-An example is a nested list expression over the digits 0-9 and its value, one of 10 classes ``"0"`` .. ``"9"``::
+An example is a nested list expression over the digits 0-9 and its value, one of 10 classes ``"0"`` .. ``"9"``.
+LRA writes ``[MAX 2 9 [MIN 4 7 ] 0 ]`` (value 9) and counts it as 9 tokens: an operator with its opening bracket
+(``[MAX``, ``[MIN``, ``[MED``, ``[SM``) is one token, ``]`` one, a digit one. This generator writes the same
+expression as ::
 
-    [MAX 2 9 [MIN 4 7 ] 0 ]      -> 9
+    MAX 2 9 MIN 4 7 ] 0 ]        -> 9
+
+(the operator's name opens its list, ``]`` closes it), so that :func:`~experiments.data.text.tokenize`, the
+tokenizer the model is fed through, makes exactly LRA's tokens of it (``max 2 9 min 4 7 ] 0 ]``: 9) and a length
+in tokens *as the model sees it* is LRA's length. The vocabulary is LRA's 15 tokens: ``max min med sm`` (LRA's
+``[MAX [MIN [MED [SM``), ``]`` and the ten digits. :func:`to_lra` gives LRA's spelling of a text and
+:func:`from_lra` reads LRA's (its TSV files' ``( ... )`` included). The closing brackets stay tokens: the original
+LRA release stripped every bracket from the model's input (a known bug).
+
+Before this rule the text was LRA's spelling, which the tokenizer splits into two tokens per operator (``[``,
+``max``), and lengths were counted in those tokens, 1.14 times LRA's count on average: ``listops_lra``'s
+500-2000 tokens were 431-1762 LRA tokens, 8.4 % of its training split below LRA's 500 (measurements below).
+Splits, vocabularies and data fingerprints of the same seed and options changed with the rule (the trees drawn
+are the same, the ones kept differ): a run started before cannot be resumed (its checkpoint's data fingerprint
+differs: refused, as is the depth study of its bundle on regenerated data), and a bundle trained before still
+loads and predicts on the spelling it was trained on (``[MAX ...``: :func:`to_lra`).
 
 The operators, on a list ``a_1 .. a_k`` of values (``k >= 2``):
 
 * ``MAX``: ``max(a)``;  ``MIN``: ``min(a)``;
 * ``MED``: the median as LRA computes it, ``int(numpy.median(a))``: the middle value of the sorted list for odd
   ``k``, ``floor((s_{k/2} + s_{k/2+1}) / 2)`` of the sorted list ``s`` for even ``k`` (values are non-negative);
-* ``SM`` (sum modulo): ``sum(a) mod 10`` (LRA's spelling ``[SM``; ``SUM_MOD`` would tokenize as three tokens).
+* ``SM`` (sum modulo): ``sum(a) mod 10`` (LRA's spelling ``[SM``).
 
 The tree (LRA's ``generate_tree``): the root is at depth 1; a node at depth ``< max_depth`` is an operator with
 probability 1/4 and a digit otherwise (a node at ``max_depth`` is a digit); an operator takes ``k`` arguments,
-``k`` uniform in ``[2, max_args]``, each a node one level deeper, and one of the four operators, uniformly. A tree
-is kept when its length is in ``[min_len, max_len]`` and its text is new (rejection sampling, as LRA does; a tree
-is abandoned as soon as it must grow past ``max_len``). The shape is drawn breadth first and the digits at
-``max_depth`` only for a tree that is kept, so the random stream differs from LRA's; the distribution is LRA's.
-
-Length is counted in the tokens :func:`~experiments.data.text.tokenize` makes of the text: an operator node is
-``[``, its name (lower-cased: ``max``, ``min``, ``med``, ``sm``), its arguments and ``]`` (the brackets stay tokens:
-the original LRA release stripped them, a known bug), a digit is one token. LRA counted ``[MAX`` as one token, so
-its lengths 500-2000 are about 1.3 times fewer tokens than the same trees have here.
+``k`` uniform in ``[2, max_args]``, each a node one level deeper, and one of the four operators, uniformly. Its
+length is LRA's: a digit 1, an operator ``2 +`` the lengths of its arguments. A tree is kept when its length is in
+``[min_len, max_len]`` (both included) and its text is new (rejection sampling, as LRA does; a tree is abandoned
+as soon as it must grow past ``max_len``). LRA keeps ``500 < length < 2000``: the defaults, and
+``configs/listops_lra.yaml``, are ``min_len=501``, ``max_len=1999``. The shape is drawn breadth first and the
+digits at ``max_depth`` only for a tree that is kept, so the random stream differs from LRA's; the distribution
+is LRA's.
 
 Randomness: one ``random.Random(seed)``, read through ``random()`` only (a float from the Mersenne Twister,
 the same on every machine and Python release): the same seed and options give byte-identical splits. The first
 ``train`` accepted examples are the training split, the next ``val`` the validation split, the next ``test`` the
 test split (disjoint: no text repeats). Labels are the values, so class ``k`` is named ``"k"``.
 
-Label distribution (measured, seed 0, lengths 32-512 tokens, depth 10, 10 arguments, 20,000 examples, 8 s on
-one CPU core): ``0`` 15.9 %, ``9`` 15.5 %, the others 7.6-9.4 % each (MAX and MIN pull values to the ends);
-the majority class is about 16 % of any split, 16.0 % of the test split of ``configs/listops.yaml`` (16-256
-tokens), 17.8 % at 500-2000 tokens (seed 0, 2,200 examples: ``9``).
+Measured (seed 0, a shared 2-core CPU): ``configs/listops_lra.yaml``'s 100,000 examples take 42 s; the lengths of
+its 96,000 training examples are 501 / 576 / 704 / 954 / 1309 / 1643 / 1999 tokens (min, 10 %, 25 %, median, 75 %,
+90 %, max; mean 1035.5), as an independent re-implementation of LRA's own sampling loop gives them (20,000
+examples: 501 / 578 / 701 / 953 / 1309 / 1648 / 1999, mean 1035.2). Before LRA's rule (``[MAX`` two tokens,
+500-2000 of them) the same split had 431 / 512 / 632 / 870 / 1192 / 1479 / 1762 LRA tokens (mean 935.0: 9.7 %
+shorter), 8.4 % of it below 500. Labels (32-512 tokens, 20,000 examples, 3 s): ``0`` 15.7 %, ``9`` 15.8 %, the
+others 7.4-9.4 % each (MAX and MIN pull values to the ends); the majority class (``0``) is 15.6 % of the test split of
+``configs/listops.yaml`` (16-128 tokens) and 17.4 % of ``listops_lra``'s.
 """
 from __future__ import annotations
 
@@ -40,13 +60,15 @@ from collections.abc import Mapping
 
 from .core import DataError, Splits
 
-#: generator options and their defaults: LRA's depth, arguments and split sizes; lengths in tokens (module doc)
-DEFAULTS = {"min_len": 500, "max_len": 2000, "max_depth": 10, "max_args": 10, "train": 96000, "val": 2000,
+#: generator options and their defaults: LRA's lengths (``500 < length < 2000``), depth, arguments and split sizes;
+#: lengths in LRA's tokens, which are the model's (module docstring), both bounds included
+DEFAULTS = {"min_len": 501, "max_len": 1999, "max_depth": 10, "max_args": 10, "train": 96000, "val": 2000,
             "test": 2000}
 #: the config keys of the options (``data.listops_<option>``)
 CONFIG_KEYS = {k: f"data.listops_{k}" for k in DEFAULTS}
-#: the operators, as written (upper case) in the text
+#: the operators, as written (upper case) in the text: each opens its list (LRA's ``[MAX`` ...), ``]`` closes it
 OPERATORS = ("MAX", "MIN", "MED", "SM")
+CLOSE = "]"
 LABELS = [str(v) for v in range(10)]
 #: probability that a node above the depth limit is an operator (LRA's ``VALUE_P``)
 OP_P = 0.25
@@ -94,15 +116,16 @@ def _shape(u, max_len: int, max_depth: int, max_args: int):
     ``max_depth`` whose value :func:`_write` draws later), ``length`` its tokens; ``None`` as soon as it must
     exceed ``max_len`` tokens. One draw ``r`` decides a node above ``max_depth``: an operator when ``r < OP_P``,
     else the digit ``int((r - OP_P) / (1 - OP_P) * 10)`` (uniform, given ``r >= OP_P``); an operator then draws its
-    argument count and its name. ``length`` counts decided tokens plus one per undecided argument: a digit adds
-    nothing to it, an operator with ``k`` arguments ``2 + k`` (``[``, name, ``]``, ``k`` arguments, one slot used)."""
+    argument count and its name. ``length`` counts decided tokens plus one per undecided argument, in LRA's tokens:
+    a digit adds nothing to it, an operator with ``k`` arguments ``1 + k`` (its name, which opens it, ``]``, ``k``
+    arguments, one slot used)."""
     r = u() if max_depth > 1 else 1.0
     if r >= OP_P:
         return min(9, int((r - OP_P) * _SCALE)), 1
     span, ops = max_args - 1, OPERATORS
     k = 2 + int(u() * span)
     root = [ops[int(u() * 4)], []]
-    length = 3 + k
+    length = 2 + k
     if length > max_len:
         return None
     frontier, depth = [(root, k)], 1
@@ -117,7 +140,7 @@ def _shape(u, max_len: int, max_depth: int, max_args: int):
                     child = [ops[int(u() * 4)], []]
                     children.append(child)
                     nxt.append((child, k2))
-                    length += 2 + k2
+                    length += 1 + k2
                     if length > max_len:
                         return None
                 else:
@@ -129,28 +152,28 @@ def _shape(u, max_len: int, max_depth: int, max_args: int):
 
 
 def _write(root, u) -> tuple[list, int]:
-    """``(parts, value)`` of a tree from :func:`_shape` (``parts``: ``"[MAX"``, digits, ``"]"`` in text order); a
-    ``None`` digit is drawn here, ``int(u() * 10)``, in text order. Iterative (depth-first)."""
+    """``(parts, value)`` of a tree from :func:`_shape` (``parts``: ``"MAX"``, digits, ``"]"`` in text order, one
+    per token); a ``None`` digit is drawn here, ``int(u() * 10)``, in text order. Iterative (depth-first)."""
     if not isinstance(root, list):
         return [_DIGITS[root]], root
     parts: list = []
     append = parts.append
     stack = [(root, iter(root[1]), [])]
-    append("[" + root[0])
+    append(root[0])
     while True:
         node, it, values = stack[-1]
         for c in it:
             if c is None:
                 c = min(9, int(u() * 10))
             elif isinstance(c, list):
-                append("[" + c[0])
+                append(c[0])
                 stack.append((c, iter(c[1]), []))
                 break
             append(_DIGITS[c])
             values.append(c)
         else:
             stack.pop()
-            append("]")
+            append(CLOSE)
             value = apply_op(node[0], values)
             if not stack:
                 return parts, value
@@ -159,6 +182,35 @@ def _write(root, u) -> tuple[list, int]:
 
 _SCALE = 10 / (1 - OP_P)
 _DIGITS = [str(d) for d in range(10)]
+_LRA_OPERATORS = {"[" + op: op for op in OPERATORS}
+
+
+def to_lra(text: str) -> str:
+    """LRA's spelling of a generated text: each operator with its opening bracket (``MAX 2 9 ]`` ->
+    ``[MAX 2 9 ]``), the same tokens one for one (the text this generator wrote before LRA's length rule)."""
+    return " ".join("[" + w if w in OPERATORS else w for w in text.split())
+
+
+def from_lra(text: str) -> str:
+    """This generator's spelling of an LRA expression (``[MAX 2 9 ]`` -> ``MAX 2 9 ]``); the ``(`` and ``)`` of
+    LRA's TSV files (``( ( ( [MAX 2 ) 9 ) ] )``) are dropped. Any other word is a :class:`DataError`."""
+    out = []
+    for w in text.split():
+        if w in ("(", ")"):
+            continue
+        if w in _LRA_OPERATORS:
+            out.append(_LRA_OPERATORS[w])
+        elif w == CLOSE or w in _DIGITS:
+            out.append(w)
+        else:
+            raise DataError(f"not an LRA ListOps token: {w!r} (expected [MAX, [MIN, [MED, [SM, ], a digit 0-9)")
+    return " ".join(out)
+
+
+def lra_length(text: str) -> int:
+    """The length of a generated text as LRA counts it (:func:`to_lra`'s words; also the number of tokens
+    :func:`~experiments.data.text.tokenize` makes of ``text``)."""
+    return len(text.split())
 
 
 def generate(seed: int, options: Mapping | None = None) -> Splits:

@@ -10,6 +10,7 @@ Optimization Perspective", main paper and supplement.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple, Optional, Union
 
@@ -31,6 +32,9 @@ __all__ = [
     "Centering",
     "Rescaling",
     "ACCUM_DTYPE",
+    "autocast_dtype",
+    "version_cached",
+    "full_precision",
 ]
 
 ACCUM_DTYPE = torch.float64
@@ -50,17 +54,75 @@ class MMParts(NamedTuple):
     jacobi: Union[None, float, torch.Tensor] = None
 
 
-def _cached(owner, attr: str, tensor: torch.Tensor, compute):
-    """``compute(tensor)``, recomputed only when ``tensor`` was modified (its version counter moved); computed
-    afresh under ``torch.compile``, which does not trace version counters."""
-    if torch.compiler.is_compiling():
+#: optimiser steps taken in this process, counted by a global post-step hook of ``torch.optim`` (registered by the first
+#: :func:`version_cached`): part of every cache key, because not every optimiser moves the version counters of the
+#: parameters it writes (``torch.optim.AdamW(fused=True)`` does not, torch 2.13)
+_OPTIMISER_STEPS = [0]
+_STEP_HOOK: list = []
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    _OPTIMISER_STEPS[0] += 1
+
+
+def version_cached(owner, attr: str, tensor: torch.Tensor, compute):
+    """``compute(tensor)``, kept in ``owner.__dict__[attr]`` and recomputed only when ``tensor`` may have changed. The
+    key: the tensor object itself (a new tensor starts anew), its version counter (every in-place write through
+    autograd's view of it moves it: ``copy_`` under ``no_grad``, ``load_state_dict``, most optimiser steps), the
+    count of ``torch.optim`` optimiser steps taken in this process (any optimiser's step, a fused one included,
+    starts anew: fused AdamW does not move version counters), its storage address, dtype and device (``module.to()``
+    swaps a parameter's data under the same object). Not seen: a write through ``tensor.data`` outside an
+    optimiser step (``.data`` has a version counter of its own). Computed afresh, never stored, while compiling
+    (dynamo does not trace version counters), for an inference tensor (no version counter) and for a tensor without
+    storage (a ``torch.func`` wrapper). For values that need no autograd (spectral bounds from :func:`finite_f64`,
+    which detaches): a cached tensor outlives the graph of the forward that computed it."""
+    if torch.compiler.is_compiling() or tensor.is_inference():
         return compute(tensor)
-    key = (tensor.data_ptr(), tensor._version)
+    if not _STEP_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _STEP_HOOK.append(register_optimizer_step_post_hook(_count_step))
+    try:
+        key = (tensor._version, _OPTIMISER_STEPS[0], tensor.data_ptr(), tensor.dtype, tensor.device)
+    except RuntimeError:
+        return compute(tensor)
     hit = owner.__dict__.get(attr)
-    if hit is None or hit[0] != key:
-        hit = (key, compute(tensor))
+    if hit is None or hit[0] is not tensor or hit[1] != key:
+        hit = (tensor, key, compute(tensor))
         owner.__dict__[attr] = hit
-    return hit[1]
+    return hit[2]
+
+
+def autocast_dtype(device) -> Optional[torch.dtype]:
+    """The dtype ``torch.autocast`` runs its matmuls in on ``device`` (a device or its type) where autocast is on
+    there, else None (off, or a device type autocast does not know, such as ``meta``)."""
+    kind = device.type if isinstance(device, torch.device) else str(device)
+    try:
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+    except RuntimeError:
+        return None
+
+
+def _kernel_call(Y: torch.Tensor, call):
+    """``call(Y)`` for a pairwise kernel pass, made well-defined under ``torch.autocast``: there the kernels get the
+    tokens in the autocast dtype (float64 tokens as they are: autocast leaves float64 alone) with autocast off
+    inside, so that a pass sees one dtype throughout (it decides its own arithmetic: today's CPU kernels upcast
+    half types to float32), instead of float32 tokens whose products come back in bfloat16 mid-pass. Without
+    autocast: ``call(Y)``."""
+    low = autocast_dtype(Y.device)
+    if low is None:
+        return call(Y)
+    with full_precision(Y.device):
+        return call(Y if Y.dtype == ACCUM_DTYPE else Y.to(low))
+
+
+def full_precision(device):
+    """A context in which ``torch.autocast`` is off on ``device``'s type (a no-op where it is not on): what is
+    computed inside runs in the dtypes of its tensors. Autograd is unaffected."""
+    if autocast_dtype(device) is None:
+        return contextlib.nullcontext()
+    kind = device.type if isinstance(device, torch.device) else str(device)
+    return torch.autocast(kind, enabled=False)
 
 
 def finite_f64(W: torch.Tensor) -> torch.Tensor:
@@ -241,13 +303,17 @@ class PairwiseAttention(EnergyTerm):
         return pairwise_energy(Y, graph, self.rho, self.tau, self.kernel, None if W is None else W.to(ACCUM_DTYPE))
 
     def neighbour_sums(self, Y, graph):
-        """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y)."""
-        return weighted_neighbour_sums(self.features(Y), graph, self.rho, self.tau, self.kernel)
+        """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast
+        in its dtype, :func:`_kernel_call`)."""
+        return _kernel_call(Y, lambda Yk: weighted_neighbour_sums(self.features(Yk), graph, self.rho, self.tau,
+                                                                  self.kernel))
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
-        """The layers' kernel pass on the features W^T y (:func:`~energies.pairwise.pairwise_pass`)."""
-        return pairwise_pass(Y, graph, self.rho, self.tau, self.kernel, energy=energy, num=num, metric=self._metric(Y),
-                             guard=self.guard)
+        """The layers' kernel pass on the features W^T y (:func:`~energies.pairwise.pairwise_pass`); under
+        ``torch.autocast`` on the tokens in its dtype (:func:`_kernel_call`)."""
+        W = self._metric(Y)
+        return _kernel_call(Y, lambda Yk: pairwise_pass(Yk, graph, self.rho, self.tau, self.kernel, energy=energy,
+                                                        num=num, metric=W, guard=self.guard))
 
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
@@ -277,8 +343,9 @@ class PairwiseAttention(EnergyTerm):
         if len(terms) < 2 or any(type(t) is not PairwiseAttention or t.metric is None or t.rho.spec() != t0.rho.spec()
                                  or t.tau != t0.tau or t.kernel != t0.kernel or t.guard != t0.guard for t in terms):
             return None
-        return pairwise_pass_heads(Y, graph, t0.rho, t0.tau, t0.kernel, [t._metric(Y) for t in terms], energy=energy,
-                                   num=num, guard=t0.guard)
+        metrics = [t._metric(Y) for t in terms]
+        return _kernel_call(Y, lambda Yk: pairwise_pass_heads(Yk, graph, t0.rho, t0.tau, t0.kernel, metrics,
+                                                              energy=energy, num=num, guard=t0.guard))
 
     @staticmethod
     def joint_mm(terms, Y, graph, value: bool = True):
@@ -300,10 +367,12 @@ class PairwiseAttention(EnergyTerm):
 
     def _curvature_from(self, Y, graph: TokenGraph, deg: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``2 deg ||W||^2`` with the weighted degrees ``deg`` of a pass at Y (adaptive), or with
-        ``rho'(0) x degree`` (constant: no pass needed)."""
+        ``rho'(0) x degree`` (constant: no pass needed); formed in float32 at least (a pass under autocast gives
+        bfloat16 degrees: the bound rounded to bfloat16 could fall below the one it stands for)."""
         if self.curvature_kind == "constant":
             deg = self.max_weight * graph.degree().to(device=Y.device, dtype=Y.dtype)
-        return 2.0 * deg * self.metric_norm2().to(device=deg.device, dtype=deg.dtype)
+        dt = torch.promote_types(deg.dtype, torch.float32)
+        return 2.0 * deg.to(dt) * self.metric_norm2().to(device=deg.device, dtype=dt)
 
     def pass_value(self, Y, graph):
         """An energy-only pass of the layers' kernel (LSE identity on softmax; no neighbour sums)."""
@@ -325,7 +394,7 @@ class PairwiseAttention(EnergyTerm):
             return torch.ones(())
         if self._given_norm2 is not None:
             return self._given_norm2
-        return _cached(self, "_norm2", self.metric,
+        return version_cached(self, "_norm2", self.metric,
                        lambda W: torch.linalg.matrix_norm(finite_f64(W), ord=2) ** 2)
 
     def grad(self, Y, graph):
@@ -447,7 +516,7 @@ class FeedForward(EnergyTerm):
         0-d float64 tensor on W's device (no host read)."""
         if self._given_curvature is not None:
             return self._given_curvature
-        return _cached(self, "_curv", self.W,
+        return version_cached(self, "_curv", self.W,
                        lambda W: torch.linalg.eigvalsh(finite_f64(W)).max().clamp_min(0.0))
 
     def describe(self):

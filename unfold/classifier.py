@@ -17,7 +17,7 @@ from torch import nn
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError, InputError, TokenError
 
-from .encoders import Encoder, bool_mask, check_device, check_empty_rows, host_checks
+from .encoders import Encoder, bool_mask, check_device, check_empty_rows, host_checks, trace_dtype
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "POSITIONAL", "TokenEmbedding", "SequenceClassifier", "masked_mean", "positional_kind",
@@ -53,7 +53,8 @@ class ModelOutput:
     #: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``
     states: Optional[List[torch.Tensor]] = None
     guaranteed: bool = False
-    #: dtype of the states, which sets the tolerance of :meth:`report`
+    #: dtype in which the trace evaluated the energies of the states, which sets the tolerance of :meth:`report`: the
+    #: states' dtype, float32 for half-type states (:func:`~unfold.encoders.trace_dtype`)
     states_dtype: torch.dtype = torch.float32
     #: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks)
     inputs: Optional[tuple] = None
@@ -223,5 +224,6 @@ class SequenceClassifier(nn.Module):
         X = graph.zero_padded(self.embedding(ids))
         out = self.encoder(X, mask, graph=graph, trace=trace, keep_states=keep_states, layers=layers)
         logits = self.head(self.drop(masked_mean(out.Y, mask)))
-        return ModelOutput(logits, out.energies, out.states, guaranteed=out.guaranteed, states_dtype=out.Y.dtype,
-                           inputs=(X.detach(), mask), layers_used=getattr(out, "layers_used", None))
+        return ModelOutput(logits, out.energies, out.states, guaranteed=out.guaranteed,
+                           states_dtype=trace_dtype(out.Y.dtype), inputs=(X.detach(), mask),
+                           layers_used=getattr(out, "layers_used", None))

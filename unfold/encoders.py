@@ -49,7 +49,8 @@ from energies.graph import GraphCache, TokenGraph, check_tokens, graph_from_spec
 from energies.pairwise import KERNELS, kernel_names
 from energies.registry import registrar
 from energies.rho import Rho, get_rho
-from energies.terms import ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling, Residual
+from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling,
+                            Residual, autocast_dtype, full_precision, version_cached)
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
@@ -115,7 +116,7 @@ class EncoderOutput:
         """The verdict of every layer step of the trace (:func:`~unfold.trace.report_from_values`)."""
         if self.energies is None:
             raise ConfigError("no energy trace: call the encoder with trace=True")
-        return report_from_values(self.energies, self.Y.dtype, tol_factor, self.guaranteed)
+        return report_from_values(self.energies, trace_dtype(self.Y.dtype), tol_factor, self.guaranteed)
 
 
 def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens", validate: bool = False) -> torch.Tensor:
@@ -281,10 +282,16 @@ class Encoder(nn.Module):
     @staticmethod
     def trace_values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):
         """``(values, c)``: every term's value at Y (float64 per example) by the layers' own kernels (energy-only
-        passes) and the MM curvature bound c at Y (for the tolerance's resolution)."""
+        passes) and the MM curvature bound c at Y (for the tolerance's resolution).
+
+        Always a float32 (or float64) evaluation, also under ``torch.autocast`` (mixed precision): autocast is off
+        here, and tokens of a half type are read as float32 (exactly: every bfloat16 and float16 value is a float32
+        value). So the energy a verdict judges is a float32 energy of the very tokens the (bfloat16) step produced,
+        never a bfloat16 one (:func:`trace_dtype`)."""
         vals: Dict[str, torch.Tensor] = OrderedDict()
         curv = 0.0
-        with torch.no_grad():
+        Y = Y.to(trace_dtype(Y.dtype))
+        with torch.no_grad(), full_precision(Y.device):
             for group in energy.groups():       # a run of one class: one joint pass where the class offers it
                 terms = [t for _, t in group]
                 if terms[0].is_indicator:
@@ -296,6 +303,14 @@ class Encoder(nn.Module):
                     vals[name] = v.to(ACCUM_DTYPE)
                     curv = curv + c
         return vals, curv
+
+
+def trace_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the trace evaluates and judges the energy of tokens of ``dtype``: float32 or float64 as
+    they are, float32 for the half types (bfloat16, float16). The tolerance of a verdict is this dtype's (``tol =
+    64 eps(float32) * ...``): with bfloat16's eps (2^-7 x 64 = half the energy) a verdict would accept almost any
+    rise. :meth:`Encoder.trace_values` evaluates in it; :meth:`EncoderOutput.report` judges in it."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def kernel_problem(kernel: str, graph: str, rho, device) -> Optional[str]:
@@ -336,7 +351,22 @@ class GuaranteedEncoder(Encoder):
     are known before layer k+1 is applied, so a stopped example's output is exactly Y_k of the full unroll. On the
     device, no host read: every layer still runs for the whole batch and ``torch.where`` keeps a stopped example's
     tokens; ``EncoderOutput.layers_used`` holds each depth, and the trace marks the frozen layers
-    (``EnergyTrace.ran``) so that the verdict judges every layer that ran and no other."""
+    (``EnergyTrace.ran``) so that the verdict judges every layer that ran and no other.
+
+    **Mixed precision** (a forward under ``torch.autocast(device, torch.bfloat16)``, ``train.precision=bfloat16``):
+    the step may run in bfloat16, the energy a verdict judges may not. The step's products run in autocast's dtype
+    (the kernels get the tokens in bfloat16 with autocast off inside them, :func:`~energies.terms._kernel_call`;
+    the products with W and S are autocast's), while the tokens between layers stay float32 (the step adds its
+    bfloat16 direction to float32 tokens) and the energy's own weights -- W, S = A A^T - (1 - eps) I, the bounds
+    ||W_h||^2 and lambda_max(S) -- are float32/float64, never rounded by autocast. At **every** layer boundary Y_0 ..
+    Y_T (not a sample) the traced values come from a float32 energy-only pass with autocast off
+    (:meth:`Encoder.trace_values`) instead of the step's bfloat16 pass, and the verdict uses float32's tolerance
+    (:func:`trace_dtype`). So each verdict is what it says: a float32 evaluation (within 8 eps(float32) sum_k |E_k|
+    of the float64 energy, tests/test_mixed_precision.py) of the tokens the bfloat16 step actually produced found
+    ``E(Y_t+1) <= E(Y_t) + tol``; bfloat16 rounding that breaks the descent is counted as an increase, never hidden
+    in a bfloat16 tolerance (64 eps(bfloat16) would be half the energy). The price: with the trace on, one float32
+    energy-only pass per layer on top of the step (without autocast the energy is read off the step's own pass).
+    float64 tokens are left alone by autocast, and so is their trace."""
 
     guaranteed = True
     weight_shared = True
@@ -384,20 +414,41 @@ class GuaranteedEncoder(Encoder):
                 self.A.copy_(math.sqrt(1.0 - self.EPS_S) * torch.eye(self.d))
 
     def ffn_weight(self) -> torch.Tensor:
-        """The symmetric feed-forward weight S = A A^T - (1 - eps) I."""
+        """The symmetric feed-forward weight S = A A^T - (1 - eps) I, in A's dtype also under ``torch.autocast``: S
+        defines the energy (the trace's and the step's alike), so it is not rounded to bfloat16 (a bfloat16 product
+        need not even be symmetric); the step's products with S run in autocast's dtype."""
         eye = torch.eye(self.d, dtype=self.A.dtype, device=self.A.device)
-        return self.A @ self.A.T - (1.0 - self.EPS_S) * eye
+        with full_precision(self.A.device):
+            return self.A @ self.A.T - (1.0 - self.EPS_S) * eye
+
+    def spectral_bounds(self):
+        """``(n2, lam)``: ``||W_h||_2^2`` of every head ``(H,)`` and ``max(lambda_max(S), 0)`` (None without the S
+        term), float64 0-d/1-d tensors on the weights' device, detached (the step treats its curvature bound as a
+        constant, as it always has, so a cached value holds no autograd graph). Computed once per value of the
+        weights and reused by every layer and every forward until the weights may have changed: a ``torch.optim``
+        optimiser step (fused ones included), an in-place write that moves W's or A's version counter
+        (``load_state_dict``, ``copy_`` under ``no_grad``), ``.to()`` (:func:`~energies.terms.version_cached`; a write
+        through ``W.data`` outside an optimiser step is not seen). In training (one forward per optimiser step) it is
+        computed once per step, as before; forwards at fixed weights (validation, test, the float64 check, predict)
+        reuse it -- on a GPU also sparing the host syncs torch documents for SVD and eigvalsh."""
+        n2 = version_cached(self, "_norm2_cache", self.W,
+                            lambda W: torch.linalg.matrix_norm(finite_f64(W), ord=2) ** 2)     # (H,), one call
+        if self.A is None:
+            return n2, None
+        lam = version_cached(self, "_ffn_curv_cache", self.A,
+                             lambda A: torch.linalg.eigvalsh(finite_f64(self.ffn_weight())).max().clamp_min(0.0))
+        return n2, lam
 
     def energy(self, B: torch.Tensor, guard: bool = True) -> Energy:
         """The energy every layer descends, anchored at B; ``guard``: the kernels' precision guard."""
-        norm2 = torch.linalg.matrix_norm(finite_f64(self.W), ord=2) ** 2                      # (H,), one call
+        norm2, lam = self.spectral_bounds()
         terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, kernel=self.kernel, metric=self.W[h],
                                                 curvature=self.curvature, metric_norm2=norm2[h], guard=guard))
                  for h in range(self.heads)]
         terms.append(("residual", Residual(B, validate=False)))
         if self.A is not None:
             # S symmetric by construction: no checks; its curvature bound max(lambda_max(S), 0) as a tensor (no host read)
-            terms.append(("ffn", FeedForward(self.ffn_weight(), sym_tol=math.inf, validate=False)))
+            terms.append(("ffn", FeedForward(self.ffn_weight(), sym_tol=math.inf, validate=False, curvature=lam)))
         if self.use_layernorm:
             terms += [("center", Centering()), ("rescale", Rescaling())]
         if self.nonneg is not None:
@@ -407,6 +458,10 @@ class GuaranteedEncoder(Encoder):
     def run(self, X, mask, graph, trace, keep_states, layers):
         energy = self.energy(X, guard=trace or self.validate or X.device.type == "cpu")
         step = ProxMMStep(energy, self.alpha)      # the shared layer: mm_step with the curvature bound
+        # mixed precision (autocast, which leaves float64 alone, or half tokens): the step's pass runs in bfloat16,
+        # so its energy is not what a verdict may judge; the values come from a float32 energy-only pass at each Y_t
+        # instead (trace_values): every layer, not a sample
+        narrow = trace_dtype(X.dtype) != X.dtype or (X.dtype != ACCUM_DTYPE and autocast_dtype(X.device) is not None)
         Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
         T = self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)
         eps = check_stop_rel(self.stop_rel)       # an attribute a study may set: checked where it is used
@@ -419,7 +474,10 @@ class GuaranteedEncoder(Encoder):
         for _ in range(T):
             if keep_states:
                 states.append(Y)
-            Y_next, vals, curv = step.step_with_trace(Y, graph, values=trace or eps is not None)
+            want = trace or eps is not None
+            Y_next, vals, curv = step.step_with_trace(Y, graph, values=want and not narrow)
+            if want and narrow:
+                vals, curv = self.trace_values(energy, Y, graph)
             if eps is not None:                   # vals hold E_k (at this layer's input Y_k): decide on layer k+1
                 E = _total(vals).detach().to(ACCUM_DTYPE)
                 if before is not None:

@@ -48,7 +48,7 @@ from energies.energy import Energy
 from energies.errors import GraphError, StepError, TokenError
 from energies.graph import TokenGraph, canonical_edges
 from energies.rho import get_rho
-from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64
+from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64, version_cached
 
 from . import mm as _mm
 from .steps import _check_alpha
@@ -202,7 +202,8 @@ class UnfoldedAttentionConv(MessagePassing):
         if self.W is None:
             terms = [("attention", PairwiseAttention(self.rho, self.tau, kernel="edges"))]
         else:
-            norm2 = torch.linalg.matrix_norm(finite_f64(self.W), ord=2) ** 2                 # (H,), float64
+            norm2 = version_cached(self, "_norm2_cache", self.W,                            # (H,), float64, once
+                                   lambda W: torch.linalg.matrix_norm(finite_f64(W), ord=2) ** 2)   # per weights
             names = ["attention"] if self.heads == 1 else [f"head{h}" for h in range(self.heads)]
             terms = [(names[h], PairwiseAttention(self.rho, self.tau, kernel="edges", metric=self.W[h],
                                                   metric_norm2=norm2[h])) for h in range(self.heads)]

@@ -89,6 +89,8 @@ DEFAULTS: Dict[str, Any] = {
         "monitor": None,                # descent monitor on the training trace: off | warn | strict (null: warn
                                         # with the trace on, off without it)
         "check_dtype": "float64",       # dtype of the descent check on the test set
+        "precision": "float32",         # training passes: float32 | bfloat16 (torch.autocast; the trace's energies
+                                        # stay float32, the test-set check train.check_dtype)
         "max_train_examples": None,     # subsample the training split (smoke runs)
         "progress": True,
         "tensorboard": True,            # scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed
@@ -205,11 +207,13 @@ def _choices(where: tuple) -> tuple:
             ("model", "attention"): tuple(sorted(ACTIVATIONS)), ("model", "norm"): tuple(NORMS),
             ("model", "kernel"): tuple(kernel_names()),
             ("data", "glove"): ("none", "frozen", "finetune"), ("train", "check_dtype"): ("float32", "float64"),
+            ("train", "precision"): ("float32", "bfloat16"),
             ("train", "monitor"): ("off", "warn", "strict")}[where]
 
 
 CHOICE_KEYS = (("data", "glove"), ("model", "mode"), ("model", "curvature"), ("model", "attention"),
-               ("model", "norm"), ("model", "kernel"), ("train", "check_dtype"), ("train", "monitor"))
+               ("model", "norm"), ("model", "kernel"), ("train", "check_dtype"), ("train", "monitor"),
+               ("train", "precision"))
 
 #: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
 #: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.

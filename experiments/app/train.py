@@ -8,6 +8,7 @@ energies on the test set, checked in ``train.check_dtype``), ``metrics.json`` an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import logging
@@ -39,6 +40,26 @@ from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress,
 from .throughput import PassMeter, run_metrics
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+#: ``train.precision``: the autocast dtype of the training passes (None: none, the model's own float32)
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """``train.precision`` on ``device``, before any work: bfloat16 on a CUDA device needs one that supports it
+    (compute capability 8.0 and up), else a :class:`ConfigError` naming the key, the value and the device."""
+    if PRECISIONS[precision] is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"config key 'train.precision'={precision!r}: {torch.cuda.get_device_name(device)} "
+                          f"(train.device={str(device)!r}) has no bfloat16 support; use train.precision=float32")
+
+
+def training_precision(precision: str, device: torch.device):
+    """The context of a training forward for ``train.precision``: ``torch.autocast(device.type, bfloat16)`` for
+    bfloat16, nothing for float32. Only the training forward runs in it: the loss is taken of float32 logits, the
+    backward and the optimiser step run outside it (as autocast asks), and validation, test accuracy and the
+    test-set descent check (``train.check_dtype``, float64) run in full precision. The trace's energies stay
+    float32 under it (:meth:`unfold.encoders.Encoder.trace_values`)."""
+    dtype = PRECISIONS[precision]
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def check_device(spec: str) -> torch.device:
@@ -232,6 +253,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
     the whole run (:mod:`experiments.app.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
     device = check_device(cfg["train"]["device"])
+    check_precision(cfg["train"]["precision"], device)
     params = check_buildable(cfg)
     check_memory(cfg, params, device)
     # best + last + prev + the staged checkpoint, each model + two Adam moments in float32
@@ -372,12 +394,14 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                 ids, mask, labels, weight = distributed.shard(batch, dd)
                 tokens += int(mask.sum()) if weight else 0      # real tokens, on the host: no device sync
                 ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-                out = net(ids, mask, trace=tc["trace"])
+                with training_precision(tc["precision"], device):
+                    out = net(ids, mask, trace=tc["trace"])
+                logits = out.logits.float()     # the loss in float32 (a no-op at train.precision=float32)
                 if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
-                    loss = torch.nn.functional.cross_entropy(out.logits, labels, reduction="sum") * (
+                    loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (
                         weight * dd.world / global_size)
                 else:
-                    loss = torch.nn.functional.cross_entropy(out.logits, labels)
+                    loss = torch.nn.functional.cross_entropy(logits, labels)
                 if not torch.isfinite(loss):
                     raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
                                         + last_good(run_dir) + " Lower train.lr or set train.grad_clip.")
@@ -500,6 +524,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         "train_energy_increases": train_inc, "train_energy_steps": train_steps,
         "descent_monitor": monitor.summary(), "world_size": dd.world,
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "train_precision": tc["precision"],     # the training passes' (autocast) precision; the trace stays float32
         **run_metrics(history, device),     # tokens/s and peak memory of the training passes, all epochs
     }
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))

@@ -170,14 +170,18 @@ def _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag
 
 
 @triton.jit
-def _key_ranges(qb, n, BM: tl.constexpr, BN: tl.constexpr):
+def _key_ranges(qb, n, mq, BM: tl.constexpr, BN: tl.constexpr):
     """The complete graph's key blocks for query block qb, as ``(lo, hi, full, nkb)``: blocks ``[0, lo)`` and
     ``[hi, full)`` are unmasked (off the diagonal, inside the sequence), ``[lo, hi)`` (those meeting the queries'
-    own positions) and ``[max(hi, full), nkb)`` (the ragged last block, if not already among them) masked."""
-    nkb = tl.cdiv(n, BN)
-    lo = (qb * BM) // BN
+    own positions) and ``[max(hi, full), nkb)`` (the ragged last block, if not already among them) masked. A block
+    without a real query (``mq`` all False) visits none: its outputs are 0 as they would be anyway, so an example
+    masked out whole costs one launch of empty programs (the fused kernel's guard sends only the examples it
+    refuses here, the others masked out)."""
+    live = tl.max(mq.to(tl.int32), 0) > 0
+    nkb = tl.where(live, tl.cdiv(n, BN), 0)
+    lo = tl.where(live, (qb * BM) // BN, 0)
     hi = tl.minimum(((qb + 1) * BM + BN - 1) // BN, nkb)
-    return lo, hi, n // BN, nkb
+    return lo, hi, tl.where(live, n // BN, 0), nkb
 
 
 @triton.jit
@@ -197,7 +201,7 @@ def _tiled_fwd(X, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D
     deg = tl.zeros([BM], dtype=tl.float64)
     en = tl.zeros([BM], dtype=tl.float64)
     if COMPLETE:        # a plain walk over the key blocks; masks only on the diagonal and the ragged tiles
-        lo, hi, full, nkb = _key_ranges(qb, n, BM, BN)
+        lo, hi, full, nkb = _key_ranges(qb, n, mq, BM, BN)
         for kb in range(0, lo):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
                                      inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP)
@@ -285,7 +289,7 @@ def _tiled_bwd(X, G, GD, GE, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, 
     deg = tl.zeros([BM], dtype=dtype)
     csum = tl.zeros([BM], dtype=dtype)
     if COMPLETE:
-        lo, hi, full, nkb = _key_ranges(qb, n, BM, BN)
+        lo, hi, full, nkb = _key_ranges(qb, n, mq, BM, BN)
         for kb in range(0, lo):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
                                        rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
@@ -417,11 +421,16 @@ _TUNERS: Dict[tuple, object] = {}
 
 
 def _configs(wide: bool):
-    """The autotuning space: BLOCK_M {32, 64, 128} x BLOCK_N {32, 64} x warps {4, 8} x stages {2, 3, 4}; for heads
-    wider than 128 features (a (BM, BD) float32 query tile per program) BLOCK_M {32, 64} x BLOCK_N 32 x stages {2, 3}."""
-    bms, bns, stages = ((32, 64), (32,), (2, 3)) if wide else ((32, 64, 128), (32, 64), (2, 3, 4))
-    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=st)
-            for bm in bms for bn in bns for w in (4, 8) for st in stages]
+    """The autotuning space (BLOCK_M, BLOCK_N, warps, stages): eight shapes; for heads wider than 128 features (a
+    (BM, BD) float32 query tile per program) four with BLOCK_N 32."""
+    if wide:
+        shapes = ((32, 32, 4, 2), (32, 32, 4, 3), (64, 32, 4, 2), (64, 32, 8, 2))
+    else:   # eight of the 36 in BLOCK_M {32, 64, 128} x BLOCK_N {32, 64} x warps {4, 8} x stages {2, 3, 4}: the
+        # shapes public FlashAttention-2 Triton kernels settle on for float32 heads of 16-128 (each one more compile
+        # of a kernel that holds four tile bodies: 36 would cost minutes on the first call)
+        shapes = ((32, 32, 4, 2), (64, 32, 4, 2), (64, 32, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 3),
+                  (128, 32, 8, 2), (128, 64, 8, 2))
+    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in shapes]
 
 
 def _tuner(which: str, X: torch.Tensor):

@@ -25,7 +25,8 @@ step() {   # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME
 if [ "$phase" = checks ]; then
   step env 30 bash -c "nvidia-smi -L; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name(0))'; which ncu"
   step profile 90 $PY -m experiments.studies.profile_layer --n 4096 --batch 4 --json "$OUT/profile.json"
-  step tests 200 $PY -m pytest -q -p no:cacheprovider tests/test_fused_cuda.py tests/test_meta.py tests/test_triton.py \
+  step tests 200 env UNFOLD_TRITON_AUTOTUNE=0 $PY -m pytest -q -p no:cacheprovider tests/test_fused_cuda.py tests/test_meta.py \
+    tests/test_triton.py tests/test_tf32x3.py tests/test_triton_rho.py tests/test_triton_tiles.py \
     tests/test_backends.py tests/test_verdicts.py -k "cuda or fused or triton or meta"
   step speed 240 bash -c "$PY -m experiments.bench speed --device cuda --json > '$OUT/speed.json'"
 elif [ "$phase" = listops ]; then

@@ -211,3 +211,24 @@ def test_the_running_lse_stays_inside_the_bound_behind_fused_lse_max_n(kind):
         assert rel <= (n / 64 + 8) * eps, (n, rel / eps)
         if n <= 1024:
             assert rel <= 24 * eps
+
+
+def test_the_guards_exact_side_runs_only_the_refused_examples():
+    """Off the CPU the fused kernel's guard takes, per example, the op's pass or the Triton kernel's (explicit
+    differences where the expansion cannot resolve z); the Triton pass gets the refused examples only, the others
+    masked out (their programs visit no key block). Checked in the interpreter: refused examples equal ``edges``,
+    the others come back 0."""
+    from energies.kernels.dispatch import _safe_pass
+    from energies.kernels.registry import KERNELS
+    if KERNELS["triton"].supports(E.complete(4, 1), E.get_rho("exp")) is not None:
+        pytest.skip("Triton is not installed")
+    gen = torch.Generator().manual_seed(2)
+    Y = torch.randn(3, 19, 3, dtype=torch.float64, generator=gen)
+    g = E.complete(19, 3, E.mask_from_lengths([19, 11, 19], 19))
+    r = E.get_rho("exp")
+    ok = torch.tensor([True, False, True])
+    got = _safe_pass(KERNELS["fused"], Y, None, ok, g, r, 1.3, True, True, None)
+    ref = pairwise_pass(Y, g, r, 1.3, "edges", energy=True)
+    assert (got.deg[1] - ref.deg[1]).abs().max() < 1e-12 and (got.agg[1] - ref.agg[1]).abs().max() < 1e-12
+    assert abs(got.energy[1] - ref.energy[1]) < 1e-12
+    assert got.deg[[0, 2]].abs().max() == 0 and got.agg[[0, 2]].abs().max() == 0 and got.energy[[0, 2]].abs().max() == 0

@@ -27,9 +27,10 @@ from tests.test_triton import _check, _explicit, _tokens  # noqa: E402
 
 
 @triton.jit
-def _ranges_kernel(OUT, n, BM: tl.constexpr, BN: tl.constexpr):
+def _ranges_kernel(OUT, n, live, BM: tl.constexpr, BN: tl.constexpr):
     qb = tl.program_id(0)
-    lo, hi, full, nkb = TP._key_ranges(qb, n, BM, BN)
+    mq = (tl.arange(0, BM) < BM) & (live != 0)          # every query real (live = 1) or none (live = 0)
+    lo, hi, full, nkb = TP._key_ranges(qb, n, mq, BM, BN)
     tl.store(OUT + qb * 4 + tl.arange(0, 1), lo + tl.zeros([1], dtype=tl.int32))
     tl.store(OUT + qb * 4 + 1 + tl.arange(0, 1), hi + tl.zeros([1], dtype=tl.int32))
     tl.store(OUT + qb * 4 + 2 + tl.arange(0, 1), full + tl.zeros([1], dtype=tl.int32))
@@ -42,7 +43,10 @@ def test_the_key_ranges_partition_the_row_and_mask_every_diagonal_and_ragged_blo
     for n in (1, 5, 16, 31, 64, 97, 200, 257):
         qbs = -(-n // bm)
         out = torch.zeros(qbs * 4, dtype=torch.int32, device=DEVICE)
-        _ranges_kernel[(qbs,)](out, n, BM=bm, BN=bn)
+        dead = torch.zeros(qbs * 4, dtype=torch.int32, device=DEVICE)
+        _ranges_kernel[(qbs,)](dead, n, 0, BM=bm, BN=bn)
+        assert dead.abs().max().item() == 0           # a block without a real query visits no key block
+        _ranges_kernel[(qbs,)](out, n, 1, BM=bm, BN=bn)
         for qb, (lo, hi, full, nkb) in enumerate(out.view(qbs, 4).tolist()):
             unmasked = list(range(0, lo)) + list(range(hi, full))
             masked = list(range(lo, hi)) + list(range(max(hi, full), nkb))

@@ -34,10 +34,12 @@ def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
     run = tmp_path / "run"
     proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run),
                       f"data.dataset={data}", "data.glove=none", f"model.mode={mode}", "train.epochs=12",
-                      "train.batch_size=32", "train.lr=0.005", "train.progress=false", "model.layers=2"])
+                      "train.batch_size=32", "train.lr=0.005", "train.progress=false", "model.layers=2",
+                      "train.device=auto"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["device"] == ("cuda" if torch.cuda.is_available() else "cpu")        # train.device=auto
     assert metrics["test_accuracy"] >= 0.9, metrics
     for key in ("test_accuracy", "val_accuracy", "train_seconds", "params", "energy_steps", "energy_increases",
                 "energy_max_rel_increase"):
@@ -273,3 +275,14 @@ def test_two_process_ddp_matches_single_process_training(tmp_path):
     assert m2["world_size"] == 2 and m1["world_size"] == 1
     assert m2["test_accuracy"] == m1["test_accuracy"] and m2["energy_increases"] == m1["energy_increases"] == 0
     assert not (tmp_path / "ddp" / "rank1").exists()
+
+
+def test_auto_device_is_the_gpu_where_torch_sees_one_else_the_cpu():
+    from experiments.app.build import check_buildable
+    from unfold.cli import check_device, resolve_device
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto") == want and check_device("auto").type == want
+    assert resolve_device("cpu") == "cpu"
+    assert check_buildable(load_config("tiny", ["train.device=auto"])) > 0
+    with pytest.raises(ConfigError, match="train.device"):
+        load_config("tiny", ["train.device=automatic"])

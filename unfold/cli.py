@@ -148,12 +148,22 @@ def output_folder_arg(text: str) -> str:
     return text
 
 
+def resolve_device(spec):
+    """``auto``: ``cuda`` where torch sees a CUDA device, else ``cpu``; any other spec as it is."""
+    if spec == "auto":
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
+
+
 def check_device(spec: str, what: str = "--device", error: type = UnfoldError):
-    """``spec`` as a device this machine runs the model on, before any work: ``cpu``, or ``cuda[:K]`` with CUDA
-    present and ``K`` in range; anything else raises ``error`` naming ``what`` (the flag or config key)."""
+    """``spec`` as a device this machine runs the model on, before any work: ``cpu``, ``auto``
+    (:func:`resolve_device`), or ``cuda[:K]`` with CUDA present and ``K`` in range; anything else raises ``error``
+    naming ``what`` (the flag or config key)."""
     import torch
 
-    rule = f"{what} must be cpu, cuda or cuda:K, got {spec!r}"
+    spec = resolve_device(spec)
+    rule = f"{what} must be cpu, cuda, cuda:K or auto, got {spec!r}"
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError, TypeError):

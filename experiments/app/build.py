@@ -18,6 +18,7 @@ import torch
 
 from energies.errors import ConfigError
 from unfold.classifier import SequenceClassifier, TokenEmbedding
+from unfold.cli import resolve_device
 from unfold.encoders import ENCODERS
 
 from .config import DEFAULTS
@@ -75,7 +76,7 @@ def check_buildable(cfg: Dict[str, Any]) -> int:
     with torch.device("meta"):
         model = build_model(cfg, 2, 2)
     problem = getattr(model.encoder, "kernel_problem", None)
-    why = problem(cfg["train"]["device"]) if problem is not None else None
+    why = problem(resolve_device(cfg["train"]["device"])) if problem is not None else None
     if why is not None:
         mc = cfg["model"]
         raise ConfigError(f"config: model.kernel={mc['kernel']!r} cannot run on train.device={cfg['train']['device']!r} "

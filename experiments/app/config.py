@@ -43,8 +43,8 @@ DEFAULTS: Dict[str, Any] = {
                                         # train; validation | val | dev; test (a missing val/test is carved
                                         # from train 80/10/10)
         # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
-        "listops_min_len": None,        # 500
-        "listops_max_len": None,        # 2000 (must not exceed data.max_len)
+        "listops_min_len": None,        # 501 (LRA keeps 500 < length < 2000, in LRA's tokens)
+        "listops_max_len": None,        # 1999 (must not exceed data.max_len)
         "listops_max_depth": None,      # 10
         "listops_max_args": None,       # 10
         "listops_train": None,          # 96000 examples
@@ -83,7 +83,7 @@ DEFAULTS: Dict[str, Any] = {
         "weight_decay": 0.01,
         "grad_clip": 1.0,
         "seed": 0,
-        "device": "cpu",
+        "device": "cpu",                # cpu | cuda | cuda:K | auto (the GPU where torch sees one, else the CPU)
         "threads": None,
         "trace": True,                  # energy trace during training (model dtype)
         "monitor": None,                # descent monitor on the training trace: off | warn | strict (null: warn
@@ -188,13 +188,15 @@ def _check_positional(value) -> None:
 def _check_device(spec: str) -> None:
     import torch
 
+    if spec == "auto":       # the GPU where torch sees one, else the CPU (unfold.cli.resolve_device)
+        return
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError):
-        raise ConfigError(f"config key 'train.device' must be a torch device such as cpu, cuda or cuda:1, "
+        raise ConfigError(f"config key 'train.device' must be auto or a torch device such as cpu, cuda or cuda:1, "
                           f"got {spec!r}") from None
     if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"config key 'train.device' must be cpu or cuda[:K], got {spec!r}")
+        raise ConfigError(f"config key 'train.device' must be auto, cpu or cuda[:K], got {spec!r}")
 
 
 def _choices(where: tuple) -> tuple:
@@ -260,7 +262,7 @@ RULES: Dict[tuple, Any] = {
     ("train", "weight_decay"): Range(0, math.inf, hi_open=True),
     ("train", "grad_clip"): Range(0, math.inf, hi_open=True),
     ("train", "seed"): Range(0, 2 ** 63 - 1, integer=True),
-    ("train", "device"): Text("cpu | cuda | cuda:K", check=_check_device),
+    ("train", "device"): Text("auto | cpu | cuda | cuda:K", check=_check_device),
     ("train", "threads"): Range(1, 4096, integer=True),
     ("train", "max_train_examples"): Range(1, MAX_COUNT, integer=True),
 }

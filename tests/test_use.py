@@ -430,7 +430,7 @@ def test_training_into_a_saved_bundle_is_refused(trained, tmp_path):
     load_model(out)                                                     # intact
 
 
-@pytest.mark.parametrize("args, message", [(["--text", "x", "--device", "gpu"], "--device must be cpu, cuda or cuda:K, got 'gpu'"),
+@pytest.mark.parametrize("args, message", [(["--text", "x", "--device", "gpu"], "--device must be cpu, cuda, cuda:K or auto, got 'gpu'"),
                                            (["--text", "  "], "is empty")])
 def test_predict_refuses_a_bad_device_or_empty_text(trained, args, message):
     proc = run("experiments.predict", trained[0], *args)

@@ -655,7 +655,7 @@ def test_reports_without_a_step_or_with_malformed_values_are_refused(call, msg):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--device", "foo"], "--device must be cpu, cuda or cuda:K"), (["--device", "meta"], "--device must be"),
+    (["--device", "foo"], "--device must be cpu, cuda, cuda:K or auto"), (["--device", "meta"], "--device must be"),
     (["--seed", "99999999999999999999"], "--seed must lie in [0, 2^63)"),
     (["--plot", "/proc/none/foo.png"], "not a writable file path"),
     (["--input", "NPZ"], "is an .npz archive"), (["--graph", "NPZ"], "graph file"),

@@ -109,18 +109,24 @@ def attention_rows(sizes: List[int], rhos, dtypes, device, quick: bool, d: int, 
     return rows
 
 
+def _encoder_case(n: int, quick: bool, d: int, H: int, device, **kw):
+    """``(B, X, mask, encoder)``: 16,384 tokens a call (one example in ``--quick``), non-negative tokens of n, all
+    real, and a seeded guaranteed encoder with ``kw``."""
+    from unfold.encoders import GuaranteedEncoder
+    B = 1 if quick else max(1, 16384 // n)
+    gen = torch.Generator().manual_seed(n)
+    X = torch.randn(B, n, d, generator=gen).relu().to(device)
+    torch.manual_seed(0)
+    return B, X, torch.ones(B, n, dtype=torch.bool, device=device), GuaranteedEncoder(d=d, heads=H, **kw).to(device)
+
+
 def layer_rows(sizes: List[int], dtypes, device, quick: bool, d: int, H: int, timer) -> List[dict]:
     """One guaranteed layer vs ``nn.TransformerEncoderLayer(d, H, 2 d)``, forward + backward, autocast for bf16."""
-    from unfold.encoders import GuaranteedEncoder
     rows = []
     for dtype in dtypes:
         for n in sizes:
-            B = 1 if quick else max(1, 16384 // n)
-            gen = torch.Generator().manual_seed(n)
-            X = torch.randn(B, n, d, generator=gen).relu().to(device).requires_grad_()
-            mask = torch.ones(B, n, dtype=torch.bool, device=device)
-            torch.manual_seed(0)
-            enc = GuaranteedEncoder(d=d, heads=H, layers=1).to(device)
+            B, X, mask, enc = _encoder_case(n, quick, d, H, device, layers=1)
+            X.requires_grad_()
             ref = torch.nn.TransformerEncoderLayer(d, H, 2 * d, dropout=0.0, batch_first=True).to(device)
             cast = dtype != torch.float32
 
@@ -140,16 +146,10 @@ def layer_rows(sizes: List[int], dtypes, device, quick: bool, d: int, H: int, ti
 
 def trace_rows(sizes: List[int], rhos, device, quick: bool, d: int, H: int, timer) -> List[dict]:
     """The default encoder (T = 4) forward, trace on over off, every rho, and the trace's verdict."""
-    from unfold.encoders import GuaranteedEncoder
     rows = []
     for rho_spec in rhos:
         for n in sizes:
-            B = 1 if quick else max(1, 16384 // n)
-            gen = torch.Generator().manual_seed(n)
-            X = torch.randn(B, n, d, generator=gen).relu().to(device)
-            mask = torch.ones(B, n, dtype=torch.bool, device=device)
-            torch.manual_seed(0)
-            enc = GuaranteedEncoder(d=d, heads=H, layers=4, rho=rho_spec).to(device)
+            B, X, mask, enc = _encoder_case(n, quick, d, H, device, layers=4, rho=rho_spec)
             with torch.no_grad():
                 off, on = timer([lambda: enc(X, mask), lambda: enc(X, mask, trace=True)], 1 if quick else 7)
                 rep = enc(X, mask, trace=True).report()

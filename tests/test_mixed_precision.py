@@ -286,3 +286,30 @@ def test_inference_mode_weights_are_not_cached_but_work():
         a, b = enc.spectral_bounds(), enc.spectral_bounds()
         assert a[0] is not b[0] and torch.equal(a[0], b[0])
         assert enc(X, mask, trace=True).report().num_increases == 0
+
+
+def test_train_compile_runs_the_training_forward_compiled_and_descends(tmp_path, toy, monkeypatch):
+    """``train.compile=true``: the training forward goes through ``torch.compile`` (the compiled module is called
+    for every training batch; evaluation and the float64 check run the model itself), the run finishes and its
+    trace descends; a value that is not a bool is refused naming the key."""
+    calls = []
+    real = torch.compile
+
+    def counting(module, *a, **kw):
+        compiled = real(module, *a, **kw)
+
+        def call(*args, **kwargs):
+            calls.append(torch.is_grad_enabled())
+            return compiled(*args, **kwargs)
+        return call
+    monkeypatch.setattr(torch, "compile", counting)
+    code, out, err = run_cli(TRAIN, ["--config", TINY, "--run-dir", "run", f"data.dataset={toy}", "data.glove=none",
+                                     "train.epochs=1", "train.progress=false", "train.batch_size=64",
+                                     "train.max_train_examples=64", "model.layers=1", "model.d=8",
+                                     "train.compile=true"], str(tmp_path))
+    assert code == 0, err[-3000:]
+    assert calls and all(calls)                    # one compiled call per training batch, autograd on
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["energy_increases"] == 0 and metrics["train_energy_increases"] == 0
+    expect_refusal(TRAIN, ["--config", TINY, "--run-dir", "r2", f"data.dataset={toy}", "train.compile=maybe"],
+                   str(tmp_path), names=["train.compile"], watch=[toy])

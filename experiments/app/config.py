@@ -93,6 +93,8 @@ DEFAULTS: Dict[str, Any] = {
                                         # stay float32, the test-set check train.check_dtype)
         "max_train_examples": None,     # subsample the training split (smoke runs)
         "progress": True,
+        "compile": False,               # torch.compile the training forward (the layer's small ops fused around
+                                        # the attention kernel; 0 graph breaks: python -m experiments.bench compile)
         "tensorboard": True,            # scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed
     },
 }

@@ -375,6 +375,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     net = model
     if dd.enabled:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if tc["compile"]:   # the training forward only: the same parameters, saved and evaluated through model itself
+        net = torch.compile(net)
     t_start = time.perf_counter() - elapsed
     csv_log = MetricsLog(run_dir, tc["tensorboard"], resume_after=start_epoch - 1 if resume else None,
                          logger=log) if dd.is_main else None

@@ -457,11 +457,14 @@ class GuaranteedEncoder(Encoder):
 
     def run(self, X, mask, graph, trace, keep_states, layers):
         energy = self.energy(X, guard=trace or self.validate or X.device.type == "cpu")
-        step = ProxMMStep(energy, self.alpha)      # the shared layer: mm_step with the curvature bound
         # mixed precision (autocast, which leaves float64 alone, or half tokens): the step's pass runs in bfloat16,
         # so its energy is not what a verdict may judge; the values come from a float32 energy-only pass at each Y_t
-        # instead (trace_values): every layer, not a sample
+        # instead (trace_values): every layer, not a sample. Nothing is then read off the step's pass, so off the CPU
+        # it runs without the precision guard, as with the trace off (bfloat16 features reach the kernels' own
+        # half-precision path: the fused kernel's flash op), while the trace's passes keep it
         narrow = trace_dtype(X.dtype) != X.dtype or (X.dtype != ACCUM_DTYPE and autocast_dtype(X.device) is not None)
+        unguarded = narrow and trace and not self.validate and X.device.type != "cpu"
+        step = ProxMMStep(self.energy(X, guard=False) if unguarded else energy, self.alpha)   # the shared layer
         Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
         T = self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)
         eps = check_stop_rel(self.stop_rel)       # an attribute a study may set: checked where it is used

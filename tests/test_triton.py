@@ -37,6 +37,28 @@ import triton.language as tl  # noqa: E402
 from energies import triton_pairwise as TP  # noqa: E402
 
 RHO_SPECS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1:0.001"]
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("graph", ["complete", "window:3", "strided:4", "star"])
+@pytest.mark.parametrize("spec", RHO_SPECS)
+def test_bfloat16_tokens_run_in_float32_and_come_back_in_bfloat16(spec, graph, padded):
+    """bfloat16 tokens: the kernel computes in float32 (the half types' compute dtype) and returns agg and deg in
+    bfloat16, the energy in float64. Rule: float32's rule of :func:`_check` for the float32 computation of the same
+    (bfloat16-valued) tokens, plus bfloat16's rounding of each output, ``eps_bf16 / 2`` of its largest value; the
+    energy is not rounded to bfloat16 (float32's rule alone)."""
+    B, n, d, tau = 2, 19, 3, 1.7
+    Y, mask = _tokens(B, n, d, torch.bfloat16, padded, seed=hash((spec, graph, "bf16")) % 1000)
+    g = E.graph_from_spec(graph, n, batch_size=B, mask=mask.cpu()).to(DEVICE)
+    rho = get_rho(spec)
+    out = pairwise_pass(Y, g, rho, tau, "triton", energy=True)
+    assert out.agg.dtype == out.deg.dtype == torch.bfloat16 and out.energy.dtype == torch.float64
+    agg, deg, energy, scale, sens = _explicit(Y, g, rho, tau)
+    half = torch.finfo(torch.bfloat16).eps / 2
+    rel = EXPANSION_Z_ERROR[torch.float32] * max(1.0, P.kernel_sensitivity(rho)) + 8 * n * torch.finfo(torch.float32).eps
+    assert (out.agg.double() - agg).abs().max() <= rel * float(scale) + half * agg.abs().max() + 1e-300
+    assert (out.deg.double() - deg).abs().max() <= rel * n * rho.max_derivative() + half * deg.abs().max()
+    assert ((out.energy - energy).abs() <= rel * sens + n * n * tau_floor(torch.float32)).all()
+
+
 GRAPHS = ["complete", "window:3", "strided:4", "star"]
 
 

@@ -85,9 +85,16 @@ def _mm(a, b, IP: tl.constexpr):
 
 @triton.jit
 def _mma(a, b, acc, IP: tl.constexpr):
-    """``acc + a @ b``: ``tl.dot`` accumulating into ``acc`` (no temporary tile), or the float64 sum of products."""
+    """``acc + a @ b``: ``tl.dot`` accumulating into ``acc`` (no temporary tile), or the float64 sum of products;
+    ``IP == "bf16"``: bfloat16 operands on the tensor cores, float32 accumulation (the aggregation products of a
+    bfloat16 step, :func:`_ap`); ``"bf16emu"``: the same rounding of the operands with a float32 product, for
+    Triton's interpreter (whose bfloat16 ``tl.dot`` returns garbage in Triton 3.9)."""
     if IP == "fp64":
         return acc + tl.sum(a[:, :, None] * b[None, :, :], 1)
+    elif IP == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif IP == "bf16emu":
+        return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, input_precision=IP)
 
@@ -155,7 +162,8 @@ def _query_block(X, SQ, MASK, FLAG, qb, bh, b, n, D, BM: tl.constexpr, BD: tl.co
 @triton.jit
 def _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol, inv2,
               p0, p1, p2, p3, RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
-              MASKED: tl.constexpr, BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr):
+              MASKED: tl.constexpr, BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr,
+              AP: tl.constexpr):
     """One key tile of the forward: the row sums of gamma (float64), ``gamma @ x_k`` and rho's row sums (float64)."""
     cols = kb * BN + tl.arange(0, BN)
     cmask, xk, sqk, edge = _key_tile(X, SQ, MASK, ALLOWED, rows, cols, n, D, b, dcol, MASKED, BANDED)
@@ -163,7 +171,7 @@ def _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag
     gamma = tl.where(edge, RHO_D(z, p0, p1, p2, p3), 0.0)
     deg += tl.sum(gamma, 1).to(tl.float64)
     if NUM:
-        num = _mma(gamma, xk, num, IP)
+        num = _mma(gamma, xk, num, AP)
     if ENERGY:
         en += tl.sum(tl.where(edge, RHO_V(z, p0, p1, p2, p3), 0.0), 1).to(tl.float64)
     return num, deg, en
@@ -187,7 +195,8 @@ def _key_ranges(qb, n, mq, BM: tl.constexpr, BN: tl.constexpr):
 @triton.jit
 def _tiled_fwd(X, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D, H, NKEY,
                RHO_V: tl.constexpr, RHO_D: tl.constexpr, NUM: tl.constexpr, ENERGY: tl.constexpr,
-               COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
+               COMPLETE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr,
+               AP: tl.constexpr):
     qb = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -204,21 +213,21 @@ def _tiled_fwd(X, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D
         lo, hi, full, nkb = _key_ranges(qb, n, mq, BM, BN)
         for kb in range(0, lo):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
-                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP)
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP, AP)
         for kb in range(hi, full):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
-                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP)
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, False, False, BM, BN, IP, AP)
         for kb in range(lo, hi):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
-                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP)
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP, AP)
         for kb in range(tl.maximum(hi, full), nkb):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, kb, xq, sqq, rows, rmask, flag, n, D, b, dcol,
-                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP)
+                                     inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, False, BM, BN, IP, AP)
     else:               # a shift-invariant graph: the key blocks its offsets reach (the block table), all masked
         for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
             num, deg, en = _fwd_tile(num, deg, en, X, SQ, MASK, ALLOWED, tl.load(KB_IDX + i), xq, sqq, rows, rmask,
                                      flag, n, D, b, dcol, inv2, p0, p1, p2, p3, RHO_V, RHO_D, NUM, ENERGY, True, True,
-                                     BM, BN, IP)
+                                     BM, BN, IP, AP)
     deg = tl.where(mq, deg, 0.0)
     out = bh * n + rows
     tl.store(DEG + out, deg.to(dtype), mask=rmask)
@@ -232,7 +241,7 @@ def _tiled_fwd(X, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, AGG, DEG, EN, n, D
 @triton.jit
 def _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows, rmask, flag, n, D, b,
               dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D: tl.constexpr, RHO_2: tl.constexpr, MASKED: tl.constexpr,
-              BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr):
+              BANDED: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IP: tl.constexpr, AP: tl.constexpr):
     """One key tile of the backward: ``acc += gamma @ g_k + cn @ x_k`` with ``cn = -(C + ge gamma)`` (the energy's
     gradient folded into the edge coefficient), and the row sums of gamma and cn."""
     cols = kb * BN + tl.arange(0, BN)
@@ -260,15 +269,15 @@ def _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, 
     cn = tl.where(edge, s * RHO_2(z, p0, p1, p2, p3) * ninv - ge * gamma, 0.0)
     deg += tl.sum(gamma, 1)
     csum += tl.sum(cn, 1)
-    acc = _mma(gamma, gk, acc, IP)
-    acc = _mma(cn, xk, acc, IP)
+    acc = _mma(gamma, gk, acc, AP)
+    acc = _mma(cn, xk, acc, AP)
     return acc, deg, csum
 
 
 @triton.jit
 def _tiled_bwd(X, G, GD, GE, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, D, H, NKEY,
                RHO_D: tl.constexpr, RHO_2: tl.constexpr, COMPLETE: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, IP: tl.constexpr, AP: tl.constexpr):
     qb = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
@@ -293,24 +302,24 @@ def _tiled_bwd(X, G, GD, GE, SQ, MASK, ALLOWED, KB_PTR, KB_IDX, FLAG, P, DX, n, 
         for kb in range(0, lo):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
                                        rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
-                                       False, False, BM, BN, IP)
+                                       False, False, BM, BN, IP, AP)
         for kb in range(hi, full):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
                                        rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
-                                       False, False, BM, BN, IP)
+                                       False, False, BM, BN, IP, AP)
         for kb in range(lo, hi):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
                                        rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
-                                       True, False, BM, BN, IP)
+                                       True, False, BM, BN, IP, AP)
         for kb in range(tl.maximum(hi, full), nkb):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, kb, xq, gq, aq, gdq, sqq, rows,
                                        rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3, RHO_D, RHO_2,
-                                       True, False, BM, BN, IP)
+                                       True, False, BM, BN, IP, AP)
     else:
         for i in range(tl.load(KB_PTR + qb), tl.load(KB_PTR + qb + 1)):
             acc, deg, csum = _bwd_tile(acc, deg, csum, X, G, GD, SQ, MASK, ALLOWED, tl.load(KB_IDX + i), xq, gq, aq,
                                        gdq, sqq, rows, rmask, flag, n, D, b, dcol, inv2, ninv, ge, p0, p1, p2, p3,
-                                       RHO_D, RHO_2, True, True, BM, BN, IP)
+                                       RHO_D, RHO_2, True, True, BM, BN, IP, AP)
     dx = tl.where(mq[:, None], acc - deg[:, None] * gq - csum[:, None] * xq, 0.0)
     tl.store(DX + (bh * n + rows)[:, None] * D + dcol[None, :], dx, mask=tile)
 
@@ -405,6 +414,17 @@ def rho_functions(rho):
 
 def _bd(D: int) -> int:
     return max(16, triton.next_power_of_2(D))
+
+
+def _ap(dtype: torch.dtype, lowp: bool) -> str:
+    """The aggregation products' precision (``gamma @ x_k``; the backward's ``gamma @ g_k + cn @ x_k``): the tiles'
+    own (:func:`_ip`), or for a half-precision step (``lowp``, float32 tiles) bfloat16 operands with float32
+    accumulation -- ``"bf16emu"`` in the interpreter (the same rounding, a float32 product). These products feed the
+    step and its gradient only: the degrees, the energy and z keep the tiles' precision, so the certified energy is
+    untouched."""
+    if not lowp or dtype != torch.float32:
+        return _ip(dtype)
+    return "bf16emu" if INTERPRETED else "bf16"
 
 
 def _ip(dtype: torch.dtype) -> str:
@@ -594,7 +614,7 @@ def _rho_key(rho) -> Tuple[str, tuple]:
     return key, _rho_params(key)
 
 
-def _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+def _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy, lowp=False):
     BH, n, D = X.shape
     rho_v, rho_d, _ = _RHO_FNS[rho_key]
     agg = torch.empty_like(X) if num else X.new_zeros(1)
@@ -605,7 +625,7 @@ def _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key
     if kind != CSR:
         args = (X, sq, mask8, t0, t1, t2, flag, params, agg, deg, en, n, D, H, triton.next_power_of_2(n))
         meta = dict(RHO_V=rho_v, RHO_D=rho_d, NUM=num, ENERGY=energy, COMPLETE=kind == COMPLETE, BD=_bd(D),
-                    IP=_ip(X.dtype))
+                    IP=_ip(X.dtype), AP=_ap(X.dtype, lowp))
         tuned = _tuner("fwd", X) if kind == COMPLETE else None
         if tuned is not None:
             tuned[lambda m: (triton.cdiv(n, m["BM"]), BH)](*args, **meta)
@@ -617,7 +637,7 @@ def _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key
     return agg, deg, en
 
 
-def _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+def _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, lowp=False):
     BH, n, D = X.shape
     _, rho_d, rho_2 = _RHO_FNS[rho_key]
     dx = torch.zeros_like(X)
@@ -625,7 +645,8 @@ def _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, 
         return dx
     if kind != CSR:
         args = (X, g, gd, ge, sq, mask8, t0, t1, t2, flag, params, dx, n, D, H, triton.next_power_of_2(n))
-        meta = dict(RHO_D=rho_d, RHO_2=rho_2, COMPLETE=kind == COMPLETE, BD=_bd(D), IP=_ip(X.dtype))
+        meta = dict(RHO_D=rho_d, RHO_2=rho_2, COMPLETE=kind == COMPLETE, BD=_bd(D), IP=_ip(X.dtype),
+                    AP=_ap(X.dtype, lowp))
         tuned = _tuner("bwd", X) if kind == COMPLETE else None
         if tuned is not None:
             tuned[lambda m: (triton.cdiv(n, m["BM"]), BH)](*args, **meta)
@@ -644,16 +665,16 @@ COMPLETE, BANDED, CSR = 0, 1, 2
 @torch.library.custom_op("unfolded_transformers::triton_pairwise", mutates_args=())
 def _pairwise_op(X: torch.Tensor, sq: torch.Tensor, mask8: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor,
                  params: torch.Tensor, flag: torch.Tensor, H: int, kind: int, bm: int, bn: int, rho_key: str,
-                 num: bool, energy: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 num: bool, energy: bool, lowp: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(agg or a 1-element placeholder, deg, energy per (example, head) (BH,) float64 or placeholder)``; ``sq``
     the squared norms ``|x_u|^2`` ``(BH, n)`` (computed once per pass, not per tile; treated as a constant of X:
     the backward differentiates z itself)."""
-    agg, deg, en = _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy)
+    agg, deg, en = _launch_fwd(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy, lowp)
     return agg, deg, (en.sum(-1) if energy else en)
 
 
 @_pairwise_op.register_fake
-def _pairwise_fake(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy):
+def _pairwise_fake(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy, lowp):
     BH, n, _ = X.shape
     return (torch.empty_like(X) if num else X.new_empty(1), X.new_empty(BH, n),
             X.new_empty(BH if energy else 1, dtype=torch.float64))
@@ -662,19 +683,19 @@ def _pairwise_fake(X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_
 @torch.library.custom_op("unfolded_transformers::triton_pairwise_backward", mutates_args=())
 def _pairwise_bwd_op(X: torch.Tensor, sq: torch.Tensor, g: torch.Tensor, gd: torch.Tensor, ge: torch.Tensor, mask8: torch.Tensor,
                      t0: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, params: torch.Tensor, flag: torch.Tensor,
-                     H: int, kind: int, bm: int, bn: int, rho_key: str) -> torch.Tensor:
-    return _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key)
+                     H: int, kind: int, bm: int, bn: int, rho_key: str, lowp: bool) -> torch.Tensor:
+    return _launch_bwd(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, lowp)
 
 
 @_pairwise_bwd_op.register_fake
-def _pairwise_bwd_fake(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key):
+def _pairwise_bwd_fake(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, lowp):
     return torch.empty_like(X)
 
 
 def _setup(ctx, inputs, output):
-    X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy = inputs
+    X, sq, mask8, t0, t1, t2, params, flag, H, kind, bm, bn, rho_key, num, energy, lowp = inputs
     ctx.save_for_backward(X, sq, mask8, t0, t1, t2, params, flag)
-    ctx.rest = (H, kind, bm, bn, rho_key)
+    ctx.rest = (H, kind, bm, bn, rho_key, lowp)
     ctx.num, ctx.energy = num, energy
 
 
@@ -685,17 +706,19 @@ def _backward(ctx, g_agg, g_deg, g_e):
     gd = g_deg.to(X.dtype).contiguous() if g_deg is not None else X.new_zeros(BH, n)
     ge = g_e.to(X.dtype).contiguous() if (ctx.energy and g_e is not None) else X.new_zeros(BH)
     dx = _pairwise_bwd_op(X, sq, g, gd, ge, mask8, t0, t1, t2, params, flag, *ctx.rest)
-    return (dx,) + (None,) * 14
+    return (dx,) + (None,) * 15
 
 
 _pairwise_op.register_autograd(_backward, setup_context=_setup)
 
 
 def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, tau: float, num: bool, energy: bool,
-                   sensitivity: float):
+                   sensitivity: float, lowp: bool = False):
     """``(agg (B, H, n, D) or None, deg (B, H, n), energy (B, H) float64 or None)`` for centred head features ``Z``
     ``(B, H, n, D)`` (zero on padded slots) and a ``(B, n)`` bool mask: one launch over every example and head.
-    Differentiable in Z (all three outputs)."""
+    Differentiable in Z (all three outputs). ``lowp``: the tokens were bfloat16 / float16 (a half-precision step):
+    the aggregation products (``gamma @ x`` and the backward's) take bfloat16 operands on the tensor cores, z and
+    every sum of the degrees and energy stay as they are (:func:`_ap`)."""
     B, H, n, D = Z.shape
     X = Z.reshape(B * H, n, D).contiguous()
     key, p = _rho_key(rho)
@@ -704,7 +727,7 @@ def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, t
     flag = expansion_ok(sq, float(tau), sensitivity, X.dtype).to(torch.int8)
     mask8 = mask.to(torch.int8).contiguous()
     agg, deg, e = _pairwise_op(X, sq, mask8, layout.t0, layout.t1, layout.t2, params, flag, H, layout.kind, layout.bm,
-                               layout.bn, key, bool(num), bool(energy))
+                               layout.bn, key, bool(num), bool(energy), bool(lowp))
     return (agg.view(B, H, n, D) if num else None), deg.view(B, H, n), (e.view(B, H) if energy else None)
 
 

@@ -41,10 +41,13 @@ RHO_SPECS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1:0.001"]
 @pytest.mark.parametrize("graph", ["complete", "window:3", "strided:4", "star"])
 @pytest.mark.parametrize("spec", RHO_SPECS)
 def test_bfloat16_tokens_run_in_float32_and_come_back_in_bfloat16(spec, graph, padded):
-    """bfloat16 tokens: the kernel computes in float32 (the half types' compute dtype) and returns agg and deg in
+    """bfloat16 tokens: the kernel computes z, the degrees and the energy in float32 (the half types' compute dtype),
+    the aggregation product ``gamma @ x`` with bfloat16 operands (float32 accumulation), and returns agg and deg in
     bfloat16, the energy in float64. Rule: float32's rule of :func:`_check` for the float32 computation of the same
-    (bfloat16-valued) tokens, plus bfloat16's rounding of each output, ``eps_bf16 / 2`` of its largest value; the
-    energy is not rounded to bfloat16 (float32's rule alone)."""
+    (bfloat16-valued) tokens; plus, for agg, the operands' rounding, ``eps_bf16 / 2`` on gamma and on x (the
+    tokens are bfloat16 values, but centred in float32) per term, at most ``eps_bf16 sum_v gamma_uv |x_v|_inf <=
+    eps_bf16 max deg max |x|``; plus bfloat16's rounding of each output, ``eps_bf16 / 2`` of its largest value. The
+    energy is not rounded to bfloat16 (float32's rule alone): a bfloat16 step never changes the certified energy."""
     B, n, d, tau = 2, 19, 3, 1.7
     Y, mask = _tokens(B, n, d, torch.bfloat16, padded, seed=hash((spec, graph, "bf16")) % 1000)
     g = E.graph_from_spec(graph, n, batch_size=B, mask=mask.cpu()).to(DEVICE)
@@ -54,7 +57,8 @@ def test_bfloat16_tokens_run_in_float32_and_come_back_in_bfloat16(spec, graph, p
     agg, deg, energy, scale, sens = _explicit(Y, g, rho, tau)
     half = torch.finfo(torch.bfloat16).eps / 2
     rel = EXPANSION_Z_ERROR[torch.float32] * max(1.0, P.kernel_sensitivity(rho)) + 8 * n * torch.finfo(torch.float32).eps
-    assert (out.agg.double() - agg).abs().max() <= rel * float(scale) + half * agg.abs().max() + 1e-300
+    ops = 2 * half * deg.abs().max() * 2 * Y.double().abs().max()      # centred |x| <= 2 max |y|
+    assert (out.agg.double() - agg).abs().max() <= rel * float(scale) + ops + half * agg.abs().max() + 1e-300
     assert (out.deg.double() - deg).abs().max() <= rel * n * rho.max_derivative() + half * deg.abs().max()
     assert ((out.energy - energy).abs() <= rel * sens + n * n * tau_floor(torch.float32)).all()
 
@@ -429,3 +433,25 @@ def test_the_triton_kernel_compiles_in_one_graph_from_a_cold_cache():
         assert torch.allclose(out.energies[k], ref.energies[k], rtol=1e-6, atol=1e-6)
     assert out.report().verdict == "descent"
     dynamo.reset()
+
+
+def test_the_half_precision_step_rounds_only_the_aggregation_operands():
+    """``lowp`` (a bfloat16 step): agg and its gradient move by bfloat16's rounding of the product's operands (more
+    than float32's rule: the switch is live), while the degrees and the energy are the same numbers bit for bit."""
+    from energies.triton_pairwise import layout_for, pairwise_heads
+    B, n, d, tau = 2, 37, 8, 1.3
+    Y, mask = _tokens(B, n, d, torch.float32, True, seed=5)
+    g = E.graph_from_spec("complete", n, batch_size=B, mask=mask.cpu()).to(DEVICE)
+    Z = (g.zero_padded(Y) - 0.0)[:, None].contiguous().requires_grad_()
+    rho = get_rho("cauchy")
+    outs = []
+    for lowp in (False, True):
+        agg, deg, e = pairwise_heads(Z, g.mask, layout_for(g, d, torch.float32), rho, tau, True, True, 1.0, lowp)
+        (gz,) = torch.autograd.grad((agg * torch.cos(agg.detach())).sum() + e.sum(), Z)
+        outs.append((agg.detach(), deg.detach(), e.detach(), gz))
+    (a0, d0, e0, g0), (a1, d1, e1, g1) = outs
+    assert torch.equal(d0, d1) and torch.equal(e0, e1)
+    diff = (a1 - a0).abs().max().item()
+    bound = torch.finfo(torch.bfloat16).eps * d0.abs().max().item() * Z.detach().abs().max().item()
+    assert 64 * torch.finfo(torch.float32).eps * a0.abs().max().item() < diff <= bound
+    assert 0 < (g1 - g0).abs().max().item() <= 0.05 * g0.abs().max().item()

@@ -62,7 +62,7 @@ def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int,
     return (band, k) if k is not None and keys < n else None
 
 
-def _residue_heads(Z, mask, band, k, rho, tau, num, energy):
+def _residue_heads(Z, mask, band, k, rho, tau, num, energy, lowp=False):
     """The kernel's three outputs on a strided graph, as two launches whose pair sets are disjoint (so the sums add):
     the band (offsets not multiples of k) on the tokens as they are, and the complete graph of each residue class
     ``i mod k`` on the tokens regrouped as ``B k`` examples of ``m = ceil(n / k)`` (padded with masked slots)."""
@@ -70,13 +70,13 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy):
     B, H, n, D = Z.shape
     sens = kernel_sensitivity(rho)
     classes = tiled_layout(-(-n // k), None, D, Z.dtype, Z.device)           # complete, on ceil(n / k) tokens
-    agg, deg, e = pairwise_heads(to_classes(Z, k), class_mask(mask, k), classes, rho, tau, num, energy, sens)
+    agg, deg, e = pairwise_heads(to_classes(Z, k), class_mask(mask, k), classes, rho, tau, num, energy, sens, lowp)
     deg = from_classes(deg, k, n)
     agg = from_classes(agg, k, n) if num else None
     e = e.reshape(B, k, H).sum(1) if energy else None
     if band:
         a2, d2, e2 = pairwise_heads(Z, mask, tiled_layout(n, band, D, Z.dtype, Z.device), rho, tau, num, energy,
-                                    sens)
+                                    sens, lowp)
         deg = deg + d2
         agg = agg + a2 if num else agg
         e = e + e2 if energy else e
@@ -85,9 +85,11 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy):
 
 def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
     """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
-    for the half types), one :class:`PairwisePass` per metric (None: the tokens themselves)."""
+    for the half types, whose aggregation products then take bfloat16 operands: ``lowp``), one
+    :class:`PairwisePass` per metric (None: the tokens themselves)."""
     from ..triton_pairwise import layout_for, pairwise_heads
     dt = _own_dtype(Y)
+    lowp = Y.dtype in (torch.bfloat16, torch.float16)
     Yc = _centred(Y.to(dt), graph)
     if metrics[0] is None:
         Z = Yc[:, None]
@@ -98,8 +100,8 @@ def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
     split = residue_split(graph.offsets, graph.num_nodes) if graph.offsets is not None else None
     if split is None:
         agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,
-                                     kernel_sensitivity(rho))
+                                     kernel_sensitivity(rho), lowp)
     else:
-        agg, deg, e = _residue_heads(Z, graph.mask, split[0], split[1], rho, tau, num, energy)
+        agg, deg, e = _residue_heads(Z, graph.mask, split[0], split[1], rho, tau, num, energy, lowp)
     return [PairwisePass(None if agg is None else agg[:, h].to(Y.dtype), deg[:, h].to(Y.dtype),
                          None if e is None else e[:, h], Y=Y, metric=metrics[h]) for h in range(len(metrics))]

@@ -28,7 +28,8 @@ import torch
 
 from .errors import EnergyError
 
-__all__ = ["fused_attention", "fused_available", "fused_ops", "fused_unavailable", "FusedOps", "REFERENCE_OPS"]
+__all__ = ["fused_attention", "fused_available", "fused_ops", "fused_ops_for_head", "fused_unavailable", "FusedOps",
+           "REFERENCE_OPS"]
 
 
 class FusedOps(NamedTuple):
@@ -36,12 +37,14 @@ class FusedOps(NamedTuple):
     at least n long in its last axis: the memory-efficient op pads it to a multiple of 32; ``state`` what the
     backward needs besides); ``backward(g, q, k, v, out, lse, state, scale) -> (dq, dk, dv)`` forming
     ``delta = rowsum(g * out)`` from ``out`` (see the module docstring); ``head_multiple``: the head size the op
-    wants a multiple of (the caller's layout pads with zero columns); ``arithmetic``: what its products are."""
+    wants a multiple of (the caller's layout pads with zero columns); ``arithmetic``: what its products are;
+    ``max_head``: the largest head size its kernels take (None: any; see :func:`fused_ops_for_head`)."""
     name: str
     forward: Callable
     backward: Callable
     head_multiple: int
     arithmetic: str
+    max_head: Optional[int] = None
 
 
 def _aten():
@@ -105,7 +108,8 @@ EFFICIENT_OPS = FusedOps("cuda-memory-efficient", _efficient_forward, _efficient
                          "CUTLASS memory-efficient attention: float32 on tensor cores with the 3xTF32 split "
                          "(float32-level products), float32 accumulation")
 FLASH_OPS = FusedOps("cuda-flash", _flash_forward, _flash_backward, 8,
-                     "FlashAttention-2: bfloat16/float16 products, float32 accumulation and log-sum-exp")
+                     "FlashAttention-2: bfloat16/float16 products, float32 accumulation and log-sum-exp",
+                     max_head=256)     # flash_api.cpp, mha_fwd / mha_bwd: "head dimension at most 256"
 #: the algebra of the CUDA ops in plain torch (tests: the wrapper's gradient trick and layouts on the CPU)
 REFERENCE_OPS = FusedOps("reference", _reference_forward, _reference_backward, 8, "explicit n x n softmax")
 
@@ -143,12 +147,27 @@ def fused_available(device_type: str = "cpu", dtype: torch.dtype = torch.float32
     return fused_ops(device_type, dtype) is not None
 
 
-def _probe_once(device_type: str, dtype: torch.dtype):
-    key = (device_type, dtype)
+def fused_ops_for_head(ops: FusedOps, head: int, device_type: str, dtype: torch.dtype) -> FusedOps:
+    """``ops``, or where its kernels stop below ``head`` columns (FlashAttention-2 above 256, a limit its meta
+    kernel does not check) the candidate for ``(device_type, dtype)`` that has no such limit (the memory-efficient
+    op), probed once; an :class:`EnergyError` where there is none."""
+    if ops.max_head is None or head <= ops.max_head:
+        return ops
+    wide, why = _probe_once(device_type, dtype, wide=True)
+    if wide is None:
+        raise EnergyError(f"the fused kernel takes at most {ops.max_head} columns per head with {ops.name}, got "
+                          f"{head}, and {why}; use kernel 'softmax', 'streamed' or 'triton' there")
+    return wide
+
+
+def _probe_once(device_type: str, dtype: torch.dtype, wide: bool = False):
+    key = (device_type, dtype, "any head") if wide else (device_type, dtype)
     if key not in _PROBED:
         why = []
         found = None
         for ops in _candidates(device_type, dtype):
+            if wide and ops.max_head is not None:
+                continue
             err = _probe(ops, device_type, dtype)
             if err is None:
                 found = ops
@@ -259,6 +278,8 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         if ops is None:
             raise EnergyError(f"the fused kernel {fused_unavailable(q.device.type, q.dtype)}; use kernel 'softmax', "
                               "'streamed' or 'triton' there")
+        ops = fused_ops_for_head(ops, q.shape[-1] + (0 if spare or lse_col is not None else 1), q.device.type,
+                                 q.dtype)                      # (the backward reads one column more unless given)
     if not (q.shape[-1] == k.shape[-1] == v.shape[-1]) or (spare and q.shape[-1] < 2):
         raise EnergyError(f"fused attention needs one head size, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                           f"v {tuple(v.shape)}")

@@ -116,7 +116,11 @@ def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, 
         Zc = apply_metric(_centred(Y.float(), graph), metric)
         Y, sq = Y.float(), (Zc * Zc).sum(-1)
     ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
-    fast = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
+    # the fast pass sees the refused examples as zeros: at their scale it may overflow (the compact layout's
+    # LSE - |z|^2/2tau), and the where's zero gradient times inf would be NaN in their gradient
+    keep = ok[:, None]
+    fast = kernel.run(torch.where(keep[..., None], Zc, 0.0), graph, rho, tau, energy, num, None,
+                      sq=torch.where(keep, sq, 0.0))
     safe = _safe_pass(kernel, Y, Zc, ok, graph, rho, tau, energy, num, metric)
 
     def pick(a, b, dtype=None):

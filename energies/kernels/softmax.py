@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from ..errors import EnergyError
-from ..fused import FusedOps, fused_attention, fused_ops, fused_unavailable
+from ..fused import FusedOps, fused_attention, fused_ops, fused_ops_for_head, fused_unavailable
 from ..graph import TokenGraph
 from ..rho import ExpRho, Rho
 from .guard import dense_z
@@ -50,12 +50,15 @@ def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[t
     """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``) in one fused
     attention call, ``LSE_u = log(1 + deg_u)`` (self included), by the layout the op wants
     (:func:`_spare_layout` for the CPU flash op, :func:`_compact_layout` for the CUDA ops, whose kernels are
-    instantiated for head sizes 32, 64, 96, 128, ...). ``ops``: the op pair (default: the tensors' own)."""
+    instantiated for head sizes 32, 64, 96, 128, ...; above FlashAttention-2's 256 the memory-efficient op,
+    :func:`~energies.fused.fused_ops_for_head`). ``ops``: the op pair (default: the tensors' own)."""
     ops = fused_ops(Z.device.type, Z.dtype) if ops is None else ops
     if ops is None:
         raise EnergyError(f"the fused kernel {fused_unavailable(Z.device.type, Z.dtype)}")
-    layout = _spare_layout if ops.head_multiple == 1 else _compact_layout
-    return layout(Z, mask, tau, sq, ops)
+    if ops.head_multiple == 1:
+        return _spare_layout(Z, mask, tau, sq, ops)
+    head = -(-(Z.shape[-1] + 1) // ops.head_multiple) * ops.head_multiple
+    return _compact_layout(Z, mask, tau, sq, fused_ops_for_head(ops, head, Z.device.type, Z.dtype))
 
 
 def _spare_layout(Z, mask, tau, sq, ops):

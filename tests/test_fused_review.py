@@ -1,0 +1,79 @@
+"""Review of rho = exp through torch's fused attention on CUDA: cases the first tests missed, each checked where it can
+be without a GPU (the compact layout through the CPU op with the CUDA head multiple; the CUDA ops' dispatch through
+their meta kernels)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import energies as E
+import energies.fused as F
+from energies.fused import CPU_OPS
+from energies.kernels.dispatch import _explicit_pass, _guarded_on_device
+from energies.kernels.guard import _centred
+from energies.kernels.registry import KERNELS
+from energies.kernels.softmax import _fused_parts
+
+#: the CPU flash op with the CUDA ops' layout (head size rounded up to 8, values apart)
+CPU_COMPACT = CPU_OPS._replace(name="cpu-flash-compact", head_multiple=8)
+
+
+@pytest.mark.parametrize("ops", [CPU_OPS, CPU_COMPACT], ids=lambda o: o.name)
+def test_the_guard_on_the_device_keeps_a_refused_examples_gradient_finite(ops, monkeypatch):
+    """Off the CPU the guard runs the fast pass on every example and keeps the exact pass's values where the rule
+    refuses one (``torch.where``). At a scale the expansion cannot resolve, the compact layout's
+    ``LSE - |z|^2 / 2 tau`` (two numbers near 5e11 in float32) leaves log(1 + deg) at ~1e4: exp overflows, and
+    the where's zero gradient times inf made the refused example's gradient NaN, which a shared weight would
+    then carry to every example. The refused example's gradient must be the exact pass's, the other's the fast
+    pass's."""
+    import energies.kernels.softmax as S
+    monkeypatch.setattr(S, "fused_ops", lambda device_type, dtype: ops)
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 9, 4, dtype=torch.float64, generator=gen)
+    base[1] *= 1e6                                            # |z|^2 / tau ~ 1e12: far past float32's bound 512
+    g = E.complete(9, 2, E.mask_from_lengths([9, 6], 9))
+    r = E.get_rho("exp")
+
+    def grads(run):
+        Y = base.float().requires_grad_()
+        out = run(g.zero_padded(Y))
+        w = torch.linspace(-1, 1, out.agg.numel()).view_as(out.agg)
+        (gy,) = torch.autograd.grad((out.agg * w).sum() + out.deg.sum() + out.energy.sum(), Y)
+        return gy
+
+    def guarded(Y):
+        Zc = _centred(Y, g)
+        return _guarded_on_device(KERNELS["fused"], Y, Zc, (Zc * Zc).sum(-1), g, r, 1.0, True, True, None)
+
+    got = grads(guarded)
+    assert torch.isfinite(got).all()
+    exact = grads(lambda Y: _explicit_pass(Y, _centred(Y, g), g, r, 1.0, True, True, None))
+    fast = grads(lambda Y: KERNELS["fused"].run(_centred(Y, g), g, r, 1.0, True, True, None))
+    assert torch.equal(got[1], exact[1])
+    assert torch.allclose(got[0], fast[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("c, op", [(255, "flash"), (256, "efficient"), (300, "efficient")])
+def test_bfloat16_heads_flash_cannot_take_go_to_the_memory_efficient_op(c, op, monkeypatch):
+    """FlashAttention-2 refuses head sizes above 256 (``flash_api.cpp``, ``mha_fwd``: ``TORCH_CHECK(head_size_og <=
+    256, "FlashAttention forward only supports head dimension at most 256")``, and ``mha_bwd`` likewise); its meta
+    kernel does not check it, so the probe (head size 8) passes and bfloat16 features of c >= 256 (compact head
+    c + 1 > 256: a single head of d >= 256) would stop with that error on the GPU. The memory-efficient op (also
+    a bfloat16 candidate) has no such limit: those heads go there, forward and backward; c = 255 (head 256)
+    stays on flash."""
+    called = []
+
+    class Spy:
+        def __getattr__(self, name):
+            called.append(name)
+            return getattr(torch.ops.aten, name)
+    monkeypatch.setattr(F, "_aten", Spy)
+    mask = torch.ones(2, 37, dtype=torch.bool, device="meta")
+    Z = torch.randn(2, 1, 37, c, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    diff, lse = _fused_parts(Z, mask, 4.0)
+    (diff.float().sum() + lse.sum()).backward()
+    assert diff.shape == Z.shape and lse.shape == (2, 1, 37)
+    assert f"_scaled_dot_product_{op}_attention" in called
+    assert f"_scaled_dot_product_{op}_attention_backward" in called
+    other = "flash" if op == "efficient" else "efficient"
+    assert f"_scaled_dot_product_{other}_attention" not in called

@@ -216,6 +216,15 @@ def _pad(t: torch.Tensor, value: float) -> torch.Tensor:
     return torch.cat([t, torch.full_like(t[..., :1], value)], -1)
 
 
+def _with_column(o: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """``[o, col]`` along the last axis in o's memory order: the CUDA ops' outputs are (B, n, H, c) in memory, and
+    the memory-efficient op's half kernels read the ``out`` given to their backward with rows ``H * c`` apart
+    whatever its strides (``kernel_backward.h``, ``o_strideM()``); ``torch.cat`` would lay it out (B, H, n, c)."""
+    if o.dim() == 4 and not o.is_contiguous() and o.transpose(1, 2).is_contiguous():
+        return torch.cat([o.transpose(1, 2), col.transpose(1, 2)], -1).transpose(1, 2)
+    return torch.cat([o, col], -1)
+
+
 class _FusedAttention(torch.autograd.Function):
     """``v=None``: the values are the queries (passed once: dynamo refuses one tensor as two inputs). ``col``: the
     column used for the LSE gradient (None: appended here); ``cut``: the op reads all but the last column (the
@@ -245,14 +254,14 @@ class _FusedAttention(torch.autograd.Function):
         elif ctx.col is not None:                      # the layout has a column of zero values: use it in place
             lam = -g_lse.to(o.dtype)
             if ctx.cut:                                # (spare: the op never read the last column; append it)
-                out, g_o = _pad(o, 0.0), _pad(g_o, 0.0)
+                out, g_o = _with_column(o, torch.zeros_like(o[..., :1])), _pad(g_o, 0.0)
             else:
                 out, g_o = o.clone(), g_o.clone()
             out[..., ctx.col], g_o[..., ctx.col] = lam, 1.0
             dq, dk, dv = ops.backward(g_o, q, k, v, out, lse, state, scale)
             dv[..., ctx.col] = 0.0                     # the values' zero column is a constant: no gradient
         else:
-            out = torch.cat([o, -g_lse[..., None].to(o.dtype)], -1)
+            out = _with_column(o, -g_lse[..., None].to(o.dtype))
             qp, kp = _pad(q, 0.0), _pad(k, 0.0)
             vp = qp if ctx.v_is_q else _pad(v, 0.0)    # values given as the queries: padded once
             dq, dk, dv = ops.backward(_pad(g_o, 1.0), qp, kp, vp, out, lse, state, scale)

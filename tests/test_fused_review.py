@@ -77,3 +77,54 @@ def test_bfloat16_heads_flash_cannot_take_go_to_the_memory_efficient_op(c, op, m
     assert f"_scaled_dot_product_{op}_attention_backward" in called
     other = "flash" if op == "efficient" else "efficient"
     assert f"_scaled_dot_product_{other}_attention" not in called
+
+
+def _cutlass_forward(q, k, v, scale):
+    """REFERENCE_OPS with the memory-efficient op's output layout: (B, n, H, c) in memory, seen as (B, H, n, c)
+    (``attention.cu``: ``res = at::empty({B, M, num_heads, Kv})``, returned ``transpose(1, 2)``)."""
+    o, lse, state = F.REFERENCE_OPS.forward(q, k, v, scale)
+    return o.transpose(1, 2).contiguous().transpose(1, 2), lse, state
+
+
+def _cutlass_backward(g, q, k, v, out, lse, state, scale):
+    """REFERENCE_OPS's backward reading ``out`` as the memory-efficient op's half kernels do: ``kernel_backward.h``
+    sets ``o_strideB``/``o_strideH`` from the tensor but takes the row stride as ``o_strideM() = head_dim_value *
+    num_heads`` (``computeDelta``), so an ``out`` whose rows are not H * c apart is read at the wrong place."""
+    B, H, n, c = out.shape
+    seen = torch.as_strided(out, out.shape, (out.stride(0), out.stride(1), H * c, 1), out.storage_offset())
+    return F.REFERENCE_OPS.backward(g, q, k, v, seen, lse, state, scale)
+
+
+CUTLASS_HALF = F.REFERENCE_OPS._replace(name="cutlass-half-layout", forward=_cutlass_forward,
+                                        backward=_cutlass_backward)
+
+
+@pytest.mark.parametrize("mode", ["appended", "lse_col", "spare"])
+def test_the_out_handed_to_the_backward_keeps_the_ops_memory_layout(mode):
+    """The LSE gradient rides on the ``out`` given to the backward; the memory-efficient op's half kernels read it
+    with rows ``H * c`` apart whatever its strides. ``lse_col`` (the compact layout) clones the op's output and
+    kept its layout; the appended column (``fused_attention``'s default) and ``spare`` built ``out`` by
+    ``torch.cat``, a (B, H, n, c) layout: with H > 1 the backward read other rows (here: past the storage's end).
+    Every mode must give the explicit form's outputs and gradients."""
+    gen = torch.Generator().manual_seed(7)
+    B, H, n, c = 2, 3, 13, 6
+    q, k, v = (torch.randn(B, H, n, c, dtype=torch.float64, generator=gen) for _ in range(3))
+    if mode != "appended":
+        v[..., -1] = 0.0
+    if mode == "spare":
+        q[..., -1], k[..., -1] = 0.0, 0.0
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    w_l = torch.randn(B, H, n, dtype=torch.float64, generator=gen)
+    kw = {"appended": {}, "lse_col": {"lse_col": c - 1}, "spare": {"spare": True}}[mode]
+    o, lse = F.fused_attention(q, k, v, 0.4, ops=CUTLASS_HALF, **kw)
+    w_o = torch.randn(o.shape, dtype=torch.float64, generator=gen)
+    got = torch.autograd.grad((o * w_o).sum() + (lse * w_l).sum(), (q, k, v))
+    cut = slice(None, -1) if mode == "spare" else slice(None)
+    s = q[..., cut] @ k[..., cut].transpose(-1, -2) * 0.4
+    ref_o, ref_lse = torch.softmax(s, -1) @ v[..., cut], torch.logsumexp(s, -1)
+    ref = torch.autograd.grad((ref_o * w_o).sum() + (ref_lse * w_l).sum(), (q, k, v))
+    assert (o - ref_o).abs().max() < 1e-12 and (lse - ref_lse).abs().max() < 1e-12
+    for a, b in zip(got, ref):
+        if mode != "appended":
+            a, b = a[..., :-1], b[..., :-1]      # the zero column is a constant: its gradient is not asked
+        assert (a - b).abs().max().item() < 1e-12

@@ -128,3 +128,23 @@ def test_the_out_handed_to_the_backward_keeps_the_ops_memory_layout(mode):
         if mode != "appended":
             a, b = a[..., :-1], b[..., :-1]      # the zero column is a constant: its gradient is not asked
         assert (a - b).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("lengths, n", [([6, 2, 0], 6), ([1, 1], 1)])
+@pytest.mark.parametrize("sq", ["none", "with grad", "float32"])
+def test_gradcheck_of_the_compact_layout_over_heads(lengths, n, sq, monkeypatch):
+    """float64 gradcheck of agg, deg and energy through ``_fused_heads`` on the CUDA layout (the CPU op, head size
+    rounded to 8), three heads, an example with no real token and n = 1, ``sq`` absent, given with its gradient,
+    or given in another dtype (then recomputed from Z in the layout's dtype)."""
+    import energies.kernels.softmax as S
+    from energies.kernels.fused import _fused_heads
+    monkeypatch.setattr(S, "fused_ops", lambda device_type, dtype: CPU_COMPACT)
+    gen = torch.Generator().manual_seed(1)
+    mask = E.mask_from_lengths(lengths, n)
+    g = E.complete(n, len(lengths), mask)
+    Z = (torch.randn(len(lengths), 3, n, 5, dtype=torch.float64, generator=gen) * mask[:, None, :, None])
+
+    def f(Z):
+        s = {"none": None, "with grad": (Z * Z).sum(-1), "float32": (Z * Z).sum(-1).float()}[sq]
+        return _fused_heads(Z, g, E.get_rho("exp"), 1.1, True, True, s)
+    assert torch.autograd.gradcheck(f, (Z.requires_grad_(),), atol=1e-8, rtol=1e-6)

@@ -45,3 +45,18 @@ def faulty(monkeypatch):
         return out + bump, vals, curv
 
     monkeypatch.setattr(ProxMMStep, "step_with_trace", bumped)
+
+
+@pytest.fixture
+def aten_calls(monkeypatch):
+    """The names of the private aten ops :mod:`energies.fused` calls during the test, in order (its one door to them,
+    ``_aten``, replaced by a recording spy): which fused op ran, read off the meta kernels too."""
+    import energies.fused as F
+    called = []
+
+    class Spy:
+        def __getattr__(self, name):
+            called.append(name)
+            return getattr(torch.ops.aten, name)
+    monkeypatch.setattr(F, "_aten", Spy)
+    return called

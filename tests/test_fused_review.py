@@ -54,20 +54,14 @@ def test_the_guard_on_the_device_keeps_a_refused_examples_gradient_finite(ops, m
 
 
 @pytest.mark.parametrize("c, op", [(255, "flash"), (256, "efficient"), (300, "efficient")])
-def test_bfloat16_heads_flash_cannot_take_go_to_the_memory_efficient_op(c, op, monkeypatch):
+def test_bfloat16_heads_flash_cannot_take_go_to_the_memory_efficient_op(c, op, aten_calls):
     """FlashAttention-2 refuses head sizes above 256 (``flash_api.cpp``, ``mha_fwd``: ``TORCH_CHECK(head_size_og <=
     256, "FlashAttention forward only supports head dimension at most 256")``, and ``mha_bwd`` likewise); its meta
     kernel does not check it, so the probe (head size 8) passes and bfloat16 features of c >= 256 (compact head
     c + 1 > 256: a single head of d >= 256) would stop with that error on the GPU. The memory-efficient op (also
     a bfloat16 candidate) has no such limit: those heads go there, forward and backward; c = 255 (head 256)
     stays on flash."""
-    called = []
-
-    class Spy:
-        def __getattr__(self, name):
-            called.append(name)
-            return getattr(torch.ops.aten, name)
-    monkeypatch.setattr(F, "_aten", Spy)
+    called = aten_calls
     mask = torch.ones(2, 37, dtype=torch.bool, device="meta")
     Z = torch.randn(2, 1, 37, c, dtype=torch.bfloat16, device="meta", requires_grad=True)
     diff, lse = _fused_parts(Z, mask, 4.0)

@@ -65,7 +65,7 @@ def test_every_torch_kernel_guards_on_the_device(kernel, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("trace", [False, True])
-def test_the_fused_kernel_runs_the_cuda_ops_on_meta(trace, dtype, monkeypatch):
+def test_the_fused_kernel_runs_the_cuda_ops_on_meta(trace, dtype, aten_calls):
     """The CUDA fused ops (memory-efficient for float32, flash for bfloat16: their meta kernels) through the
     guaranteed encoder, forward and backward, trace on (the guard's exact side the Triton kernel, where installed)
     and off; bfloat16 features go to the flash op as they are, with the trace on too (its energies come from float32
@@ -73,13 +73,7 @@ def test_the_fused_kernel_runs_the_cuda_ops_on_meta(trace, dtype, monkeypatch):
     import energies.fused as F
     assert F.fused_ops("meta", torch.float32).name == "cuda-memory-efficient"
     assert F.fused_ops("meta", torch.bfloat16).name == "cuda-flash"
-    called = []
-
-    class Spy:
-        def __getattr__(self, name):
-            called.append(name)
-            return getattr(torch.ops.aten, name)
-    monkeypatch.setattr(F, "_aten", Spy)
+    called = aten_calls
     with torch.device("meta"):
         enc = ENCODERS["guaranteed"](d=16, heads=2, layers=2, graph="complete", rho="exp", kernel="fused").to(dtype)
         out = enc(torch.randn(2, 37, 16, dtype=dtype), torch.ones(2, 37, dtype=torch.bool), trace=trace)

@@ -85,7 +85,7 @@ class Rho(torch.nn.Module):
 RHOS: Dict[str, Callable[..., Rho]] = {}
 
 
-register_rho = registrar(RHOS, "name")
+register_rho = registrar(RHOS, "name", "rho registry (energies.rho.RHOS)", EnergyError)
 """``@register_rho("name")`` registers a penalty class; its constructor takes the spec's ``:`` arguments."""
 
 
@@ -236,11 +236,12 @@ class SoftplusRho(Rho):
 
     def triton(self):
         u = -self.c / self.t                   # F(-C / T) in float64 (Python floats: no tensor, nothing to trace)
-        w = 1.0 / (1.0 + math.exp(-u))
+        e = math.exp(u)                        # u < 0: e^u in (0, 1) (0 past C / T ~ 745), never e^-u (overflows
+        w = e / (1.0 + e)                      # past C / T ~ 709); sigmoid(u) = e^u / (1 + e^u), as accurate
         acc = 1.0 / 3600.0
         for k in range(59, 0, -1):
             acc = acc * w + 1.0 / (k * k)
-        return _triton("softplus", self.c, self.t, acc * w + 0.5 * math.log1p(math.exp(u)) ** 2)
+        return _triton("softplus", self.c, self.t, acc * w + 0.5 * math.log1p(e) ** 2)
 
     def spec(self):
         return f"softplus:{self.c:g}:{self.t:g}"

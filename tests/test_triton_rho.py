@@ -80,8 +80,8 @@ def _mp_derivative(spec, z):
 
 
 @pytest.mark.parametrize("dtype, ulps", [(torch.float64, 64), (torch.float32, 64)])
-@pytest.mark.parametrize("spec", ["softplus:1.5:0.5", "softplus:2:0.05", "softplus:0.3:2", "exp", "cauchy",
-                                  "relu:1.5", "lp:1:0.001"])
+@pytest.mark.parametrize("spec", ["softplus:1.5:0.5", "softplus:2:0.05", "softplus:0.3:2", "softplus:1000:1",
+                                  "softplus:400:0.25", "exp", "cauchy", "relu:1.5", "lp:1:0.001"])
 def test_the_triton_functions_match_50_digit_references(spec, dtype, ulps):
     """Relative error at most ``ulps`` eps of the compute dtype times the condition of the argument (``1 + z / T``
     for softplus, ``1 + z`` for exp, ``1 + |log z|`` for lp: the rounding of z itself, or of ``(C - z) / T``, moves
@@ -121,3 +121,18 @@ def test_a_wrong_branch_choice_is_caught():
     err = max(abs(float(out[0][k]) - float(rho_mp("softplus:1.5:0.5", float(z[k])))) /
               abs(float(rho_mp("softplus:1.5:0.5", float(z[k])))) for k in range(256))
     assert err > 64 * torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("c, t", [(709.8, 1.0), (1000.0, 1.0), (400.0, 0.25), (1e6, 1e-3), (1e100, 1.0)])
+def test_softplus_beyond_exps_range_has_its_triton_constant(c, t):
+    """C / T past ~709 (where e^(C/T) overflows a float64): ``triton()`` (the kernel's support check calls it) once
+    ended in ``OverflowError: math range error``; F(-C / T) = -Li2(-e^(-C/T)) is now computed from e^(-C/T) alone,
+    against 50 digits (absolutely below float64's smallest subnormal, where it underflows to 0)."""
+    from energies.kernels.triton_kernel import _triton_supports
+    from energies.graph import complete
+
+    rho = get_rho(f"softplus:{c!r}:{t!r}")
+    f_c = rho.triton()[3][2]
+    ref = -mpmath.polylog(2, -mpmath.exp(-mpmath.mpf(c) / mpmath.mpf(t)))
+    assert abs(f_c - float(ref)) <= 4 * torch.finfo(torch.float64).eps * float(ref) + 5e-324
+    assert _triton_supports(complete(4), rho) is None

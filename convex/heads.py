@@ -44,7 +44,7 @@ from energies.registry import registrar
 __all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
 
 HEADS: Dict[str, Callable[..., "Head"]] = {}
-register_head = registrar(HEADS, "name")
+register_head = registrar(HEADS, "name", "head registry (convex.heads.HEADS)", ConfigError)
 Weights = List[Tuple[int, torch.Tensor, torch.Tensor]]     # (block g, W1_j, W2_j) per non-convex head
 
 

@@ -72,7 +72,7 @@ class Loss:
 
 
 LOSSES: Dict[str, Callable[[], Loss]] = {}
-register_loss = registrar(LOSSES, "name")
+register_loss = registrar(LOSSES, "name", "loss registry (convex.losses.LOSSES)", ConfigError)
 
 
 @register_loss("squared")

@@ -1,12 +1,52 @@
-"""Registries for pluggable parts (graphs, penalties rho, steps), torchdeq-style."""
-from typing import Callable, Dict, Optional
+"""Registries for pluggable parts (graphs, penalties rho, kernels, steps, encoders, heads, losses), torchdeq-style.
+
+A name is taken once: registering a name already in a registry (a plug-in's ``exp``, a second ``edges``) is refused
+with the registry's typed error naming the registry and the name (:func:`claim`), never a silent replacement -- a
+replaced entry would reach some paths and not others (caches keyed by name, parts built before the import). The
+same object registered again under its own name is a no-op (a module imported twice under one name)."""
+from typing import Callable, Dict, Optional, Type
+
+from .errors import UnfoldError
 
 
-def registrar(table: Dict[str, object], attr: Optional[str] = None) -> Callable[[str], Callable]:
-    """A ``register(name)`` decorator storing objects in ``table`` (and their ``name`` on ``attr``)."""
+def claim(table: Dict[str, object], name, obj, registry: str, error: Type[UnfoldError] = UnfoldError) -> bool:
+    """Check that ``name`` may be given ``obj`` in ``table`` (the registry called ``registry`` in messages): a
+    non-empty string not taken by another object. Returns False where ``table[name]`` already is ``obj`` (nothing to
+    do), True where the caller should store it; raises ``error`` naming the registry and the name otherwise."""
+    if not isinstance(name, str) or not name.strip():
+        raise error(f"{registry}: a name must be a non-empty string, got {name!r}")
+    if name in table:
+        if table[name] is obj or table[name] == obj:
+            return False
+        raise error(f"{registry}: the name {name!r} is already registered (to {_what(table[name])}); a part cannot "
+                    f"replace another -- register {_what(obj)} under a new name")
+    return True
+
+
+def _what(obj) -> str:
+    """``module.qualname`` of a registered object (of a kernel's ``run``), for messages."""
+    obj = getattr(obj, "run", obj) if isinstance(obj, tuple) else obj
+    name, module = getattr(obj, "__qualname__", None), getattr(obj, "__module__", None)
+    return f"{module}.{name}" if name and module else type(obj).__name__
+
+
+def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: str = "registry",
+              error: Type[UnfoldError] = UnfoldError) -> Callable[[str], Callable]:
+    """A ``register(name)`` decorator storing objects in ``table`` (and their ``name`` on ``attr``). A name already
+    taken (:func:`claim`), or an object already registered under another name (its ``attr`` would be renamed), is
+    refused with ``error`` naming ``registry`` and the name."""
 
     def register(name: str):
+        claim({}, name, None, registry, error)              # a valid name, checked before the body runs
+
         def deco(obj):
+            if not claim(table, name, obj, registry, error):
+                return obj
+            if attr is not None:
+                own = vars(obj).get(attr) if hasattr(obj, "__dict__") else None
+                if isinstance(own, str) and table.get(own) is obj:
+                    raise error(f"{registry}: {_what(obj)} is already registered as {own!r}; registering it again "
+                                f"as {name!r} would rename it -- subclass it for a second name")
             table[name] = obj
             if attr is not None:
                 setattr(obj, attr, name)

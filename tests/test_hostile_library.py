@@ -554,3 +554,118 @@ def test_hostile_spline_probe_flags_on_a_model(tmp_path, argv, names):
 
 def test_the_hostile_table_is_large():
     assert len(LIBRARY_CASES) + len(CLI_CASES) + len(CONFIG_CASES) >= 60
+
+
+# --------------------------------------------------------------------- (issue 33, cause 2) a name is taken once
+def _taking(table, name, register):
+    """``register()`` tries to take ``name`` of ``table``; whatever it did to the table is undone (on the old code it
+    replaced the built-in silently, which must not leak into other tests)."""
+    def call():
+        had, old = name in table, table.get(name)
+        try:
+            return register()
+        finally:
+            if had:
+                table[name] = old
+            else:
+                table.pop(name, None)
+    return call
+
+
+def _registry_cases():
+    import energies as E
+    import experiments.studies.bench as bench
+    from convex.heads import HEADS, register_head
+    from convex.losses import LOSSES, register_loss
+    from energies.errors import EnergyError
+    from energies.rho import RHOS, ExpRho, Rho, register_rho
+    from unfold.steps import STEPS, register_step
+
+    class _Other(Rho):
+        pass
+
+    class _Step(U.AttentionStep):
+        pass
+
+    class _Encoder(U.GuaranteedEncoder):
+        pass
+
+    return [
+        # (id, call, error, names)
+        ("rho-exp", _taking(RHOS, "exp", lambda: register_rho("exp")(_Other)), EnergyError, ["rho registry", "'exp'"]),
+        ("rho-cauchy", _taking(RHOS, "cauchy", lambda: register_rho("cauchy")(_Other)), EnergyError,
+         ["rho registry", "'cauchy'"]),
+        ("rho-renames-a-builtin", _taking(RHOS, "exp2", lambda: register_rho("exp2")(ExpRho)), EnergyError,
+         ["rho registry", "'exp'", "'exp2'"]),
+        ("rho-name-empty", _taking(RHOS, "", lambda: register_rho("")(_Other)), EnergyError, ["rho registry", "''"]),
+        ("rho-name-not-a-string", _taking(RHOS, 3, lambda: register_rho(3)(_Other)), EnergyError, ["rho registry", "3"]),
+        ("graph-window", _taking(E.GRAPHS, "window", lambda: E.register_graph("window")(lambda n, **k: None)),
+         GraphError, ["graph registry", "'window'"]),
+        ("graph-complete-mask-free", _taking(E.GRAPHS, "complete",
+                                             lambda: E.register_graph("complete", mask_free=False)(lambda n, **k: None)),
+         GraphError, ["graph registry", "'complete'"]),
+        ("kernel-edges", _taking(E.KERNELS, "edges", lambda: E.register_kernel("edges")(lambda *a: None)), EnergyError,
+         ["kernel registry", "'edges'"]),
+        ("kernel-fused", _taking(E.KERNELS, "fused", lambda: E.register_kernel("fused", expansion=True)(lambda *a: None)),
+         EnergyError, ["kernel registry", "'fused'"]),
+        ("auto-rule-banded", _taking(E.pairwise.AUTO_RULES, "banded", lambda: E.register_auto_rule("banded", bool)),
+         EnergyError, ["auto-rule registry", "'banded'"]),
+        ("heads-pass-fused", _taking(E.pairwise.HEADS_PASSES, "fused", lambda: E.register_heads_pass("fused", len)),
+         EnergyError, ["heads-pass registry", "'fused'"]),
+        ("encoder-guaranteed", _taking(U.ENCODERS, "guaranteed", lambda: U.register_encoder("guaranteed")(_Encoder)),
+         ConfigError, ["encoder registry", "'guaranteed'"]),
+        ("step-attention", _taking(STEPS, "attention", lambda: register_step("attention")(_Step)), StepError,
+         ["step registry", "'attention'"]),
+        ("head-bfno", _taking(HEADS, "bfno", lambda: register_head("bfno")(type("H", (), {}))), ConfigError,
+         ["head registry", "'bfno'"]),
+        ("loss-squared", _taking(LOSSES, "squared", lambda: register_loss("squared")(type("L", (), {}))), ConfigError,
+         ["loss registry", "'squared'"]),
+        ("bench-suite-kernels", _taking(bench.SUITES, next(iter(bench.SUITES)),
+                                        lambda: bench.suite(next(iter(bench.SUITES)))(lambda q, d: {})), ConfigError,
+         ["bench suite registry", repr(next(iter(bench.SUITES)))]),
+    ]
+
+
+REGISTRY_CASES = _registry_cases()
+
+
+@pytest.mark.parametrize("call,error,names", [c[1:] for c in REGISTRY_CASES], ids=[c[0] for c in REGISTRY_CASES])
+def test_a_name_already_registered_is_refused(call, error, names):
+    """Before: every registry replaced the entry silently (a plug-in's ``exp`` reached the trace but not the fused
+    forward; a second ``edges`` ended in ``TypeError: 'Kernel' object is not callable``)."""
+    import energies as E
+    from energies.rho import RHOS
+
+    before = {name: dict(table) for name, table in (("rho", RHOS), ("graph", E.GRAPHS), ("kernel", E.KERNELS),
+                                                    ("encoder", U.ENCODERS))}
+    with pytest.raises(error) as info:
+        call()
+    msg = str(info.value)
+    for name in names:
+        assert name.lower() in msg.lower(), f"{name!r} not named in {msg!r}"
+    assert before == {name: dict(table) for name, table in (("rho", RHOS), ("graph", E.GRAPHS), ("kernel", E.KERNELS),
+                                                            ("encoder", U.ENCODERS))}
+    assert E.get_rho("exp").spec() == "exp" and "complete" in E.graph.MASK_FREE
+
+
+def test_a_new_name_registers_and_the_same_object_again_is_a_no_op():
+    """The negative control: a fresh name is taken, and registering the very same object under it again changes
+    nothing (a second import of one module object); a second, different object under it is refused."""
+    import energies as E
+    from energies.rho import RHOS, Rho, register_rho
+
+    class Fresh(Rho):
+        def value(self, z):
+            return -torch.exp(-z)
+
+        def derivative(self, z):
+            return torch.exp(-z)
+
+    try:
+        assert register_rho("fresh_test")(Fresh) is Fresh and RHOS["fresh_test"] is Fresh
+        assert register_rho("fresh_test")(Fresh) is Fresh and Fresh.name == "fresh_test"
+        with pytest.raises(E.EnergyError, match="'fresh_test' is already registered"):
+            register_rho("fresh_test")(type("Again", (Fresh,), {}))
+        assert RHOS["fresh_test"] is Fresh
+    finally:
+        RHOS.pop("fresh_test", None)

@@ -229,6 +229,37 @@ def test_a_plugin_that_cannot_be_imported_is_one_error_line(ws, inproc, module, 
     expect_refusal(module, ["--import", name, *extra], str(ws / "plug"), names=names)
 
 
+TAKEN = {
+    "rho-exp": ('from energies.rho import Rho, register_rho\n\n\n@register_rho("exp")\nclass Exp(Rho):\n    pass\n',
+                ["rho registry", "'exp'"]),
+    "kernel-edges": ('from energies.pairwise import register_kernel\n\n\n@register_kernel("edges")\n'
+                     'def run(*args, **kwargs):\n    raise AssertionError("never runs")\n', ["kernel registry", "'edges'"]),
+    "graph-window": ('from energies.graph import register_graph\n\n\n@register_graph("window")\n'
+                     'def window(n, k, batch_size=1, mask=None, seed=0):\n    raise AssertionError("never runs")\n',
+                     ["graph registry", "'window'"]),
+    "encoder-free": ('from unfold import GuaranteedEncoder, register_encoder\n\n\n@register_encoder("free")\n'
+                     'class Free(GuaranteedEncoder):\n    pass\n', ["encoder registry", "'free'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_a_plugin_taking_a_registered_name_is_refused(inproc, tmp_path, case):
+    """Issue 33, cause 2. Before: a plug-in's ``exp`` replaced the built-in for the trace but not for the fused
+    forward (rc 0); a second ``edges`` ended in ``TypeError: 'Kernel' object is not callable``. Now the import is
+    refused naming the registry and the name, and the built-in is untouched."""
+    from energies.pairwise import KERNELS
+    from unfold import ENCODERS
+
+    source, names = TAKEN[case]
+    module = "taken_" + case.replace("-", "_")
+    (tmp_path / f"{module}.py").write_text(source)
+    tables = [dict(t) for t in (RHOS, GRAPHS, KERNELS, ENCODERS)]
+    expect_refusal("unfold.check", ["--import", module, *CHECK], str(tmp_path), names=[f"--import {module}", *names])
+    assert tables == [dict(t) for t in (RHOS, GRAPHS, KERNELS, ENCODERS)]
+    code, out, err = run_cli("unfold.check", CHECK, str(tmp_path))          # the built-ins still run
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["verdict"] == "descent", err
+
+
 def test_a_failing_plugin_in_a_subprocess_exits_2(ws):
     for name, what in (("nosuchmod", "No module named 'nosuchmod'"), ("badplug", "failed on purpose")):
         line = one_error(run("experiments.train", [f"--import={name}", "--config", TINY], cwd=ws / "plug"))
@@ -237,8 +268,10 @@ def test_a_failing_plugin_in_a_subprocess_exits_2(ws):
 
 def test_data_takes_import_before_and_after_its_subcommand(ws, inproc, tmp_path):
     for k, argv in enumerate((["--import", "inplug", "export"], ["export", "--import", "inplug"])):
-        sys.modules.pop("inplug", None)
-        plugins._imported.clear()
+        sys.modules.pop("inplug", None)                  # imported afresh: its names freed first (a name is
+        plugins._imported.clear()                        # taken once; registering it again is refused)
+        RHOS.pop("inrho", None)
+        GRAPHS.pop("ingraph", None)
         code, out, err = run_cli("experiments.data", [*argv, "--dataset", str(ws / "toy"), "--out",
                                                       str(tmp_path / f"out{k}")], str(ws / "plug"))
         assert code == 0, err

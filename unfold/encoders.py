@@ -61,7 +61,7 @@ __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "Guarante
            "check_inference_layers", "MAX_INFERENCE_LAYERS"]
 
 ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
-register_encoder = registrar(ENCODERS, "kind")
+register_encoder = registrar(ENCODERS, "kind", "encoder registry (unfold.ENCODERS)", ConfigError)
 """``@register_encoder("name")`` on an :class:`Encoder` subclass: selectable by name (``model.mode=name``)."""
 
 CURVATURES = PairwiseAttention.CURVATURES

@@ -44,7 +44,7 @@ STEPS: Dict[str, type] = {}
 UPDATES = ("exact", "printed")
 
 
-register_step = registrar(STEPS, "kind")
+register_step = registrar(STEPS, "kind", "step registry (unfold.steps.STEPS)", StepError)
 
 
 def _check_alpha(alpha, what: str = "alpha") -> float:

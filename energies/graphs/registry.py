@@ -21,7 +21,7 @@ GRAPHS: Dict[str, Callable[..., TokenGraph]] = {}
 #: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping
 #: the edges at padded slots (:meth:`TokenGraph.with_mask`), so that :class:`GraphCache` builds them once per shape
 MASK_FREE = set()
-_register = registrar(GRAPHS)
+_register = registrar(GRAPHS, None, "graph registry (energies.graph.GRAPHS)", GraphError)
 
 
 def register_graph(name: str, mask_free: bool = False):

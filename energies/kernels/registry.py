@@ -11,6 +11,7 @@ import torch
 
 from ..errors import EnergyError
 from ..graph import TokenGraph
+from ..registry import claim
 from ..rho import Rho
 
 
@@ -58,13 +59,16 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
                     expansion: bool = False, native_half: bool = False):
     """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
     kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
-    :class:`Kernel` for the contract. Every kernel must return the same ``agg``, ``deg`` and energy as
+    :class:`Kernel` for the contract. A name already registered (``edges``, a plug-in's earlier kernel) is refused
+    with an :class:`EnergyError` naming it. Every kernel must return the same ``agg``, ``deg`` and energy as
     ``edges`` to rounding (the tests compare each registered kernel with it)."""
     if not isinstance(name, str) or not name or name == "auto" or ":" in name:
         raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
 
     def deco(run):
-        KERNELS[name] = Kernel(name, run, supports or _any_graph, bool(expansion), bool(native_half))
+        kernel = Kernel(name, run, supports or _any_graph, bool(expansion), bool(native_half))
+        if claim(KERNELS, name, kernel, "kernel registry (energies.pairwise.KERNELS)", EnergyError):
+            KERNELS[name] = kernel
         return run
 
     return deco
@@ -89,10 +93,14 @@ HEADS_PASSES: Dict[str, Callable] = {}
 
 
 def register_auto_rule(name: str, pays: Callable[[TokenGraph], bool]) -> None:
-    """Let ``auto`` pick the kernel ``name`` on the CPU for a graph that is not complete where ``pays(graph)``."""
-    AUTO_RULES[name] = pays
+    """Let ``auto`` pick the kernel ``name`` on the CPU for a graph that is not complete where ``pays(graph)``. A
+    kernel has one rule: a second one for the same name is refused (:func:`~energies.registry.claim`)."""
+    if claim(AUTO_RULES, name, pays, "auto-rule registry (energies.pairwise.AUTO_RULES)", EnergyError):
+        AUTO_RULES[name] = pays
 
 
 def register_heads_pass(name: str, heads: Callable) -> None:
-    """Let the kernel ``name`` serve every head of a multi-head energy in one call (:data:`HEADS_PASSES`)."""
-    HEADS_PASSES[name] = heads
+    """Let the kernel ``name`` serve every head of a multi-head energy in one call (:data:`HEADS_PASSES`). A kernel
+    has one: a second one for the same name is refused."""
+    if claim(HEADS_PASSES, name, heads, "heads-pass registry (energies.pairwise.HEADS_PASSES)", EnergyError):
+        HEADS_PASSES[name] = heads

@@ -39,7 +39,9 @@ from typing import Callable, Dict
 
 import torch
 
+from energies.errors import ConfigError
 from energies.graph import complete, window
+from energies.registry import claim
 from energies.terms import PairwiseAttention
 from unfold.cli import run_main
 from unfold.plugins import add_import_arg
@@ -54,7 +56,8 @@ PEAK_NOTE = "peak RSS of a fresh process running the case once, minus that at n 
 
 def suite(name: str):
     def deco(fn):
-        SUITES[name] = fn
+        if claim(SUITES, name, fn, "bench suite registry (experiments.studies.bench.SUITES)", ConfigError):
+            SUITES[name] = fn
         return fn
 
     return deco
@@ -538,7 +541,6 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
     graph variants (:data:`GPU_VARIANTS`) against the complete graph; and the default model's forward (T = 4) with
     the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's interpreter: it checks the code and the
     JSON, not the speed)."""
-    from energies.errors import ConfigError
     from energies.pairwise import triton_unavailable
 
     why = triton_unavailable(device.type)

@@ -10,7 +10,7 @@ import torch
 from .container import TokenGraph
 from .edges import check_int, check_seed
 from .registry import MASK_FREE
-from .spec import graph_from_spec
+from .spec import edge_array_graph, graph_from_spec
 
 
 class GraphCache:
@@ -21,15 +21,26 @@ class GraphCache:
     built once per ``(B, n, device)`` and masked on the device (:meth:`TokenGraph.with_mask`: one selection of
     the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it is built
     on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns; on ``meta``
-    (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask."""
+    (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask.
 
-    def __init__(self, spec: str = "complete", seed: int = 0, maxsize: int = 64):
+    ``edges``: the ``2 x m`` edge list of a file spec, already read (a pinned graph, as a model bundle holds it):
+    the graphs are built from this array, never from the file, which may since have changed or gone."""
+
+    def __init__(self, spec: str = "complete", seed: int = 0, maxsize: int = 64, edges=None):
         self.spec, self.seed = spec, check_seed(seed)
         self.maxsize = check_int(maxsize, "maxsize", 1)
+        self.edges = edges
         self._graphs: Dict[tuple, TokenGraph] = {}
+
+    def _build(self, n: int, B: int, mask=None) -> TokenGraph:
+        if self.edges is not None:
+            return edge_array_graph(self.edges, n, B, mask, self.spec)
+        return graph_from_spec(self.spec, n, batch_size=B, mask=mask, seed=self.seed)
 
     @property
     def mask_free(self) -> bool:
+        if self.edges is not None:
+            return True
         name = self.spec.partition(":")[0]
         return name in MASK_FREE or self.spec.endswith(".npy") or os.path.sep in self.spec
 
@@ -47,7 +58,7 @@ class GraphCache:
             key = (B, n, str(mask.device))
             if key not in self._graphs:
                 with torch.device("cpu"):          # built on the host (also under a device context), then moved
-                    graph = graph_from_spec(self.spec, n, batch_size=B, seed=self.seed)
+                    graph = self._build(n, B)
                 self._store(key, graph.to(mask.device))
             return self._graphs[key].with_mask(mask)
         meta = mask.device.type == "meta"     # no values to build from: a meta forward computes shapes (those of
@@ -55,7 +66,7 @@ class GraphCache:
         key = (B, n, str(mask.device), host.numpy().tobytes())
         if key not in self._graphs:
             with torch.device("cpu"):
-                graph = graph_from_spec(self.spec, n, batch_size=B, mask=host, seed=self.seed)
+                graph = self._build(n, B, host)
             self._store(key, graph.to(mask.device))
         return self._graphs[key].with_mask(mask) if meta else self._graphs[key]
 

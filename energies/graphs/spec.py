@@ -31,6 +31,19 @@ def _spec_arity(builder) -> Tuple[int, int]:
     return sum(p.default is p.empty for p in spec), len(spec)
 
 
+def edge_array_graph(arr: np.ndarray, n: int, batch_size: int = 1, mask=None, name: str = "edge list") -> TokenGraph:
+    """The graph of a ``2 x m`` integer edge list read from a ``.npy`` file (``name``: the file, for messages), as
+    a file spec builds it: :func:`graph_from_spec` reads the file, a pinned graph
+    (:class:`~energies.graphs.cache.GraphCache` with ``edges``) holds the array it was read into."""
+    if not isinstance(arr, np.ndarray) or not np.issubdtype(arr.dtype, np.integer):
+        raise GraphError(f"graph file {name!r} must hold integers, got "
+                         f"{f'dtype {arr.dtype}' if isinstance(arr, np.ndarray) else type(arr).__name__}")
+    # every integer dtype but uint64 fits int64 value for value; uint64 ids of 2^63 and more would wrap to
+    # negative there, so they go as uint64 and are named by their true value (canonical_edges)
+    wide = np.uint64 if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 else np.int64
+    return from_edge_index(torch.from_numpy(np.ascontiguousarray(arr, dtype=wide)), n, batch_size, mask, name=name)
+
+
 def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Build a graph from a short spec: ``complete | window:K | strided:K | dilated:K[:R] | star |
     random:P`` or a path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``)."""
@@ -41,13 +54,7 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         raise GraphError(f"graph spec must be a non-empty string, got {spec!r}")
     n, batch_size, seed = _sizes(n, batch_size, seed)
     if spec.endswith(".npy") or os.path.sep in spec:
-        arr = load_npy(spec, "graph file", "edge list", GraphError)
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise GraphError(f"graph file {spec!r} must hold integers, got dtype {arr.dtype}")
-        # every integer dtype but uint64 fits int64 value for value; uint64 ids of 2^63 and more would wrap to
-        # negative there, so they go as uint64 and are named by their true value (canonical_edges)
-        wide = np.uint64 if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 else np.int64
-        return from_edge_index(torch.from_numpy(np.ascontiguousarray(arr, dtype=wide)), n, batch_size, mask, name=spec)
+        return edge_array_graph(load_npy(spec, "graph file", "edge list", GraphError), n, batch_size, mask, spec)
     name, _, rest = spec.partition(":")
     if name not in GRAPHS:
         raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")

@@ -5,8 +5,12 @@ A bundle is a folder (a finished run folder is one) holding
 * ``best.pt`` (a run's best epoch) or ``model.pt`` (:func:`save_model`): ``{"model": state_dict, ...}``;
 * ``config.yaml``: the config the model was built from (:func:`experiments.app.build.build_model`);
 * ``vocab.json``: the vocabulary, ids in order (:class:`experiments.data.Vocab`);
+* ``graph.npy``, where ``model.graph`` is an edge-list file: the graph the model was trained on, copied when the
+  run started (:mod:`experiments.app.graph_pin`). The graph is part of the model: the bundle predicts with this
+  copy, checked against its sha256, never with the file ``model.graph`` names, which may since have been edited,
+  moved or deleted;
 * ``bundle.json``: the format version, the label names (class id -> name), the data fingerprint of the training
-  data (:mod:`experiments.app.fingerprint`) and the sha256 of the three files above.
+  data (:mod:`experiments.app.fingerprint`) and the sha256 of the files above.
 
 :func:`load_model` checks the three hashes before it builds anything (a weights file replaced after the bundle
 was written is refused, not silently paired with another vocabulary), loads the weights with
@@ -19,7 +23,9 @@ descent verdict.
 ``bundle.json`` is a JSON object with exactly the keys ``format`` (this format's name), ``version`` (an
 integer, this version), ``weights`` (``best.pt`` or ``model.pt``), ``label_names`` (at least two distinct
 strings), ``dataset`` (a string or null), ``data_fingerprint`` (null or a fingerprint) and ``sha256`` (the
-three files to 64-digit hex digests); JSON files are read strictly (:func:`unfold.strict_json.loads`: no NaN,
+three files, and ``graph.npy`` where there is one, to 64-digit hex digests) and, optionally, ``graph`` (null, or
+``{"spec": the config's model.graph, "file": "graph.npy"}``: present exactly where ``graph.npy`` is hashed);
+JSON files are read strictly (:func:`unfold.strict_json.loads`: no NaN,
 nesting at most 100 levels, so a ``[[[[...`` bomb is a one-line refusal, not a ``RecursionError``); every file
 is a regular file (a symbolic link is followed, and what it points to is hashed and read like any file; a FIFO
 or device is refused); every floating weight is finite (a NaN or inf weight is refused naming the parameter:
@@ -34,6 +40,11 @@ So such a folder is read only on request -- ``load_model(folder, legacy=True)``,
 marked with the bundle format), or a checksummed checkpoint (``last.pt``/``prev.pt`` with ``sha256``: written
 by a trainer that ends every run with ``bundle.json``; an unfinished run is finished with ``--resume``, which
 writes it). A legacy folder's label names come from its dataset, loaded again.
+
+**An edge-list graph without its copy** (a bundle written before bundles held their graph, or a legacy folder):
+nothing recorded what the file held, so it is read once from the path ``model.graph`` names, when it is there
+and is a valid edge list for ``data.max_len``, and kept in memory from then on (:func:`save_model` writes a
+bundle holding it); a file that is gone is refused, naming the path to restore it at.
 """
 from __future__ import annotations
 
@@ -56,6 +67,7 @@ from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
 
 from .atomic import atomic_open, atomic_save
 from .checkpoint import DIGEST, LAST, PREV, check_fingerprint, nonfinite_tensor, safe_load, show
+from .graph_pin import GRAPH_FILE, is_graph_file, parse_edges, pin, read_edges, write_edges
 
 __all__ = ["TrainedModel", "Prediction", "load_model", "save_model", "write_bundle_manifest", "BUNDLE",
            "FORMAT", "VERSION"]
@@ -64,6 +76,8 @@ BUNDLE = "bundle.json"
 FORMAT, VERSION = "unfolded-transformers/bundle", 1
 WEIGHTS = ("model.pt", "best.pt")
 MANIFEST_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fingerprint", "sha256")
+#: keys a manifest may hold besides :data:`MANIFEST_KEYS` (``graph``: the pinned edge-list graph, where there is one)
+OPTIONAL_KEYS = ("graph",)
 CHECK_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -104,14 +118,20 @@ def _open_regular(path: str):
 
 
 def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
-                          fingerprint: Optional[Dict[str, Any]], dataset: Optional[str] = None) -> str:
-    """Write ``folder/bundle.json`` (atomic) for the files already in ``folder``; returns its path."""
+                          fingerprint: Optional[Dict[str, Any]], dataset: Optional[str] = None,
+                          graph: Optional[str] = None) -> str:
+    """Write ``folder/bundle.json`` (atomic) for the files already in ``folder``; returns its path. ``graph``: the
+    config's ``model.graph``; where it is an edge-list file, ``folder/graph.npy`` (its copy) must be there and is
+    hashed with the others."""
     names = [str(n) for n in label_names]
     if len(names) < 2 or len(set(names)) != len(names):
         raise CheckpointError(f"a bundle needs at least two distinct label names, got {names!r}")
+    files = (weights, "config.yaml", "vocab.json") + ((GRAPH_FILE,) if is_graph_file(graph) else ())
     manifest = {"format": FORMAT, "version": VERSION, "weights": weights, "label_names": names,
                 "dataset": dataset, "data_fingerprint": fingerprint,
-                "sha256": {name: _sha256(os.path.join(folder, name)) for name in (weights, "config.yaml", "vocab.json")}}
+                "sha256": {name: _sha256(os.path.join(folder, name)) for name in files}}
+    if is_graph_file(graph):
+        manifest["graph"] = {"spec": graph, "file": GRAPH_FILE}
     path = os.path.join(folder, BUNDLE)
     with atomic_open(path, "w") as fh:
         fh.write(json_dumps(manifest, indent=1, ensure_ascii=False) + "\n")
@@ -145,7 +165,8 @@ class Prediction:
 
 @dataclass
 class TrainedModel:
-    """A trained classifier with what it takes to use it on text: config, vocabulary, label names."""
+    """A trained classifier with what it takes to use it on text: config, vocabulary, label names;
+    ``graph_file``: the bytes of its edge-list graph (``model.graph`` a ``.npy`` file), pinned in the model."""
 
     model: SequenceClassifier
     config: Dict[str, Any]
@@ -153,6 +174,7 @@ class TrainedModel:
     label_names: List[str]
     data_fingerprint: Optional[Dict[str, Any]] = None
     dataset: Optional[str] = None
+    graph_file: Optional[bytes] = None
 
     @classmethod
     def from_pretrained(cls, folder: str, map_location="cpu", legacy: bool = False) -> "TrainedModel":
@@ -262,9 +284,10 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise CheckpointError(f"{path} has no {missing[0]!r} (a manifest has the keys {list(MANIFEST_KEYS)})")
-    unknown = sorted(k for k in manifest if k not in MANIFEST_KEYS)
+    unknown = sorted(k for k in manifest if k not in MANIFEST_KEYS + OPTIONAL_KEYS)
     if unknown:
-        raise CheckpointError(f"{path}: key {unknown[0]!r} is not a manifest key (valid: {list(MANIFEST_KEYS)})")
+        raise CheckpointError(f"{path}: key {unknown[0]!r} is not a manifest key (valid: "
+                              f"{list(MANIFEST_KEYS + OPTIONAL_KEYS)})")
     if manifest["format"] != FORMAT or not isinstance(manifest["format"], str):
         raise _key_error(path, "format", manifest["format"], f"is not a model bundle manifest: expected {FORMAT!r}")
     version = manifest["version"]
@@ -284,7 +307,13 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
         except CheckpointError as exc:
             raise CheckpointError(str(exc).replace(f"{path}: data_fingerprint", f"{path}: key 'data_fingerprint'",
                                                    1)) from None
-    hashes, files = manifest["sha256"], {manifest["weights"], "config.yaml", "vocab.json"}
+    graph = manifest.get("graph")
+    if graph is not None and not (isinstance(graph, dict) and set(graph) == {"spec", "file"}
+                                  and graph["file"] == GRAPH_FILE and is_graph_file(graph["spec"])):
+        raise _key_error(path, "graph", graph, f"must be null or {{'spec': the edge-list file model.graph names, "
+                                               f"'file': {GRAPH_FILE!r}}}")
+    hashes = manifest["sha256"]
+    files = {manifest["weights"], "config.yaml", "vocab.json"} | ({GRAPH_FILE} if graph is not None else set())
     if not isinstance(hashes, dict) or set(hashes) != files or not all(
             isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()):
         raise CheckpointError(f"{path}: key 'sha256' is wrong: sha256 must map exactly {sorted(files)} to 64-digit "
@@ -399,7 +428,15 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
             raise CheckpointError(f"{os.path.join(folder, name)}: missing")
     if os.path.lexists(os.path.join(folder, "config.yaml")):
         _open_regular(os.path.join(folder, "config.yaml")).close()
-    cfg = load_config(os.path.join(folder, "config.yaml"))
+    spec = _config_graph(os.path.join(folder, "config.yaml"))
+    graph_bytes = edges = graph_path = None
+    if is_graph_file(spec):      # the graph is part of the model: its pinned copy, never the file named (docstring)
+        graph_bytes, edges, graph_path = _pinned_graph(folder, manifest, spec)
+    cfg = load_config(os.path.join(folder, "config.yaml"), [f"model.graph={graph_path}"] if graph_path else [])
+    build_cfg = cfg
+    if graph_path:
+        build_cfg, cfg = cfg, copy.deepcopy(cfg)
+        cfg["model"]["graph"] = spec          # the config as written; the model is built on the pinned copy
     vocab = _read_vocab(os.path.join(folder, "vocab.json"))
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise CheckpointError(f"{wpath} holds no model state (a mapping under 'model')")
@@ -433,14 +470,53 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
                               f"bundle names {len(label_names)}")
     embed = sd.get("embedding.embed.weight")
     glove = torch.zeros(tuple(embed.shape)) if embed is not None and cfg["data"]["glove"] != "none" else None
-    model = build_model(cfg, len(vocab), len(label_names), glove)
+    model = pin(build_model(build_cfg, len(vocab), len(label_names), glove), edges)
     try:
         model.load_state_dict(sd)
     except RuntimeError as exc:
         raise CheckpointError(f"{wpath} does not fit {os.path.join(folder, 'config.yaml')} "
                               f"({' '.join(str(exc).split())[:300]})") from None
     model = model.to(map_location).eval()
-    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset)
+    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes)
+
+
+def _config_graph(path: str) -> Any:
+    """``model.graph`` as ``config.yaml`` writes it (None where the file holds no such string: the config's own
+    reading then says what is wrong)."""
+    from .strict_yaml import load_yaml
+
+    try:
+        doc = read_document(path, load_yaml, CheckpointError, path, "YAML")
+    except Exception:  # noqa: BLE001 -- reported by load_config, which reads the same file
+        return None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    spec = model.get("graph") if isinstance(model, dict) else None
+    return spec if isinstance(spec, str) else None
+
+
+def _pinned_graph(folder: str, manifest: Optional[Dict[str, Any]], spec: str):
+    """``(bytes, edges, path)`` of the edge-list graph a bundle's model was trained on (module docstring): its
+    copy ``graph.npy`` checked against the manifest's sha256; for a bundle without one, the file ``spec`` names,
+    when it is there."""
+    pinned = manifest.get("graph") if manifest is not None else None
+    if pinned is not None:
+        if pinned["spec"] != spec:
+            raise CheckpointError(f"{os.path.join(folder, BUNDLE)}: key 'graph' names {pinned['spec']!r}, but "
+                                  f"{os.path.join(folder, 'config.yaml')} has model.graph={spec!r}")
+        path = os.path.join(folder, GRAPH_FILE)
+        with _open_regular(path) as fh:       # hashed and parsed from one read: what was checked is what is used
+            data = fh.read()
+        if hashlib.sha256(data).hexdigest() != manifest["sha256"][GRAPH_FILE]:
+            raise CheckpointError(f"{path} changed since {BUNDLE} was written (sha256 differs): it is the graph "
+                                  f"the model was trained on (model.graph={spec!r}), which would no longer be")
+        return data, parse_edges(data, path, CheckpointError), os.path.abspath(path)
+    if not os.path.exists(spec):
+        raise CheckpointError(f"{folder}: model.graph={spec!r} is an edge-list file, and this bundle holds no copy "
+                              f"of it ({GRAPH_FILE}: written before bundles held their graph); the file is gone, so "
+                              f"the graph the model was trained on is unknown: restore it at {spec!r} (then "
+                              "load_model reads it, and save_model(model, NEW_FOLDER) writes a bundle holding it)")
+    edges, data, _ = read_edges(spec, CheckpointError)
+    return data, edges, None
 
 
 def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> str:
@@ -480,11 +556,18 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
             with atomic_open(os.path.join(target, "config.yaml"), "w") as fh:
                 fh.write(dump_config(trained.config))
             trained.vocab.save(os.path.join(target, "vocab.json"))
+            spec = trained.config["model"]["graph"]
+            graph = trained.graph_file
+            if is_graph_file(spec):       # the graph the model holds, else (a model built by hand) the file's now
+                if graph is None:
+                    graph = read_edges(spec, CheckpointError)[1]
+                write_edges(graph, target)
             manifest = write_bundle_manifest(target, "model.pt", trained.label_names, trained.data_fingerprint,
-                                             trained.dataset)
+                                             trained.dataset, graph=spec)
             back = load_model(target, map_location=trained.device)
             sd, saved = back.model.state_dict(), trained.model.state_dict()
-            same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) for k in sd)
+            same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) for k in sd) \
+                and back.graph_file == (graph if is_graph_file(spec) else None)
             if not same:
                 raise CheckpointError(f"{folder}: the bundle read back holds other weights than the model saved")
             if replacing:

@@ -31,6 +31,7 @@ from unfold.trace import EnergyTrace, report_from_values
 from .atomic import atomic_save, atomic_write_text
 from .build import build_data, build_model, check_buildable, fingerprint
 from .bundle import write_bundle_manifest
+from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
 from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defaults
@@ -306,8 +307,13 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     log = run_logger()           # stderr, and RUN_DIR/train.log once the run is under way
     splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
     data_fp = fingerprint(cfg, splits, vocab)
+    graph = None         # an edge-list graph is read once, trained on and copied into the run (so into its bundle)
+    if is_graph_file(cfg["model"]["graph"]):
+        kept = os.path.join(run_dir, GRAPH_FILE)
+        source = kept if resume and os.path.isfile(kept) else cfg["model"]["graph"]
+        graph = read_edges(source, ConfigError)
     try:
-        model = build_model(cfg, len(vocab), splits.num_classes, glove).to(device)
+        model = pin(build_model(cfg, len(vocab), splits.num_classes, glove), graph[0] if graph else None).to(device)
     except Exception as exc:     # noqa: BLE001 -- only the allocator's errors are turned into a refusal
         if not allocation_failed(exc):
             raise
@@ -319,6 +325,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         if not resume:
             atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
             vocab.save(os.path.join(run_dir, "vocab.json"))
+        if graph is not None and (not resume or not os.path.isfile(os.path.join(run_dir, GRAPH_FILE))):
+            write_edges(graph[1], run_dir)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={params} train/val/test="
              f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}")
@@ -530,7 +538,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         **run_metrics(history, device),     # tokens/s and peak memory of the training passes, all epochs
     }
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
-    write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name)   # the folder is a bundle
+    write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name,   # the folder is a bundle
+                          graph=cfg["model"]["graph"])
     from .plot_energy import plot_run
 
     plot_run(run_dir)

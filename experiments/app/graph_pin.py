@@ -1,0 +1,83 @@
+"""A model's edge-list graph, pinned: ``model.graph`` = a ``.npy`` file is part of the model, so it is read once and
+kept, never read again from a path that may since have changed or gone.
+
+* :func:`read_edges`: the file's bytes (one read, from one descriptor), their sha256 and the array they hold;
+* :func:`pin`: a built model's encoder made to build its graphs from that array (:class:`energies.graph.GraphCache`
+  with ``edges``), whatever happens to the file afterwards;
+* :data:`GRAPH_FILE`: the copy a run folder (so a bundle) holds, its sha256 in ``bundle.json``
+  (:mod:`experiments.app.bundle`).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+from typing import Optional, Tuple, Type
+
+import numpy as np
+
+from energies.errors import UnfoldError
+from energies.graph import GraphCache
+
+__all__ = ["GRAPH_FILE", "is_graph_file", "read_edges", "parse_edges", "pin", "write_edges"]
+
+#: the name of the pinned copy of an edge-list graph inside a run folder or a bundle
+GRAPH_FILE = "graph.npy"
+
+
+def is_graph_file(spec) -> bool:
+    """Whether a ``model.graph`` spec names an edge-list file rather than a registered graph."""
+    return isinstance(spec, str) and (spec.endswith(".npy") or os.path.sep in spec)
+
+
+def parse_edges(data: bytes, name: str, error: Type[UnfoldError]) -> np.ndarray:
+    """The one integer array a ``.npy`` file's bytes hold (never executing code), else ``error`` naming ``name``."""
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 -- numpy raises several types on a corrupt file
+        raise error(f"graph file {name!r} could not be read as .npy ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(arr, np.ndarray):
+        raise error(f"graph file {name!r} is an .npz archive, not one .npy edge list")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise error(f"graph file {name!r} must hold integers, got dtype {arr.dtype}")
+    return arr
+
+
+def read_edges(path: str, error: Type[UnfoldError]) -> Tuple[np.ndarray, bytes, str]:
+    """``(array, bytes, sha256)`` of the edge-list file ``path``, read once from one descriptor (a regular file:
+    a FIFO or a device is refused), every problem an ``error`` naming the file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise error(f"graph file {path!r} does not exist") from None
+    except OSError as exc:
+        raise error(f"graph file {path!r} cannot be opened ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"graph file {path!r} is not a regular file")
+        if hasattr(os, "O_NONBLOCK"):
+            os.set_blocking(fd, True)
+        data = fh.read()
+    return parse_edges(data, path, error), data, hashlib.sha256(data).hexdigest()
+
+
+def write_edges(data: bytes, folder: str) -> str:
+    """Write the graph file's bytes as ``folder/graph.npy`` (atomic); returns its path."""
+    from .atomic import atomic_open
+
+    path = os.path.join(folder, GRAPH_FILE)
+    with atomic_open(path, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+def pin(model, edges: Optional[np.ndarray]):
+    """Make ``model``'s encoder build its token graphs from ``edges`` (the array its edge-list file held when it
+    was read), never from the file again. ``edges`` None: nothing to pin. Returns the model."""
+    if edges is None:
+        return model
+    encoder = model.encoder
+    old = encoder.graphs
+    encoder.graphs = GraphCache(old.spec, seed=old.seed, maxsize=old.maxsize, edges=edges)
+    return model

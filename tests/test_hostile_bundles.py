@@ -607,6 +607,13 @@ PREDICT_CASES = [
     ("plot-is-a-folder", lambda f: os.mkdir(os.path.join(os.path.dirname(f), "d.png")), ["--plot", "folder"],
      ["--plot", "d.png"]),
     ("plot-not-png", lambda f: None, ["--plot", "PNG"], ["--plot", "e.jpg"]),
+    # issue 33, cause 10: one reading rule for every source of text (stdin: test_stdin_reads_by_the_files_rule)
+    ("text-lone-surrogate", lambda f: None, ["--text number 2", "UTF-8", "\\udcff"], ["--text", "bad \udcff w1"]),
+    ("text-lone-high-surrogate", lambda f: None, ["--text number 2", "UTF-8"], ["--text", "\ud800", "--json"]),
+    ("file-not-utf8", lambda f: open(os.path.join(os.path.dirname(f), "bad.txt"), "wb").write(b"good\n\xff w1\n"),
+     ["--file bad.txt", "UTF-8", "byte 5", "line 2"], ["--file", "bad.txt"]),
+    ("file-surrogate-bytes", lambda f: open(os.path.join(os.path.dirname(f), "s.txt"), "wb").write(b"\xed\xb3\xbf"),
+     ["--file s.txt", "UTF-8", "byte 0"], ["--file", "s.txt", "--json"]),
 ]
 
 #: unfold-predict cases on the folder written by save_model (model.pt)
@@ -655,3 +662,63 @@ def test_the_table_has_more_than_80_cases_and_every_control_passes(base, tmp_pat
     code, _, err = run_cli(TRAIN, ["--resume", run], str(tmp_path))
     assert code == 0, err[-2000:]
     assert not math.isnan(json.load(open(os.path.join(run, "metrics.json")))["val_accuracy"])
+
+
+# ------------------------------------------------------------------ issue 33, cause 10: predict's input and output
+
+BAD_BYTES = b"good great\n\xff\xfe bad\nw1 fine\n"
+
+
+def _predict_proc(folder, argv, stdin_bytes, cwd):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", PREDICT, folder, *argv], input=stdin_bytes, capture_output=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_stdin_reads_by_the_files_rule(base, tmp_path, json_flag):
+    """The same invalid bytes from stdin and from a file: both refused with the same reason, nothing printed.
+    Before: stdin was read surrogate-escaped (rc 0, and ``--json`` printed lone surrogates), the file refused."""
+    path = tmp_path / "bad.txt"
+    path.write_bytes(BAD_BYTES)
+    lines = []
+    for argv, data in ((["--file", "-"], BAD_BYTES), (["--file", str(path)], b"")):
+        proc = _predict_proc(str(base[0]), argv + json_flag, data, str(tmp_path))
+        err = proc.stderr.decode("utf-8")
+        assert proc.returncode == 2 and proc.stdout == b"", (argv, proc.returncode, proc.stdout[:300], err[-2000:])
+        assert "Traceback" not in err
+        lines.append(err.strip().splitlines()[-1])
+    for line in lines:
+        assert "not UTF-8" in line and "byte 11" in line and "line 2" in line, line
+    assert lines[0].split(": not UTF-8")[1] == lines[1].split(": not UTF-8")[1]
+    assert "--file - (stdin)" in lines[0]
+    good = _predict_proc(str(base[0]), ["--file", "-", "--json"], "good great\ncafé w1\n".encode(), str(tmp_path))
+    assert good.returncode == 0, good.stderr.decode()[-2000:]       # control: valid UTF-8 on stdin is read
+    assert [json.loads(x)["text"] for x in good.stdout.decode("utf-8").splitlines()] == ["good great", "café w1"]
+
+
+HOSTILE_TEXTS = ["good\tgreat", "bad\nawful w1", "w1\\tw2 \r fine", "x\x85y\u2028z\x00\x1b[31m", "plain café"]
+
+
+def test_plain_output_is_one_line_a_text_and_five_fields(base, tmp_path):
+    """A tab, newline or other separator in a text is escaped in the plain output (undone by Python's
+    backslash escapes, as the help says), so each text stays one line of five tab-separated fields; ``--json``
+    keeps the text as it is. Before: the raw text split the line and added fields."""
+    from experiments.app.predict import escape_field
+
+    argv = [str(base[0])] + [a for t in HOSTILE_TEXTS for a in ("--text", t)]
+    code, out, err = run_cli(PREDICT, argv, str(tmp_path))
+    assert code == 0, err[-2000:]
+    rows = out.split("\n")
+    assert rows[-1] == "" and len(rows) == len(HOSTILE_TEXTS) + 1, out
+    for row, text in zip(rows, HOSTILE_TEXTS):
+        assert len(row.splitlines()) == 1
+        fields = row.split("\t")
+        assert len(fields) == 5, row
+        assert fields[4] == escape_field(text)
+        assert fields[4].encode("latin-1", "backslashreplace").decode("unicode_escape") == text
+    assert escape_field("a\\tb") == "a\\\\tb" and escape_field("a\tb") == "a\\tb"   # a literal backslash-t stays apart
+    code, out, err = run_cli(PREDICT, argv + ["--json"], str(tmp_path))
+    assert code == 0, err[-2000:]
+    out.encode("utf-8")                                              # no lone surrogate
+    assert [json.loads(x)["text"] for x in out.splitlines()] == HOSTILE_TEXTS

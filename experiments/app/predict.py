@@ -31,25 +31,74 @@ from .bundle import Prediction, load_model
 PROG = "python -m experiments.predict"
 
 
+def _decode(data: bytes, where: str) -> str:
+    """``data`` as strict UTF-8 (the one reading rule of ``--file PATH`` and ``--file -``): invalid bytes are a
+    :class:`ConfigError` naming ``where``, the byte offset and the line, never surrogate escapes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}, line {line})") from None
+
+
 def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
-    """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped)."""
+    """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped). Files and stdin
+    are read as bytes and decoded as strict UTF-8 alike (:func:`_decode`); a ``--text`` that is not valid Unicode
+    (an argument of invalid UTF-8 bytes reaches Python as lone surrogates) is refused the same way."""
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ConfigError(f"--text number {empty[0] + 1} is empty: there is nothing to classify")
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"--text number {i + 1}: not UTF-8 text (a lone surrogate {t[exc.start]!a} at "
+                              f"character {exc.start}: the argument's bytes are not UTF-8)") from None
     out = list(texts)
     for path in files:
         if path == "-":
-            lines = sys.stdin.read().splitlines()
+            stream = getattr(sys.stdin, "buffer", None)
+            data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+            lines = _decode(data, "--file - (stdin)").splitlines()
         else:
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    lines = fh.read().splitlines()
-            except UnicodeDecodeError as exc:
-                raise ConfigError(f"--file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            with open(path, "rb") as fh:
+                lines = _decode(fh.read(), f"--file {path}").splitlines()
         out.extend(line for line in lines if line.strip())
     if not out:
         raise ConfigError("no text to classify: give --text TEXT or --file FILE (one text a line)")
     return out
+
+
+#: the plain output's escapes: a backslash, and every character that would end a line or a tab-separated field
+#: (str.splitlines' separators and the other C0/C1 controls), so that each text is one line and one field
+_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def escape_field(text: str) -> str:
+    """``text`` as one field of the plain output: ``\\`` for a backslash, ``\\t``, ``\\n``, ``\\r`` for tab,
+    newline and carriage return, ``\\xHH`` for the other control characters (U+0000-U+001F, U+007F-U+009F) and
+    ``\\uHHHH`` for the line and paragraph separators U+2028, U+2029 (Python's string escapes: ``codecs.decode(field,
+    "unicode_escape")`` does not undo UTF-8, but ``field.encode("latin-1", "backslashreplace").decode(
+    "unicode_escape")`` does); every other character as it is."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if o in _ESCAPES:
+            out.append(_ESCAPES[o])
+        elif o < 0x20 or 0x7F <= o <= 0x9F:
+            out.append(f"\\x{o:02x}")
+        elif o in (0x2028, 0x2029):
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def json_line(obj) -> str:
+    """``obj`` as one line of JSON, UTF-8 as it is, but for the three characters JSON leaves raw that end a line
+    for ``str.splitlines`` (U+0085, U+2028, U+2029): written as ``\\uXXXX`` (they can only occur in strings)."""
+    text = json_dumps(obj, ensure_ascii=False)
+    return text.replace("\x85", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def check_plot_path(path: str) -> None:
@@ -102,8 +151,13 @@ def main(argv=None) -> int:
     add_import_arg(p)
     p.add_argument("run_dir", type=folder_arg, metavar="RUN_DIR", help="a finished run folder or a saved bundle")
     p.add_argument("--text", action="append", default=[], help="a text to classify (repeatable)")
-    p.add_argument("--file", action="append", default=[], help="a UTF-8 file of texts, one a line ('-': stdin)")
-    p.add_argument("--json", action="store_true", help="one JSON object a line")
+    p.add_argument("--file", action="append", default=[], help="a UTF-8 file of texts, one a line ('-': stdin, read by the same rule: "
+                                                                 "bytes that are not UTF-8 are refused)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object a line (UTF-8, the text as it is); without it one line a text, five "
+                        "tab-separated fields (label, probabilities, verdict, energies, text) where the label and "
+                        "the text escape a backslash as \\\\, tab, newline and carriage return as \\t, \\n, \\r, "
+                        "other control characters as \\xHH and U+2028/U+2029 as \\uHHHH")
     p.add_argument("--plot", metavar="OUT.png", help="draw each text's per-layer energy")
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--layers", type=positive_int, metavar="K",
@@ -127,11 +181,12 @@ def main(argv=None) -> int:
             plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
         for pred in predictions:
             if args.json:
-                print(json_dumps(pred.to_dict(), ensure_ascii=False))
+                print(json_line(pred.to_dict()))
             else:
                 probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
                 energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
-                print(f"{pred.label}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t{pred.text}")
+                print(f"{escape_field(pred.label)}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: "
+                      f"{energy}\t{escape_field(pred.text)}")
         return 0
 
     return run_main(PROG, body, argv)

@@ -28,8 +28,9 @@ from unfold.cli import run_main
 
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.yaml")
 CLIS = ["experiments.activations", "experiments.bench", "experiments.convex_heads", "experiments.data",
-        "experiments.descent", "experiments.plot_energy", "experiments.pyg_sbm", "experiments.spline_probe",
-        "experiments.tfidf", "experiments.train", "unfold.check"]
+        "experiments.depth", "experiments.descent", "experiments.plot_energy", "experiments.predict",
+        "experiments.pyg_sbm", "experiments.spline_probe", "experiments.sweep", "experiments.tfidf",
+        "experiments.train", "experiments.variants", "unfold.check"]
 #: a small, fast unfold.check run
 CHECK = ["--samples", "2", "--layers", "3", "--n", "8", "--d", "4", "--json"]
 
@@ -120,7 +121,7 @@ def inproc(monkeypatch):
     modules, rhos, graphs = set(sys.modules), set(RHOS), set(GRAPHS)
     yield
     for name in set(sys.modules) - modules:
-        if name in ("inplug", "badplug", "broken", "epbad", "epplug", "myplug"):
+        if name in ("inplug", "badplug", "broken", "epbad", "epplug", "myplug") or name.startswith("ending_"):
             del sys.modules[name]
     for table, before in ((RHOS, rhos), (GRAPHS, graphs)):
         for name in set(table) - before:
@@ -258,6 +259,44 @@ def test_a_plugin_taking_a_registered_name_is_refused(inproc, tmp_path, case):
     assert tables == [dict(t) for t in (RHOS, GRAPHS, KERNELS, ENCODERS)]
     code, out, err = run_cli("unfold.check", CHECK, str(tmp_path))          # the built-ins still run
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["verdict"] == "descent", err
+
+
+#: plug-ins whose import ends the process or interrupts it (issue 33, cause 4): (source, what the error line names)
+ENDING = {
+    "exit0": ("import sys\nsys.exit(0)\n", ["sys.exit(0)", "SystemExit"]),
+    "exit3": ("raise SystemExit(3)\n", ["sys.exit(3)", "SystemExit"]),
+    "exitnone": ("import sys\nsys.exit()\n", ["sys.exit(None)", "SystemExit"]),
+    "exitmessage": ("import sys\nsys.exit('bye\\nnow')\n", ["sys.exit('bye\\nnow')", "SystemExit"]),
+    "badstr": ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no text')\n\n\n"
+               "raise Odd()\n", ["Odd", "cannot be shown"]),
+}
+
+
+@pytest.mark.parametrize("module", CLIS)
+@pytest.mark.parametrize("case", sorted(ENDING))
+def test_a_plugin_that_exits_on_import_is_refused_by_every_cli(inproc, tmp_path, module, case):
+    """Before: ``sys.exit(0)`` in a plug-in made ``unfold-variants`` exit 0 having done nothing, ``SystemExit(3)``
+    exited 3 silently (the import runs inside argument parsing). Now: exit 2, one line naming the module, nothing
+    written."""
+    source, names = ENDING[case]
+    (tmp_path / f"ending_{case}.py").write_text(source)
+    expect_refusal(module, ["--import", f"ending_{case}"], str(tmp_path), names=[f"--import ending_{case}", *names])
+
+
+@pytest.mark.parametrize("module", ["experiments.variants", "unfold.check"])
+@pytest.mark.parametrize("source, names", [
+    ("raise KeyboardInterrupt\n", ["KeyboardInterrupt"]),
+    ("import sys\nsys.exit(0)\n", ["sys.exit(0)"]),
+    ("raise SystemExit(3)\n", ["sys.exit(3)"]),
+])
+def test_a_plugin_that_exits_or_interrupts_in_a_subprocess_exits_2(tmp_path, module, source, names):
+    """Before: ``KeyboardInterrupt`` on import printed a traceback; sys.exit gave the plug-in's own exit code."""
+    (tmp_path / "ending.py").write_text(source)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = one_error(run(module, ["--import", "ending", "--quick"] if module != "unfold.check" else
+                         ["--import", "ending", *CHECK], cwd=tmp_path))
+    assert "--import ending" in line and all(name in line for name in names), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before          # nothing written
 
 
 def test_a_failing_plugin_in_a_subprocess_exits_2(ws):

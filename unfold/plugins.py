@@ -12,8 +12,10 @@ A plug-in is an ordinary Python module whose import registers its parts with the
 
 :func:`unfold.cli.run_main` loads both before a command's body runs, and the ``--import`` option itself
 imports its module while the arguments are parsed, so a command called in process with an explicit argument
-list (``main([...])``) loads it too. A plug-in that cannot be found or fails on import is a
-:class:`~energies.errors.ConfigError`: one line naming the module and the reason (exit 2 on a command line).
+list (``main([...])``) loads it too. A plug-in that cannot be found or fails on import -- any exception, and also
+``SystemExit`` (``sys.exit(...)`` in the module) or ``KeyboardInterrupt`` raised by its import -- is a
+:class:`~energies.errors.ConfigError`: one line naming the module and the reason (exit 2 on a command line, before
+the command writes anything).
 """
 from __future__ import annotations
 
@@ -44,13 +46,28 @@ _imported: Set[str] = set()
 
 
 def _reason(exc: BaseException) -> str:
-    """Why an import failed, in one line: a missing module's own message, else the type and message."""
+    """Why an import failed, in one line: a missing module's own message, else the type and message (a
+    ``sys.exit`` or an interrupt raised by the module's own code named as such)."""
+    if isinstance(exc, SystemExit):
+        return (f"the module called sys.exit({_text(repr, exc.code)}) on import (SystemExit); a plug-in only "
+                "registers parts, it must not end the command")
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt raised on import"
     if isinstance(exc, ModuleNotFoundError):
-        return one_line(exc)
+        return _text(one_line, exc)
     if isinstance(exc, SyntaxError):
         where = f" ({os.path.basename(exc.filename or '?')}, line {exc.lineno})" if exc.lineno else ""
         return f"SyntaxError: {exc.msg}{where}"
-    return f"{type(exc).__name__}: {one_line(exc)}"
+    return f"{type(exc).__name__}: {_text(one_line, exc)}"
+
+
+def _text(show, value) -> str:
+    """``show(value)`` in one line of at most 500 characters; a value whose ``str``/``repr`` raises is named by its
+    type (the plug-in's exception must not turn the refusal into an internal error)."""
+    try:
+        return one_line(show(value), 500)
+    except BaseException:   # noqa: B036 (anything the plug-in's __str__ raises)
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 def load_entry_points() -> List[str]:
@@ -65,7 +82,8 @@ def load_entry_points() -> List[str]:
         origin = f" of {dist.name} {dist.version}" if dist is not None else ""
         try:
             ep.load()
-        except Exception as exc:    # a plug-in's import may raise anything: one line, never a traceback
+        except BaseException as exc:    # a plug-in's import may raise anything, sys.exit and interrupts included:
+            # one line naming it, exit 2, never a traceback nor an exit code chosen by the plug-in
             raise ConfigError(f"plug-in entry point {ep.name!r} = {ep.value!r}{origin} (group {ENTRY_POINT_GROUP}) "
                               f"failed to load: {_reason(exc)}") from None
         loaded.append(ep.name)
@@ -89,7 +107,8 @@ def import_plugins(names: Iterable[str]) -> List[str]:
             sys.path.insert(0, cwd)
         try:
             importlib.import_module(name)
-        except Exception as exc:    # ImportError, SyntaxError or whatever the module raises
+        except BaseException as exc:    # ImportError, SyntaxError, whatever the module raises, sys.exit(...) and
+            # KeyboardInterrupt included: the refusal naming the module, never the plug-in's own exit code
             hint = f" (give the module's name, not its file: --import {name[:-3]})" if name.endswith(".py") else ""
             raise ConfigError(f"--import {name}: {_reason(exc)}{hint}") from None
         _imported.add(name)

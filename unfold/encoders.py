@@ -34,6 +34,7 @@ gives NaN logits from the expansion where the traced forward is exact (issue 25)
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -264,11 +265,12 @@ class Encoder(nn.Module):
         raise NotImplementedError
 
     def finish(self, Y, energy, graph, values, res, states, trace, keep_states, guaranteed, layers_used=None,
-               ran=None) -> EncoderOutput:
+               ran=None, X=None) -> EncoderOutput:
         """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass).
         ``layers_used`` ``(B,)``: each example's depth; ``ran``: one ``(B,)`` bool per layer, the examples it ran
-        for (:class:`~unfold.trace.EnergyTrace`), or None (all)."""
-        if keep_states:
+        for (:class:`~unfold.trace.EnergyTrace`), or None (all). With the trace on, ``states`` holds Y_0..Y_T-1 and
+        ``X`` the energy's anchor: the trace's exact re-evaluation (:meth:`exact_values`)."""
+        if keep_states or trace:
             states.append(Y)
         energies = None
         if trace:
@@ -276,8 +278,24 @@ class Encoder(nn.Module):
             values.append(vals)
             res.append(resolution(energy, Y, graph, curv))
             # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
-            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran)
+            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran,
+                                               exact=None if X is None else self.exact_values(X, graph, states))
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
+
+    def exact_values(self, X: torch.Tensor, graph: TokenGraph, states: List[torch.Tensor]):
+        """``exact(t) -> {term: (B,)}``: every term's independent evaluation at Y_t (:attr:`EnergyTrace.exact`:
+        explicit differences, exact to rounding at any scale), of the energy as it was in this forward pass. A
+        verdict asks it only for the examples the kernels' own values flag, when it is read (``report()``, maybe
+        after an optimiser step has moved the weights), so the weights are kept as they are now: one detached copy
+        of the parameters (device copies, no host read), swapped in while the energy is rebuilt from ``X``."""
+        weights = {name: p.detach().clone() for name, p in self.named_parameters()}
+        B, states = X.detach(), [Y.detach() for Y in states]
+
+        def exact(t: int) -> Dict[str, torch.Tensor]:
+            Y = states[t]
+            with torch.no_grad(), full_precision(Y.device), _swapped(self, weights):
+                return term_values_or_nan(self.energy(B.to(trace_dtype(B.dtype))), Y.to(trace_dtype(Y.dtype)), graph)
+        return exact
 
     @staticmethod
     def trace_values(energy: Energy, Y: torch.Tensor, graph: TokenGraph):
@@ -303,6 +321,21 @@ class Encoder(nn.Module):
                     vals[name] = v.to(ACCUM_DTYPE)
                     curv = curv + c
         return vals, curv
+
+
+@contextlib.contextmanager
+def _swapped(module: nn.Module, weights: Dict[str, torch.Tensor]):
+    """Inside: ``module``'s parameters hold ``weights`` (their ``.data`` swapped, so no version counter moves and no
+    tensor saved for a pending backward changes); restored on the way out."""
+    params = dict(module.named_parameters())
+    saved = {name: params[name].data for name in weights}
+    try:
+        for name, w in weights.items():
+            params[name].data = w
+        yield
+    finally:
+        for name, d in saved.items():
+            params[name].data = d
 
 
 def trace_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -475,7 +508,7 @@ class GuaranteedEncoder(Encoder):
         active = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
         before: Optional[torch.Tensor] = None     # E_{k-1} per example
         for _ in range(T):
-            if keep_states:
+            if keep_states or trace:
                 states.append(Y)
             want = trace or eps is not None
             Y_next, vals, curv = step.step_with_trace(Y, graph, values=want and not narrow)
@@ -495,7 +528,7 @@ class GuaranteedEncoder(Encoder):
         layers_used = (torch.stack(ran, 1).sum(1) if ran else
                        torch.full((X.shape[0],), T, dtype=torch.long, device=X.device))
         return self.finish(Y, energy, graph, values, res, states, trace, keep_states, 0.0 < self.alpha <= 1.0,
-                           layers_used, ran or None)
+                           layers_used, ran or None, X=X)
 
     def extra_repr(self) -> str:
         parts = [f"d={self.d}", f"heads={self.heads}", f"d_head={self.d_head}", f"layers={self.layers}",
@@ -539,7 +572,7 @@ class _TracedStack(Encoder):
         Y = X
         blocks = list(self.blocks_for())[:layers]
         for block in blocks:
-            if keep_states:
+            if keep_states or trace:
                 states.append(Y)
             if trace:
                 vals, curv = self.trace_values(energy, Y, graph)
@@ -547,7 +580,7 @@ class _TracedStack(Encoder):
                 res.append(resolution(energy, Y, graph, curv))
             Y = graph.zero_padded(self.apply_block(block, Y, mask, graph))
         return self.finish(Y, energy, graph, values, res, states, trace, keep_states, False,
-                           torch.full((X.shape[0],), len(blocks), dtype=torch.long, device=X.device))
+                           torch.full((X.shape[0],), len(blocks), dtype=torch.long, device=X.device), X=X)
 
 
 class FreeLayer(nn.Module):

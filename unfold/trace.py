@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence as Seq, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence as Seq, Tuple, Union
 
 import torch
 
@@ -38,7 +38,7 @@ from energies.terms import ACCUM_DTYPE
 from .steps import Step
 from .strict_json import json_safe
 
-__all__ = ["unroll", "trace_descent", "report_from_values", "DescentReport", "EnergyTrace", "tol_rule", "term_values_or_nan", "tolerance", "check_tol_factor",
+__all__ = ["unroll", "trace_descent", "report_from_values", "settle", "DescentReport", "EnergyTrace", "tol_rule", "term_values_or_nan", "tolerance", "check_tol_factor",
            "DEFAULT_TOL_FACTOR", "MIN_TOL_FACTOR", "MAX_TOL_FACTOR", "resolution", "relative_decrease", "keeps_going"]
 
 DEFAULT_TOL_FACTOR = 64.0
@@ -113,20 +113,30 @@ class EnergyTrace(OrderedDict):
     frozen layers out: they are no steps, neither counted nor judged."""
 
     def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
-                 ran: Optional[torch.Tensor] = None, **kw):
+                 ran: Optional[torch.Tensor] = None, exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
+                 **kw):
         super().__init__(*args, **kw)
         self.resolution = resolution
         self.indicators = tuple(indicators)
         self.ran = ran
+        #: ``exact(t) -> {term: (S,)}``: every term's independent evaluation at Y_t (explicit differences, float64
+        #: sums: exact to rounding at any scale), or None. A verdict reads the kernels' own passes, whose energy errs
+        #: by up to the precision guard's bound (about ``eps max|y - mean|^2 / tau`` in z); where those values flag a
+        #: step, :func:`report_from_values` asks this before the step counts (:attr:`DescentReport.rechecked`)
+        self.exact = exact
+        #: flagged steps already decided by the exact evaluation (:func:`settle`), and how many of them it cleared
+        self.rechecked = self.cleared = 0
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
                     indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None,
-                    ran: Optional[List[torch.Tensor]] = None) -> "EnergyTrace":
+                    ran: Optional[List[torch.Tensor]] = None,
+                    exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None) -> "EnergyTrace":
         """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
-        no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent.
-        ``ran``: one ``(S,)`` bool per layer (the class docstring), or None."""
+        no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent
+        (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
+        ``exact``: :attr:`exact`."""
         trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
                     # dynamo could not compile a generator handed to the dict ('remaining_items')
                     resolution=torch.stack(resolution, dim=1), indicators=indicators,
@@ -135,6 +145,12 @@ class EnergyTrace(OrderedDict):
             empty = ~mask.any(1)[:, None]
             for k, v in trace.items():
                 trace[k] = torch.where(empty, torch.full_like(v, math.nan), v)
+            if exact is not None:
+                inner, none = exact, empty[:, 0]
+
+                def exact(t):
+                    return {k: torch.where(none, torch.full_like(v, math.nan), v) for k, v in inner(t).items()}
+        trace.exact = exact
         return trace
 
     @classmethod
@@ -144,12 +160,33 @@ class EnergyTrace(OrderedDict):
         res = [getattr(t, "resolution", None) for t in traces]
         ran = [getattr(t, "ran", None) for t in traces]      # a trace without it: every layer ran
         steps = next(iter(first.values())).shape[1] - 1
-        return cls(((k, torch.cat([t[k].cpu() for t in traces])) for k in first),
+        if any(getattr(t, "exact", None) is not None for t in traces):
+            raise StepError("settle() each trace before joining them: a joined trace cannot re-evaluate a flagged "
+                            "step exactly")
+        out = cls(((k, torch.cat([t[k].cpu() for t in traces])) for k in first),
                    resolution=None if any(r is None for r in res) else torch.cat([r.cpu() for r in res]),
                    indicators=getattr(first, "indicators", ()),
                    ran=None if all(r is None for r in ran) else torch.cat(
                        [r.cpu() if r is not None else torch.ones(next(iter(t.values())).shape[0], steps,
                                                                  dtype=torch.bool) for r, t in zip(ran, traces)]))
+        out.rechecked = sum(getattr(t, "rechecked", 0) for t in traces)
+        out.cleared = sum(getattr(t, "cleared", 0) for t in traces)
+        return out
+
+
+def settle(trace: "EnergyTrace", dtype: torch.dtype, tol_factor: float = DEFAULT_TOL_FACTOR,
+           guaranteed: bool = False) -> "EnergyTrace":
+    """``trace`` as its verdict reads it, for keeping beyond its forward pass (joined over batches, saved): the rows
+    of every example whose kernel-read values fail a step replaced by their exact evaluation
+    (:attr:`EnergyTrace.exact`, :func:`report_from_values`), ``exact`` dropped (the states it holds are freed), and
+    the counts kept in ``rechecked`` / ``cleared``. A trace without ``exact`` comes back as it is."""
+    if getattr(trace, "exact", None) is None:
+        return trace
+    rep = report_from_values(trace, dtype, tol_factor, guaranteed)
+    out = EnergyTrace([(k, rep.terms[k].to(trace[k].dtype)) for k in trace], resolution=trace.resolution,
+                      indicators=trace.indicators, ran=trace.ran)
+    out.rechecked, out.cleared = rep.rechecked, rep.cleared
+    return out
 
 
 def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=None) -> torch.Tensor:
@@ -268,6 +305,10 @@ class DescentReport:
     nonfinite: Optional[torch.Tensor] = None
     term_nonfinite: Dict[str, torch.Tensor] = field(default_factory=dict)
     ran: Optional[torch.Tensor] = None
+    #: steps the kernels' own values flagged that an exact re-evaluation decided (:attr:`EnergyTrace.exact`): the
+    #: flagged count, and how many of those the exact values cleared (rounding of the kernel pass, not an increase)
+    rechecked: int = 0
+    cleared: int = 0
 
     def __post_init__(self):
         if self.nonfinite is None:
@@ -531,19 +572,37 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
     indicators = tuple(indicators) or getattr(values, "indicators", ())
     if ran is None:
         ran = getattr(values, "ran", None)
+    exact, values_in = getattr(values, "exact", None), values
     values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()}
     if resolution is not None and (tuple(resolution.shape) != (S, T1) or not bool(
             (~torch.isnan(resolution) & (resolution >= 0)).all())):
         raise StepError(f"resolution must be a non-negative (S, T+1) = ({S}, {T1}) tensor without NaN")
-    cols = [{k: v[:, t] for k, v in values.items()} for t in range(T1)]
-    pairs = list(zip(cols[:-1], cols[1:]))
     res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
     if ran is not None and not (isinstance(ran, torch.Tensor) and ran.dtype == torch.bool
                                 and tuple(ran.shape) == (S, T1 - 1) and ran.device == first.device):
         raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {first.device}, got "
                         f"{getattr(ran, 'dtype', type(ran).__name__)} {tuple(getattr(ran, 'shape', ()))}")
-    return _assemble(pairs, dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device, ["layer"] * (T1 - 1),
-                     indicators=indicators, res=res, ran=ran)
+
+    def judge(vals):
+        cols = [{k: v[:, t] for k, v in vals.items()} for t in range(T1)]
+        return _assemble(list(zip(cols[:-1], cols[1:])), dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device,
+                         ["layer"] * (T1 - 1), indicators=indicators, res=res, ran=ran)
+    prior = (getattr(values_in, "rechecked", 0), getattr(values_in, "cleared", 0))    # settled already
+    report = judge(values)
+    flagged = report.increases.any(1)                           # (S,): every example with a failed step
+    if exact is None or not bool(flagged.any()):
+        report.rechecked, report.cleared = prior
+        return report
+    # a step the kernels' values flag counts only if the exact evaluation confirms it: the flagged examples' whole
+    # rows are re-evaluated (both sides of every step from one evaluation), the others keep the kernels' values
+    redo = [exact(t) for t in range(T1)]
+    rows = flagged.to(first.device)[:, None]
+    values = {k: torch.where(rows, torch.stack([r[k].to(device=first.device, dtype=ACCUM_DTYPE) for r in redo], 1), v)
+              for k, v in values.items()}
+    confirmed = judge(values)
+    confirmed.rechecked = prior[0] + int(report.increases.sum())
+    confirmed.cleared = prior[1] + int(report.increases.sum()) - int(confirmed.increases.sum())
+    return confirmed
 
 
 def _assemble(pairs, dtype: torch.dtype, tol_factor: float, guaranteed: List[bool], S: int, device,

@@ -26,7 +26,7 @@ from unfold.monitor import DescentMonitor
 from unfold.cli import check_device as _check_device, run_main
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
-from unfold.trace import EnergyTrace, report_from_values
+from unfold.trace import EnergyTrace, report_from_values, settle
 
 from .atomic import atomic_save, atomic_write_text
 from .build import build_data, build_model, check_buildable, fingerprint
@@ -154,8 +154,8 @@ def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace:
         loss_sum += float(losses.sum())
         correct += int((out.logits.argmax(-1) == labels).sum())
         total += int(labels.numel())
-        if trace:
-            traces.append(out.energies)
+        if trace:       # flagged steps decided by the exact evaluation now, while this batch's states exist
+            traces.append(settle(out.energies, out.states_dtype, guaranteed=out.guaranteed))
     energies = EnergyTrace.cat(traces) if trace and traces else None
     return correct / max(total, 1), loss_sum / max(total, 1), energies
 
@@ -530,6 +530,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         "check_dtype_test_accuracy": check_acc,
         "train_seconds": train_seconds, "params": params, "device": str(device),
         **trained,
+        # steps of the check the kernels' own values flagged, decided by the exact evaluation (unfold.trace.settle)
+        "energy_rechecked": energies.rechecked, "energy_cleared_exactly": energies.cleared,
         "untrained": untrained,
         "train_energy_increases": train_inc, "train_energy_steps": train_steps,
         "descent_monitor": monitor.summary(), "world_size": dd.world,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Optional
 
 import numpy as np
@@ -14,7 +15,31 @@ import torch
 
 from .errors import UnfoldError
 
-__all__ = ["check_int", "check_number", "check_seed", "NUMBER_RULES", "one_line"]
+__all__ = ["check_int", "check_number", "check_seed", "NUMBER_RULES", "one_line", "parse_int", "parse_float"]
+
+#: a number as the project reads it from text (spec arguments, overrides, command lines): ASCII digits only, an
+#: optional sign, blanks around it ignored. Python's int() and float() also read the digits of every other script
+#: (Arabic-Indic "\u0663" as 3, fullwidth "\uff13"), "_" between digits and, in float(), "infinity": two spellings
+#: of one value would otherwise name two things (two variants training the same graph).
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf(?:inity)?|nan)", re.I)
+_BLANKS = " \t\n\r\f\v"
+
+
+def parse_int(text: str) -> int:
+    """The integer ``text`` spells in ASCII digits (an optional sign; blanks around it ignored); anything else,
+    other scripts' digits included, raises ``ValueError`` (as ``int()`` does for what it refuses)."""
+    if not isinstance(text, str) or not _INT_TEXT.fullmatch(text.strip(_BLANKS)):
+        raise ValueError(f"not an integer in ASCII digits: {text!r}")
+    return int(text.strip(_BLANKS))
+
+
+def parse_float(text: str) -> float:
+    """The number ``text`` spells in ASCII (``3``, ``-0.5``, ``.05``, ``1e-3``, ``inf``, ``nan``; blanks around it
+    ignored); anything else, other scripts' digits and ``_`` included, raises ``ValueError``."""
+    if not isinstance(text, str) or not _FLOAT_TEXT.fullmatch(text.strip(_BLANKS)):
+        raise ValueError(f"not a number in ASCII digits: {text!r}")
+    return float(text.strip(_BLANKS))
 
 
 def one_line(text, limit: Optional[int] = None) -> str:
@@ -39,7 +64,7 @@ def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional
         pass
     elif isinstance(value, str):
         try:
-            iv = int(value.strip())
+            iv = parse_int(value)
         except ValueError:
             iv = None
     elif isinstance(value, numbers.Integral):
@@ -75,7 +100,7 @@ def check_number(value, what: str, rule: str = "finite", error: type = UnfoldErr
     if not isinstance(value, (bool, np.bool_, bytes)) and not (isinstance(value, torch.Tensor)
                                                                and (value.numel() != 1 or value.dtype == torch.bool)):
         try:
-            f = float(value)
+            f = parse_float(value) if isinstance(value, str) else float(value)
         except (TypeError, ValueError, OverflowError, RuntimeError):
             f = None
     if f is None or not ok(f):

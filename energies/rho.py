@@ -19,6 +19,7 @@ from typing import Callable, Dict
 
 import torch
 
+from .checks import parse_float
 from .errors import EnergyError
 from .registry import registrar
 
@@ -335,7 +336,7 @@ def get_rho(spec) -> Rho:
     if name not in RHOS:
         raise EnergyError(f"unknown rho {name!r}; valid: {sorted(RHOS)}")
     try:
-        args = [float(a) for a in rest.split(":")] if rest else []
+        args = [parse_float(a) for a in rest.split(":")] if rest else []   # ASCII digits only (energies.checks)
     except ValueError:
         raise EnergyError(f"rho arguments must be numbers, got {spec!r}") from None
     try:

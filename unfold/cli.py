@@ -24,7 +24,7 @@ import tempfile
 import traceback
 from typing import Callable, Optional, Sequence
 
-from energies.checks import NUMBER_RULES, one_line
+from energies.checks import NUMBER_RULES, one_line, parse_float, parse_int
 from energies.errors import UnfoldError
 
 from .plugins import add_import_arg, load_plugins
@@ -67,8 +67,8 @@ def run_main(prog: str, body: Callable[[], int], argv: Optional[Sequence[str]] =
 
 
 def _number(kind: Callable, text: str, ok: Callable, rule: str):
-    try:
-        value = kind(text)
+    try:                 # ASCII digits only: int() and float() also read other scripts' digits (energies.checks)
+        value = (parse_int if kind is int else parse_float if kind is float else kind)(text)
     except (TypeError, ValueError):
         raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
     if not ok(value):

@@ -9,7 +9,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from ..checks import load_npy
+from ..checks import load_npy, parse_float, parse_int
 from ..errors import GraphError
 
 from .container import TokenGraph
@@ -42,6 +42,48 @@ def edge_array_graph(arr: np.ndarray, n: int, batch_size: int = 1, mask=None, na
     # negative there, so they go as uint64 and are named by their true value (canonical_edges)
     wide = np.uint64 if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 else np.int64
     return from_edge_index(torch.from_numpy(np.ascontiguousarray(arr, dtype=wide)), n, batch_size, mask, name=name)
+
+
+def _canonical_arg(text: str) -> str:
+    """One spelling of a spec argument: an integer in plain digits (``08``, ``+8`` -> ``8``), a number as its
+    shortest round-trip form (``.05``, ``5e-2`` -> ``0.05``); other text as it is (refused later by its builder)."""
+    try:
+        return str(parse_int(text))
+    except ValueError:
+        pass
+    try:
+        value = parse_float(text)
+    except ValueError:
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def canonical_spec(spec: str) -> str:
+    """The one spelling of a graph spec, for identity (two specs naming one graph are one variant): a registered
+    graph as ``NAME:ARG:...`` with every argument its builder takes, defaults filled in
+    (``dilated:4`` -> ``dilated:4:1``), each number in one spelling (:func:`_canonical_arg`, ASCII digits only:
+    ``window:08`` and ``window:8``, ``random:.05`` and ``random:0.05`` are one graph); an edge-list file as its
+    real path. A spec this cannot read is returned as it is (building it says what is wrong)."""
+    if not isinstance(spec, str):
+        return spec
+    text = spec.strip()
+    if text.endswith(".npy") or os.path.sep in text:
+        return os.path.realpath(text)
+    name, _, rest = text.partition(":")
+    if name not in GRAPHS:
+        return spec
+    args = [a for a in rest.split(":") if a] if rest else []
+    try:
+        params = [p for p in list(inspect.signature(GRAPHS[name]).parameters.values())[1:]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.name not in ("batch_size", "mask", "seed")]
+    except (TypeError, ValueError):
+        params = []
+    for p in params[len(args):]:
+        if p.default is p.empty or p.default is None:
+            break
+        args.append(str(p.default))
+    return ":".join([name] + [_canonical_arg(a) for a in args])
 
 
 def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:

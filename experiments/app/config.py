@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterable, Optional
 
 import yaml
 
+from energies.checks import parse_float
 from energies.errors import ConfigError, UnfoldError
 from unfold.cli import read_document
 
@@ -405,8 +406,8 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             value = cfg[key] = float(value)
         if float in allowed and isinstance(value, str):      # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = cfg[key] = float(value)
+            try:                                             # (ASCII digits only: energies.checks.parse_float)
+                value = cfg[key] = parse_float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) and bool not in allowed:
@@ -455,7 +456,9 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
         try:
             value = load_yaml(raw)
         except StrictYAMLError as exc:
-            raise ConfigError(f"override {_show(item)}: {exc}") from None
+            if not _is_text_key(tuple(keys)):
+                raise ConfigError(f"override {_show(item)}: {exc}") from None
+            value = raw        # a text key takes the text as typed (below), whatever YAML makes of it
         except (yaml.YAMLError, ValueError):   # ValueError: an integer beyond Python's digit limit
             value = raw
         if _is_text_key(tuple(keys)) and value is not None:

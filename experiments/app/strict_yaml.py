@@ -15,6 +15,8 @@ import reprlib
 
 import yaml
 
+from energies.checks import parse_float, parse_int
+
 __all__ = ["load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH"]
 
 _REPR = reprlib.Repr()
@@ -63,6 +65,19 @@ class _StrictLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        """A YAML integer in plain ASCII digits only (:func:`energies.checks.parse_int`): YAML 1.1 also reads
+        ``1_000``, ``0x10``, ``0b11`` and ``10:30`` (= 630), other spellings of one number."""
+        _plain_number(node, parse_int)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):
+        """A YAML float in plain ASCII (:func:`energies.checks.parse_float`, or YAML's ``.inf``/``.nan``):
+        YAML 1.1 also reads ``1_0.5`` and ``1:30.5`` (= 90.5)."""
+        if node.value.lower().lstrip("+-") not in (".inf", ".nan"):
+            _plain_number(node, parse_float)
+        return super().construct_yaml_float(node)
 
     def get_single_node(self):
         node = super().get_single_node()
@@ -130,6 +145,18 @@ class _StrictLoader(yaml.SafeLoader):
                                               f"at {_at(earlier.start_mark)}{also}: a key may appear once in a "
                                               "mapping (the last one would silently win)")
                 stack.append((value_node, where))
+
+
+def _plain_number(node, parse) -> None:
+    try:
+        parse(node.value)
+    except ValueError:
+        raise StrictYAMLError(f"{node.value!r} at {_at(node.start_mark)} is not a number written in plain digits "
+                              "(write it as 1000, 0.5 or 1e-3; or quote it for text)") from None
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct_yaml_float)
 
 
 def load_yaml(stream):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from energies.checks import parse_int
 from unfold.cli import folder_arg, output_folder_arg, run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
@@ -56,7 +57,7 @@ def _option_arg(text: str) -> tuple[str, int]:
     """argparse ``type=``: ``KEY=INT``, an option of a generated dataset and its integer value."""
     key, sep, value = text.partition("=")
     try:
-        number = int(value.strip()) if sep and key.strip() else None
+        number = parse_int(value) if sep and key.strip() else None     # ASCII digits only
     except ValueError:
         number = None
     if number is None:

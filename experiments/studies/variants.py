@@ -43,6 +43,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from energies.errors import ConfigError, UnfoldError
+from energies.checks import parse_int
 from unfold.cli import run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
@@ -76,11 +77,20 @@ def slug(spec: str) -> str:
 
 def parse_graphs(text: str) -> List[str]:
     """The specs of ``--graphs`` (comma-separated, blanks around them ignored): at least one, no repeats, no two
+    spellings of one graph (:func:`energies.graphs.spec.canonical_spec`: ``window:8`` and ``window:08``), no two
     with the same folder (:func:`slug`)."""
+    from energies.graphs.spec import canonical_spec
+
     specs = [s.strip() for s in text.split(",")]
     if not any(specs) or not all(specs):
         raise ConfigError(f"--graphs {text!r}: give a comma-separated list of graph specs, none empty "
                           f"(e.g. {DEFAULT_GRAPHS})")
+    same: Dict[str, str] = {}
+    for spec in specs:
+        other = same.setdefault(canonical_spec(spec), spec)
+        if other != spec:
+            raise ConfigError(f"--graphs {text!r}: {other!r} and {spec!r} are one graph ({canonical_spec(spec)}): "
+                              "each would train it again; list it once")
     seen: Dict[str, str] = {}
     for spec in specs:
         other = seen.setdefault(slug(spec), spec)
@@ -106,15 +116,21 @@ def check_variants(config: Optional[str], overrides: Sequence[str], specs: Seque
     return base
 
 
-def seeds_arg(text: str) -> int:
-    """``--seeds``: an integer >= 1, else a one-line :class:`ConfigError` naming it."""
+def count_arg(flag: str, text: str, what: str) -> int:
+    """A count of a command line (``--seeds``, ``--jobs``): an integer >= 1 in ASCII digits
+    (:func:`energies.checks.parse_int`), else a one-line :class:`ConfigError` naming the flag."""
     try:
-        value = int(text)
+        value = parse_int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ConfigError(f"--seeds {text!r} must be an integer >= 1 (the number of seeds per variant)")
+        raise ConfigError(f"{flag} {text!r} must be an integer >= 1 (the number of {what})")
     return value
+
+
+def seeds_arg(text: str) -> int:
+    """``--seeds``: an integer >= 1, else a one-line :class:`ConfigError` naming it."""
+    return count_arg("--seeds", text, "seeds per variant")
 
 
 # --------------------------------------------------------------------------------------------
@@ -395,7 +411,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default=None, help="seeds per variant (default 3; --quick: 1)")
     p.add_argument("--first-seed", type=seed_int, default=0)
     p.add_argument("--run-dir", default=None, help="variants folder (default runs/variants-NAME)")
-    p.add_argument("--jobs", type=int, default=1, help="seeds run at once (default 1)")
+    p.add_argument("--jobs", default="1", help="seeds run at once (default 1)")
     p.add_argument("--quick", action="store_true", help="a tiny run for the test suite (module docstring)")
     p.add_argument("--table", metavar="DIR", help="reprint the table of a finished variants folder")
     p.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
@@ -407,8 +423,7 @@ def main(argv=None) -> int:
             summary = read_table(args.table)
             print(json_dumps(summary, indent=1) if args.json else markdown(summary), end="\n" if args.json else "")
             return 0
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs {args.jobs} must be an integer >= 1")
+        jobs = count_arg("--jobs", args.jobs, "seeds run at once")
         if args.config is None and not args.quick:
             raise ConfigError("--config NAME|FILE is required (or --quick, or --table DIR)")
         config = args.config if args.config is not None else "tiny"
@@ -431,7 +446,7 @@ def main(argv=None) -> int:
         if toy is not None:
             check_writable(root)
             write_toy_data(toy)
-        summary = run_variants(root, specs, seeds, config, overrides, args.jobs, args.plugins or [],
+        summary = run_variants(root, specs, seeds, config, overrides, jobs, args.plugins or [],
                                say=lambda msg: print(msg, file=sys.stderr, flush=True))
         if args.json:
             print(json_dumps(summary, indent=1))

@@ -116,7 +116,9 @@ def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused
 def _from_lse(diff: torch.Tensor, lse: torch.Tensor, real: torch.Tensor):
     """``(agg, deg)`` of the softmax kernels from ``P Y - Y`` and the log-sum-exp ``LSE = log(1 + deg)`` (self
     included): ``deg = expm1(LSE)``, ``agg = (1 + deg) (P Y - Y)``; ``real`` the 0/1 mask of real queries
-    (broadcast against LSE), padded queries 0."""
+    (broadcast against LSE), padded queries 0. A query whose example (or residue class) holds no other real token
+    has no edge: 0 exactly (its LSE is its own logit, 0 only up to the expansion's rounding of ``-z_uu``)."""
+    real = real * (real.sum(-1, keepdim=True) > 1).to(real.dtype)
     log_s = torch.clamp(lse, min=0.0) * real        # log(1 + deg) >= 0; padded queries: 0
     return (torch.exp(log_s) * real)[..., None] * diff, torch.expm1(log_s)    # the (., n) factors joined first
 

@@ -110,6 +110,10 @@ def test_second_run_trains_nothing(quick, capsys):
     (["--quick", "--seeds", "\uff12"], ["--seeds", ">= 1"]),
     (["--quick", "--jobs", "\u0663"], ["--jobs", ">= 1"]),
     (["--quick", "--jobs", "0"], ["--jobs", ">= 1"]),
+    # seed counts and ranges refused before anything is built or written (issue 33, cause 7)
+    (["--quick", "--seeds", "99999999999999999999"], ["--seeds", "at most 1000"]),
+    (["--quick", "--seeds", "100000000"], ["--seeds", "at most 1000"]),
+    (["--quick", "--first-seed", "4294967295", "--seeds", "2"], ["--first-seed", "4294967296", "data.seed"]),
     (["--quick", "--seeds", "0"], ["--seeds", "'0'", ">= 1"]),
     (["--config", "no_such_config", "--graphs", "complete"], ["no_such_config"]),
     (["--quick", "model.graph=star"], ["model.graph", "--graphs"]),

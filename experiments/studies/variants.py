@@ -100,6 +100,24 @@ def parse_graphs(text: str) -> List[str]:
     return specs
 
 
+#: at most this many seeds per variant: each is a training run (and a larger count would be a list built first)
+MAX_SEEDS = 1000
+
+
+def check_seeds(config: Optional[str], overrides: Sequence[str], first: int, count: int) -> range:
+    """The seeds ``first, ..., first + count - 1``, checked before anything is built or written: at most
+    :data:`MAX_SEEDS`, and the first and the last within the rules of every key they set (:data:`SEED_KEYS`:
+    ``data.seed`` stops at 2**32 - 1), a refusal naming ``--first-seed`` and ``--seeds``."""
+    if count > MAX_SEEDS:
+        raise ConfigError(f"--seeds {count}: at most {MAX_SEEDS} seeds per variant (each seed is a training run)")
+    for seed in sorted({first, first + count - 1}):
+        try:
+            load_config(config, list(overrides) + [f"{k}={seed}" for k in SEED_KEYS])
+        except ConfigError as exc:
+            raise ConfigError(f"--first-seed {first} --seeds {count}: seed {seed} is refused: {exc}") from None
+    return range(first, first + count)
+
+
 def check_variants(config: Optional[str], overrides: Sequence[str], specs: Sequence[str]) -> Dict[str, Any]:
     """Every variant's config, validated before anything runs: the config and overrides alone first (their own
     errors), then each spec by the rules of ``model.graph`` and the model built on the meta device
@@ -433,7 +451,6 @@ def main(argv=None) -> int:
             key = o.split("=", 1)[0].strip()
             if key == "model.graph" or key in SEED_KEYS:
                 raise ConfigError(f"override {o!r} sets {key}, which the variants set themselves (--graphs, --seeds)")
-        seeds = list(range(args.first_seed, args.first_seed + seeds_n))
         if args.run_dir is not None and not args.run_dir.strip():
             raise ConfigError("--run-dir must name a folder, got an empty path")
         overrides, toy, root = list(args.overrides), None, args.run_dir
@@ -442,6 +459,7 @@ def main(argv=None) -> int:
             toy = os.path.join(root, "toy-data")
             overrides = [*QUICK_OVERRIDES, f"data.dataset={toy}"] + overrides
         base = check_variants(config, overrides, specs)         # nothing written before this
+        seeds = list(check_seeds(config, overrides, args.first_seed, seeds_n))
         root = root if root is not None else os.path.join("runs", f"variants-{base['name']}")
         if toy is not None:
             check_writable(root)

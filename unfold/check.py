@@ -22,6 +22,7 @@ from energies.pairwise import kernel_names
 from energies.checks import load_npy
 from energies.errors import UnfoldError
 from energies.graph import graph_from_spec
+from energies.memory import check_memory
 from energies.rho import get_rho
 
 from .cli import check_device, finite_float, positive_float, positive_int, run_main
@@ -135,10 +136,30 @@ def _validate(args) -> None:
         if entries > MAX_TOKEN_ENTRIES:
             raise CheckError(f"--samples x --n x --d = {entries} token entries, more than the checker's limit of "
                              f"{MAX_TOKEN_ENTRIES}")
+        _check_memory(args)
     if args.plot is not None:
         _check_plot(args.plot)
     if args.update == "printed" and args.residual != "none":
         raise CheckError("--update printed (eq. 38) has no initial residual: use --residual none")
+
+
+def _check_memory(args) -> None:
+    """The one memory rule (:func:`energies.memory.check_memory`) before anything is allocated: the random tokens
+    (their float64 draw and about six copies in ``--dtype``: the states, the residual's B, the step's sums) and, for
+    ``--kernel dense``, its ``(samples, n, n)`` matrices, for ``--kernel edges`` on the complete graph its list of
+    pairs; refused naming the options and values. Other edge lists are judged by the graph builders before they
+    are built."""
+    n, d, size = args.n or 32, args.d or 16, 8 if args.dtype == "float64" else 4
+    need = args.samples * n * d * (8 + 6 * size)
+    what = f"--samples {args.samples} x --n {n} x --d {d} {args.dtype} tokens"
+    if args.kernel == "dense":
+        need += args.samples * n * n * (4 * size + 1)
+        what += f" with --kernel dense's (--samples, --n, --n) = ({args.samples}, {n}, {n}) matrices"
+    if args.kernel == "edges" and args.graph == "complete":      # the complete graph's pairs, listed
+        need += args.samples * (n * (n - 1) // 2) * 40
+        what += f" with --kernel edges' list of the --graph complete's {args.samples * (n * (n - 1) // 2):,} pairs"
+    check_memory(need, what, CheckError, "use a smaller --samples, --n or --d" +
+                 (", or --kernel streamed" if args.kernel in ("dense", "edges") else ""))
 
 
 def _write_plot(report, path: str, title: str) -> None:
@@ -176,12 +197,15 @@ def run(args) -> dict:
         samples = 1
     else:
         n, d = args.n or 32, args.d or 16
-        gen = torch.Generator().manual_seed(args.seed)
         samples = args.samples
+        graph = graph_from_spec(args.graph, n, batch_size=samples, seed=args.seed)   # first: its sizes refused
+        gen = torch.Generator().manual_seed(args.seed)                                # before the tokens exist
         Y = args.scale * torch.randn(samples, n, d, generator=gen, dtype=torch.float64).to(dtype)
     Y = Y.to(device)
     tau = args.tau if args.tau is not None else math.sqrt(d)
-    graph = graph_from_spec(args.graph, n, batch_size=samples, seed=args.seed).to(device)
+    if args.input is not None:
+        graph = graph_from_spec(args.graph, n, batch_size=samples, seed=args.seed)
+    graph = graph.to(device)
     get_rho(args.rho)  # validates the spec before any work
     B = Y.clone() if args.residual == "input" else None
     step = AttentionStep(args.rho, tau=tau, alpha=args.alpha, B=B, update=args.update, kernel=args.kernel)

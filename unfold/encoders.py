@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from energies.checks import check_int, check_number
+from energies.memory import check_memory
 from energies.energy import Energy
 from energies.errors import ConfigError, InputError, UnfoldError
 from energies.graph import GraphCache, TokenGraph, check_tokens, graph_from_spec
@@ -241,6 +242,13 @@ class Encoder(nn.Module):
         self.graphs = GraphCache(graph)
         self.validate = _flag(validate, "validate")
 
+    def check_weights(self, entries: int, what: str) -> None:
+        """Before the weights are allocated: ``entries`` float32 parameters (held twice while initialised) that
+        cannot fit in memory are refused, a :class:`ConfigError` naming the sizes (:func:`energies.memory.check_memory`,
+        the one memory rule), never the allocator's untyped error."""
+        check_memory(8 * entries, f"{type(self).__name__} with d={self.d}, {what}: {entries:,} float32 weights",
+                     ConfigError, "use a smaller d")
+
     def token_graph(self, mask: torch.Tensor) -> TokenGraph:
         """The token graph of a ``(B, n)`` bool mask, on the mask's device (cached, :class:`GraphCache`)."""
         return self.graphs(mask)
@@ -428,6 +436,8 @@ class GuaranteedEncoder(Encoder):
             if why is not None:
                 raise ConfigError(f"kernel={self.kernel!r} does not apply to graph={graph!r}, rho={self.rho.spec()!r}: "
                                   f"the {self.kernel} kernel {why}")
+        self.check_weights(self.heads * self.d * self.d_head + (self.d * self.d if self.use_ffn else 0),
+                           f"heads={self.heads}, d_head={self.d_head}, ffn={self.use_ffn}")
         self.W = nn.Parameter(torch.empty(self.heads, self.d, self.d_head))
         self.A = nn.Parameter(torch.empty(self.d, self.d)) if self.use_ffn else None
         self.nonneg = NonNegativity() if self.use_relu else None
@@ -627,6 +637,8 @@ class FreeEncoder(_TracedStack):
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
         self.heads, self.attention, self.norm = heads, attention, _choice(norm, "norm", NORMS)
+        self.check_weights(self.layers * (4 + 2 * ffn_mult) * self.d * self.d, f"layers={self.layers}, "
+                           f"ffn_mult={ffn_mult}")
         self.blocks = nn.ModuleList([FreeLayer(self.d, heads, ffn_mult, dropout, attention, attention_temperature,
                                                self.norm) for _ in range(self.layers)])
 
@@ -679,6 +691,8 @@ class TorchEncoder(_TracedStack):
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
         self.heads, self.attention = heads, attention
+        self.check_weights((self.layers + 1) * (4 + 2 * ffn_mult) * self.d * self.d, f"layers={self.layers}, "
+                           f"ffn_mult={ffn_mult}")
         layer = nn.TransformerEncoderLayer(self.d, heads, ffn_mult * self.d, dropout, batch_first=True)
         if attention != "softmax":
             layer.self_attn = _AsMultiheadAttention(Attention(self.d, heads, attention, temperature=attention_temperature,

@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import GraphError, TokenError
+from ..memory import check_memory
 
 from .edges import MAX_SLOTS, _check_mask, canonical_edges, check_int
 
@@ -266,8 +267,14 @@ class TokenGraph:
         return self._edges
 
     def _all_pairs(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Flat ids ``u < v`` of every pair of slots within each example (the complete graph before the mask)."""
+        """Flat ids ``u < v`` of every pair of slots within each example (the complete graph before the mask);
+        a list that cannot fit in memory is refused before it is built (:func:`energies.memory.check_memory`: the
+        ids, the mask's pick and the kept copy, 40 bytes a pair)."""
         n = self.num_nodes
+        pairs = self.batch_size * n * (n - 1) // 2
+        check_memory(40 * pairs, f"the complete graph's edge list on n={n} tokens x batch_size {self.batch_size} "
+                     f"({pairs:,} pairs)", GraphError, "keep the complete graph implicit: use a kernel that does not "
+                     "list its edges (dense, softmax, streamed, fused, triton), or a smaller n", device=self.device)
         iu = torch.triu_indices(n, n, offset=1, device=self.device)
         offs = torch.arange(self.batch_size, device=self.device)[:, None] * n
         return (offs + iu[0][None]).reshape(-1), (offs + iu[1][None]).reshape(-1)

@@ -8,6 +8,7 @@ from typing import Callable, Dict, Tuple
 import torch
 
 from ..errors import GraphError
+from ..memory import check_memory
 from ..registry import registrar
 
 from .container import TokenGraph
@@ -49,12 +50,20 @@ def _sizes(n, batch_size, seed=0) -> Tuple[int, int, int]:
 MAX_EDGES = 2 ** 28
 
 
+#: bytes a builder holds per edge at its peak: the (2, m) int64 pattern, its offset copy over the batch and the
+#: container's validated list (three (2, m) int64 tensors; a lower bound, for :func:`energies.memory.check_memory`)
+EDGE_BYTES = 3 * 2 * 8
+
+
 def _check_edges(count: float, batch_size: int, what: str) -> None:
-    """Refuse, before any allocation, a graph of more than :data:`MAX_EDGES` edges in all."""
+    """Refuse, before any allocation, a graph of more than :data:`MAX_EDGES` edges in all, or whose edge list
+    cannot fit in the memory this process may allocate (:func:`energies.memory.check_memory`)."""
     if count * batch_size > MAX_EDGES:
         raise GraphError(f"{what} would have {count:.3g} edges per example x batch_size {batch_size}, more than "
                          f"the {MAX_EDGES} edges a builder materialises; use a smaller n, radius or p (or 'complete', "
                          "which stays implicit)")
+    check_memory(count * batch_size * EDGE_BYTES, f"{what}: {count:.3g} edges per example x batch_size {batch_size}",
+                 GraphError, "use a smaller n, batch, radius or p (or 'complete', which stays implicit)")
 
 
 def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str, offsets=None) -> TokenGraph:

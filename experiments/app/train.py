@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from energies.errors import CheckpointError, ConfigError, EnergyError, StepError, TokenError, UnfoldError
+from energies.memory import memory_available  # the one memory rule's reading (energies.memory)
 from unfold.classifier import SequenceClassifier, upgrade_state_dict
 from unfold.monitor import DescentMonitor
 from unfold.cli import check_device as _check_device, run_main
@@ -66,31 +67,6 @@ def training_precision(precision: str, device: torch.device):
 def check_device(spec: str) -> torch.device:
     """``train.device`` as a device this machine has, before any work (:func:`unfold.cli.check_device`)."""
     return _check_device(spec, "train.device", ConfigError)
-
-
-def memory_available() -> Optional[int]:
-    """Bytes this process may still allocate on the host: the smaller of the address-space limit
-    (``ulimit -v``) less what is mapped now, and the system's available memory (``/proc/meminfo``); None where
-    neither can be read."""
-    limits = []
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            with open("/proc/self/statm") as fh:
-                mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-            limits.append(soft - mapped)
-    except (ImportError, OSError, ValueError, IndexError):
-        pass
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    return min(limits) if limits else None
 
 
 def check_memory(cfg: Dict[str, Any], params: int, device: torch.device) -> None:

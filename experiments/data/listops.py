@@ -58,6 +58,8 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from energies.memory import check_memory
+
 from .core import DataError, Splits
 
 #: generator options and their defaults: LRA's lengths (``500 < length < 2000``), depth, arguments and split sizes;
@@ -107,7 +109,18 @@ def check_options(options: Mapping | None = None) -> dict:
     if out["min_len"] > out["max_len"]:
         raise DataError(f"{CONFIG_KEYS['min_len']}={out['min_len']} exceeds {CONFIG_KEYS['max_len']}="
                         f"{out['max_len']}")
+    want = out["train"] + out["val"] + out["test"]      # the one memory rule, before a tree is drawn
+    check_memory(want * (2 * out["min_len"] + EXAMPLE_OVERHEAD),
+                 f"listops train={out['train']}, val={out['val']}, test={out['test']} "
+                 f"({CONFIG_KEYS['train']}, {CONFIG_KEYS['val']}, {CONFIG_KEYS['test']}; --option KEY=INT): "
+                 f"{want:,} examples of at least {CONFIG_KEYS['min_len']}={out['min_len']} tokens", DataError,
+                 "ask for fewer examples")
     return out
+
+
+#: bytes an example holds beyond its text's characters while generated (the str and tuple headers, the label, its
+#: slots in the example list and the set of texts seen); a text of L tokens has at least 2 L - 1 characters
+EXAMPLE_OVERHEAD = 160
 
 
 def _shape(u, max_len: int, max_depth: int, max_args: int):

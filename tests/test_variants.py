@@ -94,6 +94,24 @@ def test_second_run_trains_nothing(quick, capsys):
     assert "| window:2 |" in again.out
 
 
+def test_a_rerun_that_finishes_less_never_replaces_the_finished_results(quick, tmp_path, capsys):
+    """Issue 33, cause 5: the same folder re-run with changed overrides refuses every seed (another config) and
+    must then keep the finished variants.json, variants.md, plots and each variant's summary.json as they are."""
+    import shutil
+
+    root = tmp_path / "v"
+    shutil.copytree(quick[0], root)
+    kept = [V.VARIANTS_JSON, V.VARIANTS_MD, V.ACCURACY_PNG, V.ENERGY_PNG] + \
+        [os.path.join(V.slug(g), "summary.json") for g in GRAPHS] + [os.path.join(V.slug(g), "summary.md") for g in GRAPHS]
+    before = {name: (root / name).read_bytes() for name in kept}
+    code = V.main(["--quick", "--run-dir", str(root), "train.lr=0.01"])
+    out = capsys.readouterr()
+    assert code == 1 and "another config" in out.err and "kept as they were" in out.err, out.err[-3000:]
+    assert {name: (root / name).read_bytes() for name in kept} == before
+    assert V.main(["--table", str(root)]) == 0                            # the finished table, as it was
+    assert capsys.readouterr().out == before[V.VARIANTS_MD].decode()
+
+
 @pytest.mark.parametrize("args, names", [
     (["--quick", "--graphs", "complete,windw:3"], ["--graphs", "windw:3", "unknown graph"]),
     (["--quick", "--graphs", "complete,window:x"], ["--graphs", "window:x"]),

@@ -135,6 +135,15 @@ def markdown(summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lost_results(old: Any, new: Dict[str, Any]) -> List[str]:
+    """The finished seeds of the summary already written (``old``, as read) that ``new`` lacks: a finished result is
+    never replaced by a worse one (a re-run whose seeds were all refused, say under changed overrides)."""
+    runs = old.get("runs") if isinstance(old, dict) else None
+    if not isinstance(runs, dict):
+        return []
+    return sorted((str(s) for s in runs if str(s) not in new["runs"]), key=lambda s: (len(s), s))
+
+
 def write_summary(root: str, summary: Dict[str, Any]) -> None:
     with atomic_open(os.path.join(root, SUMMARY_JSON), "w") as fh:
         fh.write(json_dumps(summary, indent=1) + "\n")
@@ -337,7 +346,13 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
                    "seconds_per_seed": {str(s): v for s, v in sorted(seconds.items())},
                    "wall_seconds": time.perf_counter() - t0,
                    "metrics": summarize(ordered) if ordered else {}, "note": _same_split_note(root, ordered, seed_keys)}
-        write_summary(root, summary)
+        lost = lost_results(_load_json(os.path.join(root, SUMMARY_JSON))[0], summary)
+        if lost:                 # kept as it is: this run finished less than the one it would replace
+            summary["kept"] = (f"{os.path.join(root, SUMMARY_JSON)} kept as it was: it holds finished seeds "
+                               f"{', '.join(lost)}, which this run did not finish")
+            say(summary["kept"])
+        else:
+            write_summary(root, summary)
     return summary
 
 
@@ -509,7 +524,7 @@ def main(argv=None) -> int:
         summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
                             tfidf=args.dataset if args.tfidf else None, imports=args.plugins or [],
                             say=lambda msg: print(msg, file=sys.stderr, flush=True), max_train=args.max_train_examples)
-        print(f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
+        print(summary["kept"] if summary.get("kept") else f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
         acc = summary["metrics"].get("test_accuracy")
         print(json_dumps({"run_dir": root, "seeds": summary["seeds"], "failed": summary["failed"],
                           "test_accuracy": acc, "wall_seconds": summary["wall_seconds"]}))

@@ -375,8 +375,32 @@ def run_variants(root: str, specs: Sequence[str], seeds: Sequence[int], config: 
         summary = {"name": name, "config": config, "overrides": list(overrides), "graphs": list(specs),
                    "seeds": list(seeds), "seed_keys": list(SEED_KEYS), "peak_memory_kind": "; ".join(kinds) or None,
                    "wall_seconds": time.perf_counter() - t0, "variants": rows}
-        write_outputs(root, summary)
+        lost = lost_variants(root, summary)
+        if lost:       # a finished result is never replaced by a worse one (a re-run whose seeds were refused)
+            summary["kept"] = (f"{os.path.join(root, VARIANTS_JSON)}, {VARIANTS_MD} and the plots kept as they were: "
+                               f"they hold finished runs this run did not finish ({', '.join(lost[:6])}"
+                               f"{f' and {len(lost) - 6} more' if len(lost) > 6 else ''})")
+            say(summary["kept"])
+        else:
+            write_outputs(root, summary)
     return summary
+
+
+def lost_variants(root: str, summary: Dict[str, Any]) -> List[str]:
+    """``GRAPH seed K`` for each run finished in the ``variants.json`` already written that ``summary`` did not
+    finish (graphs compared by :func:`energies.graphs.spec.canonical_spec`); a file that is not a readable summary
+    holds no finished result."""
+    from energies.graphs.spec import canonical_spec
+
+    if not os.path.lexists(os.path.join(root, VARIANTS_JSON)):
+        return []
+    try:
+        old = read_table(root)
+    except ConfigError:
+        return []
+    done = {(canonical_spec(v["graph"]), s) for v in summary["variants"] for s in v["finished"]}
+    return [f"{v['graph']} seed {s}" for v in old["variants"] for s in v["finished"]
+            if (canonical_spec(v["graph"]), s) not in done]
 
 
 STAT_KEYS = ("test_accuracy", "train_tokens_per_second", "peak_memory_bytes", "peak_memory_growth_bytes")
@@ -470,8 +494,9 @@ def main(argv=None) -> int:
             print(json_dumps(summary, indent=1))
         else:
             print(markdown(summary), end="")
-            print(f"wrote {os.path.join(root, VARIANTS_MD)}, {VARIANTS_JSON}, {ACCURACY_PNG}, {ENERGY_PNG}")
-        return 1 if any(v["failed"] for v in summary["variants"]) else 0
+            print(summary["kept"] if summary.get("kept") else
+                  f"wrote {os.path.join(root, VARIANTS_MD)}, {VARIANTS_JSON}, {ACCURACY_PNG}, {ENERGY_PNG}")
+        return 1 if summary.get("kept") or any(v["failed"] for v in summary["variants"]) else 0
 
     return run_main(PROG, body, argv)
 

@@ -669,3 +669,125 @@ def test_a_new_name_registers_and_the_same_object_again_is_a_no_op():
         assert RHOS["fresh_test"] is Fresh
     finally:
         RHOS.pop("fresh_test", None)
+
+
+# --------------------------------------------------------------------- (issue 33, cause 3) one depth rule, one batch rule
+def _untied(mode="free", layers=4):
+    torch.manual_seed(0)
+    return U.UnfoldedTransformer(VOCAB, 2, d=8, heads=2, layers=layers, mode=mode,
+                                 graph="complete" if mode == "baseline" else "window:2")
+
+
+def _trained(mode="guaranteed"):
+    from experiments.app.build import build_model
+    from experiments.app.config import load_config
+    from experiments.data.text import Vocab
+
+    cfg = load_config("tiny", [f"model.mode={mode}", "model.d=8", "model.heads=2", "model.layers=2", "data.max_len=9"])
+    torch.manual_seed(0)
+    vocab = Vocab(["<pad>", "<unk>", "good", "bad", "film"])
+    from experiments.app.bundle import TrainedModel
+    return TrainedModel(build_model(cfg, len(vocab.itos), 2), cfg, vocab, ["neg", "pos"])
+
+
+def _tensors(N=4, labels=None):
+    ids = torch.randint(1, VOCAB, (N, 5), generator=torch.Generator().manual_seed(2))
+    return ids, torch.ones(N, 5, dtype=torch.bool), torch.tensor([0, 1] * (N // 2)) if labels is None else labels
+
+
+def _evaluate_at(*args, model=None, **kw):
+    from experiments.studies.depth import evaluate_at
+    return evaluate_at(_model() if model is None else model, *args, **kw)
+
+
+_X = torch.rand(2, 5, 8)
+
+DEPTH_CASES = [
+    # (id, call, error, names): every depth and batch size refused where the model / library API is entered
+    ("free-layers-2", lambda: _untied()(_ids(), layers=2), ConfigError, ["layers=2", "untied"]),
+    ("free-layers-4", lambda: _untied()(_ids(), layers=4), ConfigError, ["layers=4", "untied"]),
+    ("free-layers-5", lambda: _untied()(_ids(), layers=5), ConfigError, ["layers=5", "untied"]),
+    ("baseline-layers-2", lambda: _untied("baseline")(_ids(), layers=2), ConfigError, ["layers=2", "untied"]),
+    ("free-encode-layers-1", lambda: _untied().encode(_X, torch.ones(2, 5, dtype=torch.bool), layers=1), ConfigError,
+     ["layers=1", "untied"]),
+    ("free-encoder-layers-3", lambda: _untied().encoder(_X, layers=3), ConfigError, ["layers=3", "untied"]),
+    ("guaranteed-layers-4097", lambda: _model()(_ids(), layers=4097), ConfigError, ["layers", "4096", "4097"]),
+    ("guaranteed-layers-0", lambda: _model()(_ids(), layers=0), ConfigError, ["layers", "got 0"]),
+    ("guaranteed-layers-negative", lambda: _model()(_ids(), layers=-1), ConfigError, ["layers", "-1"]),
+    ("guaranteed-layers-float", lambda: _model()(_ids(), layers=2.5), ConfigError, ["layers", "2.5"]),
+    ("guaranteed-layers-bool", lambda: _model()(_ids(), layers=True), ConfigError, ["layers", "True"]),
+    ("guaranteed-layers-nan", lambda: _model()(_ids(), layers=math.nan), ConfigError, ["layers", "nan"]),
+    ("guaranteed-layers-str", lambda: _model()(_ids(), layers="3"), ConfigError, ["layers", "'3'"]),
+    ("guaranteed-encoder-layers-0", lambda: _enc()(_X, layers=0), ConfigError, ["layers", "got 0"]),
+    ("guaranteed-encoder-layers-10**6", lambda: _enc()(_X, layers=10 ** 6), ConfigError, ["layers", "1000000"]),
+    ("guaranteed-first-layers", lambda: _enc()(_X, first_layers=1), ConfigError, ["first_layers=1", "weight-shared"]),
+    ("free-first-layers-5", lambda: _untied().encoder(_X, first_layers=5), ConfigError, ["first_layers=5", "4"]),
+    ("free-first-layers-0", lambda: _untied().encoder(_X, first_layers=0), ConfigError, ["first_layers", "got 0"]),
+    ("free-first-layers-and-layers", lambda: _untied().encoder(_X, first_layers=1, layers=1), ConfigError,
+     ["layers or first_layers"]),
+    ("predict-batch-size--1", lambda: _trained().predict(["good film"], batch_size=-1), ConfigError,
+     ["batch_size", "-1"]),
+    ("predict-batch-size-0", lambda: _trained().predict(["good film"], batch_size=0), ConfigError, ["batch_size", "0"]),
+    ("predict-batch-size-2.5", lambda: _trained().predict(["good film"], batch_size=2.5), ConfigError,
+     ["batch_size", "2.5"]),
+    ("predict-batch-size-true", lambda: _trained().predict(["good film"], batch_size=True), ConfigError,
+     ["batch_size", "True"]),
+    ("predict-batch-size-huge", lambda: _trained().predict(["good film"], batch_size=2 ** 40), ConfigError,
+     ["batch_size", str(2 ** 40)]),
+    ("predict-free-layers-2", lambda: _trained("free").predict(["good film"], layers=2), ConfigError,
+     ["layers=2", "untied"]),
+    ("evaluate-at-batch-size--1", lambda: _evaluate_at(_tensors(), batch_size=-1), ConfigError, ["batch_size", "-1"]),
+    ("evaluate-at-batch-size-0", lambda: _evaluate_at(_tensors(), batch_size=0), ConfigError, ["batch_size", "0"]),
+    ("evaluate-at-batch-size-2.5", lambda: _evaluate_at(_tensors(), batch_size=2.5), ConfigError, ["batch_size", "2.5"]),
+    ("evaluate-at-batch-size-nan", lambda: _evaluate_at(_tensors(), batch_size=math.nan), ConfigError,
+     ["batch_size", "nan"]),
+    ("evaluate-at-layers-4097", lambda: _evaluate_at(_tensors(), layers=4097), ConfigError, ["layers", "4097"]),
+    ("evaluate-at-label-2", lambda: _evaluate_at(_tensors(labels=torch.tensor([0, 1, 2, 1]))), TokenError,
+     ["labels", "[0, 2)", "got 2 at 2"]),
+    ("evaluate-at-label-negative", lambda: _evaluate_at(_tensors(labels=torch.tensor([0, -1, 1, 1]))), TokenError,
+     ["labels", "got -1 at 1"]),
+    ("evaluate-at-label-huge", lambda: _evaluate_at(_tensors(labels=torch.tensor([0, 1, 1, 2 ** 40]))), TokenError,
+     ["labels", str(2 ** 40)]),
+    ("evaluate-at-labels-float", lambda: _evaluate_at(_tensors(labels=torch.tensor([0.0, 1.0, 1.0, 0.0]))), TokenError,
+     ["labels", "float32"]),
+    ("evaluate-at-labels-short", lambda: _evaluate_at(_tensors(labels=torch.tensor([0, 1]))), TokenError,
+     ["labels", "(2,)", "same examples"]),
+    ("evaluate-at-no-example", lambda: _evaluate_at((_ids()[:0], torch.ones(0, 5, dtype=torch.bool),
+                                                      torch.zeros(0, dtype=torch.long))), TokenError,
+     ["no example"]),
+    ("evaluate-at-not-a-triple", lambda: _evaluate_at((_ids(), _ids())), TokenError, ["ids, mask, labels"]),
+]
+
+
+@pytest.mark.parametrize("call,error,names", [c[1:] for c in DEPTH_CASES], ids=[c[0] for c in DEPTH_CASES])
+def test_hostile_depth_and_batch_size(call, error, names):
+    """Before: ``layers=2`` on an untied 4-layer stack silently ran 2 layers, ``layers=4097`` ran past the cap and
+    ``layers=0`` ran no layer on the guaranteed model; ``predict(batch_size=-1)`` returned ``[]``, ``evaluate_at``
+    reported accuracy 0.0 having evaluated nothing; labels outside the classes counted as wrong."""
+    with pytest.raises(error) as info:
+        call()
+    msg = str(info.value)
+    for name in names:
+        assert name.lower() in msg.lower(), f"{name!r} not named in {msg!r}"
+
+
+def test_the_depths_and_batch_sizes_the_rules_accept_still_run():
+    """The negative controls: a weight-shared step unrolled to 1, 7 and the trained depth; an untied stack at its
+    depth and its explicit first layers (equal to the first layers of the full run); predict and evaluate_at with
+    batch size 1 and an integral 2.0 (the framework's integer rule), labels in range."""
+    ids, mask = _ids(), torch.ones(2, 5, dtype=torch.bool)
+    model = _model().eval()
+    for T in (1, 7):
+        assert model(ids, mask, layers=T).report().steps == 2 * T
+    assert torch.equal(model(ids, mask, layers=2).logits, model(ids, mask).logits)
+    free = _untied().eval()
+    X = free.embedding(ids)
+    full = free.encoder(X, mask, keep_states=True)
+    for k in (1, 4):
+        assert torch.equal(free.encoder(X, mask, first_layers=k).Y, full.states[k] if k < 4 else full.Y)
+    trained = _trained()
+    a, b = trained.predict(["good film", "bad"], batch_size=1), trained.predict(["good film", "bad"], batch_size=2.0)
+    assert len(a) == len(b) == 2 and all(p.probabilities == pytest.approx(q.probabilities, abs=1e-6)
+                                          for p, q in zip(a, b))
+    res = _evaluate_at(_tensors(), batch_size=3)
+    assert res["examples"] == 4 and res["accuracy"] == _evaluate_at(_tensors(), batch_size=4)["accuracy"]

@@ -189,7 +189,7 @@ def test_model_bad_input_errors():
         U.UnfoldedTransformer(10, 2, mode="free", curvature="constant")
     with pytest.raises(ConfigError, match=r"curvature='tight' is unknown; valid: \['adaptive', 'constant'\]"):
         U.UnfoldedTransformer(10, 2, curvature="tight")
-    with pytest.raises(ConfigError, match="cannot unroll 5"):
+    with pytest.raises(ConfigError, match="layers=5: the free encoder.s 2 layers are untied"):
         U.UnfoldedTransformer(10, 2, mode="free", layers=2)(torch.ones(1, 3, dtype=torch.long),
                                                             torch.ones(1, 3, dtype=torch.bool), layers=5)
     with pytest.raises(ConfigError, match="only graph='complete'"):

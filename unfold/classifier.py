@@ -17,7 +17,8 @@ from torch import nn
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError, InputError, TokenError
 
-from .encoders import Encoder, bool_mask, check_device, check_empty_rows, host_checks, trace_dtype
+from .encoders import (Encoder, bool_mask, check_device, check_empty_rows, check_inference_layers, host_checks,
+                       trace_dtype)
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "POSITIONAL", "TokenEmbedding", "SequenceClassifier", "masked_mean", "positional_kind",
@@ -203,8 +204,9 @@ class SequenceClassifier(nn.Module):
                 keep_states: bool = False, layers: Optional[int] = None, input_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None) -> ModelOutput:
         """``ids`` and ``mask`` (or Hugging Face's ``input_ids`` and ``attention_mask``, 0/1 integers); ``layers``
-        unrolls the shared step more or fewer times than trained (guaranteed encoder), or runs the first layers
-        only (untied encoders)."""
+        unrolls the shared step more or fewer times than trained (weight-shared encoders; an untied stack refuses
+        it, :func:`~unfold.encoders.check_inference_layers`, checked before anything runs)."""
+        check_inference_layers(self.encoder, layers)
         if mask is not None and attention_mask is not None:
             raise ConfigError("pass mask or attention_mask, not both")
         if ids is not None and input_ids is not None:

@@ -56,11 +56,12 @@ from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, Non
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import DescentReport, EnergyTrace, _total, keeps_going, report_from_values, resolution
+from .trace import (DescentReport, EnergyTrace, _total, keeps_going, report_from_values, resolution,
+                    term_values_or_nan)
 
 __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
            "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask", "check_stop_rel",
-           "check_inference_layers", "MAX_INFERENCE_LAYERS"]
+           "check_inference_layers", "MAX_INFERENCE_LAYERS", "check_batch_size", "MAX_BATCH_SIZE"]
 
 ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
 register_encoder = registrar(ENCODERS, "kind", "encoder registry (unfold.ENCODERS)", ConfigError)
@@ -192,20 +193,45 @@ def check_stop_rel(value, what: str = "stop_rel", error: type = ConfigError) -> 
 MAX_INFERENCE_LAYERS = 4096
 
 
-def check_inference_layers(encoder, layers, what: str = "layers", error: type = ConfigError) -> Optional[int]:
-    """``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
+def check_inference_layers(encoder, layers, what: str = "layers", error: type = ConfigError,
+                           first: bool = False) -> Optional[int]:
+    """The one depth rule, applied by :meth:`Encoder.forward` (so by every model, encoder and command line):
+    ``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
     [1, :data:`MAX_INFERENCE_LAYERS`], and only for a weight-shared encoder (:attr:`Encoder.weight_shared`: one
     step unrolled any number of times); an untied stack (free, baseline) has no layer beyond its last, and fewer
-    layers would drop trained ones: refused, an ``error`` naming ``what``, the value and the encoder."""
+    layers would drop trained ones: refused, an ``error`` naming ``what``, the value and the encoder.
+    ``first=True`` (``first_layers=`` of :meth:`Encoder.forward`): the explicit prefix of an untied stack, its first
+    1 .. ``encoder.layers`` layers (the studies that probe a stack layer by layer); refused for a weight-shared
+    encoder, whose depth is ``layers``."""
     if layers is None:
         return None
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_INFERENCE_LAYERS:
         raise error(f"{what} must be an integer in [1, {MAX_INFERENCE_LAYERS}], got {layers!r}")
+    kind = getattr(encoder, "kind", type(encoder).__name__)
+    if first:
+        if getattr(encoder, "weight_shared", False) or layers > getattr(encoder, "layers", 0):
+            raise error(f"{what}={layers}: the first layers of an untied stack, 1 .. its depth; the {kind} encoder "
+                        f"has {getattr(encoder, 'layers', '?')} "
+                        + ("weight-shared layers (pass layers= to unroll its step)"
+                           if getattr(encoder, "weight_shared", False) else "layers"))
+        return layers
     if not getattr(encoder, "weight_shared", False):
         raise error(f"{what}={layers}: the {getattr(encoder, 'kind', type(encoder).__name__)} encoder's "
                     f"{getattr(encoder, 'layers', '?')} layers are untied (no weight-shared step to unroll "
                     "more or fewer times); another inference depth applies to weight-shared encoders (guaranteed)")
     return layers
+
+
+#: most examples per batch of an inference or an evaluation (``batch_size=``), the trainer's ``train.batch_size`` bound
+MAX_BATCH_SIZE = 2 ** 20
+
+
+def check_batch_size(batch_size, what: str = "batch_size", error: type = ConfigError) -> int:
+    """The one batch-size rule of the entry points that batch examples themselves (``TrainedModel.predict``,
+    ``evaluate_at``, ``unfold-predict --batch-size``): an integer in [1, :data:`MAX_BATCH_SIZE`] (the framework's
+    integer rule, :func:`energies.checks.check_int`: a bool, a fraction, NaN refused), else an ``error`` naming
+    ``what`` and the value -- never an empty loop that evaluates nothing."""
+    return check_int(batch_size, what, 1, MAX_BATCH_SIZE, error=error)
 
 
 def check_input_tokens(X, d: int) -> None:
@@ -257,7 +283,17 @@ class Encoder(nn.Module):
         raise NotImplementedError
 
     def forward(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None, graph: Optional[TokenGraph] = None,
-                trace: bool = False, keep_states: bool = False, layers: Optional[int] = None) -> EncoderOutput:
+                trace: bool = False, keep_states: bool = False, layers: Optional[int] = None,
+                first_layers: Optional[int] = None) -> EncoderOutput:
+        """``layers``: unroll a weight-shared step that many times (:func:`check_inference_layers`, the one depth
+        rule: refused for an untied stack); ``first_layers``: run only the first layers of an untied stack (an
+        explicit prefix, for probes)."""
+        if first_layers is not None:
+            if layers is not None:
+                raise ConfigError("pass layers or first_layers, not both")
+            layers = check_inference_layers(self, first_layers, "first_layers", first=True)
+        else:
+            layers = check_inference_layers(self, layers)
         check_input_tokens(X, self.d)
         check_device(X, self, "tokens X")
         mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device,

@@ -60,7 +60,7 @@ import torch
 
 from energies.errors import CheckpointError
 from unfold.classifier import SequenceClassifier
-from unfold.encoders import check_inference_layers
+from unfold.encoders import check_batch_size, check_inference_layers
 from unfold.cli import read_document
 from unfold.strict_json import dumps as json_dumps, load as json_load
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
@@ -226,6 +226,7 @@ class TrainedModel:
         shared step that many times instead of the trained depth (weight-shared encoders only; else a
         :class:`~energies.errors.ConfigError` naming it, :func:`unfold.encoders.check_inference_layers`)."""
         layers = check_inference_layers(self.model.encoder, layers)
+        batch_size = check_batch_size(batch_size)
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)

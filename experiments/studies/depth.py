@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from energies.errors import ConfigError
+from energies.errors import ConfigError, InputError
 from unfold.cli import check_device, folder_arg, folder_problem, run_main
-from unfold.encoders import MAX_INFERENCE_LAYERS, check_inference_layers, check_stop_rel
+from unfold.encoders import MAX_INFERENCE_LAYERS, check_batch_size, check_inference_layers, check_stop_rel
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -107,7 +107,9 @@ def evaluate_at(model, tensors, batch_size: int = 64, device="cpu", layers: Opti
     energy at the input and after the last layer."""
     encoder = model.encoder
     layers = check_inference_layers(encoder, layers)
+    batch_size = check_batch_size(batch_size)
     eps = check_stop_rel(stop_rel)
+    _check_tensors(model, tensors)
     if eps is not None and not hasattr(encoder, "stop_rel"):
         raise ConfigError(f"stop_rel={stop_rel!r}: the {getattr(encoder, 'kind', type(encoder).__name__)} encoder "
                           "has no energy-chosen depth")
@@ -119,6 +121,34 @@ def evaluate_at(model, tensors, batch_size: int = 64, device="cpu", layers: Opti
     finally:
         if hasattr(encoder, "stop_rel"):
             encoder.stop_rel = own
+
+
+def _check_tensors(model, tensors) -> None:
+    """``tensors`` as :func:`evaluate_at` reads them: ``(ids (N, n), mask (N, n), labels (N,))`` with N >= 1 and
+    integer labels in [0, K) (K: the model's classes), else an :class:`~energies.errors.InputError` naming what is
+    wrong -- never an accuracy over nothing, nor one counted against labels no class can match."""
+    if not isinstance(tensors, (tuple, list)) or len(tensors) != 3:
+        raise InputError(f"tensors must be (ids, mask, labels), got {type(tensors).__name__}"
+                         + (f" of {len(tensors)}" if isinstance(tensors, (tuple, list)) else ""))
+    ids, mask, labels = tensors
+    for name, t, ndim in (("ids", ids, 2), ("mask", mask, 2), ("labels", labels, 1)):
+        if not isinstance(t, torch.Tensor) or t.ndim != ndim:
+            raise InputError(f"tensors: {name} must be a {ndim}-d tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise InputError(f"tensors: labels must be integer class ids, got {labels.dtype}")
+    if not (ids.shape[0] == mask.shape[0] == labels.shape[0]) or ids.shape != mask.shape:
+        raise InputError(f"tensors: ids {tuple(ids.shape)}, mask {tuple(mask.shape)} and labels {tuple(labels.shape)} "
+                         "must hold the same examples")
+    if labels.numel() == 0:
+        raise InputError("tensors: no example to evaluate (labels is empty)")
+    classes = getattr(getattr(model, "head", None), "out_features", None)
+    if isinstance(classes, int):
+        bad = (labels < 0) | (labels >= classes)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise InputError(f"tensors: labels must lie in [0, {classes}) (the model's classes), got {int(labels[i])} "
+                             f"at {i}")
 
 
 def _evaluate(model, tensors, batch_size, device, layers) -> Dict[str, Any]:

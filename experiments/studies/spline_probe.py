@@ -485,7 +485,8 @@ def probe_model(model: SequenceClassifier, n: int = 6, seed: int = 0, layers: Op
     bound, reasons = degree_analysis(model, layers=layers)
     if "max_degree" not in kw:
         kw["max_degree"] = min(bound, 100) if bound is not None else 12
-    out = probe(lambda t: enc(X0 + t * D, mask, graph=graph, layers=layers).Y, model, **kw)
+    unroll = {"layers" if enc.weight_shared else "first_layers": layers}   # an untied stack: its first layers
+    out = probe(lambda t: enc(X0 + t * D, mask, graph=graph, **unroll).Y, model, **kw)
     depth = enc.layers if layers is None else int(layers)
     out.update(static_degree_bound=bound, non_spline_parts=reasons,
                module=f"{enc.kind} model, {depth} layers" + (

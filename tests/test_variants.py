@@ -153,6 +153,84 @@ def test_the_same_command_with_good_specs_passes_the_checks():
                                           "random-0.05"]
 
 
+def _mutate(path, change):
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _v0(key, value, sub=None):
+    def change(doc):
+        target = doc["variants"][0] if sub is None else doc["variants"][0][sub]
+        target[key] = value
+    return change
+
+
+#: variants.json edits --table must refuse (issue 33, cause 11): (id, change, the field the error names)
+VARIANT_TABLE_CASES = [
+    ("accuracy-1e308", _v0("mean", 1e308, "test_accuracy"), "test_accuracy.mean"),
+    ("accuracy-negative", _v0("mean", -0.5, "test_accuracy"), "test_accuracy.mean"),
+    ("accuracy-std-2", _v0("std", 2.0, "test_accuracy"), "test_accuracy.std"),
+    ("memory-negative", _v0("mean", -5.0, "peak_memory_bytes"), "peak_memory_bytes.mean"),
+    ("growth-negative", _v0("mean", -1, "peak_memory_growth_bytes"), "peak_memory_growth_bytes.mean"),
+    ("tokens-negative", _v0("mean", -1.0, "train_tokens_per_second"), "train_tokens_per_second.mean"),
+    ("steps-400-digits", _v0("energy_steps", 10 ** 400), "energy_steps"),
+    ("increases-2**63", _v0("untrained_energy_increases", 2 ** 63), "untrained_energy_increases"),
+    ("graph-newline", _v0("graph", "star\n\n# injected heading"), "variants[0]"),
+    ("graph-tab", _v0("graph", "star\tx"), "variants[0]"),
+    ("graph-bidi", _v0("graph", "star\u202e"), "variants[0]"),
+    ("name-newline", lambda d: d.update(name="tiny\n# injected"), "'name'"),
+    ("config-newline", lambda d: d.update(config="a\nb"), "'config'"),
+    ("override-newline", lambda d: d.update(overrides=["x=1\ny"]), "overrides[0]"),
+    ("kind-pipe", lambda d: d.update(peak_memory_kind="a|b"), "peak_memory_kind"),
+    ("wall-negative", lambda d: d.update(wall_seconds=-1), "wall_seconds"),
+    ("seed-negative", lambda d: d.update(seeds=[-1]), "seeds"),
+    ("finished-string", _v0("finished", ["0"]), "finished"),
+]
+
+
+@pytest.mark.parametrize("case", VARIANT_TABLE_CASES, ids=[c[0] for c in VARIANT_TABLE_CASES])
+def test_table_refuses_absurd_variants_summaries(quick, tmp_path, capsys, case):
+    _, change, field = case
+    (tmp_path / V.VARIANTS_JSON).write_bytes((quick[0] / V.VARIANTS_JSON).read_bytes())
+    assert V.main(["--table", str(tmp_path)]) == 0                        # control: the file as written
+    capsys.readouterr()
+    _mutate(tmp_path / V.VARIANTS_JSON, change)
+    assert V.main(["--table", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and V.VARIANTS_JSON in err and field in err, err
+
+
+def _stat(key, field, value):
+    return lambda d: d["metrics"][key].update({field: value})
+
+
+#: summary.json edits unfold-sweep --table must refuse
+SWEEP_TABLE_CASES = [
+    ("accuracy-1e308", _stat("test_accuracy", "mean", 1e308), "test_accuracy.mean"),
+    ("val-accuracy-negative", _stat("val_accuracy", "max", -0.1), "val_accuracy.max"),
+    ("accuracy-std-2", _stat("test_accuracy", "std", 2.0), "test_accuracy.std"),
+    ("seconds-negative", _stat("train_seconds", "mean", -3.0), "train_seconds.mean"),
+    ("steps-1e300", _stat("energy_steps", "mean", 1e300), "energy_steps.mean"),
+    ("name-tab", lambda d: d.update(name="tiny\tx"), "'name'"),
+    ("name-bidi", lambda d: d.update(name="tiny\u202e"), "'name'"),
+]
+
+
+@pytest.mark.parametrize("case", SWEEP_TABLE_CASES, ids=[c[0] for c in SWEEP_TABLE_CASES])
+def test_sweep_table_refuses_absurd_summaries(quick, tmp_path, capsys, case):
+    from experiments.app import sweep as S
+
+    _, change, field = case
+    (tmp_path / "summary.json").write_bytes((quick[0] / "star" / "summary.json").read_bytes())
+    assert S.main(["--table", str(tmp_path)]) == 0                        # control: the file as written
+    capsys.readouterr()
+    _mutate(tmp_path / "summary.json", change)
+    assert S.main(["--table", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "summary.json" in err and field in err, err
+
+
 def test_table_refuses_a_malformed_summary(tmp_path, capsys):
     (tmp_path / V.VARIANTS_JSON).write_text(json.dumps({"name": "x", "seeds": [0], "overrides": [],
                                                         "wall_seconds": 1, "variants": [{"graph": "star"}]}))

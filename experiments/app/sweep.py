@@ -394,6 +394,11 @@ def _row(summary: Dict[str, Any]) -> str:
 #: the statistics of ``summary.json`` that :func:`_row` reads: required, then read when present
 TABLE_REQUIRED = ("test_accuracy", "val_accuracy")
 TABLE_OPTIONAL = ("train_seconds", "energy_increases", "untrained.energy_increases", "energy_steps")
+#: the range of each statistic's values (mean, min, max; the std at most the width): accuracies are fractions,
+#: seconds and counts are >= 0 and below 2**63 (a count beyond is no count a run makes)
+TABLE_RANGES = {"test_accuracy": (0.0, 1.0), "val_accuracy": (0.0, 1.0), "train_seconds": (0.0, 2.0 ** 63),
+                "energy_increases": (0.0, 2.0 ** 63), "untrained.energy_increases": (0.0, 2.0 ** 63),
+                "energy_steps": (0.0, 2.0 ** 63)}
 
 
 def _check_stat(stat: Any, key: str, path: str) -> None:
@@ -409,9 +414,13 @@ def _check_stat(stat: Any, key: str, path: str) -> None:
                 raise ConfigError(f"{path}: {where!r} has no {field!r}")
             continue
         v = stat[field]
+        lo, hi = TABLE_RANGES.get(key, (-math.inf, math.inf))
+        if field == "std":
+            lo, hi = 0.0, hi - lo
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or (field == "std" and v < 0)):
-            rule = "a finite number >= 0 or null" if field == "std" else "a finite number or null"
+                              or not lo <= v <= hi):
+            rule = "a finite number" + (f" in [{lo:g}, {hi:g}]" if math.isfinite(hi) else
+                                        f" >= {lo:g}" if math.isfinite(lo) else "") + " or null"
             raise ConfigError(f"{path}: '{where}.{field}' must be {rule}, got {_short(v)}")
     for field in ("n", "nonfinite"):
         if field not in stat:
@@ -445,8 +454,9 @@ def check_summary(summary: Any, path: str) -> Dict[str, Any]:
         raise ConfigError(f"{path} holds a JSON {_json_type(summary)}, not a sweep summary (an object with name, "
                           "runs, metrics)")
     name = summary.get("name")
-    if not isinstance(name, str) or not name.strip() or any(c in name for c in "\n\r|"):
-        raise ConfigError(f"{path}: 'name' must be a one-line string without '|', got {_short(name)}")
+    if not isinstance(name, str) or not name.strip() or not name.isprintable() or "|" in name:
+        raise ConfigError(f"{path}: 'name' must be one line of printable text without '|' (no newline, tab or "
+                          f"control character), got {_short(name)}")
     runs = summary.get("runs")
     if not isinstance(runs, dict):
         raise ConfigError(f"{path}: 'runs' must be an object (seed -> metrics), got "

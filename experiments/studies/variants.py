@@ -405,6 +405,17 @@ def lost_variants(root: str, summary: Dict[str, Any]) -> List[str]:
 
 STAT_KEYS = ("test_accuracy", "train_tokens_per_second", "peak_memory_bytes", "peak_memory_growth_bytes")
 COUNT_KEYS = ("energy_increases", "energy_steps", "untrained_energy_increases", "untrained_energy_steps")
+#: the range of each statistic's mean (its std: >= 0 and at most the range's width): an accuracy is a fraction,
+#: throughput and memory are >= 0 and below 2**63 (bytes, tokens/s); a count is an integer in [0, 2**63 - 1]
+STAT_RANGES = {"test_accuracy": (0.0, 1.0), "train_tokens_per_second": (0.0, 2.0 ** 63),
+               "peak_memory_bytes": (0.0, 2.0 ** 63), "peak_memory_growth_bytes": (0.0, 2.0 ** 63)}
+MAX_COUNT = 2 ** 63 - 1
+
+
+def one_line_text(value: Any) -> bool:
+    """Whether ``value`` prints as one cell of a table: a string of printable characters (no newline, tab or
+    other control or format character) without ``|``."""
+    return isinstance(value, str) and value.isprintable() and "|" not in value
 
 
 def check_summary(value: Any, path: str) -> Dict[str, Any]:
@@ -413,29 +424,48 @@ def check_summary(value: Any, path: str) -> Dict[str, Any]:
     def bad(where: str, why: str) -> ConfigError:
         return ConfigError(f"{path}: {where} {why}")
 
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def seed(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT
+
     if not isinstance(value, dict):
         raise bad("the file", "holds no JSON object (a variants summary)")
     for key, kind in (("name", str), ("seeds", list), ("variants", list), ("overrides", list)):
         if not isinstance(value.get(key), kind):
             raise bad(repr(key), f"must be a JSON {'string' if kind is str else 'array'}")
-    if not isinstance(value.get("wall_seconds"), (int, float)) or isinstance(value.get("wall_seconds"), bool):
-        raise bad("'wall_seconds'", "must be a number")
+    if not one_line_text(value["name"]):
+        raise bad("'name'", f"must be one line of printable text without '|', got {value['name']!r:.80}")
+    for key in ("config", "peak_memory_kind"):
+        if value.get(key) is not None and not one_line_text(value[key]):
+            raise bad(repr(key), f"must be null or one line of printable text without '|', got {value[key]!r:.80}")
+    for i, o in enumerate(value["overrides"]):
+        if not one_line_text(o):
+            raise bad(f"'overrides[{i}]'", f"must be one line of printable text without '|', got {o!r:.80}")
+    if not all(seed(s) for s in value["seeds"]) or len(value["seeds"]) > MAX_SEEDS:
+        raise bad("'seeds'", f"must be at most {MAX_SEEDS} seeds, each an integer in [0, 2**63 - 1]")
+    if not number(value.get("wall_seconds")) or value["wall_seconds"] < 0:
+        raise bad("'wall_seconds'", "must be a finite number >= 0")
     for i, v in enumerate(value["variants"]):
         where = f"variants[{i}]"
-        if not isinstance(v, dict) or not isinstance(v.get("graph"), str) or "|" in v["graph"]:
-            raise bad(where, "must be an object whose 'graph' is a string without '|'")
+        if not isinstance(v, dict) or not one_line_text(v.get("graph")) or not v["graph"]:
+            raise bad(where, "must be an object whose 'graph' is one line of printable text without '|'")
         for key in ("finished", "failed"):
-            if not isinstance(v.get(key), list):
-                raise bad(f"{where}.{key}", "must be a JSON array of seeds")
+            if not isinstance(v.get(key), list) or not all(seed(s) for s in v[key]) or len(v[key]) > MAX_SEEDS:
+                raise bad(f"{where}.{key}", f"must be a JSON array of at most {MAX_SEEDS} seeds (integers in "
+                                            "[0, 2**63 - 1])")
         for key in COUNT_KEYS:
-            if isinstance(v.get(key), bool) or not isinstance(v.get(key), int) or v[key] < 0:
-                raise bad(f"{where}.{key}", "must be an integer >= 0")
+            if not seed(v.get(key)):
+                raise bad(f"{where}.{key}", f"must be an integer in [0, 2**63 - 1], got {v.get(key)!r:.40}")
         for key in STAT_KEYS:
-            stat = v.get(key)
-            if not isinstance(stat, dict) or not all(
-                    stat.get(f) is None or (isinstance(stat.get(f), (int, float)) and not isinstance(stat.get(f), bool)
-                                            and math.isfinite(stat[f])) for f in ("mean", "std")):
+            stat, (lo, hi) = v.get(key), STAT_RANGES[key]
+            if not isinstance(stat, dict) or not all(stat.get(f) is None or number(stat[f]) for f in ("mean", "std")):
                 raise bad(f"{where}.{key}", "must be an object whose 'mean' and 'std' are finite numbers or null")
+            if stat.get("mean") is not None and not lo <= stat["mean"] <= hi:
+                raise bad(f"{where}.{key}.mean", f"must lie in [{lo:g}, {hi:g}], got {stat['mean']!r}")
+            if stat.get("std") is not None and not 0 <= stat["std"] <= hi - lo:
+                raise bad(f"{where}.{key}.std", f"must lie in [0, {hi - lo:g}], got {stat['std']!r}")
     return value
 
 

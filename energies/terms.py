@@ -11,12 +11,13 @@ Optimization Perspective", main paper and supplement.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import NamedTuple, Optional, Union
 
 import torch
 
-from .errors import EnergyError, TokenError
+from .errors import EnergyError, GraphError, TokenError
 from .checks import check_number
 from .graph import TokenGraph
 from .pairwise import kernel_names, pairwise_energy, pairwise_pass, pairwise_pass_heads, weighted_neighbour_sums
@@ -157,12 +158,76 @@ def _f64_sum(x: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts, 1).to(ACCUM_DTYPE).sum(1)
 
 
+def check_Y_graph(Y, graph, name: str = "Y") -> None:
+    """A term's tokens against its graph, from metadata only (no host read, no device sync: fine in the layers' hot
+    path): ``Y`` a floating ``(B, n, d)`` tensor with ``(B, n)`` the graph's ``(batch_size, num_nodes)``, on the
+    graph's device; else a :class:`~energies.errors.TokenError` naming ``name``, its shape or device and the graph's
+    (a :class:`~energies.errors.GraphError` when ``graph`` is not a graph). Never torch's untyped RuntimeError from
+    deep inside a kernel."""
+    if not isinstance(Y, torch.Tensor):
+        raise TokenError(f"{name} must be a torch.Tensor of tokens (B, n, d), got {type(Y).__name__}")
+    if not all(hasattr(graph, a) for a in ("batch_size", "num_nodes", "mask")):
+        raise GraphError(f"graph must be a TokenGraph, got {type(graph).__name__}")
+    if not Y.dtype.is_floating_point:
+        raise TokenError(f"{name} must have a floating dtype, got {Y.dtype}")
+    if Y.ndim != 3 or (Y.shape[0], Y.shape[1]) != (graph.batch_size, graph.num_nodes):
+        raise TokenError(f"{name} has shape {tuple(Y.shape)} but the graph is for (B, n) = "
+                         f"({graph.batch_size}, {graph.num_nodes}): tokens must be (B, n, d)")
+    if Y.device != graph.mask.device:
+        raise TokenError(f"{name} is on {Y.device} but the graph is on {graph.mask.device}")
+
+
+#: the public methods of a term that take ``(Y, graph, ...)``: each checks Y against the graph first
+#: (:func:`check_Y_graph`), in every subclass (:meth:`EnergyTerm.__init_subclass__`); the static ``joint_*`` take
+#: ``(terms, Y, graph, ...)``
+_Y_GRAPH_METHODS = ("value", "grad", "curvature", "pass_value_and_curvature", "pass_value", "mm", "prox", "forward",
+                    "neighbour_sums", "messages", "mm_pass")
+_JOINT_METHODS = ("joint_mm", "joint_pass_values")
+
+
+def _checked(fn, joint: bool = False):
+    """``fn`` (a term's method, or a static ``joint_*``) checking its ``(Y, graph)`` first."""
+    if getattr(fn, "_checks_Y_graph", False):
+        return fn
+    if joint:
+        @functools.wraps(fn)
+        def joint_checked(terms, Y, graph, *args, **kwargs):
+            check_Y_graph(Y, graph)
+            return fn(terms, Y, graph, *args, **kwargs)
+        joint_checked._checks_Y_graph = True
+        return joint_checked
+
+    @functools.wraps(fn)
+    def checked(self, Y, graph, *args, **kwargs):
+        check_Y_graph(Y, graph)
+        return fn(self, Y, graph, *args, **kwargs)
+    checked._checks_Y_graph = True
+    return checked
+
+
+def _check_methods(cls) -> None:
+    for attr in _Y_GRAPH_METHODS:
+        fn = cls.__dict__.get(attr)
+        if callable(fn) and not isinstance(fn, (staticmethod, classmethod)):
+            setattr(cls, attr, _checked(fn))
+    for attr in _JOINT_METHODS:
+        fn = cls.__dict__.get(attr)
+        if isinstance(fn, staticmethod):
+            setattr(cls, attr, staticmethod(_checked(fn.__func__, joint=True)))
+
+
 class EnergyTerm(torch.nn.Module):
-    """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`."""
+    """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`. Every public method that
+    takes ``(Y, graph)`` (value, grad, curvature, mm, pass_value, prox, ... in this class and every subclass,
+    plug-ins included) checks Y against the graph first (:func:`check_Y_graph`: shapes and device, metadata only)."""
 
     name = "term"
     #: True when the term can take the value +inf (indicators); its gradient is then a subgradient.
     is_indicator = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _check_methods(cls)
 
     def value(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         raise NotImplementedError
@@ -225,6 +290,9 @@ class EnergyTerm(torch.nn.Module):
 
     def describe(self) -> str:
         return ""
+
+
+_check_methods(EnergyTerm)
 
 
 class PairwiseAttention(EnergyTerm):

@@ -791,3 +791,90 @@ def test_the_depths_and_batch_sizes_the_rules_accept_still_run():
                                           for p, q in zip(a, b))
     res = _evaluate_at(_tensors(), batch_size=3)
     assert res["examples"] == 4 and res["accuracy"] == _evaluate_at(_tensors(), batch_size=4)["accuracy"]
+
+
+# --------------------------------------------------------------------- (issue 33, cause 8) a term's Y against its graph
+def _terms():
+    import energies as E
+
+    gen = torch.Generator().manual_seed(4)
+    W = torch.randn(4, 4, dtype=torch.float64, generator=gen)
+
+    class PlugTerm(E.EnergyTerm):                       # a plug-in term: its methods are checked too
+        def value(self, Y, graph):
+            return (Y * Y).sum((1, 2))
+
+        def grad(self, Y, graph):
+            return 2 * Y
+
+        def curvature(self, Y, graph):
+            return 2.0
+
+    return {
+        "attention-edges": E.PairwiseAttention("exp", 1.3, kernel="edges"),
+        "attention-dense": E.PairwiseAttention("cauchy", 1.3, kernel="dense"),
+        "attention-auto-metric": E.PairwiseAttention("exp", 1.3, metric=torch.eye(4, dtype=torch.float64)),
+        "residual": E.Residual(torch.randn(2, 5, 4, dtype=torch.float64, generator=gen)),
+        "feedforward": E.FeedForward(W + W.T),
+        "nonnegativity": E.NonNegativity(),
+        "centering": E.Centering(),
+        "rescaling": E.Rescaling(),
+        "plug-in": PlugTerm(),
+    }
+
+
+_TERM_Y = torch.rand(2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+_BAD_Y = {
+    "other-n": (torch.rand(2, 6, 4, dtype=torch.float64), ["(2, 6, 4)", "(2, 5)"]),
+    "other-batch": (torch.rand(3, 5, 4, dtype=torch.float64), ["(3, 5, 4)", "(2, 5)"]),
+    "one-example-2d": (torch.rand(5, 4, dtype=torch.float64), ["(5, 4)", "(2, 5)"]),
+    "meta": (torch.rand(2, 5, 4, dtype=torch.float64, device="meta"), ["meta", "cpu"]),
+    "int": (torch.ones(2, 5, 4, dtype=torch.long), ["floating", "int64"]),
+    "not-a-tensor": (np.zeros((2, 5, 4)), ["ndarray"]),
+}
+
+
+def _term_methods(term):
+    import energies as E
+
+    methods = ["value", "grad", "pass_value", "forward"]
+    if not term.is_indicator:
+        methods += ["curvature", "mm", "pass_value_and_curvature"]
+    else:
+        methods += ["prox"]
+    if isinstance(term, E.PairwiseAttention):
+        methods += ["neighbour_sums", "messages", "mm_pass", "joint_mm", "joint_pass_values"]
+    return methods
+
+
+TERM_CASES = [(name, method, bad) for name, term in _terms().items() for method in _term_methods(term)
+              for bad in _BAD_Y]
+
+
+def _call(term, method, Y, graph):
+    if method.startswith("joint_"):
+        return getattr(type(term), method)([term, term], Y, graph)
+    return getattr(term, method)(Y, graph)
+
+
+@pytest.mark.parametrize("name,method,bad", TERM_CASES, ids=["-".join(c) for c in TERM_CASES])
+def test_a_term_method_checks_Y_against_its_graph(name, method, bad):
+    """Before: ``PairwiseAttention(...).value(Y, graph)`` with Y of another n or batch than the graph, or on another
+    device, raised torch's untyped RuntimeError (or ran on the wrong rows); now every public method of every term
+    refuses it with a TokenError naming the shapes or devices (metadata only: no host read)."""
+    term, graph = _terms()[name], window(5, 2, batch_size=2)
+    Y, names = _BAD_Y[bad]
+    with pytest.raises(TokenError) as info:
+        _call(term, method, Y, graph)
+    for what in names:
+        assert what in str(info.value), (what, str(info.value))
+
+
+@pytest.mark.parametrize("name", sorted(_terms()))
+def test_a_term_method_takes_Y_that_fits_its_graph(name):
+    """The negative control: Y of the graph's shape runs every method; a graph that is not one is a GraphError."""
+    term, graph = _terms()[name], window(5, 2, batch_size=2)
+    for method in _term_methods(term):
+        _call(term, method, _TERM_Y, graph)
+    with pytest.raises(GraphError, match="graph must be a TokenGraph"):
+        term.value(_TERM_Y, "window:2")

@@ -7,7 +7,6 @@ examples' states (:attr:`unfold.trace.EnergyTrace.exact`), confirmed against 50-
 increase (the planted fault) stays an increase; examples with no edge have an energy of exactly 0."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

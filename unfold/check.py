@@ -25,7 +25,7 @@ from energies.graph import graph_from_spec
 from energies.memory import check_memory
 from energies.rho import get_rho
 
-from .cli import check_device, finite_float, positive_float, positive_int, run_main
+from .cli import any_float, any_int, check_device, finite_float, positive_float, positive_int, run_main
 from .plugins import add_import_arg
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe
@@ -60,16 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--relu", action="store_true", help="follow each attention step by the ReLU prox step")
     p.add_argument("--residual", choices=["none", "input"], default="none",
                    help="R(Y) = |Y|^2/2 (none) or the initial residual |Y - Y_0|^2/2 (input)")
-    p.add_argument("--layers", type=int, default=8, help="unrolled layers T (weights shared)")
+    p.add_argument("--layers", type=any_int, default=8, help="unrolled layers T (weights shared)")
     p.add_argument("--samples", type=positive_int, default=16, help="random token matrices S")
     p.add_argument("--n", type=positive_int, default=None, help="tokens per matrix (default 32)")
     p.add_argument("--d", type=positive_int, default=None, help="features per token (default 16)")
     p.add_argument("--scale", type=positive_float, default=1.0, help="std of the random tokens")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=any_int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K")
     p.add_argument("--input", default=None, help="one n x d token matrix (.npy) instead of random samples")
-    p.add_argument("--tol-factor", type=float, default=DEFAULT_TOL_FACTOR,
+    p.add_argument("--tol-factor", type=any_float, default=DEFAULT_TOL_FACTOR,
                    help=f"tol = factor * eps(dtype) * (sum_k |E_k| + eps * sum_u c_u |y_u|^2), factor in "
                         f"[{MIN_TOL_FACTOR:g}, {MAX_TOL_FACTOR:g}]")
     p.add_argument("--plot", default=None, help="write an energy-descent plot (PNG) here")

@@ -76,6 +76,16 @@ def _number(kind: Callable, text: str, ok: Callable, rule: str):
     return value
 
 
+def any_int(text: str) -> int:
+    """An integer written in ASCII digits (its range checked where it is used)."""
+    return _number(int, text, lambda v: True, "an integer")
+
+
+def any_float(text: str) -> float:
+    """A number written in ASCII digits (its range checked where it is used)."""
+    return _number(float, text, lambda v: True, "a number")
+
+
 def positive_int(text: str) -> int:
     return _number(int, text, lambda v: v >= 1, "an integer >= 1")
 

@@ -14,6 +14,8 @@ import json
 import sys
 
 import torch
+
+from unfold.cli import positive_int
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -65,9 +67,9 @@ def cases(n: int, B: int, device, dtype):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.studies.profile_layer", description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--n", type=positive_int, default=4096)
+    p.add_argument("--batch", type=positive_int, default=4)
+    p.add_argument("--iters", type=positive_int, default=10)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--json")
     a = p.parse_args(argv)

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from unfold.cli import positive_int
+
 from unfold.encoders import Encoder, GuaranteedEncoder
 from unfold.strict_json import dumps as json_dumps
 
@@ -86,7 +88,7 @@ def cost(repeat: int = 15) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.studies.trace_exactness", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--seeds", type=positive_int, default=10)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from energies.pairwise import KERNELS as REGISTERED

@@ -88,7 +88,7 @@ def test_config_files_refuse_yaml_only_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("convert", ["positive_int", "nonnegative_int", "seed_int", "finite_float",
-                                     "positive_float", "probability"])
+                                     "positive_float", "probability", "any_int", "any_float"])
 def test_command_line_numbers_refuse_non_ascii(convert):
     import unfold.cli as cli
 
@@ -105,3 +105,10 @@ def test_dataset_options_refuse_non_ascii():
     with pytest.raises(argparse.ArgumentTypeError):
         _option_arg(f"max_len={ARABIC_3}")
     assert _option_arg("max_len=30") == ("max_len", 30)
+
+
+@pytest.mark.parametrize("flag", ["--layers", "--seed", "--tol-factor", "--samples"])
+def test_unfold_check_refuses_non_ascii_numbers(flag, tmp_path):
+    from clifuzz import run_cli
+    code, _, err = run_cli("unfold.check", [flag, ARABIC_3], str(tmp_path))
+    assert code == 2 and flag in err and ARABIC_3 in err

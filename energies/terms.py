@@ -185,22 +185,16 @@ _Y_GRAPH_METHODS = ("value", "grad", "curvature", "pass_value_and_curvature", "p
 _JOINT_METHODS = ("joint_mm", "joint_pass_values")
 
 
-def _checked(fn, joint: bool = False):
-    """``fn`` (a term's method, or a static ``joint_*``) checking its ``(Y, graph)`` first."""
+def _checked(fn):
+    """``fn`` checking its ``(Y, graph)`` first: a term's method ``(self, Y, graph, ...)`` or a static ``joint_*``
+    ``(terms, Y, graph, ...)``, the same positions."""
     if getattr(fn, "_checks_Y_graph", False):
         return fn
-    if joint:
-        @functools.wraps(fn)
-        def joint_checked(terms, Y, graph, *args, **kwargs):
-            check_Y_graph(Y, graph)
-            return fn(terms, Y, graph, *args, **kwargs)
-        joint_checked._checks_Y_graph = True
-        return joint_checked
 
     @functools.wraps(fn)
-    def checked(self, Y, graph, *args, **kwargs):
+    def checked(first, Y, graph, *args, **kwargs):
         check_Y_graph(Y, graph)
-        return fn(self, Y, graph, *args, **kwargs)
+        return fn(first, Y, graph, *args, **kwargs)
     checked._checks_Y_graph = True
     return checked
 
@@ -213,7 +207,7 @@ def _check_methods(cls) -> None:
     for attr in _JOINT_METHODS:
         fn = cls.__dict__.get(attr)
         if isinstance(fn, staticmethod):
-            setattr(cls, attr, staticmethod(_checked(fn.__func__, joint=True)))
+            setattr(cls, attr, staticmethod(_checked(fn.__func__)))
 
 
 class EnergyTerm(torch.nn.Module):

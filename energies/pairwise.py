@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from . import kernels  # noqa: F401  (registers the kernels, in order)
 from .kernels.dense import _dense_kernel
-from .kernels.dispatch import (_explicit_pass, _guarded_on_device, pairwise_energy, pairwise_pass, pairwise_pass_heads,
+from .kernels.dispatch import (_explicit_pass, _guarded_on_device, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
                                pick_kernel, weighted_neighbour_sums)
 from .kernels.edges import _edges_pass
 from .kernels.fused import _fused_kernel, _fused_only
@@ -71,6 +71,6 @@ __all__ = ["AUTO_RULES", "DEGREE_BLOCK_ELEMENTS", "EXPANSION_Z_ERROR", "EXPLICIT
            "_softmax_only", "_softmax_parts", "_streamed_kernel", "_streamed_pass", "_tile", "_triton_heads",
            "_triton_kernel", "_triton_supports", "apply_metric", "dense_z", "edge_z", "expansion_dtype",
            "expansion_ok", "explicit_z", "kernel_names", "kernel_sensitivity", "kernels",
-           "pairwise_energy", "pairwise_pass",
+           "explicit_energy", "pairwise_energy", "pairwise_pass",
            "pairwise_pass_heads", "pick_kernel", "register_auto_rule", "register_heads_pass", "register_kernel",
            "triton_unavailable", "weighted_neighbour_sums"]

@@ -20,7 +20,8 @@ import torch
 from .errors import EnergyError, GraphError, TokenError
 from .checks import check_number
 from .graph import TokenGraph
-from .pairwise import kernel_names, pairwise_energy, pairwise_pass, pairwise_pass_heads, weighted_neighbour_sums
+from .pairwise import (explicit_energy, kernel_names, pairwise_energy, pairwise_pass, pairwise_pass_heads,
+                       weighted_neighbour_sums)
 from .rho import Rho, get_rho
 
 __all__ = [
@@ -180,7 +181,7 @@ def check_Y_graph(Y, graph, name: str = "Y") -> None:
 #: the public methods of a term that take ``(Y, graph, ...)``: each checks Y against the graph first
 #: (:func:`check_Y_graph`), in every subclass (:meth:`EnergyTerm.__init_subclass__`); the static ``joint_*`` take
 #: ``(terms, Y, graph, ...)``
-_Y_GRAPH_METHODS = ("value", "grad", "curvature", "pass_value_and_curvature", "pass_value", "mm", "prox", "forward",
+_Y_GRAPH_METHODS = ("value", "explicit_value", "grad", "curvature", "pass_value_and_curvature", "pass_value", "mm", "prox", "forward",
                     "neighbour_sums", "messages", "mm_pass")
 _JOINT_METHODS = ("joint_mm", "joint_pass_values")
 
@@ -363,6 +364,12 @@ class PairwiseAttention(EnergyTerm):
         Y = Y.to(ACCUM_DTYPE)
         W = self._metric(Y)
         return pairwise_energy(Y, graph, self.rho, self.tau, self.kernel, None if W is None else W.to(ACCUM_DTYPE))
+
+    def explicit_value(self, Y, graph):
+        """The value from explicit differences of centred features ``W^T (y - mean)`` in Y's dtype (the precision
+        guard's exact side, :func:`~energies.pairwise.explicit_energy`): exact to rounding at any scale like
+        :meth:`value`, at the cost of one pass (:meth:`value` maps every pair's difference by W in float64)."""
+        return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y))
 
     def neighbour_sums(self, Y, graph):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast

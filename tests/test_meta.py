@@ -97,3 +97,12 @@ def test_a_host_read_fails_on_meta():
 def test_the_training_build_check_accepts_every_documented_rho(rho):
     cfg = load_config("tiny", [f"model.rho={rho}"])
     assert check_buildable(cfg) > 0
+
+
+@pytest.mark.parametrize("graph", ["complete", "window:2"])
+def test_the_energy_chosen_depth_runs_on_meta(graph):
+    """stop_rel decides on the exact evaluation (explicit differences) at every layer: no host read either."""
+    with torch.device("meta"):
+        enc = ENCODERS["guaranteed"](d=8, layers=3, graph=graph, stop_rel=1e-4)
+        out = enc(torch.randn(2, 5, 8), torch.ones(2, 5, dtype=torch.bool), trace=True)
+        assert out.layers_used.device.type == "meta" and out.Y.shape == (2, 5, 8)

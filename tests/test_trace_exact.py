@@ -13,7 +13,7 @@ import torch
 
 import energies as E
 from energies.pairwise import pairwise_pass
-from unfold.encoders import GuaranteedEncoder
+from unfold.encoders import Encoder, GuaranteedEncoder
 from unfold.trace import EnergyTrace, settle
 
 EXPANSION_KERNELS = ["fused", "dense", "softmax", "streamed"]
@@ -138,3 +138,34 @@ def test_an_example_with_no_edge_has_an_energy_of_exactly_zero(kernel, graph):
             pytest.skip(f"{kernel} does not apply to {graph}")
         assert out.energy[1].item() == 0.0 and out.deg[1].abs().max().item() == 0.0
         assert out.agg[1].abs().max().item() == 0.0
+
+
+def test_the_energy_chosen_depth_decides_on_the_exact_energy():
+    """stop_rel = 1e-16 on a cluster plus a far token at 1,400 (near the guard's switch): the fused kernel's own
+    values read the first layer's decrease as -1.2e-11 (a rise: stop), the exact evaluation as +3.6e-16 (go on).
+    The depth is now the one the exact energies of the full unroll give under the same rule (keeps_going); with
+    the kernel's values it would be 1 (the negative control, computed here from the trace)."""
+    from unfold.trace import keeps_going
+    from experiments.studies.trace_exactness import cluster_far
+
+    def encoder(stop_rel=None):
+        enc = GuaranteedEncoder(d=3, heads=1, layers=6, rho="exp", tau=1.0, ffn=False, relu=False, kernel="fused",
+                                stop_rel=stop_rel).double()
+        with torch.no_grad():
+            enc.W.copy_(torch.eye(3, dtype=torch.float64)[None])
+        return enc
+    X = cluster_far(0, 1400.0)
+    full = encoder()(X, trace=True, keep_states=True)
+    graph = encoder().token_graph(torch.ones(1, 6, dtype=torch.bool))
+    exact = [Encoder.exact_total(encoder().energy(X), Y, graph) for Y in full.states]
+    kernel = [sum(v[:, t] for v in full.energies.values()) for t in range(len(exact))]
+
+    def depth(Es):
+        active, used = torch.ones(1, dtype=torch.bool), 0
+        for k in range(6):
+            if k > 0:
+                active = active & keeps_going(Es[k - 1], Es[k], 1e-16)
+            used += int(active)
+        return used
+    assert depth(kernel) == 1 < depth(exact)          # the kernels' values would stop after one layer
+    assert encoder(1e-16)(X).layers_used.item() == depth(exact)

@@ -56,7 +56,7 @@ from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, Non
 
 from .attention import ACTIVATIONS, Attention
 from .prox import ProxMMStep
-from .trace import (DescentReport, EnergyTrace, _total, keeps_going, report_from_values, resolution,
+from .trace import (DescentReport, EnergyTrace, keeps_going, report_from_values, resolution,
                     term_values_or_nan)
 
 __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
@@ -326,6 +326,20 @@ class Encoder(nn.Module):
                                                exact=None if X is None else self.exact_values(X, graph, states))
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
 
+    @staticmethod
+    def exact_total(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
+        """``E(Y)`` ``(B,)`` float64, every term evaluated exactly to rounding at any scale (a pairwise term from
+        explicit differences, :meth:`~energies.terms.PairwiseAttention.explicit_value`; the others' own values),
+        without a host read: what the energy-chosen depth decides on. The kernels' own values err by up to the
+        precision guard's bound, so a decrease they read below ``stop_rel`` need not be one; the price is one
+        explicit-difference pass per layer, only with ``stop_rel`` on."""
+        Yt = Y.detach().to(trace_dtype(Y.dtype))
+        with torch.no_grad(), full_precision(Y.device):
+            total = torch.zeros(Y.shape[0], dtype=ACCUM_DTYPE, device=Y.device)
+            for term in energy.terms.values():
+                total = total + getattr(term, "explicit_value", term.value)(Yt, graph).to(ACCUM_DTYPE)
+        return total
+
     def exact_values(self, X: torch.Tensor, graph: TokenGraph, states: List[torch.Tensor]):
         """``exact(t) -> {term: (B,)}``: every term's independent evaluation at Y_t (:attr:`EnergyTrace.exact`:
         explicit differences, exact to rounding at any scale), of the energy as it was in this forward pass. A
@@ -560,8 +574,8 @@ class GuaranteedEncoder(Encoder):
             Y_next, vals, curv = step.step_with_trace(Y, graph, values=want and not narrow)
             if want and narrow:
                 vals, curv = self.trace_values(energy, Y, graph)
-            if eps is not None:                   # vals hold E_k (at this layer's input Y_k): decide on layer k+1
-                E = _total(vals).detach().to(ACCUM_DTYPE)
+            if eps is not None:                   # E_k at this layer's input Y_k decides on layer k+1: the exact
+                E = self.exact_total(energy, Y, graph)      # evaluation, not the kernels' values (their rounding)
                 if before is not None:
                     active = active & keeps_going(before, E, eps)
                 before = E

@@ -97,6 +97,16 @@ def _native_half(kernel: Kernel, Zc: torch.Tensor) -> bool:
     return kernel.native_half and Zc.dtype in (torch.bfloat16, torch.float16) and Zc.device.type != "cpu"
 
 
+def explicit_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
+                    metric: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The pairwise energy ``(B,)`` float64 from the precision guard's exact side (:func:`_explicit_pass`: explicit
+    differences of centred features, exact to rounding at any scale, in Y's dtype), whatever kernel the layers use,
+    with no host read: what a decision that must not rest on the expansion's rounding reads (the energy-chosen
+    depth), at the cost of one pass, d_h per pair."""
+    Y = graph.zero_padded(Y)
+    return _explicit_pass(Y, apply_metric(_centred(Y, graph), metric), graph, rho, tau, True, False, metric).energy
+
+
 def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
     """The pass from explicit differences (exact to rounding at any scale), where the expansion cannot resolve z: on
     the complete graph the streamed tiles, of the tokens (with a metric, of the centred features Zc, W getting its

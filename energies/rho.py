@@ -23,7 +23,7 @@ from .checks import parse_float
 from .errors import EnergyError
 from .registry import registrar
 
-__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "kernel_sensitivity", "RHOS", "register_rho", "get_rho"]
+__all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "kernel_sensitivity", "RHOS", "RHO_ALIASES", "register_rho", "get_rho"]
 
 
 class Rho(torch.nn.Module):
@@ -88,6 +88,11 @@ RHOS: Dict[str, Callable[..., Rho]] = {}
 
 register_rho = registrar(RHOS, "name", "rho registry (energies.rho.RHOS)", EnergyError)
 """``@register_rho("name")`` registers a penalty class; its constructor takes the spec's ``:`` arguments."""
+
+#: other names of a registered penalty, mapped by :func:`get_rho` when the spec is parsed (not registrations: the
+#: penalty built is the registered one, and its ``spec()`` stays the canonical name, so saved configs and bundles
+#: read the same). ``softmax``: the README's name for the exp penalty (softmax attention, supplement eq. 35).
+RHO_ALIASES: Dict[str, str] = {"softmax": "exp"}
 
 
 @register_rho("exp")
@@ -327,14 +332,18 @@ def kernel_sensitivity(rho: Rho) -> float:
 
 
 def get_rho(spec) -> Rho:
-    """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``."""
+    """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``; ``name`` may also be an
+    alias of :data:`RHO_ALIASES` (``"softmax"`` builds ``exp``, whose spec stays ``"exp"``)."""
     if isinstance(spec, Rho):
         check_rho(spec)
         kernel_sensitivity(spec)
         return spec
     name, _, rest = str(spec).partition(":")
     if name not in RHOS:
-        raise EnergyError(f"unknown rho {name!r}; valid: {sorted(RHOS)}")
+        name = RHO_ALIASES.get(name, name)   # an alias names the registered penalty (a registered name wins)
+    if name not in RHOS:
+        aliases = [f"{a} (= {c})" for a, c in sorted(RHO_ALIASES.items()) if c in RHOS and a not in RHOS]
+        raise EnergyError(f"unknown rho {name!r}; valid: {sorted(RHOS)}" + (f"; also accepted: {aliases}" if aliases else ""))
     try:
         args = [parse_float(a) for a in rest.split(":")] if rest else []   # ASCII digits only (energies.checks)
     except ValueError:

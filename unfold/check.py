@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_arg(p)
     p.add_argument("--graph", default="complete",
                    help="complete | window:K | strided:K | dilated:K[:R] | star | random:P | path to a .npy 2 x m edge list")
-    p.add_argument("--rho", default="exp", help="exp | relu[:C] | cauchy | lp:P[:EPS]")
+    p.add_argument("--rho", default="exp", help="exp (or softmax) | relu[:C] | softplus:C:T | cauchy | lp:P[:EPS]")
     p.add_argument("--alpha", type=finite_float, default=1.0, help="residual weight, 0 < alpha <= 1")
     p.add_argument("--tau", type=finite_float, default=None, help="temperature (default sqrt(d))")
     p.add_argument("--update", choices=UPDATES, default="exact",

@@ -47,6 +47,36 @@ def show(value) -> str:
 csv.field_size_limit(1 << 24)       # the CSV readers (corpora, files): one field may hold a long text
 
 
+#: column names that usually hold the text, and the label, of a dataset: used only to suggest a fix
+_TEXT_NAMES = ("text", "sentence", "sentence1", "body", "content", "review", "document", "comment", "tweet", "message",
+               "question", "title", "abstract", "description", "passage", "utterance")
+_LABEL_NAMES = ("label", "labels", "topic", "class", "category", "target", "y", "sentiment", "stars", "rating",
+                "intent", "tag", "polarity", "score", "coarse_label", "fine_label")
+
+
+def column_fix(missing, found, text_field: str, label_field: str) -> str:
+    """What a refusal for ``missing`` columns adds: the config keys that choose other columns,
+    ``data.text_field`` and ``data.label_field``, with a column found for each missing one where its name says
+    which it is (or where one column is left), ``COLUMN`` otherwise, and the columns found as the candidates."""
+    found = [str(c) for c in found]
+    free = [c for c in found if c not in (text_field, label_field)]
+    keys = []
+    for key, field, names in (("data.text_field", text_field, _TEXT_NAMES), ("data.label_field", label_field, _LABEL_NAMES)):
+        if field not in missing:
+            continue
+        pick = next((c for c in free if c.strip().lower() in names), None)
+        if pick is None and len(free) == 1 and len(missing) == 1:
+            pick = free[0]
+        if pick is not None:
+            free = [c for c in free if c != pick]
+        keys.append(f"{key}={pick if pick is not None else 'COLUMN'}")
+    if not keys:
+        return ""
+    candidates = [c for c in found if c not in (text_field, label_field)]
+    return (f"; to read other columns set {' '.join(keys)} (config keys, or overrides on the command line)"
+            + (f", candidates: {candidates}" if candidates else ""))
+
+
 class DataError(UnfoldError):
     """A dataset is missing, corrupt, unknown, or malformed; the message says what to do."""
 

@@ -24,7 +24,8 @@ import shutil
 from energies.checks import one_line
 from unfold.strict_json import dumps as json_dumps
 
-from .core import SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, label_table, make_splits, show
+from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, label_table, make_splits,
+                   show)
 from .store import atomic_write_bytes, check_folder
 
 
@@ -41,7 +42,8 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
             raise DataError(f"{where}: record {i} is not an object: {rec!r:.80}")
         missing = [c for c in (text_field, label_field) if c not in rec]
         if missing:
-            raise DataError(f"{where}: record {i} has no column(s) {missing}; columns found: {sorted(map(str, rec))}")
+            raise DataError(f"{where}: record {i} has no column(s) {missing}; columns found: {sorted(map(str, rec))}"
+                            + column_fix(missing, sorted(map(str, rec)), text_field, label_field))
         label = rec[label_field]
         if label is None or (isinstance(label, str) and not label.strip()):
             raise DataError(f"{where}: record {i} has an empty label ({label_field!r})")
@@ -103,7 +105,8 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
                     columns = reader.fieldnames or []
                     missing = [c for c in (text_field, label_field) if c not in columns]
                     if missing:
-                        raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}")
+                        raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
+                                        + column_fix(missing, columns, text_field, label_field))
                     return list(reader)
             except UnicodeDecodeError:
                 continue                   # not UTF-8: read again as latin-1, which decodes any bytes

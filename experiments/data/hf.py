@@ -52,7 +52,8 @@ from collections.abc import Mapping
 import yaml
 
 from .arrow import read_columns, read_schema
-from .core import SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, label_table, show, split_examples
+from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, label_table, show,
+                   split_examples)
 from .files import records_to_examples
 from .store import data_dir as _data_dir
 
@@ -285,7 +286,7 @@ def _load_folder(folder: pathlib.Path, config, label, seed, text_field, label_fi
             missing = [c for c in columns if c not in schema.names]
             if missing:
                 raise DataError(f"{label}: split {split!r} ({f}) has no column(s) {missing}; columns found: "
-                                f"{schema.names}")
+                                f"{schema.names}" + column_fix(missing, schema.names, text_field, label_field))
     if features is None:                   # the metadata that datasets writes into every file
         features = _schema_features(schemas[files[chosen["train"]][0]], files[chosen["train"]][0])
     names = class_label_names(features, label_field, f"{label} ({folder})")
@@ -593,7 +594,9 @@ def _load_hub(name: str, config, label, seed, text_field, label_field, splits) -
         for col in (text_field, label_field):
             if col not in ds[split].column_names:
                 raise DataError(f"{label}: no column {col!r} in split {split!r}; columns found: "
-                                f"{ds[split].column_names}")
+                                f"{ds[split].column_names}"
+                                + column_fix([c for c in (text_field, label_field) if c not in ds[split].column_names],
+                                             ds[split].column_names, text_field, label_field))
     feat = ds[chosen["train"]].features.get(label_field)
     names = getattr(feat, "names", None) or None
     if names is not None:

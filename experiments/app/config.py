@@ -10,6 +10,7 @@ here), the strict safe loader of :mod:`experiments.app.strict_yaml`.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import pathlib
@@ -26,7 +27,7 @@ from unfold.cli import read_document
 from .strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
 
 __all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
-           "ConfigError", "load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH"]
+           "ConfigError", "load_yaml", "load_config_sources", "dump_config_sources", "config_chain", "EXTENDS", "StrictYAMLError", "MAX_YAML_DEPTH"]
 
 DEFAULTS: Dict[str, Any] = {
     "name": "default",
@@ -297,7 +298,10 @@ def _valid_keys(defaults: Dict[str, Any]) -> str:
     return ", ".join(sorted(defaults))
 
 
-def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], path: str) -> None:
+def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], path: str,
+           sources: Optional[Dict[str, str]] = None, origin: str = "") -> None:
+    """Merge ``new`` into ``base`` section by section (a leaf replaces, a section merges); where ``sources`` is
+    given, each leaf written records ``origin`` under its dotted key."""
     if not isinstance(new, dict):
         raise ConfigError(f"config section {path or '<root>'} must be a mapping, got {type(new).__name__}")
     for key, value in new.items():
@@ -306,9 +310,11 @@ def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], 
             raise ConfigError(f"unknown config key {_show(where)}; valid keys{' in ' + path if path else ''}: "
                               f"{_valid_keys(defaults)}")
         if isinstance(defaults[key], dict):
-            _merge(base[key], value, defaults[key], where)
+            _merge(base[key], value, defaults[key], where, sources, origin)
         else:
             base[key] = value
+            if sources is not None:
+                sources[where] = origin
 
 
 def _check_rule(where: tuple, value) -> None:
@@ -444,7 +450,8 @@ def _too_deep(value, limit: int = MAX_YAML_DEPTH) -> bool:
     return False
 
 
-def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
+def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str],
+                    sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Apply ``section.key=value`` strings (values parsed as YAML by :func:`load_yaml`: 3, 0.5, true, null, text;
     a value that is not YAML is taken as text). A value with a repeated key or nested deeper than
     :data:`MAX_YAML_DEPTH` levels (key path included) is a :class:`ConfigError` naming the override."""
@@ -469,7 +476,7 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
         if len(keys) > MAX_YAML_DEPTH or _too_deep(nested):
             raise ConfigError(f"override {_show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
                               "3 levels deep)")
-        _merge(cfg, nested, DEFAULTS, "")
+        _merge(cfg, nested, DEFAULTS, "", sources, "override")
     return cfg
 
 
@@ -497,25 +504,139 @@ def resolve_config(spec: str) -> str:
     raise ConfigError(f"config {spec!r} is neither a file nor a shipped config; shipped: {', '.join(config_names())}")
 
 
-def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
-    """Defaults <- YAML file <- overrides, validated. ``path`` is a file or a shipped config's name
-    (:func:`resolve_config`); ``name`` defaults to the file's stem."""
+#: the key of a config file that names the config it builds on (a shipped name or a path relative to the file)
+EXTENDS = "extends"
+
+#: longest chain of ``extends`` followed (far beyond any real use; a guard, the circle check comes first)
+MAX_EXTENDS = 32
+
+
+def _parent_file(spec, child: str) -> str:
+    """The file ``extends: SPEC`` of ``child`` names: a path relative to ``child``'s folder where that file
+    exists, else a shipped config's name (:data:`CONFIG_DIR`)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"config file {child!r}: '{EXTENDS}' must name a shipped config ({', '.join(config_names())}) "
+                          f"or a file relative to it, got {_show(spec)}")
+    relative = os.path.join(os.path.dirname(child), spec)
+    if os.path.isfile(relative):
+        return relative
+    if os.sep in spec or (os.altsep and os.altsep in spec):
+        raise ConfigError(f"config file {child!r}: '{EXTENDS}: {spec}' names no file ({relative!r} does not exist)")
+    shipped = CONFIG_DIR / (spec if spec.endswith(".yaml") else f"{spec}.yaml")
+    if shipped.is_file():
+        return str(shipped)
+    raise ConfigError(f"config file {child!r}: '{EXTENDS}: {spec}' is neither a file beside it nor a shipped "
+                      f"config; shipped: {', '.join(config_names())}")
+
+
+def _read_file(path: str) -> Dict[str, Any]:
+    loaded = read_document(path, load_yaml, ConfigError, f"config file {path!r}", "YAML",
+                           (yaml.YAMLError, ValueError))
+    loaded = {} if loaded is None else loaded
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "
+                          f"got a YAML {type(loaded).__name__}")
+    return loaded
+
+
+def config_chain(path: str) -> list:
+    """``[(file, mapping), ...]`` from the first ancestor to ``path`` itself, following ``extends`` (removed
+    from each mapping). A circular chain is a :class:`ConfigError` naming the files in order."""
+    chain: list = []
+    seen: list = []
+    current = path
+    while True:
+        real = os.path.realpath(current)
+        if real in seen:
+            loop = [f for f, _ in chain[seen.index(real):]] + [current]
+            raise ConfigError(f"circular '{EXTENDS}' chain: {' -> '.join(loop)}")
+        if len(seen) >= MAX_EXTENDS:
+            raise ConfigError(f"config file {path!r}: '{EXTENDS}' chain longer than {MAX_EXTENDS} files")
+        seen.append(real)
+        loaded = _read_file(current)
+        has_parent = EXTENDS in loaded
+        parent = loaded.pop(EXTENDS, None)
+        chain.append((current, loaded))
+        if not has_parent:
+            return chain[::-1]
+        current = _parent_file(parent, current)
+
+
+def _is_section(dotted: str) -> bool:
+    node: Any = DEFAULTS
+    for k in dotted.split("."):
+        node = node[k]
+    return isinstance(node, dict)
+
+
+def load_config_sources(path: Optional[str] = None, overrides: Iterable[str] = ()) -> tuple:
+    """``(cfg, sources)``: the config :func:`load_config` returns and, for every leaf key (dotted), where its
+    value came from: ``default``, ``config FILE`` (the file of the chain that set it last) or ``override``.
+    ``path`` is a file or a shipped config's name (:func:`resolve_config`); each file may build on another with
+    ``extends: NAME|PATH`` (:func:`config_chain`; its keys override the parent's, section by section);
+    ``name`` is the file's own (a parent's is not inherited), else the file's stem."""
     cfg = copy.deepcopy(DEFAULTS)
+    sources: Dict[str, str] = {}
     if path is not None:
         path = resolve_config(path)
-        loaded = read_document(path, load_yaml, ConfigError, f"config file {path!r}", "YAML",
-                               (yaml.YAMLError, ValueError))
-        loaded = {} if loaded is None else loaded
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path!r} must hold a mapping of sections (data, model, train), "
-                              f"got a YAML {type(loaded).__name__}")
-        if "name" not in loaded:
+        chain = config_chain(path)
+        for i, (file, loaded) in enumerate(chain):
+            if i < len(chain) - 1:
+                loaded.pop("name", None)
+            _merge(cfg, loaded, DEFAULTS, "", sources, f"config {file}")
+        if "name" not in chain[-1][1]:
             stem = os.path.splitext(os.path.basename(path))[0]
-            loaded["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "config"
-        _merge(cfg, loaded, DEFAULTS, "")
-    apply_overrides(cfg, overrides)
-    return validate(cfg)
+            cfg["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "config"
+            sources["name"] = f"config {path}"
+    apply_overrides(cfg, overrides, sources)
+    validate(cfg)
+    leaves: Dict[str, str] = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            where = f"{prefix}.{k}" if prefix else k
+            if _is_section(where):
+                walk(v, where)
+            else:
+                leaves[where] = sources.get(where, "default")
+    walk(cfg, "")
+    return cfg, leaves
+
+
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
+    """Defaults <- YAML file (after its ``extends`` chain) <- overrides, validated. ``path`` is a file or a
+    shipped config's name (:func:`resolve_config`); ``name`` defaults to the file's stem
+    (:func:`load_config_sources`)."""
+    return load_config_sources(path, overrides)[0]
 
 
 def dump_config(cfg: Dict[str, Any]) -> str:
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def _flow(value) -> str:
+    """One value as one line of YAML (flow style); a text YAML would fold over lines is written as JSON."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=2 ** 31, allow_unicode=True)
+    text = text[:-len("...\n")] if text.endswith("\n...\n") else text
+    text = text.strip()
+    if "\n" in text:
+        text = json.dumps(value)
+    return text
+
+
+def dump_config_sources(cfg: Dict[str, Any], sources: Dict[str, str]) -> str:
+    """``cfg`` as YAML, each key with a trailing comment saying where its value came from (``sources``, from
+    :func:`load_config_sources`); it reads back (:func:`load_yaml`) as ``cfg``."""
+    lines = []
+
+    def note(where):
+        return sources.get(where, "default").replace("\n", " ").replace("\r", " ")
+
+    for key, value in cfg.items():
+        if isinstance(DEFAULTS.get(key), dict):
+            lines.append(f"{_flow(key)}:")
+            for k, v in value.items():
+                lines.append(f"  {_flow(k)}: {_flow(v)}  # {note(key + '.' + k)}")
+        else:
+            lines.append(f"{_flow(key)}: {_flow(value)}  # {note(key)}")
+    return "\n".join(lines) + "\n"

@@ -35,7 +35,8 @@ from .bundle import write_bundle_manifest
 from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
-from .config import DEFAULTS, dump_config, load_config, monitor_mode, with_defaults
+from .config import (DEFAULTS, dump_config, dump_config_sources, load_config, load_config_sources, monitor_mode,
+                     with_defaults)
 from .fingerprint import compare_fingerprints
 from .runlock import Replacement, RunLock, check_fresh, check_writable, refuse_links
 from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
@@ -534,8 +535,12 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true",
                    help="replace what a folder holds (refused otherwise): the new run is trained beside it and "
                         "swapped in only when complete; files a run does not write are kept")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6")
-    args = p.parse_args(argv)
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (after extends and overrides) as YAML, each key with where its "
+                        "value came from, and exit without training or writing anything")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6 (anywhere on the "
+                                                "line, before or after the options)")
+    args = p.parse_intermixed_args(argv)
     return run_main("python -m experiments.train", lambda: _main(args), argv)
 
 
@@ -550,9 +555,15 @@ def _main(args) -> int:
         run_dir = args.resume
         if not os.path.isdir(run_dir):
             raise CheckpointError(f"--resume {run_dir!r}: no such run folder")
+        if args.print_config:
+            print(dump_config_sources(*load_config_sources(os.path.join(run_dir, "config.yaml"))), end="")
+            return 0
         cfg = load_config(os.path.join(run_dir, "config.yaml"))
         metrics = train(cfg, run_dir, resume=True)
     else:
+        if args.print_config:      # nothing trained, nothing written
+            print(dump_config_sources(*load_config_sources(args.config, args.overrides)), end="")
+            return 0
         cfg = load_config(args.config, args.overrides)
         run_dir = args.run_dir if args.run_dir is not None else os.path.join("runs", cfg["name"])
         metrics = train(cfg, run_dir, overwrite=args.overwrite)

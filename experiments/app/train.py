@@ -273,6 +273,15 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
         lock.release()
 
 
+def majority_class_accuracy(examples) -> float:
+    """The accuracy of always predicting the most frequent label of ``examples`` (``(text, label)`` pairs): the
+    score a model must beat to have learned anything (0.0 for no example)."""
+    counts: Dict[Any, int] = {}
+    for _, label in examples:
+        counts[label] = counts.get(label, 0) + 1
+    return max(counts.values()) / len(examples) if counts else 0.0
+
+
 def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch.device) -> Dict[str, Any]:
     tc = cfg["train"]
     if tc["threads"]:
@@ -516,6 +525,13 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         "train_precision": tc["precision"],     # the training passes' (autocast) precision; the trace stays float32
         **run_metrics(history, device),     # tokens/s and peak memory of the training passes, all epochs
     }
+    majority = majority_class_accuracy(splits.test)
+    metrics["majority_class_accuracy"] = majority
+    metrics["no_better_than_majority"] = bool(test_acc <= majority + 1e-12)
+    if metrics["no_better_than_majority"]:
+        log.warning(f"test accuracy {test_acc:.4f} is no better than always predicting the test set's most frequent "
+                    f"class ({majority:.4f}): this model has not learned the task (more epochs, another learning "
+                    "rate, or more data?)")
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
     write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name,   # the folder is a bundle
                           graph=cfg["model"]["graph"])

@@ -27,22 +27,16 @@ def _softmax_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
 PAD_LOGIT = 1.0e4
 
 
-def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, fused: bool, num: bool,
-                   sq: Optional[torch.Tensor] = None):
+def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, num: bool):
     """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
-    ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y. Explicit: ``(B, n, n)`` logits with the diagonal
-    exactly 0. Fused: one flash-attention call; the biases are folded into two extra features,
-    ``[y_u, 1, -|y_u|^2/2] . [y_v, -|y_v|^2/2, 1] / tau = -z_uv``, and the values are the queries (their
-    two extra output columns are not used), so q, k, v share one head size and no n x n matrix is formed."""
-    if not fused:
-        z = dense_z(Y, tau)
-        eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
-        logits = (-z).masked_fill(eye, 0.0).masked_fill(~graph.mask[:, None, :], -math.inf)
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-        diff = torch.exp(logits - lse) @ Y - Y if num else None
-        return diff, lse[..., 0]
-    diff, lse = _fused_parts(Y[:, None], graph.mask, tau, None if sq is None else sq[:, None])
-    return (diff[:, 0] if num else None), lse[:, 0]
+    ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y, from explicit ``(B, n, n)`` logits with the diagonal
+    exactly 0 (the one-call form is the ``fused`` kernel's, :func:`_fused_parts`)."""
+    z = dense_z(Y, tau)
+    eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
+    logits = (-z).masked_fill(eye, 0.0).masked_fill(~graph.mask[:, None, :], -math.inf)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    diff = torch.exp(logits - lse) @ Y - Y if num else None
+    return diff, lse[..., 0]
 
 
 def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[torch.Tensor] = None,
@@ -101,14 +95,14 @@ def _compact_layout(Z, mask, tau, sq, ops):
 
 
 @register_kernel("softmax", _softmax_only, expansion=True)
-def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None, fused: bool = False) -> PairwisePass:
+def _softmax_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
     """Softmax over all keys of the logits ``-z_uv`` (self included): ``deg_u = expm1(LSE_u)``,
     ``agg_u = (1 + deg_u) (P Y - Y)_u``, the energy ``-tau/2 sum_u deg_u`` (module docstring)."""
     if not num:                                     # energy-only: no neighbour sums, half the exponentials
         deg = _softmax_degrees(Y, graph.mask, tau, sq)
         agg = None
     else:
-        diff, lse = _softmax_parts(Y, graph, tau, fused, num, sq)
+        diff, lse = _softmax_parts(Y, graph, tau, num)
         agg, deg = _from_lse(diff, lse, graph.mask.to(Y.dtype))
     return PairwisePass(agg, deg, _degree_energy(deg, tau) if energy else None)
 

@@ -17,12 +17,13 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str, title: Optional[str] = None, dpi: int = 110) -> str:
-    """Title, tight layout, write a PNG at ``path`` (folders created), close; returns ``path``."""
+def save_figure(fig, path: str, title: Optional[str] = None, dpi: int = 110, bottom: float = 0.0) -> str:
+    """Title, tight layout (above ``bottom``, the figure fraction kept free for a caption), write a PNG at
+    ``path`` (folders created), close; returns ``path``."""
     plt = pyplot()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

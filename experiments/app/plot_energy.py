@@ -6,8 +6,11 @@ Redraws, from the files a training run saved (``energy_trace.pt``, ``history.jso
 * ``energy_descent.png``: for each layer t, the distribution over test examples of
   ``E(Y^t) - E_min`` as box plots with the mean curve (as the paper's figures 5-6), log scale, where
   E_min is each example's lowest energy after the shared step is unrolled 32 more layers (guaranteed
-  mode) or its lowest over the layers (untied modes); then one panel per energy term with its mean
-  and inter-quartile band per layer;
+  mode) or its lowest over the layers (untied modes), titled as the quantity that must fall; then one
+  panel per energy term with its mean and inter-quartile band per layer, each marked as a part of the
+  total that may rise; a term unchanged at every layer for every example (the ReLU indicator, 0 on the
+  non-negative states the ReLU prox returns) is not drawn but named with its value in the caption, which
+  says how to read the figure;
 * ``training_curves.png``: loss and accuracy per epoch (train and validation).
 """
 from __future__ import annotations
@@ -51,16 +54,23 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
         scale = np.nan_to_num(np.fmax.reduce(np.abs(total), axis=1, keepdims=True), nan=0.0)
         floor = np.maximum(1e-12 * scale, np.finfo(np.float64).tiny)
         gap_plot = _finite(np.maximum(gap, floor))
-        ncols = min(3, 1 + len(names))
-        nrows = math.ceil((1 + len(names)) / ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.8 * nrows), squeeze=False)
+        values = {name: _finite(energies[name].double().numpy()) for name in names}
+        constant = {name: v for name, v in values.items() if _constant(v)}
+        drawn = [name for name in names if name not in constant]
+        ncols = min(3, 1 + len(drawn))
+        nrows = math.ceil((1 + len(drawn)) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.8 * nrows + 0.6), squeeze=False)
         axes = axes.reshape(-1)
-        for ax in axes[1 + len(names):]:
+        for ax in axes[1 + len(drawn):]:
             ax.set_visible(False)
         ax = axes[0]
         ax.set_xlabel("layer t")
-        ax.set_ylabel("E(Y^t) - E_min")
-        ax.set_title(f"total energy, {N} test examples\nE_min: {how}", fontsize=9)
+        ax.set_xticks(range(T1))
+        ax.set_ylabel("E(Y^t) - E_min  (log scale)")
+        ax.set_title(f"TOTAL energy: must fall at every layer\n{N} test examples; E_min: {how}", fontsize=9,
+                     fontweight="bold")
+        for side in ax.spines.values():
+            side.set_linewidth(2.0)
         if _drawable(gap_plot):
             cols = [gap_plot[:, t][np.isfinite(gap_plot[:, t])] for t in range(T1)]
             ax.boxplot(cols, positions=list(range(T1)), widths=0.5, showfliers=True,
@@ -70,12 +80,12 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
             ax.legend(loc="best", fontsize=8)
         else:
             _nothing_to_draw(ax)
-        for j, name in enumerate(names, start=1):
-            v = _finite(energies[name].double().numpy())
+        for j, name in enumerate(drawn, start=1):
+            v = values[name]
             ax = axes[j]
             ax.set_xlabel("layer t")
             ax.set_xticks(range(T1))
-            ax.set_title(_plain(f"term: {name}"))
+            ax.set_title(_plain(f"term: {name}") + "\n(one part of the total: may rise)", fontsize=9)
             if not _drawable(v):
                 _nothing_to_draw(ax)
                 continue
@@ -84,7 +94,37 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
             ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
             ax.plot(range(T1), med, ls="--", lw=1, label="median")
             ax.legend(loc="best", fontsize=8)
-        return save_figure(fig, path, title, dpi=100)
+        import textwrap
+
+        height = 3.8 * nrows + 0.6
+        fig.text(0.5, 0.01, _plain(textwrap.fill(energy_caption(constant), 60 + 45 * ncols)), ha="center",
+                 va="bottom", fontsize=8.5)
+        return save_figure(fig, path, title, dpi=100, bottom=0.5 / height)
+
+
+def _constant(v) -> bool:
+    """Whether a term's values (N examples x T+1 layers, numpy, non-finite as NaN) are the same at every layer for
+    every example -- exactly, so that nothing a step did to it is hidden: such a term cannot show descent."""
+    import numpy as np
+
+    return bool(np.isfinite(v).all() and (v == v[:, :1]).all())
+
+
+def energy_caption(constant) -> str:
+    """The line under an energy-descent figure that says how to read it: each layer is one MM step on
+    E = the sum of the terms, so the total (first panel) must fall at every layer while a single term may rise
+    when others fall more; and the terms not drawn because they are constant, each with its value."""
+    text = ("Each layer is one majorization-minimization step on E = the sum of the terms: the TOTAL (first panel) "
+            "must fall at every layer; a single term may rise when the others fall more.")
+    if constant:
+        import numpy as np
+
+        def value(v) -> str:
+            lo, hi = float(np.min(v)), float(np.max(v))
+            return f"{lo:g}" if lo == hi else f"{lo:g}..{hi:g} across examples"
+        text += " Not drawn, unchanged at every layer: " + "; ".join(
+            f"{name} = {value(v)}" for name, v in constant.items()) + "."
+    return text
 
 
 #: beyond this magnitude matplotlib cannot lay out an axis (its tick arithmetic overflows)

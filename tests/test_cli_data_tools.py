@@ -101,7 +101,7 @@ def ws(tmp_path_factory):
     write_split_dir(w / "nolabels", TWO[:8], TWO[8:10], TWO[10:], labels="[]")
     write_split_dir(w / "outofrange", TWO[:8], [(TEXTS[8], 5)], TWO[10:], labels='["neg", "pos"]')
     write_split_dir(w / "notest", TWO[:8], TWO[8:10], TWO[10:])
-    os.remove(w / "notest" / "test.jsonl")
+    os.rename(w / "notest" / "test.jsonl", w / "notest" / "tst.jsonl")     # misspelt: refused, not carved
     # data folders for the registered datasets
     (w / "emptydata").mkdir()
     put("rtbad/" + D.RT_FILE, b"BZh91AY&SY garbage, not bz2", "wb")
@@ -219,7 +219,7 @@ CASES = [
     (DATA, export("two.csv"), ["at least 3", "2"]),
     (DATA, export("nolabels"), ["labels.json", "non-empty list"]),
     (DATA, export("dir.csv"), ["dir.csv", "train.jsonl"]),
-    (DATA, export("notest"), ["notest", "test.jsonl"]),
+    (DATA, export("notest"), ["notest", "tst.jsonl", "is no split file", "rename tst.jsonl test.jsonl"]),
     (DATA, export("badlabels"), ["labels.json", "cannot read"]),
     (DATA, export("dictlabels"), ["labels.json", "list of label names"]),
     (DATA, export("outofrange"), ["val.jsonl", "record 0", "5", "[0, 2)"]),

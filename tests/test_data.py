@@ -263,9 +263,12 @@ def test_split_directory_without_labels_json(tmp_path):
     s = load_dataset(str(tmp_path))
     assert s.label_names == ["x", "y", "z"]
     assert s.train == [("train0", 0), ("train1", 1), ("train2", 0)] and s.test == [("test0", 2)]
-    (tmp_path / "test.jsonl").unlink()
-    with pytest.raises(DataError, match="test.jsonl"):
+    (tmp_path / "test.jsonl").rename(tmp_path / "tst.jsonl")      # a misspelt split file: refused, not carved
+    with pytest.raises(DataError, match=r"no test \(test\) file, and \['tst.jsonl'\] is no split file"):
         load_dataset(str(tmp_path))
+    (tmp_path / "tst.jsonl").unlink()                                # no test file at all: carved out of train
+    s = load_dataset(str(tmp_path))
+    assert s.derived == ("train", "test") and s.origin["val"] == "val.jsonl" and len(s.test) == 1
 
 
 def test_split_directory_labels_out_of_range(tmp_path):

@@ -23,9 +23,10 @@ import csv
 import math
 import re
 import reprlib
+import shlex
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import numpy as np
@@ -61,8 +62,8 @@ def column_fix(missing, found, text_field: str, label_field: str) -> str:
     found = [str(c) for c in found]
     free = [c for c in found if c not in (text_field, label_field)]
     keys = []
-    for key, field, names in (("data.text_field", text_field, _TEXT_NAMES), ("data.label_field", label_field, _LABEL_NAMES)):
-        if field not in missing:
+    for key, column, names in (("data.text_field", text_field, _TEXT_NAMES), ("data.label_field", label_field, _LABEL_NAMES)):
+        if column not in missing:
             continue
         pick = next((c for c in free if c.strip().lower() in names), None)
         if pick is None and len(free) == 1 and len(missing) == 1:
@@ -77,6 +78,20 @@ def column_fix(missing, found, text_field: str, label_field: str) -> str:
             + (f", candidates: {candidates}" if candidates else ""))
 
 
+def fix(*settings: str, why: str = "") -> str:
+    """What a data refusal ends with: ``"; fix: set data.KEY=VALUE ..."``, the config keys that fix it written as the
+    overrides to paste on the command line (``unfold-train``, ``unfold-data inspect``) or to write in a config's
+    ``data`` section, each quoted for the shell where it needs it; ``why`` (optional) says what the setting does."""
+    shown = " ".join(s if re.fullmatch(r"[\w.=:/@%+,-]+", s) else shlex.quote(s) for s in settings)
+    return f"; fix: set {shown}" + (f" ({why})" if why else "")
+
+
+def label_column_fix(label_field: str) -> str:
+    """The fix of a refusal about the label values: ``data.label_field`` names the column of classes."""
+    return fix("data.label_field=COLUMN", why=f"if {label_field!r} is not the column of classes; otherwise correct "
+                                               "the file")
+
+
 class DataError(UnfoldError):
     """A dataset is missing, corrupt, unknown, or malformed; the message says what to do."""
 
@@ -86,7 +101,9 @@ class Splits:
     """A labelled text dataset split three ways.
 
     Each split is a list of ``(text, label)`` with ``label`` in ``0 .. num_classes - 1``;
-    ``label_names[k]`` is the original name of label ``k``.
+    ``label_names[k]`` is the original name of label ``k``. ``derived`` names the splits drawn by ``data.seed``
+    (the seeded 80/10/10 rule) rather than given by the dataset, ``origin`` says where each split's examples come
+    from (``{"train": "train.csv"}``; for messages and ``unfold-data inspect``); neither takes part in equality.
     """
 
     train: list[tuple[str, int]]
@@ -95,6 +112,8 @@ class Splits:
     num_classes: int
     label_names: list[str]
     name: str
+    derived: tuple = field(default=(), compare=False)
+    origin: dict = field(default_factory=dict, compare=False)
 
     def sizes(self) -> dict:
         """Number of examples per split, e.g. ``{"train": 8, "val": 1, "test": 1}``."""
@@ -145,6 +164,31 @@ def split_examples(examples: Sequence[tuple[str, int]], seed: int) -> tuple[list
     return pick(perm[:n_train]), pick(perm[n_train:n_train + n_held]), pick(perm[n_train + n_held:])
 
 
+def complete_splits(mapped: dict, seed, train_from: str) -> tuple[dict, tuple]:
+    """``({split: examples}, derived)``: ``mapped`` (the ``train`` split and any of ``val``, ``test``, as given)
+    with a missing ``val`` or ``test`` carved out of ``train`` by the seeded 80/10/10 rule (:func:`split_examples`;
+    a given one is kept and what would have gone to it stays in train); ``derived`` names the splits the seed
+    decided. ``train_from`` names the training data in a refusal (fewer than 3 examples to carve from)."""
+    if "val" in mapped and "test" in mapped:
+        return dict(mapped), ()
+    if len(mapped["train"]) < 3:
+        raise DataError(f"{train_from}: need at least 3 training examples to carve "
+                        f"{' and '.join(SPLIT_WORDS[s] for s in ('val', 'test') if s not in mapped)} out of them, got "
+                        f"{len(mapped['train'])}" + fix("data.splits.val=NAME", "data.splits.test=NAME",
+                                                        why="hf: datasets: name the dataset's own splits") +
+                        " or give val and test files")
+    out = dict(mapped)
+    tr, va, te = split_examples(mapped["train"], seed)
+    if "val" in mapped:                    # carve test only; the rest stays in train
+        out["train"], out["test"] = tr + va, te
+        return out, ("train", "test")
+    if "test" in mapped:                   # carve validation only
+        out["train"], out["val"] = tr + te, va
+        return out, ("train", "val")
+    out["train"], out["val"], out["test"] = tr, va, te
+    return out, SPLIT_NAMES
+
+
 def make_splits(rows, seed, label_names, name) -> Splits:
     """Clean ``rows`` (text, label id) and split them into a :class:`Splits`; fewer than 3 examples left after
     cleaning is a :class:`DataError` naming the dataset and both counts."""
@@ -152,9 +196,12 @@ def make_splits(rows, seed, label_names, name) -> Splits:
     if len(examples) < 3:
         raise DataError(f"{name}: need at least 3 examples to split 80/10/10, got {len(examples)} after cleaning "
                         f"({len(rows)} rows read; empty texts and texts whose duplicates disagree on the label "
-                        "are dropped)")
+                        "are dropped)" + fix("data.text_field=COLUMN", why="if the texts are in another column; "
+                                                            "otherwise give more rows"))
     train, val, test = split_examples(examples, seed)
-    return Splits(train, val, test, len(label_names), list(label_names), name)
+    drawn = f"drawn from {name} (80/10/10, data.seed={seed})"
+    return Splits(train, val, test, len(label_names), list(label_names), name, SPLIT_NAMES,
+                  {s: drawn for s in SPLIT_NAMES})
 
 
 #: a number written as text: ASCII digits, optional sign, fraction and exponent (``-3``, ``1.0``, ``2e3``)
@@ -206,7 +253,7 @@ def _collision(a, a_at: str, b, b_at: str, field, where) -> DataError:
         what = f"named {show(_name(a))}"
     return DataError(f"{where}: label values {show(a)}{a_at} and {show(b)}{b_at} of {field!r} collide: both are "
                      f"{what}, one class written two ways (they would train as two classes of one name); write "
-                     "each class one way")
+                     "each class one way" + (label_column_fix(field) if field != "label names" else ""))
 
 
 def label_table(values, where: str = "dataset", field: str = "label", origin=None) -> tuple[dict, list[str]]:
@@ -267,9 +314,10 @@ def check_label_names(names, where: str, field: str = "label") -> list[str]:
     return [str(n) for n in names]
 
 
-def check_classes(splits: Splits) -> Splits:
+def check_classes(splits: Splits, label_field: str = "label") -> Splits:
     """``splits`` unchanged when it is fit to train and evaluate on; otherwise a :class:`DataError` naming the
-    dataset and what is wrong. Every loaded dataset passes here (:func:`experiments.data.load.load_dataset`):
+    dataset, what is wrong and the config keys that fix it (:func:`fix`). Every loaded dataset passes here
+    (:func:`experiments.data.load.load_dataset`):
 
     * no split is empty (an empty validation or test split would report a made-up accuracy of 0; the loaders
       name the file first where there is one);
@@ -277,7 +325,8 @@ def check_classes(splits: Splits) -> Splits:
     * the examples carry at least two classes, and the training split too (a classifier trained on one class
       predicts it everywhere and reports a meaningless 100 % accuracy).
 
-    Returns ``splits``."""
+    ``label_field`` (the column the labels were read from) and ``splits.derived`` (splits drawn by ``data.seed``:
+    another seed draws others) choose the fix named. Returns ``splits``."""
     def one(examples) -> str | None:
         labels = {lab for _, lab in examples}
         if len(labels) != 1:
@@ -288,7 +337,9 @@ def check_classes(splits: Splits) -> Splits:
 
     for s in SPLIT_NAMES:
         if not getattr(splits, s):
-            raise DataError(f"dataset {splits.name}: the {SPLIT_WORDS[s]} split is empty: {s} holds no example")
+            raise DataError(f"dataset {splits.name}: the {SPLIT_WORDS[s]} split is empty: {s} holds no example"
+                            + fix("data.dataset=FILE", why="one file with all the examples, split 80/10/10 by "
+                                                           "data.seed; or add examples to the split"))
     names = check_label_names(list(splits.label_names), f"dataset {splits.name}", "label names")
     if isinstance(splits.num_classes, bool) or splits.num_classes != len(names):
         raise DataError(f"dataset {splits.name}: num_classes={splits.num_classes!r} but {len(names)} label names "
@@ -300,9 +351,15 @@ def check_classes(splits: Splits) -> Splits:
                                 f"id in [0, {len(names)})")
     every = one(splits.train + splits.val + splits.test)
     if every is not None:
-        raise DataError(f"dataset {splits.name} holds one class only ({every}): a classifier needs at least two")
+        raise DataError(f"dataset {splits.name} holds one class only ({every}): a classifier needs at least two"
+                        + fix("data.label_field=COLUMN", why=f"the column of classes, if not {label_field!r}; "
+                                                             "otherwise add examples of another class"))
     train = one(splits.train)
     if train is not None:
+        again = (fix("data.seed=1", why="another 80/10/10 draw; or add examples of the other classes")
+                 if "train" in splits.derived else
+                 fix("data.label_field=COLUMN", why=f"the column of classes, if not {label_field!r}; otherwise add "
+                                                    "examples of another class to the training split"))
         raise DataError(f"dataset {splits.name}: its training split holds one class only ({train}): a classifier "
-                        "needs at least two")
+                        "needs at least two" + again)
     return splits

@@ -1,16 +1,18 @@
 """Datasets given by path, and :func:`export`, which writes them.
 
-* A single ``.csv`` (header row; UTF-8, latin-1 as fallback), ``.jsonl`` or ``.json`` file with a text and a
-  label column: labels mapped by :func:`experiments.data.core.label_table`, cleaned and split 80/10/10.
-* A split directory (``train.jsonl``, ``val.jsonl``, ``test.jsonl``, optionally ``labels.json``), as
-  :func:`export` writes it: used as-is, no cleaning, no resplitting.
+* A single ``.csv`` (header row; UTF-8, latin-1 as fallback), ``.jsonl``, ``.json`` or ``.parquet`` file with a
+  text and a label column: labels mapped by :func:`experiments.data.core.label_table`, cleaned and split 80/10/10.
+* A folder of splits (``train.jsonl``, ``val.jsonl``, ``test.jsonl``, optionally ``labels.json``, as :func:`export`
+  writes it; or ``train``/``val`` (``validation``, ``dev``)/``test`` files of any of those kinds): used as-is, no
+  cleaning, no resplitting; a missing val or test file is carved out of train by the seeded 80/10/10 rule.
 
 Every record is checked (:func:`records_to_examples`): a missing column, an empty or non-finite label,
 text that is not valid Unicode is a :class:`DataError` naming the file and the record. Label values that
 collide (one class written two ways: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``, ``"1"`` and ``"01"``;
 :func:`experiments.data.core.label_table`) and repeated names in ``labels.json``
 (:func:`experiments.data.core.check_label_names`) are refused naming the file, the column and both values. A
-split file with no record (empty, or blank lines only) is refused naming the split and the file.
+split file with no record (empty, or blank lines only) is refused naming the split and the file. Every refusal
+ends with the config keys that fix it (:func:`experiments.data.core.fix`).
 """
 from __future__ import annotations
 
@@ -24,8 +26,14 @@ import shutil
 from energies.checks import one_line
 from unfold.strict_json import dumps as json_dumps
 
-from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, label_table, make_splits,
-                   show)
+from .arrow import read_columns, read_schema
+from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, complete_splits, fix,
+                   label_column_fix, label_table, make_splits, show)
+
+#: the files a dataset may be given as (one file, split 80/10/10), and the split files of a folder of splits
+FILE_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
+#: the names a split file of a folder of splits may have (its stem), first the one ``export`` writes
+SPLIT_STEMS = {"train": ("train",), "val": ("val", "validation", "dev"), "test": ("test",)}
 from .store import atomic_write_bytes, check_folder
 
 
@@ -39,20 +47,22 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
     out = []
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
-            raise DataError(f"{where}: record {i} is not an object: {rec!r:.80}")
+            raise DataError(f"{where}: record {i} is not an object: {rec!r:.80}; each record needs a text and a label "
+                            "column" + fix("data.dataset=FILE", why="a .csv with a header row, or .jsonl with one "
+                                                                    "{\"text\": ..., \"label\": ...} object a line"))
         missing = [c for c in (text_field, label_field) if c not in rec]
         if missing:
             raise DataError(f"{where}: record {i} has no column(s) {missing}; columns found: {sorted(map(str, rec))}"
                             + column_fix(missing, sorted(map(str, rec)), text_field, label_field))
         label = rec[label_field]
         if label is None or (isinstance(label, str) and not label.strip()):
-            raise DataError(f"{where}: record {i} has an empty label ({label_field!r})")
+            raise DataError(f"{where}: record {i} has an empty label ({label_field!r})" + label_column_fix(label_field))
         if isinstance(label, str) and _non_finite_number(label):
             raise DataError(f"{where}: record {i} has label {show(label.strip())} ({label_field!r}), not a class: "
-                            "a missing value?")
+                            "a missing value?" + label_column_fix(label_field))
         if not isinstance(label, (str, int, float)) or (isinstance(label, float) and not label.is_integer()):
             raise DataError(f"{where}: record {i} has an unusable label {show(label)} ({label_field!r}): expected a "
-                            "string or an integer")
+                            "string or an integer" + label_column_fix(label_field))
         text = rec[text_field]
         text = "" if text is None else str(text)
         for what, value in ((text_field, text), (label_field, label)):
@@ -85,18 +95,39 @@ def _read_jsonl(path: pathlib.Path) -> list:
                     try:
                         out.append(json.loads(line))
                     except (ValueError, RecursionError) as e:
-                        raise DataError(f"{path}:{n}: not valid JSON ({e})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
+                        raise DataError(f"{path}:{n}: not valid JSON ({e}); a {path.suffix} file holds one JSON "
+                                        f"object a line: correct line {n}" + _other_format(path, line)) from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}): save it as UTF-8, or as CSV (read as "
+                        "latin-1 when not UTF-8)" + fix(f"data.dataset={path.with_suffix('.csv')}")) from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
     return out
 
 
-def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list:
-    """Records of a .csv (header row; UTF-8, latin-1 as fallback), .jsonl, or .json file.
+def _other_format(path: pathlib.Path, line: str) -> str:
+    """A fix for a JSON-lines file whose line is no JSON: when the line reads as a CSV row (a header, say), the
+    setting that reads the file as CSV once renamed."""
+    if "," in line and not line.lstrip().startswith(("{", "[")):
+        return ", or, since it reads as CSV, rename it" + fix(f"data.dataset={path.with_suffix('.csv')}")
+    return ""
 
-    A .json file holds a list of objects, or is read as JSON lines otherwise.
+
+def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list:
+    """Records of a .csv (header row; UTF-8, latin-1 as fallback), .jsonl, .json or .parquet file.
+
+    A .json file holds a list of objects, or is read as JSON lines otherwise. A missing column is refused here
+    for the files with a header (CSV, parquet), naming the columns found and the keys that choose others.
     """
     suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        names = read_schema(path).names
+        missing = [c for c in (text_field, label_field) if c not in names]
+        if missing:
+            raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
+                            + column_fix(missing, names, text_field, label_field))
+        cols = read_columns(path, [text_field, label_field])
+        return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])]
     if suffix == ".csv":
         for encoding in ("utf-8-sig", "latin-1"):
             try:
@@ -111,7 +142,8 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
             except UnicodeDecodeError:
                 continue                   # not UTF-8: read again as latin-1, which decodes any bytes
             except (OSError, csv.Error) as e:
-                raise DataError(f"{path}: cannot read as CSV ({e})") from None
+                raise DataError(f"{path}: cannot read as CSV ({e})"
+                                + fix("data.dataset=PATH", why="a readable file")) from None
         raise DataError(f"{path}: cannot decode as UTF-8 or latin-1")
     if suffix == ".json":
         try:
@@ -119,76 +151,140 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
         except (ValueError, RecursionError):
             return _read_jsonl(path)
         except OSError as e:
-            raise DataError(f"{path}: cannot read ({e})") from None
+            raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
         if isinstance(data, dict):
             data = [data]
         if not isinstance(data, list):
-            raise DataError(f"{path}: expected a list of objects, got {type(data).__name__}")
+            raise DataError(f"{path}: expected a list of objects, got {type(data).__name__}"
+                            + fix(f"data.dataset={path.with_suffix('.jsonl')}",
+                                  why="one {\"text\": ..., \"label\": ...} object a line"))
         return data
     return _read_jsonl(path)
 
 
 def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
-    """A single .csv/.jsonl/.json file: labels mapped by :func:`label_table`, cleaned, split 80/10/10."""
+    """A single .csv/.jsonl/.json/.parquet file: labels mapped by :func:`label_table`, cleaned, split 80/10/10
+    by ``seed``."""
     if not path.is_file():
-        raise DataError(f"dataset file {path} not found")
+        raise DataError(f"dataset file {path} not found (looked at {path.absolute()})"
+                        + fix("data.dataset=PATH", why="an existing file or folder; a relative path is read from "
+                                                       "the folder the command runs in"))
     pairs = records_to_examples(_read_records(path, text_field, label_field), text_field, label_field, path)
     if not pairs:
-        raise DataError(f"{path}: no examples")
+        raise DataError(f"{path}: no examples (the file holds no record)" + fix("data.dataset=PATH",
+                                                                               why="a file with examples"))
     table, names = label_table((label for _, label in pairs), path, label_field, lambda i: f"record {i}")
     return make_splits([(t, table[lab]) for t, lab in pairs], seed, names, str(path))
 
 
-def load_directory(path: pathlib.Path, text_field, label_field) -> Splits:
-    """A directory with train/val/test.jsonl, used as-is (no cleaning, no resplitting).
+def split_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
+    """``{split: file}`` of a folder of splits: for each of ``train``, ``val``, ``test`` the file whose stem is one
+    of :data:`SPLIT_STEMS` (``val``, ``validation`` or ``dev`` for ``val``) and whose suffix one of
+    :data:`FILE_SUFFIXES`, any case; a split with none is left out, a split with two files is a :class:`DataError`
+    naming both."""
+    out: dict[str, pathlib.Path] = {}
+    for f in sorted(path.iterdir()):
+        if not f.is_file() or f.suffix.lower() not in FILE_SUFFIXES:
+            continue
+        for split, stems in SPLIT_STEMS.items():
+            if f.stem.lower() in stems:
+                if split in out:
+                    raise DataError(f"{path}: two files for the {SPLIT_WORDS[split]} split, {out[split].name} and "
+                                    f"{f.name}; keep one")
+                out[split] = f
+    return out
+
+
+def _no_split_files(path: pathlib.Path, found: list[str]) -> DataError:
+    """The refusal of a folder with no training file: what the folder looks like, and the setting that reads it."""
+    data = [n for n in found if pathlib.Path(n).suffix.lower() in FILE_SUFFIXES]
+    hf_marks = [n for n in found if n in ("dataset_dict.json", "state.json", "README.md", "data")
+                or n.endswith((".arrow", ".parquet"))]
+    if hf_marks:
+        hint = fix(f"data.dataset=hf:{path}", why="a Hugging Face dataset folder (save_to_disk output or a hub "
+                                                  "snapshot)")
+    elif len(data) == 1:
+        hint = fix(f"data.dataset={path / data[0]}", why="one file, split 80/10/10 by data.seed")
+    else:
+        hint = fix(f"data.dataset={path}/FILE", why="one file, split 80/10/10 by data.seed; or name the split "
+                                                     "files train.csv, val.csv, test.csv (or .jsonl, .parquet)")
+    return DataError(f"{path}: a folder of splits needs a training file, train.jsonl (or train.csv, .json, "
+                     f".parquet), beside val and test files (optional); found {found}" + hint)
+
+
+def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -> Splits:
+    """A folder of splits: ``train``, ``val`` (or ``validation``, ``dev``) and ``test`` files (:func:`split_files`,
+    any of :data:`FILE_SUFFIXES`), used as-is (no cleaning, no resplitting); a missing ``val`` or ``test`` file is
+    carved out of ``train`` by the seeded 80/10/10 rule (:func:`complete_splits`), ``train`` is required.
 
     With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it, its names unique
-    (:func:`check_label_names`); without one, label values are mapped jointly over the three splits by
-    :func:`label_table` (colliding values refused). Every split must hold at least one record.
+    (:func:`check_label_names`); without one, label values are mapped jointly over the splits by
+    :func:`label_table` (colliding values refused). Every split file must hold at least one record.
     """
-    missing = [f"{s}.jsonl" for s in SPLIT_NAMES if not (path / f"{s}.jsonl").is_file()]
-    if missing:
-        found = sorted(p.name for p in path.iterdir())
-        raise DataError(f"{path}: a split directory needs train.jsonl, val.jsonl and test.jsonl; "
-                        f"missing {missing}, found {found}")
+    files = split_files(path)
+    if "train" not in files:
+        raise _no_split_files(path, sorted(p.name for p in path.iterdir()))
+    stray = sorted(f.name for f in path.iterdir() if f.is_file() and f.suffix.lower() in FILE_SUFFIXES
+                   and f not in files.values() and f.name != "labels.json")
+    if len(files) < 3 and stray:               # a misspelt split file would otherwise be carved out of train
+        lacking = [s for s in SPLIT_NAMES if s not in files]
+        named = " nor ".join(f"{s} ({'|'.join(SPLIT_STEMS[s])})" for s in lacking)
+        rename = SPLIT_STEMS[lacking[0]][0] + pathlib.Path(stray[0]).suffix
+        raise DataError(f"{path}: no {named} file, and {stray} is no split file: rename {stray[0]} {rename}, or "
+                        "move it out (a missing val or test split is then carved out of the training file by "
+                        "data.seed)")
     raw = {}
-    for s in SPLIT_NAMES:
-        file = path / f"{s}.jsonl"
-        records = _read_jsonl(file)
+    for s, file in files.items():
+        records = _read_jsonl(file) if file.suffix.lower() == ".jsonl" else _read_records(file, text_field,
+                                                                                          label_field)
         if not records:
             blank = " (every line is blank)" if file.stat().st_size else ""
             raise DataError(f"{file}: the {SPLIT_WORDS[s]} split is empty: {file.name} holds no record{blank}; "
-                            "every split needs examples (an empty one would report a made-up accuracy)")
+                            "every split needs examples (an empty one would report a made-up accuracy): add "
+                            f"examples, or remove {file.name} (the split is then carved out of the training file)"
+                            + fix(f"data.dataset={files['train']}", why="the training file alone, split 80/10/10 "
+                                                                        "by data.seed")
+                            if s != "train" else
+                            f"{file}: the training split is empty: {file.name} holds no record{blank}"
+                            + fix(f"data.dataset={path}/FILE", why="one file with all the examples, split "
+                                                                  "80/10/10 by data.seed"))
         raw[s] = records_to_examples(records, text_field, label_field, file)
     labels_file = path / "labels.json"
     if labels_file.is_file():
         try:
             names = json.loads(labels_file.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:
-            raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)})") from None
+            raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)}); correct it, or remove it to take the "
+                            "label names from the values") from None
         if not isinstance(names, list) or not names:
-            raise DataError(f"{labels_file}: expected a non-empty list of label names")
+            raise DataError(f"{labels_file}: expected a non-empty list of label names; correct it, or remove it "
+                            "to take the label names from the values")
         names = check_label_names(names, labels_file, label_field)
         split_lists = {}
         for s, pairs in raw.items():
             out = []
             for i, (text, lab) in enumerate(pairs):
                 if isinstance(lab, bool) or not isinstance(lab, int) or not 0 <= lab < len(names):
-                    raise DataError(f"{path / (s + '.jsonl')}: record {i} has label {lab!r}, "
-                                    f"expected an integer in [0, {len(names)}) (labels.json)")
+                    raise DataError(f"{files[s]}: record {i} has label {lab!r}, expected an integer in "
+                                    f"[0, {len(names)}) (labels.json); remove {labels_file.name} to take the label "
+                                    "names from the values" + label_column_fix(label_field))
                 out.append((text, lab))
             split_lists[s] = out
     else:
-        def origin(i: int) -> str:             # the i-th label over the three splits, in file order
+        def origin(i: int) -> str:             # the i-th label over the splits, in file order
             for s, pairs in raw.items():
                 if i < len(pairs):
-                    return f"{s}.jsonl record {i}"
+                    return f"{files[s].name} record {i}"
                 i -= len(pairs)
             return "?"
 
         table, names = label_table((lab for pairs in raw.values() for _, lab in pairs), path, label_field, origin)
         split_lists = {s: [(t, table[lab]) for t, lab in pairs] for s, pairs in raw.items()}
-    return Splits(split_lists["train"], split_lists["val"], split_lists["test"], len(names), names, str(path))
+    split_lists, derived = complete_splits(split_lists, seed, str(files["train"]))
+    origins = {s: (files[s].name if s not in derived else
+                   f"drawn from {files['train'].name} (80/10/10, data.seed={seed})") for s in SPLIT_NAMES}
+    return Splits(split_lists["train"], split_lists["val"], split_lists["test"], len(names), names, str(path),
+                  derived, origins)
 
 
 def export(splits: Splits, out) -> pathlib.Path:

@@ -52,8 +52,8 @@ from collections.abc import Mapping
 import yaml
 
 from .arrow import read_columns, read_schema
-from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, label_table, show,
-                   split_examples)
+from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, complete_splits, fix,
+                   label_column_fix, label_table, show)
 from .files import records_to_examples
 from .store import data_dir as _data_dir
 
@@ -74,10 +74,13 @@ def check_split_map(splits) -> dict | None:
                         f"dataset, e.g. {{val: validation}}; got {show(splits)}")
     unknown = [k for k in splits if k not in SPLIT_NAMES]
     if unknown:
-        raise DataError(f"splits: unknown key(s) {show(unknown)}; valid keys: {', '.join(SPLIT_NAMES)}")
+        raise DataError(f"splits: unknown key(s) {show(unknown)}; valid keys: {', '.join(SPLIT_NAMES)}"
+                        + fix("data.splits.val=NAME", why="the trainer's train, val or test, each the name of a split "
+                                                          "of the dataset"))
     for key, value in splits.items():
         if not isinstance(value, str) or not value.strip():
-            raise DataError(f"splits: {key} must name a split of the dataset (a non-empty string), got {show(value)}")
+            raise DataError(f"splits: {key} must name a split of the dataset (a non-empty string), got {show(value)}"
+                            + fix(f"data.splits.{key}=NAME"))
     return dict(splits)
 
 
@@ -87,16 +90,19 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     A NAME that is an existing folder is taken whole, colons included; otherwise the text after the last
     ``:`` is the config."""
     if not spec.strip():
-        raise DataError("hf: needs a dataset name, e.g. hf:imdb")
+        raise DataError("hf: needs a dataset name, e.g. hf:imdb" + fix("data.dataset=hf:PATH",
+                                                                     why="a Hugging Face dataset folder"))
     if os.path.isdir(os.path.expanduser(spec)):
         return spec, None
     name, sep, config = spec.rpartition(":")
     if not sep:
         return spec, None
     if not name.strip():
-        raise DataError(f"hf:{spec}: needs a dataset name before the config, e.g. hf:imdb:plain_text")
+        raise DataError(f"hf:{spec}: needs a dataset name before the config, e.g. hf:imdb:plain_text"
+                        + fix("data.dataset=hf:NAME:CONFIG"))
     if not config.strip():
-        raise DataError(f"hf:{spec}: the config after ':' is empty; write hf:NAME or hf:NAME:CONFIG")
+        raise DataError(f"hf:{spec}: the config after ':' is empty; write hf:NAME or hf:NAME:CONFIG"
+                        + fix(f"data.dataset=hf:{name}"))
     return name, config
 
 
@@ -109,7 +115,8 @@ def find_folder(name: str, data_dir=None) -> tuple[pathlib.Path | None, list[str
         return path, looked
     if path.exists():
         raise DataError(f"hf:{name}: {path} is not a folder; hf: reads a Hugging Face dataset folder (the output "
-                        "of save_to_disk or a hub snapshot)")
+                        "of save_to_disk or a hub snapshot)" + fix(f"data.dataset={name}", why="a file is read "
+                                                                                             "without hf:"))
     rel = pathlib.PurePosixPath(name)
     if not rel.is_absolute() and ".." not in rel.parts and not name.startswith("~"):
         candidate = _data_dir(data_dir) / "hf" / rel
@@ -132,7 +139,7 @@ def load_hf(spec: str, seed: int = 0, text_field: str = "text", label_field: str
         raise DataError(f"{label}: no dataset folder {' nor '.join(looked)}, and the `datasets` package that would "
                         f"look on the hub is not installed (the hub may be unreachable here anyway); put the dataset "
                         f"(a save_to_disk folder or a hub snapshot) at {looked[-1]}, or give its folder as hf:PATH, "
-                        "or pip install datasets")
+                        "or pip install datasets" + fix("data.dataset=hf:PATH", why="PATH: the dataset's folder"))
     return _load_hub(name, config, label, seed, text_field, label_field, splits)
 
 
@@ -151,11 +158,13 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
     chosen = {}
     for key, want in splits.items():
         if want not in available:
-            raise DataError(f"{label}: no split {want!r} (splits: {key} -> {want!r}); splits found: {found}")
+            raise DataError(f"{label}: no split {want!r} (splits: {key} -> {want!r}); splits found: {found}"
+                            + fix(f"data.splits.{key}={_other(found, chosen) or 'NAME'}", why="a split found"))
         clash = [k for k, v in chosen.items() if v == want]
         if clash:
             raise DataError(f"{label}: split {want!r} is mapped to both {clash[0]} and {key}; a split can be "
-                            "used once")
+                            f"used once; splits found: {found}"
+                            + fix(f"data.splits.{key}={_other(found, {**chosen, key: want}) or 'NAME'}"))
         chosen[key] = want
     by_lower: dict[str, str] = {}
     for s in available:
@@ -169,9 +178,14 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
                 chosen[key] = s
                 break
     if "train" not in chosen:
-        raise DataError(f"{label}: no train split; splits found: {found} (name one with splits, e.g. "
-                        f"{{train: {found[0] if found else 'NAME'}}})")
+        raise DataError(f"{label}: no train split; splits found: {found}"
+                        + fix(f"data.splits.train={_other(found, chosen) or 'NAME'}", why="the split to train on"))
     return {k: chosen[k] for k in SPLIT_NAMES if k in chosen}
+
+
+def _other(found: list, chosen: dict) -> str | None:
+    """A split of ``found`` that ``chosen`` does not use yet (to propose in a fix), or ``None``."""
+    return next((s for s in found if s not in chosen.values()), None)
 
 
 def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
@@ -190,7 +204,8 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
             after = f" once its {dropped} row(s) labelled -1 (no label) are dropped" if dropped else ""
             files = f" ({sources[key]})" if key in sources else ""
             raise DataError(f"{label}: the {SPLIT_WORDS[key]} split is empty: split {split!r}{files} holds no "
-                            f"row{after}; every split needs examples (an empty one would report a made-up accuracy)")
+                            f"row{after}; every split needs examples (an empty one would report a made-up accuracy)"
+                            + fix(f"data.splits.{key}=NAME", why="another split of the dataset"))
         return rows
 
     if class_names is not None:
@@ -201,7 +216,7 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
                 if isinstance(lab, bool) or not isinstance(lab, int) or not -1 <= lab < k:
                     raise DataError(f"{label}: split {split!r}, record {i} has label {show(lab)} ({label_field!r}), "
                                     f"expected an integer in [0, {k}) (ClassLabel {show(class_names)}) or -1 (no "
-                                    "label)")
+                                    "label)" + label_column_fix(label_field))
                 if lab >= 0:
                     out.append(("" if text is None else str(text), lab))
             mapped[key] = nonempty(key, split, out, len(labels) - len(out))
@@ -222,15 +237,11 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
 
         table, names = label_table((lab for p in pairs.values() for _, lab in p), label, label_field, origin)
         mapped = {key: [(t, table[lab]) for t, lab in p] for key, p in pairs.items()}
-    if "val" not in mapped or "test" not in mapped:
-        tr, va, te = split_examples(mapped["train"], seed)
-        if "val" in mapped:                # carve test only; the rest stays in train
-            mapped["train"], mapped["test"] = tr + va, te
-        elif "test" in mapped:             # carve validation only
-            mapped["train"], mapped["val"] = tr + te, va
-        else:
-            mapped["train"], mapped["val"], mapped["test"] = tr, va, te
-    return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label)
+    given = {key: f"split {raw[key][0]!r}" + (f" ({sources[key]})" if key in sources else "") for key in mapped}
+    mapped, derived = complete_splits(mapped, seed, f"{label}: split {raw['train'][0]!r}")
+    origins = {key: given[key] if key not in derived else
+              f"drawn from split {raw['train'][0]!r} (80/10/10, data.seed={seed})" for key in SPLIT_NAMES}
+    return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label, derived, origins)
 
 
 def class_label_names(features, label_field: str, where: str) -> list[str] | None:
@@ -313,7 +324,10 @@ def _layout(folder: pathlib.Path, config, label, card_features=None) -> tuple[di
     if config is not None:
         sub = folder / config
         if not (sub.is_dir() and pathlib.PurePosixPath(config).name == config and config not in (".", "..")):
-            raise DataError(f"{label}: {folder} has no config {config!r}; configs found: {_config_folders(folder)}")
+            found = _config_folders(folder)
+            raise DataError(f"{label}: {folder} has no config {config!r}; configs found: {found}"
+                            + fix(f"data.dataset={label.rpartition(':')[0]}:{found[0]}" if found
+                                  else f"data.dataset={label.rpartition(':')[0]}"))
         return _layout(sub, None, label, features)
     if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():
         files, saved = _layout_saved(folder, label)
@@ -377,13 +391,14 @@ def _layout_from_card(folder: pathlib.Path, card: dict, config, label) -> tuple[
     if config is not None:
         entry = next((c for c in configs if c["config_name"] == config), None)
         if entry is None:
-            raise DataError(f"{label}: no config {config!r} in {readme}; configs found: {names}")
+            raise DataError(f"{label}: no config {config!r} in {readme}; configs found: {names}"
+                            + fix(f"data.dataset={label.rpartition(':')[0]}:{names[0]}" if names else "data.dataset=hf:PATH"))
     else:
         marked = [c for c in configs if c.get("default") is True] or [c for c in configs
                                                                          if c["config_name"] == "default"]
         if not marked and len(configs) > 1:
             raise DataError(f"{label}: {readme} lists configs {names} and marks none as the default; choose one: "
-                            f"{label}:{names[0]}")
+                            f"{label}:{names[0]}" + fix(f"data.dataset={label}:{names[0]}"))
         entry = marked[0] if marked else configs[0]
     sub = entry.get("data_dir") or ""
     if not isinstance(sub, str) or not _relative(sub):
@@ -460,9 +475,12 @@ def _layout_from_paths(folder: pathlib.Path, label, features) -> tuple[dict, obj
             return _layout_from_paths(configs[0], label, features)
         if configs:
             names = [d.name for d in configs]
-            raise DataError(f"{label}: {folder} holds configs {names}; choose one: {label}:{names[0]}")
+            raise DataError(f"{label}: {folder} holds configs {names}; choose one: {label}:{names[0]}"
+                            + fix(f"data.dataset={label}:{names[0]}"))
         raise DataError(f"{label}: {folder} is no Hugging Face dataset folder: no dataset_dict.json or state.json "
-                        "(save_to_disk), no README.md listing configs, no .parquet or .arrow file")
+                        "(save_to_disk), no README.md listing configs, no .parquet or .arrow file"
+                        + fix(f"data.dataset={folder}", why="a folder of train/val/test .csv, .jsonl or .json files "
+                                                            "is read without hf:"))
     files: dict[str, list] = {}
     for f, rel in default:
         split = rel.parts[0] if len(rel.parts) > 1 else f.stem.split("-", 1)[0]

@@ -5,25 +5,26 @@ from __future__ import annotations
 import os
 import pathlib
 
-from .core import DataError, Splits, check_classes
+from .core import DataError, Splits, check_classes, fix
 from .corpora import DATASETS, GENERATORS
-from .files import load_directory, load_file
+from .files import FILE_SUFFIXES, load_directory, load_file
 from .hf import check_split_map, load_hf
 
 
 def valid_names() -> str:
     """One line listing what ``load_dataset`` accepts."""
-    return (", ".join(sorted(DATASETS)) + ", a .csv/.jsonl/.json file, a directory of exported "
-            "splits (train/val/test.jsonl), or hf:NAME[:CONFIG]")
+    return (", ".join(sorted(DATASETS)) + ", a .csv/.jsonl/.json/.parquet file, a folder of splits "
+            "(train, val, test files of those kinds), or hf:NAME[:CONFIG]")
 
 
 def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "text",
                  label_field: str = "label", splits=None, options=None) -> Splits:
     """Load a labelled text dataset as a :class:`Splits`.
 
-    ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``, ``listops``), a ``.csv``/``.jsonl``/
-    ``.json`` file (columns ``text_field`` and ``label_field``; cleaned and split 80/10/10 by
-    ``seed``), a directory of exported splits (used as-is), or ``hf:NAME[:CONFIG]``
+    ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``, ``listops``), a ``.csv``/
+    ``.jsonl``/``.json``/``.parquet`` file (columns ``text_field`` and ``label_field``; cleaned and split 80/10/10 by
+    ``seed``), a folder of splits (train, val, test files, used as-is; a missing val or test carved out of train by
+    ``seed``: :func:`~experiments.data.files.load_directory`), or ``hf:NAME[:CONFIG]``
     (:mod:`experiments.data.hf`: a local Hugging Face dataset folder, ``<data_dir>/hf/NAME``, or the hub).
     ``seed`` matters for the registered names, single files and ``hf:`` datasets that lack a validation or
     test split; ``data_dir`` for the registered names and ``hf:``. ``splits`` (``hf:`` only; ``None``: the
@@ -34,30 +35,48 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
 
     Every result passes :func:`~experiments.data.core.check_classes` (three non-empty splits, label names that
     do not collide, at least two classes, in training too); the loaders refuse colliding label values and empty
-    split files earlier, naming the file. Every consumer (trainer, ``export``, TF-IDF, bundles) reads data here.
+    split files earlier, naming the file. Every refusal about the data ends with the config keys that fix it, as
+    overrides to paste (:func:`~experiments.data.core.fix`: ``; fix: set data.label_field=topic``). Every consumer
+    (trainer, ``export``, ``inspect``, TF-IDF, bundles) reads data here.
     """
     if not isinstance(name, (str, os.PathLike)):
-        raise DataError(f"dataset name must be a string, got {type(name).__name__}")
+        raise DataError(f"dataset name must be a string, got {type(name).__name__}" + fix("data.dataset=PATH"))
     name = os.fspath(name)
     splits = check_split_map(splits)
     if options is not None and (name not in GENERATORS or not isinstance(options, dict)):
         raise DataError(f"options={options!r} (a mapping) configure a generated dataset ({', '.join(GENERATORS)}); "
                         f"{name!r} is {'one' if name in GENERATORS else 'not one (leave them unset)'}")
     if name.startswith("hf:"):
-        return check_classes(load_hf(name[3:], seed, text_field, label_field, data_dir=data_dir, splits=splits))
+        return check_classes(load_hf(name[3:], seed, text_field, label_field, data_dir=data_dir, splits=splits),
+                             label_field)
     if splits is not None:
         raise DataError(f"splits={splits!r} maps the splits of an hf: dataset; {name!r} is not one (leave splits "
-                        "null)")
+                        "null; a folder of splits names its files train, val, test)" + fix("data.splits=null"))
     if name in DATASETS:
         return check_classes(DATASETS[name](seed=seed, data_dir=data_dir, **(options or {})))
     if not name.strip():
-        raise DataError(f"the dataset name is empty; valid names: {valid_names()}")
+        raise DataError(f"the dataset name is empty; valid names: {valid_names()}" + fix("data.dataset=PATH"))
     path = pathlib.Path(name).expanduser()
     if path.is_dir():
-        return check_classes(load_directory(path, text_field, label_field))
-    if path.suffix.lower() in (".csv", ".jsonl", ".json"):
-        return check_classes(load_file(path, seed, text_field, label_field))
-    raise DataError(f"unknown dataset {name!r}; valid names: {valid_names()}")
+        return check_classes(load_directory(path, text_field, label_field, seed), label_field)
+    if path.suffix.lower() in FILE_SUFFIXES:
+        return check_classes(load_file(path, seed, text_field, label_field), label_field)
+    raise unknown_dataset(name, path)
+
+
+def unknown_dataset(name: str, path: pathlib.Path) -> DataError:
+    """The refusal of a dataset name that is none of those :func:`load_dataset` reads: a file of another kind
+    (convert it), a path that does not exist (where it was looked for), or a name (the valid ones)."""
+    if path.is_file():
+        kind = f"a {path.suffix} file" if path.suffix else "a file without suffix"
+        return DataError(f"unknown dataset {name!r}: {kind}; readable files are {', '.join(FILE_SUFFIXES)}: save it as "
+                         "one of them" + fix(f"data.dataset={path.with_suffix('.csv')}",
+                                             why="a CSV file with a header row"))
+    if path.suffix or os.sep in name or "/" in name:
+        return DataError(f"dataset {name!r}: no such file or folder (looked at {path.absolute()})"
+                         + fix("data.dataset=PATH", why="an existing file or folder; a relative path is read from "
+                                                        "the folder the command runs in"))
+    return DataError(f"unknown dataset {name!r}; valid names: {valid_names()}" + fix("data.dataset=PATH"))
 
 
 def config_options(dc: dict) -> dict | None:

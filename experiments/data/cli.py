@@ -3,12 +3,15 @@
     python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
     python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
                                       [--option KEY=INT ...]
+    python -m experiments.data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
 ``--option`` sets an option of a generated dataset (``listops``: ``min_len``, ``max_len``, ``max_depth``,
 ``max_args``, ``train``, ``val``, ``test``; :mod:`experiments.data.listops`), the generated splits are written.
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
 the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
-directory back unchanged. Both commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
+directory back unchanged. ``inspect`` shows what ``unfold-train`` would read from PATH (the trainer's reader, config
+and overrides; :mod:`experiments.data.inspect_data`) and the command that trains on it; it writes nothing. The
+commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
 a file where a folder is expected, ...) exits with status 2 and one line.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ from unfold.strict_json import dumps as json_dumps
 
 from .core import SPLIT_NAMES, DataError
 from .files import export
+from .inspect_data import inspect_argv_parser, inspect_dataset, render
 from .load import load_dataset, valid_names
 from .sources import SOURCES, fetch
 from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
@@ -79,8 +83,27 @@ def _pair_map(pairs, flag: str) -> dict | None:
     return out
 
 
+def _inspect_main(argv: list) -> int:
+    """``inspect PATH [overrides] [--config C] [--json]``: its own parser, overrides anywhere on the line."""
+    args = inspect_argv_parser(PROG).parse_intermixed_args(argv)
+
+    def body() -> int:
+        report = inspect_dataset(args.path, args.config, args.overrides)
+        print(json_dumps(report, sort_keys=True) if args.json else render(report), end="\n" if args.json else "")
+        return 0
+
+    return run_main(PROG, body, argv)
+
+
 def main(argv=None) -> int:
-    """``fetch`` and ``export`` subcommands under :func:`unfold.cli.run_main` (bad input: one line, exit 2)."""
+    """``fetch``, ``export`` and ``inspect`` subcommands under :func:`unfold.cli.run_main` (bad input: one line,
+    exit 2)."""
+    import sys
+    rest = list(sys.argv[1:] if argv is None else argv)
+    first = next((i for i, a in enumerate(rest) if not a.startswith("-")), None)
+    if first is not None and rest[first] == "inspect" and all(a.startswith("--import") or rest[i - 1] == "--import"
+                                                             for i, a in enumerate(rest[:first])):
+        return _inspect_main(rest[:first] + rest[first + 1:])
     p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
     add_import_arg(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -92,6 +115,8 @@ def main(argv=None) -> int:
                    help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
     f.add_argument("--force", action="store_true", help="download again even if present and valid")
     f.add_argument("--quiet", action="store_true")
+    sub.add_parser("inspect", add_help=False, help="show what unfold-train would read from a dataset: "
+                                                   "inspect PATH [section.key=value ...] [--config C] [--json]")
     e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
     add_import_arg(e, subcommand=True)
     e.add_argument("--dataset", required=True, type=_nonempty_arg, help=valid_names())

@@ -103,7 +103,9 @@ class Splits:
     Each split is a list of ``(text, label)`` with ``label`` in ``0 .. num_classes - 1``;
     ``label_names[k]`` is the original name of label ``k``. ``derived`` names the splits drawn by ``data.seed``
     (the seeded 80/10/10 rule) rather than given by the dataset, ``origin`` says where each split's examples come
-    from (``{"train": "train.csv"}``; for messages and ``unfold-data inspect``); neither takes part in equality.
+    from (``{"train": "train.csv"}``), ``columns`` the columns the loader found in the data (for a file or a folder;
+    the text and label columns were chosen among them by ``data.text_field`` and ``data.label_field``); for messages
+    and ``unfold-data inspect``, none takes part in equality.
     """
 
     train: list[tuple[str, int]]
@@ -114,6 +116,7 @@ class Splits:
     name: str
     derived: tuple = field(default=(), compare=False)
     origin: dict = field(default_factory=dict, compare=False)
+    columns: tuple = field(default=(), compare=False)
 
     def sizes(self) -> dict:
         """Number of examples per split, e.g. ``{"train": 8, "val": 1, "test": 1}``."""
@@ -189,7 +192,7 @@ def complete_splits(mapped: dict, seed, train_from: str) -> tuple[dict, tuple]:
     return out, SPLIT_NAMES
 
 
-def make_splits(rows, seed, label_names, name) -> Splits:
+def make_splits(rows, seed, label_names, name, columns=()) -> Splits:
     """Clean ``rows`` (text, label id) and split them into a :class:`Splits`; fewer than 3 examples left after
     cleaning is a :class:`DataError` naming the dataset and both counts."""
     examples = _clean(rows)
@@ -201,7 +204,7 @@ def make_splits(rows, seed, label_names, name) -> Splits:
     train, val, test = split_examples(examples, seed)
     drawn = f"drawn from {name} (80/10/10, data.seed={seed})"
     return Splits(train, val, test, len(label_names), list(label_names), name, SPLIT_NAMES,
-                  {s: drawn for s in SPLIT_NAMES})
+                  {s: drawn for s in SPLIT_NAMES}, tuple(columns))
 
 
 #: a number written as text: ASCII digits, optional sign, fraction and exponent (``-3``, ``1.0``, ``2e3``)

@@ -113,11 +113,21 @@ def _other_format(path: pathlib.Path, line: str) -> str:
     return ""
 
 
-def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list:
+def record_columns(records) -> tuple:
+    """The columns of dict records, in the order first seen (a CSV's header order)."""
+    seen: dict = {}
+    for rec in records:
+        if isinstance(rec, dict):
+            seen.update(dict.fromkeys(map(str, rec)))
+    return tuple(seen)
+
+
+def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
     """Records of a .csv (header row; UTF-8, latin-1 as fallback), .jsonl, .json or .parquet file.
 
     A .json file holds a list of objects, or is read as JSON lines otherwise. A missing column is refused here
     for the files with a header (CSV, parquet), naming the columns found and the keys that choose others.
+    Returns ``(records, columns found)``.
     """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -127,7 +137,7 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
             raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
                             + column_fix(missing, names, text_field, label_field))
         cols = read_columns(path, [text_field, label_field])
-        return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])]
+        return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])], tuple(names)
     if suffix == ".csv":
         for encoding in ("utf-8-sig", "latin-1"):
             try:
@@ -138,7 +148,7 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
                     if missing:
                         raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
                                         + column_fix(missing, columns, text_field, label_field))
-                    return list(reader)
+                    return list(reader), tuple(columns)
             except UnicodeDecodeError:
                 continue                   # not UTF-8: read again as latin-1, which decodes any bytes
             except (OSError, csv.Error) as e:
@@ -158,8 +168,9 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> list
             raise DataError(f"{path}: expected a list of objects, got {type(data).__name__}"
                             + fix(f"data.dataset={path.with_suffix('.jsonl')}",
                                   why="one {\"text\": ..., \"label\": ...} object a line"))
-        return data
-    return _read_jsonl(path)
+        return data, record_columns(data)
+    data = _read_jsonl(path)
+    return data, record_columns(data)
 
 
 def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
@@ -169,12 +180,13 @@ def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
         raise DataError(f"dataset file {path} not found (looked at {path.absolute()})"
                         + fix("data.dataset=PATH", why="an existing file or folder; a relative path is read from "
                                                        "the folder the command runs in"))
-    pairs = records_to_examples(_read_records(path, text_field, label_field), text_field, label_field, path)
+    records, columns = _read_records(path, text_field, label_field)
+    pairs = records_to_examples(records, text_field, label_field, path)
     if not pairs:
         raise DataError(f"{path}: no examples (the file holds no record)" + fix("data.dataset=PATH",
                                                                                why="a file with examples"))
     table, names = label_table((label for _, label in pairs), path, label_field, lambda i: f"record {i}")
-    return make_splits([(t, table[lab]) for t, lab in pairs], seed, names, str(path))
+    return make_splits([(t, table[lab]) for t, lab in pairs], seed, names, str(path), columns)
 
 
 def split_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -233,10 +245,14 @@ def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -
         raise DataError(f"{path}: no {named} file, and {stray} is no split file: rename {stray[0]} {rename}, or "
                         "move it out (a missing val or test split is then carved out of the training file by "
                         "data.seed)")
-    raw = {}
+    raw, columns = {}, {}
     for s, file in files.items():
-        records = _read_jsonl(file) if file.suffix.lower() == ".jsonl" else _read_records(file, text_field,
-                                                                                          label_field)
+        if file.suffix.lower() == ".jsonl":
+            records = _read_jsonl(file)
+            columns.update(dict.fromkeys(record_columns(records)))
+        else:
+            records, found = _read_records(file, text_field, label_field)
+            columns.update(dict.fromkeys(found))
         if not records:
             blank = " (every line is blank)" if file.stat().st_size else ""
             raise DataError(f"{file}: the {SPLIT_WORDS[s]} split is empty: {file.name} holds no record{blank}; "
@@ -284,7 +300,7 @@ def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -
     origins = {s: (files[s].name if s not in derived else
                    f"drawn from {files['train'].name} (80/10/10, data.seed={seed})") for s in SPLIT_NAMES}
     return Splits(split_lists["train"], split_lists["val"], split_lists["test"], len(names), names, str(path),
-                  derived, origins)
+                  derived, origins, tuple(columns))
 
 
 def export(splits: Splits, out) -> pathlib.Path:

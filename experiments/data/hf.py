@@ -159,12 +159,12 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
     for key, want in splits.items():
         if want not in available:
             raise DataError(f"{label}: no split {want!r} (splits: {key} -> {want!r}); splits found: {found}"
-                            + fix(f"data.splits.{key}={_other(found, chosen) or 'NAME'}", why="a split found"))
+                            + fix(f"data.splits.{key}={_other(found, chosen, key) or 'NAME'}", why="a split found"))
         clash = [k for k, v in chosen.items() if v == want]
         if clash:
             raise DataError(f"{label}: split {want!r} is mapped to both {clash[0]} and {key}; a split can be "
                             f"used once; splits found: {found}"
-                            + fix(f"data.splits.{key}={_other(found, {**chosen, key: want}) or 'NAME'}"))
+                            + fix(f"data.splits.{key}={_other(found, {**chosen, key: want}, key) or 'NAME'}"))
         chosen[key] = want
     by_lower: dict[str, str] = {}
     for s in available:
@@ -179,23 +179,28 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
                 break
     if "train" not in chosen:
         raise DataError(f"{label}: no train split; splits found: {found}"
-                        + fix(f"data.splits.train={_other(found, chosen) or 'NAME'}", why="the split to train on"))
+                        + fix(f"data.splits.train={_other(found, chosen, 'train') or 'NAME'}", why="the split to train on"))
     return {k: chosen[k] for k in SPLIT_NAMES if k in chosen}
 
 
-def _other(found: list, chosen: dict) -> str | None:
-    """A split of ``found`` that ``chosen`` does not use yet (to propose in a fix), or ``None``."""
-    return next((s for s in found if s not in chosen.values()), None)
+def _other(found: list, chosen: dict, key: str) -> str | None:
+    """A split of ``found`` to propose for the trainer's split ``key`` in a fix: one whose name says it is that
+    split (:data:`AUTO_SPLITS`, any case, or a name that begins so: ``training``), else one that no trainer split
+    uses yet; ``None`` when none is left."""
+    free = [s for s in found if s not in chosen.values()]
+    return next((s for s in free if any(s.lower().startswith(a[:3]) for a in AUTO_SPLITS[key])),
+                free[0] if free else None)
 
 
 def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
-            label_field: str, sources: dict | None = None) -> Splits:
+            label_field: str, sources: dict | None = None, columns=()) -> Splits:
     """A :class:`Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
 
     With ``class_names`` (a ClassLabel) labels must be ids in ``[0, K)`` or -1, whose rows are dropped;
     without, labels are checked like a file's records and mapped by :func:`label_table` (colliding values
     refused). A split with no row left is a :class:`DataError` naming it and its files (``sources``: ``{trainer
-    split: text}``). A missing val or test split is carved out of train (80/10/10, ``seed``)."""
+    split: text}``). A missing val or test split is carved out of train (80/10/10, ``seed``). ``columns``: those
+    found in the dataset (of its training split), recorded in the result."""
     mapped: dict[str, list] = {}
     sources = sources or {}
 
@@ -241,7 +246,8 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
     mapped, derived = complete_splits(mapped, seed, f"{label}: split {raw['train'][0]!r}")
     origins = {key: given[key] if key not in derived else
               f"drawn from split {raw['train'][0]!r} (80/10/10, data.seed={seed})" for key in SPLIT_NAMES}
-    return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label, derived, origins)
+    return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label, derived, origins,
+                  tuple(columns))
 
 
 def class_label_names(features, label_field: str, where: str) -> list[str] | None:
@@ -312,7 +318,8 @@ def _load_folder(folder: pathlib.Path, config, label, seed, text_field, label_fi
         shown = [str(f) for f in files[split][:2]] + ([f"... {len(files[split]) - 2} more"] if len(files[split]) > 2
                                                       else [])
         sources[key] = ", ".join(shown)
-    return _finish(label, raw, names, seed, text_field, label_field, sources)
+    return _finish(label, raw, names, seed, text_field, label_field, sources,
+                   schemas[files[chosen["train"]][0]].names)
 
 
 def _layout(folder: pathlib.Path, config, label, card_features=None) -> tuple[dict, object]:
@@ -620,4 +627,4 @@ def _load_hub(name: str, config, label, seed, text_field, label_field, splits) -
     if names is not None:
         names = check_label_names(list(names), f"{label}: the ClassLabel", label_field)
     raw = {key: (split, list(ds[split][text_field]), list(ds[split][label_field])) for key, split in chosen.items()}
-    return _finish(label, raw, names, seed, text_field, label_field)
+    return _finish(label, raw, names, seed, text_field, label_field, None, ds[chosen["train"]].column_names)

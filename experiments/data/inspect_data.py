@@ -1,0 +1,273 @@
+"""``unfold-data inspect PATH [section.key=value ...]``: what ``unfold-train`` would read from a dataset, before
+training on it.
+
+The dataset is read by the trainer's own reader, :func:`experiments.data.load.load_configured`, with the config
+that ``unfold-train`` would resolve (``--config NAME|FILE``, its ``extends`` chain and the overrides, through
+:func:`experiments.app.config.load_config_sources`), so what is shown is what a run gets; there is no second
+reader. The training split is then cut to ``train.max_train_examples`` and the vocabulary built from it as the
+trainer does (:class:`~experiments.data.text.Vocab`, ``data.min_freq``, ``data.max_vocab``), and the texts
+tokenised by the trainer's tokeniser (:func:`~experiments.data.text.tokenize`).
+
+:func:`inspect_dataset` returns a JSON-ready report:
+
+* ``format``: what the path is (a CSV, JSON lines, JSON or parquet file, a folder of splits, a Hugging Face
+  dataset, a registered corpus);
+* ``columns``: the columns found, the one read as text and the one read as labels, with the config key that
+  chose each and where its value came from (default, config file, override);
+* ``classes``: the label names and the count of each per split, and the share of the most frequent class in the
+  test split (the accuracy of always predicting it);
+* ``splits``: the size of each split and where it comes from (a file, a split of the dataset, or drawn from the
+  training data by ``data.seed``: ``derived``);
+* ``lengths``: per split, text lengths in tokens (min, median, max) and the share longer than ``data.max_len``
+  (those are truncated);
+* ``vocabulary``: its size, and the share of validation and test tokens it does not hold (read as ``<unk>``);
+* ``glove``: the share of the vocabulary found in GloVe 6B 50d (what the trainer logs) and of the tokens of each
+  split unknown to it, when the GloVe files are present in the data folder; ``available: false`` and the reason
+  otherwise (nothing is downloaded);
+* ``notes``: what deserves a look (many truncated texts, a tiny split, GloVe needed but absent, ...);
+* ``command``: the ``unfold-train`` command that trains on it, with the same config and overrides.
+
+Bad input (a refused dataset, a bad override) is the loader's typed refusal, which names the config keys that
+fix it; nothing is written.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+import statistics
+from collections import Counter
+
+from energies.errors import ConfigError
+
+from ..app.config import load_config_sources
+from .core import SPLIT_NAMES, DataError
+from .corpora import DATASETS
+from .glove import GLOVE_EMB, GLOVE_VOCAB, _read_glove
+from .load import load_configured
+from .store import data_dir as _data_dir
+from .store import require_file
+from .text import Vocab, tokenize
+
+#: the suffixes of the files a dataset may be, in words
+FORMATS = {".csv": "CSV file", ".jsonl": "JSON lines file", ".json": "JSON file", ".parquet": "parquet file"}
+#: a share of truncated texts above which a note proposes a larger data.max_len
+TRUNCATED_NOTE = 0.10
+
+
+def dataset_format(name: str) -> str:
+    """What the dataset ``name`` is, in words, from its name alone (the reader decides the same way:
+    :func:`experiments.data.load.load_dataset`)."""
+    if name.startswith("hf:"):
+        return "Hugging Face dataset (hf:)"
+    if name in DATASETS:
+        return f"registered corpus {name!r}"
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        return "folder of splits"
+    return FORMATS.get(path.suffix.lower(), f"{path.suffix or 'suffix-less'} file")
+
+
+def _run_name(name: str) -> str:
+    """A run folder name for the dataset ``name``: its file or folder name without suffix, safe characters only."""
+    stem = pathlib.PurePath(name[3:] if name.startswith("hf:") else name).stem or "data"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip("._") or "data"
+
+
+def train_command(dataset: str, config: str | None, overrides) -> list[str]:
+    """The ``unfold-train`` command line (argv) that trains on ``dataset`` with ``config`` and ``overrides``, in
+    the run folder ``runs/<dataset name>``."""
+    argv = ["unfold-train"] + (["--config", config] if config is not None else [])
+    return argv + [f"data.dataset={dataset}", *overrides, "--run-dir", f"runs/{_run_name(dataset)}"]
+
+
+def _lengths(token_lists: list, max_len: int) -> dict:
+    """Min, median and max length in tokens of ``token_lists``, and the share longer than ``max_len``."""
+    n = [len(t) for t in token_lists]
+    return {"min": min(n), "median": statistics.median(n), "max": max(n),
+            "truncated": sum(k > max_len for k in n) / len(n)}
+
+
+def _glove_words(root: pathlib.Path) -> set:
+    """The GloVe vocabulary in the data folder ``root``, read and checked as the trainer reads it
+    (:func:`experiments.data.glove._read_glove`); a :class:`DataError` when the files are absent or corrupt."""
+    emb_path = require_file(root, GLOVE_EMB, "glove")
+    vocab_path = require_file(root, GLOVE_VOCAB, "glove")
+    return set(_read_glove(root, emb_path, vocab_path)[1])
+
+
+def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> dict:
+    """The report of ``dataset`` read as ``unfold-train --config CONFIG data.dataset=DATASET OVERRIDES`` reads it
+    (module docstring). A refused dataset is the loader's :class:`DataError`, a bad override a
+    :class:`ConfigError`."""
+    overrides = list(overrides)
+    given = [o for o in overrides if o.split("=", 1)[0].strip() == "data.dataset"]
+    if given:
+        raise ConfigError(f"{given[0]!r}: the dataset is the PATH argument of inspect; drop the data.dataset override")
+    cfg, sources = load_config_sources(config, [*overrides, f"data.dataset={dataset}"])
+    dc = cfg["data"]
+    splits = load_configured(dc)
+    limit = cfg["train"]["max_train_examples"]
+    used = {"train": splits.train if limit is None else splits.train[:limit], "val": splits.val, "test": splits.test}
+    if len({y for _, y in used["train"]}) < 2:        # the trainer's refusal (experiments.app.build.train_examples)
+        raise ConfigError(f"train.max_train_examples={limit}: the first {len(used['train'])} training examples of "
+                          f"{splits.name} hold one class only; use more examples")
+    tokens = {s: [tokenize(t) for t, _ in used[s]] for s in SPLIT_NAMES}
+    vocab = Vocab.build(tokens["train"], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
+    names = splits.label_names
+    counts = {s: Counter(y for _, y in used[s]) for s in SPLIT_NAMES}
+    test_majority = max(counts["test"].values()) / len(used["test"])
+
+    def unknown(s: str, known) -> float:
+        n = sum(len(t) for t in tokens[s])
+        return sum(tok not in known for t in tokens[s] for tok in t) / n if n else 0.0
+
+    report = {
+        "dataset": dataset,
+        "name": splits.name,
+        "format": dataset_format(dataset),
+        "config": config,
+        "columns": {
+            "found": list(splits.columns),
+            "text": dc["text_field"], "text_set_by": f"data.text_field ({sources['data.text_field']})",
+            "label": dc["label_field"], "label_set_by": f"data.label_field ({sources['data.label_field']})",
+        },
+        "classes": {
+            "names": list(names),
+            "counts": {s: {names[k]: counts[s].get(k, 0) for k in range(len(names))} for s in SPLIT_NAMES},
+            "test_majority_share": test_majority,
+        },
+        "splits": {s: {"size": len(used[s]), "derived": s in splits.derived,
+                       "from": splits.origin.get(s, splits.name)} for s in SPLIT_NAMES},
+        "max_train_examples": limit,
+        "train_available": len(splits.train),
+        "lengths": {"unit": "tokens", "max_len": dc["max_len"],
+                    **{s: _lengths(tokens[s], dc["max_len"]) for s in SPLIT_NAMES}},
+        "vocabulary": {"size": len(vocab), "min_freq": dc["min_freq"], "max_vocab": dc["max_vocab"],
+                       "unknown_tokens": {s: unknown(s, vocab.stoi) for s in ("val", "test")}},
+        "glove": {"used": dc["glove"]},
+    }
+    root = _data_dir(dc["data_dir"])
+    try:
+        words = _glove_words(root)
+    except DataError as e:
+        report["glove"].update({"available": False, "reason": str(e)})
+    else:
+        ordinary = vocab.itos[len(Vocab.SPECIALS):]
+        report["glove"].update({
+            "available": True,
+            "vocabulary_found": sum(w in words for w in ordinary) / len(ordinary) if ordinary else 0.0,
+            "unknown_tokens": {s: unknown(s, words) for s in SPLIT_NAMES}})
+    argv = train_command(dataset, config, overrides)
+    report["command"] = shlex.join(argv)
+    report["argv"] = argv
+    report["notes"] = _notes(report)
+    return report
+
+
+def _notes(r: dict) -> list[str]:
+    """What deserves a look before training, one sentence each (``notes`` of the report)."""
+    notes = []
+    lengths = r["lengths"]
+    worst = max(SPLIT_NAMES, key=lambda s: lengths[s]["truncated"])
+    if lengths[worst]["truncated"] > TRUNCATED_NOTE:
+        longest = max(lengths[s]["max"] for s in SPLIT_NAMES)
+        notes.append(f"{lengths[worst]['truncated']:.0%} of the {worst} texts are longer than data.max_len="
+                     f"{lengths['max_len']} tokens and are cut: set data.max_len={min(longest, 4096)} to keep them "
+                     "whole (costs memory and time)")
+    small = [s for s in ("val", "test") if r["splits"][s]["size"] < 30]
+    if small:
+        notes.append(f"the {' and '.join(small)} split{'s' if len(small) > 1 else ''} "
+                     f"hold{'' if len(small) > 1 else 's'} fewer than 30 examples: their accuracy moves in steps of "
+                     f"{1 / min(r['splits'][s]['size'] for s in small):.0%} or more")
+    missing = [k for k, n in r["classes"]["counts"]["train"].items() if n == 0]
+    if missing:
+        notes.append(f"class(es) {missing} have no training example: the model cannot learn them")
+    glove = r["glove"]
+    if not glove["available"] and glove["used"] != "none":
+        notes.append(f"data.glove={glove['used']} needs the GloVe files, which are not available here: fetch them "
+                     "(python -m experiments.data fetch --dataset glove) or set data.glove=none")
+    if glove["available"] and glove["used"] != "none" and glove["vocabulary_found"] < 0.5:
+        notes.append(f"only {glove['vocabulary_found']:.0%} of the vocabulary is in GloVe (English words): "
+                     "data.glove=none may do as well")
+    if r["max_train_examples"] is not None and r["max_train_examples"] < r["train_available"]:
+        notes.append(f"train.max_train_examples={r['max_train_examples']}: {r['splits']['train']['size']} of the "
+                     f"{r['train_available']} training examples are used")
+    return notes
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def render(r: dict) -> str:
+    """The report as text, one topic a block (what ``unfold-data inspect`` prints without ``--json``)."""
+    out = []
+
+    def line(key: str, text: str = "") -> None:
+        out.append(f"{key:<12}{text}".rstrip())
+
+    line("dataset", f"{r['dataset']} ({r['format']})")
+    if r["config"] is not None:
+        line("config", r["config"])
+    c = r["columns"]
+    line("columns", f"found {', '.join(c['found'])}" if c["found"] else "(the corpus's own)")
+    line("", f"text:  {c['text']!r}, chosen by {c['text_set_by']}")
+    line("", f"label: {c['label']!r}, chosen by {c['label_set_by']}")
+    names = r["classes"]["names"]
+    width = max([len(n) for n in names] + [5])
+    line("classes", f"{len(names)}; examples per split:")
+    line("", f"{'':<{width}}  " + "  ".join(f"{s:>6}" for s in SPLIT_NAMES))
+    for n in names:
+        line("", f"{n:<{width}}  " + "  ".join(f"{r['classes']['counts'][s][n]:>6}" for s in SPLIT_NAMES))
+    line("", f"the most frequent class is {_pct(r['classes']['test_majority_share'])} of the test split (the "
+             "accuracy of always predicting it)")
+    line("splits", "")
+    for s in SPLIT_NAMES:
+        sp = r["splits"][s]
+        line("", f"{s:<6}{sp['size']:>8}  {'derived: ' if sp['derived'] else 'given: '}{sp['from']}")
+    if r["max_train_examples"] is not None and r["max_train_examples"] < r["train_available"]:
+        line("", f"(train: the first {r['splits']['train']['size']} of {r['train_available']}, "
+                 f"train.max_train_examples={r['max_train_examples']})")
+    L = r["lengths"]
+    line("lengths", f"in tokens (min / median / max; truncated at data.max_len={L['max_len']})")
+    for s in SPLIT_NAMES:
+        x = L[s]
+        line("", f"{s:<6}{x['min']:>6} / {x['median']:g} / {x['max']}  {_pct(x['truncated'])} truncated")
+    v = r["vocabulary"]
+    line("vocabulary", f"{v['size']} entries (<pad>, <unk> and the words of the training split (data.min_freq={v['min_freq']}"
+                       + (f", data.max_vocab={v['max_vocab']}" if v["max_vocab"] is not None else "") + ")); "
+                       f"unknown to it: {_pct(v['unknown_tokens']['val'])} of val tokens, "
+                       f"{_pct(v['unknown_tokens']['test'])} of test tokens")
+    g = r["glove"]
+    if g["available"]:
+        u = g["unknown_tokens"]
+        line("glove", f"GloVe 6B 50d (data.glove={g['used']}): {_pct(g['vocabulary_found'])} of the vocabulary "
+                      f"found; unknown words: {_pct(u['train'])} of train, {_pct(u['val'])} of val, "
+                      f"{_pct(u['test'])} of test tokens")
+    else:
+        line("glove", f"GloVe not available (data.glove={g['used']}): {g['reason']}")
+    for i, n in enumerate(r["notes"]):
+        line("note" if i == 0 else "", n)
+    line("train with", r["command"])
+    return "\n".join(out) + "\n"
+
+
+def inspect_argv_parser(prog: str):
+    """The parser of ``inspect``: PATH, overrides anywhere on the line, ``--config``, ``--json``."""
+    import argparse
+
+    from unfold.plugins import add_import_arg
+    p = argparse.ArgumentParser(prog=f"{prog} inspect", description=__doc__.splitlines()[0].replace("``", ""))
+    add_import_arg(p, subcommand=True)
+    p.add_argument("path", help="the dataset: a .csv/.jsonl/.json/.parquet file, a folder of splits, hf:PATH or a "
+                                "registered name, as data.dataset takes it")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, as unfold-train takes them, e.g. "
+                                                "data.text_field=body data.label_field=topic")
+    p.add_argument("--config", default=None, help="a config name or file, as unfold-train --config takes it "
+                                                  "(default: the defaults)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    return p
+
+
+__all__ = ["inspect_dataset", "render", "train_command", "dataset_format", "inspect_argv_parser"]

@@ -150,8 +150,10 @@ def test_concurrent_training_runs_into_one_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     metrics = json.loads((done / "metrics.json").read_text())
     assert metrics["name"] == "tiny" and len(json.loads((done / "history.json").read_text())) == 2
-    again = run_train(args(done, "train.epochs=2"))               # a finished folder is not silently overwritten
-    assert again.returncode == 2 and "already holds a finished run" in again.stderr
+    again = run_train(args(done, "train.epochs=2"))     # the same command again: said, nothing trained or changed
+    assert again.returncode == 0 and "already holds this finished run" in again.stderr, again.stderr[-2000:]
+    other = run_train(args(done, "train.epochs=3"))     # another config: refused, naming the key
+    assert other.returncode == 2 and "finished run of another config: train.epochs (2 there, 3 now)" in other.stderr
     assert json.loads((done / "metrics.json").read_text()) == metrics
     replaced = run_train(args(done, "train.epochs=1", "--overwrite"))
     assert replaced.returncode == 0, replaced.stderr[-2000:]

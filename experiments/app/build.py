@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import time
 from typing import Any, Dict, Optional
 
 import torch
@@ -89,15 +90,23 @@ def build_data(cfg: Dict[str, Any]):
     from .. import data as D
 
     dc = cfg["data"]
+    log = logging.getLogger(LOGGER)
+    log.info(f"reading data.dataset={dc['dataset']} ...")       # the first line, before any slow step
+    t0 = time.perf_counter()
     splits = D.load_configured(dc)
     train = train_examples(cfg, splits)
+    log.info(f"read {splits.name}: {len(train)}/{len(splits.val)}/{len(splits.test)} train/val/test examples, "
+             f"{splits.num_classes} classes ({time.perf_counter() - t0:.1f} s); tokenising ...")
+    t0 = time.perf_counter()
     vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
                (("train", train), ("val", splits.val), ("test", splits.test))}
+    log.info(f"vocabulary: {len(vocab)} words (data.min_freq={dc['min_freq']}); texts encoded to "
+             f"data.max_len={dc['max_len']} tokens ({time.perf_counter() - t0:.1f} s)")
     glove = None
     if dc["glove"] != "none":
         glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
-        logging.getLogger(LOGGER).info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
+        log.info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
     return splits, vocab, tensors, glove
 
 

@@ -108,10 +108,12 @@ def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional
 
 
 @torch.no_grad()
-def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False, split: str = "eval"):
+def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False, split: str = "eval",
+             bar=None):
     """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``. A logit or a
     loss that is not finite is never a metric: :class:`TrainingError` naming the split, how many examples and
-    the first one (an accuracy of argmax over NaN would be a number that means nothing)."""
+    the first one (an accuracy of argmax over NaN would be a number that means nothing). ``bar``: a progress bar
+    (:func:`experiments.app.runlog.progress`) advanced by one per batch."""
     model.eval()
     correct = total = 0
     loss_sum = 0.0
@@ -133,6 +135,8 @@ def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace:
         total += int(labels.numel())
         if trace:       # flagged steps decided by the exact evaluation now, while this batch's states exist
             traces.append(settle(out.energies, out.states_dtype, guaranteed=out.guaranteed))
+        if bar is not None:
+            bar.update(1)
     energies = EnergyTrace.cat(traces) if trace and traces else None
     return correct / max(total, 1), loss_sum / max(total, 1), energies
 
@@ -151,27 +155,37 @@ EXTRA_LAYERS = 32
 
 
 @torch.no_grad()
-def energy_floor(model: SequenceClassifier, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS):
+def energy_floor(model: SequenceClassifier, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS, bar=None):
     """Per-example estimate of min E: the shared step unrolled ``extra`` layers past the trained depth
-    (guaranteed mode; E is bounded below there); ``None`` for untied modes."""
+    (guaranteed mode; E is bounded below there); ``None`` for untied modes. ``bar`` as in :func:`evaluate`."""
     if not model.encoder.guaranteed:
         return None
     out = []
     for ids, mask, _ in iterate(tensors, batch_size):
         energies = model(ids.to(device), mask.to(device), layers=model.encoder.layers + extra).energies
         out.append(sum(energies.values()).min(dim=1).values.cpu())
+        if bar is not None:
+            bar.update(1)
     return torch.cat(out)
 
 
-def check_descent(model: SequenceClassifier, tensors, cfg, device):
+def check_descent(model: SequenceClassifier, tensors, cfg, device, what: str = "the model"):
     """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer.
-    Returns ``(stats, energies, accuracy, energy_min)``."""
-    dtype = DTYPES[cfg["train"]["check_dtype"]]
+    Returns ``(stats, energies, accuracy, energy_min)``. Says what it does in the log and shows its progress
+    (``train.progress``): on a CPU it is the longest silent stretch of a run otherwise."""
+    tc = cfg["train"]
+    dtype = DTYPES[tc["check_dtype"]]
     checker = copy.deepcopy(model).to(dtype)
-    acc, _, energies = evaluate(checker, tensors, cfg["train"]["batch_size"], device, trace=True,
-                                split=f"test ({cfg['train']['check_dtype']} check)")
-    stats = energy_stats(energies, dtype, guaranteed=model.encoder.guaranteed)
-    floor = energy_floor(checker, tensors, cfg["train"]["batch_size"], device)
+    n, batches = len(tensors[2]), math.ceil(len(tensors[2]) / tc["batch_size"])
+    logging.getLogger(LOGGER).info(f"checking the descent of {what}: {tc['check_dtype']}, every layer of {n} test "
+                                   "examples" + (f", then {EXTRA_LAYERS} more layers for E_min"
+                                                 if model.encoder.guaranteed else ""))
+    with progress(batches * (2 if model.encoder.guaranteed else 1), f"descent check ({what})",
+                  tc["progress"]) as bar:
+        acc, _, energies = evaluate(checker, tensors, tc["batch_size"], device, trace=True,
+                                    split=f"test ({tc['check_dtype']} check)", bar=bar)
+        stats = energy_stats(energies, dtype, guaranteed=model.encoder.guaranteed)
+        floor = energy_floor(checker, tensors, tc["batch_size"], device, bar=bar)
     return stats, energies, acc, floor
 
 
@@ -363,7 +377,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                                   f"{' '.join(str(exc).split())[:300]})") from None
         log.info(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}")
     else:
-        untrained = check_descent(model, tensors["test"], cfg, device)[0] if dd.is_main else None
+        untrained = check_descent(model, tensors["test"], cfg, device, "the untrained model")[0] if dd.is_main else None
     if dd.is_main:
         attach_log_file(run_dir)
     net = model
@@ -505,7 +519,7 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     state = safe_load(os.path.join(run_dir, "best.pt"), map_location=device)
     model.load_state_dict(state["model"])
     test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device, split="test")
-    trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device)
+    trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device, "the trained model")
     atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
                  "energy_min": floor, "extra_layers": EXTRA_LAYERS,
                  "dtype": tc["check_dtype"], "mode": cfg["model"]["mode"], "guaranteed": model.encoder.guaranteed},
@@ -582,16 +596,103 @@ def _main(args) -> int:
             return 0
         cfg = load_config(args.config, args.overrides)
         run_dir = args.run_dir if args.run_dir is not None else os.path.join("runs", cfg["name"])
+        if not args.overwrite and distributed.rank_from_env() == 0:
+            done = finished_run(cfg, run_dir)
+            if done is not None:      # the same command again: say what is there, touch nothing, exit 0
+                print(summary_line(done))
+                return 0
         metrics = train(cfg, run_dir, overwrite=args.overwrite)
     if not metrics:      # a rank other than 0 of a distributed run: rank 0 reports
         return 0
-    summary = {k: metrics[k] for k in ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params",
-                                        "energy_verdict", "energy_steps", "energy_increases", "energy_nonfinite",
-                                        "energy_max_rel_increase")}
-    summary["untrained_energy_increases"] = metrics["untrained"]["energy_increases"]
     print(f"wrote {run_dir}/metrics.json, energy_descent.png, training_curves.png")
-    print(json_dumps(summary))
+    print(summary_line(metrics))
     return 0
+
+
+SUMMARY_KEYS = ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params", "energy_verdict",
+                "energy_steps", "energy_increases", "energy_nonfinite", "energy_max_rel_increase")
+
+
+def summary_line(metrics: Dict[str, Any]) -> str:
+    """The one JSON line a finished run prints: its headline figures from ``metrics.json``."""
+    summary = {k: metrics.get(k) for k in SUMMARY_KEYS}
+    summary["untrained_energy_increases"] = (metrics.get("untrained") or {}).get("energy_increases")
+    return json_dumps(summary)
+
+
+def config_differences(a: Dict[str, Any], b: Dict[str, Any], prefix: str = "") -> list:
+    """The dotted keys whose values differ between two configs (a key missing on one side counts)."""
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += config_differences(x, y, f"{prefix}{key}.")
+        elif x != y or type(x) is not type(y):
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
+    """The ``metrics.json`` of a finished run in ``run_dir`` trained with exactly ``cfg`` (the same command pasted
+    again), after telling the user on stderr what is there and how to train again; ``None`` when ``run_dir``
+    holds no finished run (training goes ahead, or the folder check refuses it as before). A finished run of
+    another config is a :class:`RunFolderError` naming the keys that differ. Reads only: no lock taken, nothing
+    written, so the finished run stays byte-identical."""
+    from .plot_energy import RunFileError, read_json
+    from .runlock import RunFolderError
+
+    metrics_path, config_path = (os.path.join(run_dir, f) for f in ("metrics.json", "config.yaml"))
+    if not (os.path.isfile(metrics_path) and os.path.isfile(os.path.join(run_dir, "bundle.json"))):
+        return None
+    if os.path.lexists(Replacement(run_dir).stage) or _lock_held(run_dir):
+        return None     # a killed --overwrite to finish, or a run holding the folder: the usual path says which
+    try:
+        stored, metrics = load_config(config_path), read_json(metrics_path)
+    except (ConfigError, RunFileError, OSError):
+        return None         # not a readable finished run: the folder check says what it holds
+    differ = config_differences(stored, cfg)
+    if differ:
+        shown = ", ".join(f"{k} ({_dotted(stored, k)!r} there, {_dotted(cfg, k)!r} now)" for k in differ[:5])
+        raise RunFolderError(f"run folder {run_dir!r} holds a finished run of another config: {shown}"
+                             f"{f' and {len(differ) - 5} more' if len(differ) > 5 else ''}; train into a new "
+                             "folder with --run-dir, or replace it with --overwrite")
+    acc = metrics.get("test_accuracy")
+    print(f"{run_dir} already holds this finished run (same config; test accuracy "
+          f"{acc if not isinstance(acc, float) else f'{acc:.4f}'}, energy verdict "
+          f"{metrics.get('energy_verdict')!r}, {metrics.get('energy_increases')} increases in "
+          f"{metrics.get('energy_steps')} layer-steps): nothing was trained or changed. Use it: "
+          f"unfold-predict {run_dir} --text '...'. Train again: the same command with --run-dir NEW_FOLDER, "
+          "or with --overwrite to replace it once the new run is complete.", file=sys.stderr)
+    return metrics
+
+
+def _lock_held(run_dir: str) -> bool:
+    """Whether a live process holds ``run_dir``'s run lock (:class:`RunLock`), found without taking it or writing:
+    the lock file opened read-only and a shared lock tried without waiting."""
+    import fcntl
+
+    from .runlock import LOCK
+
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _dotted(cfg: Dict[str, Any], key: str):
+    for part in key.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return None
+        cfg = cfg[part]
+    return cfg
 
 
 if __name__ == "__main__":

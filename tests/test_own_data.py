@@ -343,7 +343,7 @@ def test_inspect_reports_what_the_trainer_reads(own_csv, capsys):
     cut = {s: r["lengths"][s]["truncated"] * r["splits"][s]["size"] for s in ("train", "val", "test")}
     assert round(sum(cut.values())) == 2 and max(r["lengths"][s]["max"] for s in cut) == 61
     assert r["argv"] == ["unfold-train", "--config", "tiny", "data.dataset=reviews.csv", *over, "--run-dir",
-                         "runs/reviews"]
+                         "runs/reviews_csv"]
     assert r["command"] == shlex.join(r["argv"])
 
 
@@ -355,7 +355,7 @@ def test_inspect_text_output(own_csv, capsys):
                   "derived: drawn from reviews.csv (80/10/10, data.seed=0)", "truncated",
                   "GloVe not available (data.glove=finetune)", "data.glove=finetune needs the GloVe files",
                   "train with  unfold-train data.dataset=reviews.csv data.text_field=body data.label_field=topic "
-                  f"data.data_dir={own_csv / 'empty'} --run-dir runs/reviews"):
+                  f"data.data_dir={own_csv / 'empty'} --run-dir runs/reviews_csv"):
         assert words in out, out
 
 

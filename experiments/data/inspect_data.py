@@ -69,9 +69,12 @@ def dataset_format(name: str) -> str:
 
 
 def _run_name(name: str) -> str:
-    """A run folder name for the dataset ``name``: its file or folder name without suffix, safe characters only."""
-    stem = pathlib.PurePath(name[3:] if name.startswith("hf:") else name).stem or "data"
-    return re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip("._") or "data"
+    """A run folder name for the dataset ``name``: its file or folder name, a suffix written ``_suffix``
+    (``reviews.csv`` -> ``reviews_csv``, so that ``reviews.parquet`` beside it gets a folder of its own), safe
+    characters only."""
+    path = pathlib.PurePath(name[3:] if name.startswith("hf:") else name)
+    stem = path.stem + (f"_{path.suffix[1:]}" if path.suffix else "")
+    return re.sub(r"[^A-Za-z0-9_-]", "_", stem).strip("_") or "data"
 
 
 def train_command(dataset: str, config: str | None, overrides) -> list[str]:

@@ -61,7 +61,8 @@ class Tripwire:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """``(run folder, saved bundle folder, data folder)``: a finished tiny run of EPOCHS epochs, and the same model
-    written by save_model."""
+    written by save_model, both rewritten as bundle format 1 wrote them (``best.pt``; ``model.pt`` +
+    ``config.yaml``)."""
     tmp = tmp_path_factory.mktemp("hostile")
     data = synthetic_text_dir(tmp / "toy", n_train=120, n_eval=40)
     run = tmp / "run"
@@ -71,9 +72,12 @@ def base(tmp_path_factory):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from experiments.app.bundle import load_model, save_model
+    from test_bundle_safetensors import as_format_1
 
     saved = tmp / "saved"
     save_model(load_model(str(run)), str(saved))
+    as_format_1(str(run))     # the table is about format 1 (best.pt, model.pt: still read); format 2's hostile
+    as_format_1(str(saved))   # files are tests/test_bundle_safetensors.py's
     return run, saved, data
 
 

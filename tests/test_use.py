@@ -59,14 +59,15 @@ TEXTS = ["good great superb w1 w2", "awful boring w3", "w4 w5 bad w6 poor dull w
 def test_bundle_round_trip_keeps_predictions_and_label_names(trained, tmp_path):
     run_dir, _ = trained
     manifest = json.loads((run_dir / BUNDLE).read_text())
-    assert manifest["label_names"] == ["bad", "good"] and manifest["weights"] == "best.pt"
+    assert manifest["label_names"] == ["bad", "good"] and manifest["weights"] == "model.safetensors"
     assert set(manifest["data_fingerprint"]) >= {"vocab", "train", "val", "test", "label_names"}
     model = load_model(run_dir)
     assert model.label_names == ["bad", "good"]
     before = model.predict(TEXTS)
     assert [p.label for p in before[:2]] == ["good", "bad"]          # the names map to the right classes
     out = save_model(model, tmp_path / "bundle")
-    assert sorted(n for n in os.listdir(out) if n != ".lock") == ["bundle.json", "config.yaml", "model.pt", "vocab.json"]
+    assert sorted(n for n in os.listdir(out) if n != ".lock") == ["README.md", "bundle.json", "config.json",
+                                                                  "model.safetensors", "vocab.json"]
     again = load_model(out)
     after = again.predict(TEXTS)
     assert [p.to_dict() for p in after] == [p.to_dict() for p in before]
@@ -90,11 +91,13 @@ def test_prediction_carries_energy_and_descent(trained):
 
 
 def copy_run(trained, tmp_path, bundle=True):
-    """A copy of the trained run folder (without bundle.json: a run from before bundles)."""
+    """A copy of the trained run folder (without bundle.json and the files only a bundle has: a run from before
+    bundles)."""
     copy = tmp_path / "copy"
     shutil.copytree(trained[0], copy)
     if not bundle:
-        (copy / BUNDLE).unlink()
+        for name in (BUNDLE, "model.safetensors", "config.json", "README.md"):
+            (copy / name).unlink()
     return copy
 
 

@@ -1,42 +1,64 @@
 """Model bundles: everything needed to use a trained model, in one folder, loaded without executing code.
 
-A bundle is a folder (a finished run folder is one) holding
+A bundle (format version 2, what :func:`save_model`, ``save_pretrained`` and the trainer write; a finished run
+folder is one) is the layout the Hugging Face ecosystem shares models in:
 
-* ``best.pt`` (a run's best epoch) or ``model.pt`` (:func:`save_model`): ``{"model": state_dict, ...}``;
-* ``config.yaml``: the config the model was built from (:func:`experiments.app.build.build_model`);
+* ``model.safetensors``: the weights (the state dict), read with ``safetensors`` (a JSON header and raw tensor
+  bytes: no pickle, nothing in it can run); its header's metadata names the bundle format and version;
+* ``config.json``: the resolved config the model was built from (:func:`experiments.app.build.build_model`);
 * ``vocab.json``: the vocabulary, ids in order (:class:`experiments.data.Vocab`);
 * ``graph.npy``, where ``model.graph`` is an edge-list file: the graph the model was trained on, copied when the
   run started (:mod:`experiments.app.graph_pin`). The graph is part of the model: the bundle predicts with this
   copy, checked against its sha256, never with the file ``model.graph`` names, which may since have been edited,
   moved or deleted;
+* ``README.md``: the model card (Hugging Face front matter: library, tags, dataset, metrics; then the data
+  fingerprint, the test metrics, the descent verdict with its tolerance rule, the config and the command that
+  made the bundle), written from ``bundle.json``'s ``metrics`` and ``command`` (:func:`model_card`);
 * ``bundle.json``: the format version, the label names (class id -> name), the data fingerprint of the training
-  data (:mod:`experiments.app.fingerprint`) and the sha256 of the files above.
+  data (:mod:`experiments.app.fingerprint`), the card's metrics and command, and the sha256 of every file above.
 
-:func:`load_model` checks the three hashes before it builds anything (a weights file replaced after the bundle
-was written is refused, not silently paired with another vocabulary), loads the weights with
-``torch.load(weights_only=True)`` (tensors and plain containers only) from the very file descriptor it hashed
-(a file swapped between the check and the load is not read), and returns a :class:`TrainedModel`, whose
-:meth:`~TrainedModel.predict` maps texts to label names, class probabilities and the per-layer energy with its
-descent verdict.
+A run folder also holds the trainer's checkpoints (``best.pt``, ``last.pt``, ``prev.pt``: torch files for
+``--resume``); they are not part of the bundle, which never reads them. :class:`TrainedModel` is a
+``huggingface_hub`` ``ModelHubMixin``: ``TrainedModel.from_pretrained(folder)`` (a local folder is read offline,
+with :func:`load_model`; a Hub id is downloaded first, bundle files only), ``save_pretrained(folder)``
+(:func:`save_model`) and ``push_to_hub(repo_id)`` (the mixin's: a bundle written to a temporary folder, uploaded).
+
+**Format 1** (bundles written before this one, still read, with every check below): ``best.pt`` (a run's best
+epoch) or ``model.pt`` (the old :func:`save_model`): ``{"model": state_dict, ...}``, read with
+``torch.load(weights_only=True)`` (tensors and plain containers only); ``config.yaml`` instead of
+``config.json``; no card. ``python -m experiments.app.bundle convert OLD NEW`` (:func:`convert`) writes the same
+model as a format-2 bundle, verified (same weights bit for bit, same predictions and energies) before it is put
+in place; OLD is only read.
+
+:func:`load_model` checks the hashes before it builds anything (a weights file replaced after the bundle
+was written is refused, not silently paired with another vocabulary), reads the weights from the very bytes it
+hashed (format 1: from the very file descriptor it hashed; a file swapped between the check and the load is not
+read), and returns a :class:`TrainedModel`, whose :meth:`~TrainedModel.predict` maps texts to label names, class
+probabilities and the per-layer energy with its descent verdict.
 
 **What is checked** (each a :class:`~energies.errors.CheckpointError` naming the file, the key and the value):
 ``bundle.json`` is a JSON object with exactly the keys ``format`` (this format's name), ``version`` (an
-integer, this version), ``weights`` (``best.pt`` or ``model.pt``), ``label_names`` (at least two distinct
-strings), ``dataset`` (a string or null), ``data_fingerprint`` (null or a fingerprint) and ``sha256`` (the
-three files, and ``graph.npy`` where there is one, to 64-digit hex digests) and, optionally, ``graph`` (null, or
-``{"spec": the config's model.graph, "file": "graph.npy"}``: present exactly where ``graph.npy`` is hashed);
+integer, 1 or 2), ``weights`` (format 2: ``model.safetensors``; format 1: ``best.pt`` or ``model.pt``),
+``label_names`` (at least two distinct strings), ``dataset`` (a string or null), ``data_fingerprint`` (null or a
+fingerprint) and ``sha256`` (exactly the bundle's files -- format 2: weights, ``config.json``, ``vocab.json``,
+``README.md``; format 1: weights, ``config.yaml``, ``vocab.json``; and ``graph.npy`` where there is one -- to
+64-digit hex digests) and, optionally, ``graph`` (null, or ``{"spec": the config's model.graph, "file":
+"graph.npy"}``: present exactly where ``graph.npy`` is hashed) and, format 2 only, ``metrics`` (null or an object
+of numbers, booleans, strings or nulls) and ``command`` (null or a string);
 JSON files are read strictly (:func:`unfold.strict_json.loads`: no NaN,
 nesting at most 100 levels, so a ``[[[[...`` bomb is a one-line refusal, not a ``RecursionError``); every file
 is a regular file (a symbolic link is followed, and what it points to is hashed and read like any file; a FIFO
-or device is refused); every floating weight is finite (a NaN or inf weight is refused naming the parameter:
-a model that cannot give a meaningful verdict is not loaded); the weights file's own ``config`` (``best.pt``
-stores one) must be ``config.yaml``'s.
+or device is refused); ``model.safetensors`` is a valid safetensors file whose metadata names this format, of
+tensors only; every floating weight is finite (a NaN or inf weight is refused naming the parameter:
+a model that cannot give a meaningful verdict is not loaded); format 1: the weights file's own ``config``
+(``best.pt`` stores one) must be ``config.yaml``'s.
 
 **A folder without bundle.json** is not verifiable: nothing ties its weights to its config and vocabulary, and
 because ``bundle.json`` can be deleted, no file's presence or absence can prove that a folder predates bundles.
 So such a folder is read only on request -- ``load_model(folder, legacy=True)``, ``unfold-predict --legacy``
--- and even then it is refused when it holds anything only this format writes, which would mean its
-``bundle.json`` was removed: a ``model.pt`` (written by :func:`save_model` together with ``bundle.json``, and
+-- and even then it is refused when it holds anything only a bundle format writes, which would mean its
+``bundle.json`` was removed: a ``model.safetensors`` (only ever written with ``bundle.json``; refused even
+without ``legacy``), a ``model.pt`` (written by format 1's :func:`save_model` together with ``bundle.json``, and
 marked with the bundle format), or a checksummed checkpoint (``last.pt``/``prev.pt`` with ``sha256``: written
 by a trainer that ends every run with ``bundle.json``; an unfinished run is finished with ``--resume``, which
 writes it). A legacy folder's label names come from its dataset, loaded again.
@@ -48,36 +70,61 @@ bundle holding it); a file that is gone is refused, naming the path to restore i
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
+import math
 import os
 import re
+import shlex
+import shutil
 import stat
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+import safetensors.torch
 import torch
+from huggingface_hub.hub_mixin import ModelHubMixin
+from safetensors import SafetensorError
 
 from energies.errors import CheckpointError
 from unfold.classifier import SequenceClassifier
 from unfold.encoders import check_batch_size, check_inference_layers
 from unfold.cli import read_document
-from unfold.strict_json import dumps as json_dumps, load as json_load
+from unfold.strict_json import dumps as json_dumps, load as json_load, loads as json_loads
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
 
-from .atomic import atomic_open, atomic_save
+from .atomic import atomic_open
 from .checkpoint import DIGEST, LAST, PREV, check_fingerprint, nonfinite_tensor, safe_load, show
 from .graph_pin import GRAPH_FILE, is_graph_file, parse_edges, pin, read_edges, write_edges
 
-__all__ = ["TrainedModel", "Prediction", "load_model", "save_model", "write_bundle_manifest", "BUNDLE",
-           "FORMAT", "VERSION"]
+__all__ = ["TrainedModel", "Prediction", "load_model", "save_model", "write_bundle", "write_run_bundle",
+           "write_bundle_manifest", "model_card", "convert", "BUNDLE", "FORMAT", "VERSION", "VERSIONS"]
 
 BUNDLE = "bundle.json"
-FORMAT, VERSION = "unfolded-transformers/bundle", 1
+FORMAT, VERSION = "unfolded-transformers/bundle", 2
+#: the bundle versions :func:`load_model` reads (1: torch-file weights, read weights_only; 2: safetensors)
+VERSIONS = (1, 2)
+#: format 1's weights files (the trainer's best.pt, the old save_model's model.pt)
 WEIGHTS = ("model.pt", "best.pt")
+SAFETENSORS, CONFIG_JSON, CARD, CONFIG_YAML = "model.safetensors", "config.json", "README.md", "config.yaml"
+#: model.safetensors' metadata: one key, so that the file's bytes are the same at every save (safetensors writes
+#: several metadata keys in no fixed order)
+META = {"format": f"{FORMAT}/{VERSION}"}
+#: the files of a format-2 bundle besides its weights (and graph.npy, where there is one)
+FILES_V2 = (CONFIG_JSON, "vocab.json", CARD)
 MANIFEST_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fingerprint", "sha256")
-#: keys a manifest may hold besides :data:`MANIFEST_KEYS` (``graph``: the pinned edge-list graph, where there is one)
+#: keys a manifest may hold besides :data:`MANIFEST_KEYS` (``graph``: the pinned edge-list graph, where there is one;
+#: format 2: ``metrics`` and ``command``, what the model card says)
 OPTIONAL_KEYS = ("graph",)
+OPTIONAL_KEYS_V2 = ("graph", "metrics", "command")
+#: the metrics.json entries a bundle carries to its card (test metrics, the descent verdict and its rule)
+CARD_METRICS = ("test_accuracy", "test_loss", "val_accuracy", "best_epoch", "majority_class_accuracy",
+                "no_better_than_majority", "check_dtype_test_accuracy", "energy_verdict", "energy_steps",
+                "energy_increases", "energy_nonfinite", "energy_max_rel_increase", "energy_tol_rule",
+                "train_energy_increases", "train_energy_steps", "mode", "params")
 CHECK_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -119,22 +166,188 @@ def _open_regular(path: str):
 
 def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
                           fingerprint: Optional[Dict[str, Any]], dataset: Optional[str] = None,
-                          graph: Optional[str] = None) -> str:
-    """Write ``folder/bundle.json`` (atomic) for the files already in ``folder``; returns its path. ``graph``: the
-    config's ``model.graph``; where it is an edge-list file, ``folder/graph.npy`` (its copy) must be there and is
-    hashed with the others."""
+                          graph: Optional[str] = None, metrics: Optional[Dict[str, Any]] = None,
+                          command: Optional[str] = None) -> str:
+    """Write ``folder/bundle.json`` (atomic) for the files already in ``folder``; returns its path. ``weights``
+    ``model.safetensors`` writes format 2 (hashing ``config.json``, ``vocab.json``, ``README.md``, with the card's
+    ``metrics`` and ``command``), ``best.pt``/``model.pt`` format 1 (``config.yaml``, ``vocab.json``: how bundles
+    were written before, kept for reading and testing them). ``graph``: the config's ``model.graph``; where it is
+    an edge-list file, ``folder/graph.npy`` (its copy) must be there and is hashed with the others."""
     names = [str(n) for n in label_names]
     if len(names) < 2 or len(set(names)) != len(names):
         raise CheckpointError(f"a bundle needs at least two distinct label names, got {names!r}")
-    files = (weights, "config.yaml", "vocab.json") + ((GRAPH_FILE,) if is_graph_file(graph) else ())
-    manifest = {"format": FORMAT, "version": VERSION, "weights": weights, "label_names": names,
+    version = 2 if weights == SAFETENSORS else 1
+    if version == 1 and weights not in WEIGHTS:
+        raise CheckpointError(f"a bundle's weights are {SAFETENSORS} (or, format 1, one of {list(WEIGHTS)}), got "
+                              f"{weights!r}")
+    files = (weights,) + (FILES_V2 if version == 2 else (CONFIG_YAML, "vocab.json")) \
+        + ((GRAPH_FILE,) if is_graph_file(graph) else ())
+    manifest = {"format": FORMAT, "version": version, "weights": weights, "label_names": names,
                 "dataset": dataset, "data_fingerprint": fingerprint,
                 "sha256": {name: _sha256(os.path.join(folder, name)) for name in files}}
     if is_graph_file(graph):
         manifest["graph"] = {"spec": graph, "file": GRAPH_FILE}
+    if version == 2:
+        manifest["metrics"], manifest["command"] = _card_metrics(metrics), command
     path = os.path.join(folder, BUNDLE)
     with atomic_open(path, "w") as fh:
         fh.write(json_dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def _card_metrics(metrics: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The entries of :data:`CARD_METRICS` that ``metrics`` (a run's metrics.json, or a bundle's own) holds as
+    finite numbers, booleans, strings or nulls; None for none."""
+    if not isinstance(metrics, dict):
+        return None
+    out = {k: metrics[k] for k in CARD_METRICS if k in metrics and _card_value(metrics[k])}
+    return out or None
+
+
+def _card_value(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, str, int)) or (isinstance(v, float) and math.isfinite(v))
+
+
+def trainer_command(argv: Optional[Sequence[str]] = None) -> Optional[str]:
+    """The trainer's command line as typed (``python -m experiments.train ...`` or ``unfold-train ...``) when this
+    process is the trainer's command; None when it is not (a library call, a test)."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return None
+    prog = os.path.normpath(argv[0])
+    for tail, shown in ((os.path.join("experiments", "train.py"), "python -m experiments.train"),
+                        (os.path.join("experiments", "app", "train.py"), "python -m experiments.app.train"),
+                        ("unfold-train", "unfold-train")):
+        if prog == tail or prog.endswith(os.sep + tail):
+            return " ".join([shown] + [shlex.quote(a) for a in argv[1:]])
+    return None
+
+
+def _safetensors_bytes(state: Dict[str, torch.Tensor]) -> bytes:
+    """``state`` as a safetensors file (every tensor its own contiguous CPU copy: safetensors refuses tensors that
+    share memory), its metadata naming the bundle format and version (:data:`META`)."""
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
+    return safetensors.torch.save(tensors, metadata=META)
+
+
+def _write_bytes(data: bytes, path: str) -> None:
+    with atomic_open(path, "wb") as fh:
+        fh.write(data)
+
+
+def _write_text(text: str, path: str) -> None:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+
+
+def _front_matter(doc: Dict[str, Any]) -> str:
+    import yaml
+
+    return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Optional[str],
+               fingerprint: Optional[Dict[str, Any]], metrics: Optional[Dict[str, Any]],
+               command: Optional[str]) -> str:
+    """The bundle's ``README.md``: Hugging Face front matter (library_name, tags, datasets where the dataset is a
+    name rather than a path, metrics, pipeline tag), then what the model is, its test metrics, the descent verdict
+    and the tolerance rule it was decided by, the data fingerprint, the command that made it, how to load it, and
+    the config. Written from the bundle's own fields only, so the same bundle always gets the same card."""
+    m = dict(metrics or {})
+    mode = config["model"]["mode"]
+    front: Dict[str, Any] = {"library_name": "unfolded-transformers",
+                             "tags": ["unfolded-transformer", "energy-based", "text-classification", "safetensors",
+                                      f"mode-{mode}", "model_hub_mixin"],
+                             "pipeline_tag": "text-classification"}
+    if dataset and not any(c in dataset for c in "/\\:") and not dataset.startswith("."):
+        front["datasets"] = [dataset]
+    front["metrics"] = ["accuracy"]
+    verdict = m.get("energy_verdict")
+    lines = [f"# {config.get('name', 'model')}: an energy-based unfolded transformer ({mode})", "",
+             f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))}) whose layers "
+             "are steps that lower an energy (unfolded optimisation). Files: `model.safetensors` (weights), "
+             "`config.json` (resolved config), `vocab.json`, `bundle.json` (format, label names, sha256 of every "
+             "file)" + (", `graph.npy` (the token graph trained on)" if is_graph_file(config["model"]["graph"])
+                         else "") + ".", "", "## Descent verdict", ""]
+    if verdict is None:
+        lines.append("Not recorded (this bundle was not written at the end of a training run).")
+    else:
+        lines.append(f"**{verdict}**: {m.get('energy_increases', '?')} energy increases beyond tolerance and "
+                     f"{m.get('energy_nonfinite', '?')} non-finite values in {m.get('energy_steps', '?')} layer-steps "
+                     f"on the test split, checked in {config['train']['check_dtype']} "
+                     f"(largest relative increase {m.get('energy_max_rel_increase', '?')}).")
+        if "train_energy_steps" in m:
+            lines.append(f"During training: {m.get('train_energy_increases', '?')} increases in "
+                         f"{m['train_energy_steps']} layer-steps.")
+    lines += ["", "Tolerance rule: " + (f"`{m['energy_tol_rule']}`" if m.get("energy_tol_rule") else
+                                        "E_t+1 > E_t + tol is an increase, tol tied to the dtype and to the size "
+                                        "of the energy (unfold.trace.report_from_values)."),
+              "", "## Test metrics", ""]
+    shown = [k for k in ("test_accuracy", "test_loss", "val_accuracy", "best_epoch", "majority_class_accuracy",
+                         "no_better_than_majority", "check_dtype_test_accuracy", "params") if k in m]
+    if shown:
+        lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {m[k]} |" for k in shown]
+    else:
+        lines.append("Not recorded.")
+    lines += ["", "## Data", "", f"Dataset: `{dataset}`" if dataset else "Dataset: not recorded", "",
+              "Data fingerprint (sha256 of the vocabulary, of each split and of the label names the model was "
+              "trained on, with their sizes: `experiments.app.fingerprint`):",
+              "", "```json", json_dumps(fingerprint, indent=1, ensure_ascii=False), "```", "",
+              "## The command that made it", "", f"```\n{command}\n```" if command else "Not recorded.", "",
+              "## Use", "", "```python", "from experiments.app.bundle import TrainedModel", "",
+              'model = TrainedModel.from_pretrained("PATH_OR_HUB_ID")   # no pickle, no code: safetensors + JSON',
+              'for p in model.predict(["a text to classify"]):', "    print(p.label, p.probabilities, p.verdict)",
+              "```", "", "or `unfold-predict PATH --text \"...\"`.", "", "## Config", "", "```json",
+              json_dumps(config, indent=1, ensure_ascii=False), "```", ""]
+    return _front_matter(front) + "\n" + "\n".join(lines)
+
+
+def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, Any], vocab: Any,
+                 label_names: Sequence[str], fingerprint: Optional[Dict[str, Any]], dataset: Optional[str],
+                 graph_file: Optional[bytes] = None, metrics: Optional[Dict[str, Any]] = None,
+                 command: Optional[str] = None) -> str:
+    """Write a format-2 bundle of ``state`` into ``folder`` (module docstring), each file atomically, ``bundle.json``
+    last: ``model.safetensors``, ``config.json``, ``vocab.json`` (``vocab`` None: the one there is kept),
+    ``graph.npy`` (where ``model.graph`` is an edge-list file: ``graph_file``'s bytes; None: the copy there is
+    kept), ``README.md`` (:func:`model_card`). A non-finite weight is refused before anything is written. Returns
+    the path of ``bundle.json``."""
+    bad = nonfinite_tensor(state)
+    if bad:
+        raise CheckpointError(f"{folder}: not saved: model weight {bad[0]!r} is not finite ({bad[1]})")
+    _write_bytes(_safetensors_bytes(state), os.path.join(folder, SAFETENSORS))
+    _write_text(json_dumps(config, indent=1, ensure_ascii=False) + "\n", os.path.join(folder, CONFIG_JSON))
+    if vocab is not None:
+        vocab.save(os.path.join(folder, "vocab.json"))
+    spec = config["model"]["graph"]
+    if is_graph_file(spec) and graph_file is not None:
+        write_edges(graph_file, folder)
+    card_metrics = _card_metrics(metrics)
+    _write_text(model_card(config, label_names, dataset, fingerprint, card_metrics, command),
+                os.path.join(folder, CARD))
+    return write_bundle_manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, graph=spec,
+                                 metrics=card_metrics, command=command)
+
+
+def write_run_bundle(run_dir: str, state: Dict[str, torch.Tensor], config: Dict[str, Any],
+                     label_names: Sequence[str], fingerprint: Optional[Dict[str, Any]], dataset: Optional[str] = None,
+                     metrics: Optional[Dict[str, Any]] = None) -> str:
+    """Make a finished run folder a format-2 bundle (what the trainer calls last): the best epoch's weights
+    ``state`` as ``model.safetensors``, ``config`` as ``config.json``, the card from ``metrics`` and the trainer's
+    command (:func:`trainer_command`), ``bundle.json`` last; ``vocab.json`` and ``graph.npy`` are the run's own.
+    The bundle is read back (:func:`load_model`) and its weights compared bit for bit before this returns; on a
+    difference ``bundle.json`` is removed again. The checkpoints (``best.pt``, ``last.pt``) stay for ``--resume``.
+    Returns the path of ``bundle.json``."""
+    state = {k: v.detach().cpu() for k, v in state.items()}
+    path = write_bundle(run_dir, state, config, None, label_names, fingerprint, dataset, metrics=metrics,
+                        command=trainer_command())
+    try:
+        back = load_model(run_dir).model.state_dict()
+        if back.keys() != state.keys() or not all(torch.equal(back[k].cpu(), state[k]) for k in state):
+            raise CheckpointError(f"{run_dir}: the bundle read back holds other weights than the run's best epoch")
+    except BaseException:
+        if os.path.exists(path):
+            os.unlink(path)        # not a bundle unless it reads back as the model trained
+        raise
     return path
 
 
@@ -163,10 +376,26 @@ class Prediction:
         return dict(self.__dict__)
 
 
+#: a Hugging Face Hub model id (``owner/name``): what from_pretrained downloads when no such local folder exists
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
+#: the files a bundle can hold: all that from_pretrained downloads from the Hub (never a .pt checkpoint)
+BUNDLE_FILES = (BUNDLE, SAFETENSORS, CONFIG_JSON, "vocab.json", CARD, GRAPH_FILE)
+
+
 @dataclass
-class TrainedModel:
+class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline_tag="text-classification",
+                   tags=["unfolded-transformer", "energy-based", "text-classification"]):
     """A trained classifier with what it takes to use it on text: config, vocabulary, label names;
-    ``graph_file``: the bytes of its edge-list graph (``model.graph`` a ``.npy`` file), pinned in the model."""
+    ``graph_file``: the bytes of its edge-list graph (``model.graph`` a ``.npy`` file), pinned in the model;
+    ``metrics`` and ``command``: what its model card says (test metrics and descent verdict; the command that
+    made it), None where unknown.
+
+    A ``huggingface_hub`` :class:`~huggingface_hub.ModelHubMixin` whose loading and saving are this module's:
+    :meth:`from_pretrained` reads a local folder with :func:`load_model` (offline, every check, no code run) and
+    :meth:`save_pretrained` writes with :func:`save_model` (atomic, read back before it returns); the mixin's own
+    ``push_to_hub`` uploads what :meth:`save_pretrained` writes. The mixin's generic paths are overridden because
+    they read ``config.json`` with a plain ``json.load`` before any check, feed its keys to the constructor
+    (``model`` and ``config`` are keys of both), and write into a folder non-atomically."""
 
     model: SequenceClassifier
     config: Dict[str, Any]
@@ -175,15 +404,76 @@ class TrainedModel:
     data_fingerprint: Optional[Dict[str, Any]] = None
     dataset: Optional[str] = None
     graph_file: Optional[bytes] = None
+    metrics: Optional[Dict[str, Any]] = None
+    command: Optional[str] = None
+
+    def __new__(cls, *args, **kwargs):
+        # the mixin's __new__ records the constructor's JSON-able arguments as a Hub config; the bundle's
+        # config.json is the model's config, written by save_model, so nothing is recorded here
+        return object.__new__(cls)
 
     @classmethod
-    def from_pretrained(cls, folder: str, map_location="cpu", legacy: bool = False) -> "TrainedModel":
-        """:func:`load_model` (the Hugging Face spelling)."""
+    def from_pretrained(cls, pretrained_model_name_or_path, *, map_location="cpu", legacy: bool = False,
+                        revision: Optional[str] = None, cache_dir=None, force_download: bool = False,
+                        token=None, local_files_only: bool = False, **kwargs) -> "TrainedModel":
+        """The model of a bundle: a local folder (any format :func:`load_model` reads; offline, nothing executed),
+        or, where no such folder exists and the name is a Hub id (``owner/name``), the bundle files of that Hub
+        repository (:data:`BUNDLE_FILES`, never a ``.pt`` file) downloaded, then read by :func:`load_model`."""
+        return cls._from_pretrained(model_id=os.fspath(pretrained_model_name_or_path), revision=revision,
+                                    cache_dir=cache_dir, force_download=force_download, token=token,
+                                    local_files_only=local_files_only, map_location=map_location, legacy=legacy,
+                                    **kwargs)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download: bool = False,
+                         local_files_only: bool = False, token=None, map_location="cpu", legacy: bool = False,
+                         **kwargs) -> "TrainedModel":
+        if kwargs:
+            raise CheckpointError(f"from_pretrained: unknown argument {sorted(kwargs)[0]!r} (the model is built "
+                                  "from the bundle's config.json, nothing else)")
+        folder = model_id
+        if not os.path.lexists(model_id) and HUB_ID.fullmatch(model_id) and not model_id.startswith("."):
+            from huggingface_hub import snapshot_download
+
+            try:
+                folder = snapshot_download(model_id, revision=revision, cache_dir=cache_dir, token=token,
+                                           force_download=force_download, local_files_only=local_files_only,
+                                           allow_patterns=list(BUNDLE_FILES))
+            except Exception as exc:  # noqa: BLE001 -- offline, no such repository: one line naming it
+                raise CheckpointError(f"{model_id!r}: no such model folder here, and not downloadable from the "
+                                      f"Hugging Face Hub ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+                                      ) from None
         return load_model(folder, map_location, legacy=legacy)
 
-    def save_pretrained(self, folder: str) -> str:
-        """:func:`save_model` (the Hugging Face spelling)."""
-        return save_model(self, folder)
+    def save_pretrained(self, save_directory, *, config: Optional[Dict[str, Any]] = None,
+                        repo_id: Optional[str] = None, push_to_hub: bool = False,
+                        model_card_kwargs: Optional[Dict[str, Any]] = None, overwrite: bool = False,
+                        **push_to_hub_kwargs) -> str:
+        """:func:`save_model` (the Hugging Face spelling): a format-2 bundle in ``save_directory``; with
+        ``push_to_hub``, then uploaded by the mixin's ``push_to_hub`` (returns the commit's URL; else the folder).
+        ``config``: the model's own config or None (a bundle's config is the model's); ``model_card_kwargs`` are
+        refused (the card is written from the bundle, :func:`model_card`)."""
+        if config is not None and config != self.config:
+            raise CheckpointError("save_pretrained: config must be None or the model's own: a bundle's config.json "
+                                  "is the config its model was built from")
+        if model_card_kwargs:
+            raise CheckpointError(f"save_pretrained: model_card_kwargs {sorted(model_card_kwargs)} are not used: the "
+                                  "card is written from the bundle's metrics, verdict and config")
+        folder = save_model(self, os.fspath(save_directory), overwrite=overwrite)
+        if push_to_hub:
+            return self.push_to_hub(repo_id or os.path.basename(os.path.abspath(folder)), **push_to_hub_kwargs)
+        return folder
+
+    def _save_pretrained(self, save_directory) -> None:
+        """The mixin's hook: the bundle written into ``save_directory`` (replacing what a bundle writes there)."""
+        save_model(self, os.fspath(save_directory), overwrite=True)
+
+    def generate_model_card(self, *args, **kwargs):
+        """The bundle's card (:func:`model_card`) as a ``huggingface_hub`` ``ModelCard``."""
+        from huggingface_hub import ModelCard
+
+        return ModelCard(model_card(self.config, self.label_names, self.dataset, self.data_fingerprint,
+                                    self.metrics, self.command))
 
     @property
     def device(self) -> torch.device:
@@ -285,17 +575,29 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise CheckpointError(f"{path} has no {missing[0]!r} (a manifest has the keys {list(MANIFEST_KEYS)})")
-    unknown = sorted(k for k in manifest if k not in MANIFEST_KEYS + OPTIONAL_KEYS)
-    if unknown:
-        raise CheckpointError(f"{path}: key {unknown[0]!r} is not a manifest key (valid: "
-                              f"{list(MANIFEST_KEYS + OPTIONAL_KEYS)})")
     if manifest["format"] != FORMAT or not isinstance(manifest["format"], str):
         raise _key_error(path, "format", manifest["format"], f"is not a model bundle manifest: expected {FORMAT!r}")
     version = manifest["version"]
-    if not isinstance(version, int) or isinstance(version, bool) or version != VERSION:
-        raise _key_error(path, "version", version, f"is not a bundle version this code reads (the integer {VERSION})")
-    if not isinstance(manifest["weights"], str) or manifest["weights"] not in WEIGHTS:
-        raise _key_error(path, "weights", manifest["weights"], f"must be one of {list(WEIGHTS)}")
+    if not isinstance(version, int) or isinstance(version, bool) or version not in VERSIONS:
+        raise _key_error(path, "version", version, f"is not a bundle version this code reads (the integers "
+                                                   f"{list(VERSIONS)})")
+    optional = OPTIONAL_KEYS_V2 if version == 2 else OPTIONAL_KEYS
+    unknown = sorted(k for k in manifest if k not in MANIFEST_KEYS + optional)
+    if unknown:
+        raise CheckpointError(f"{path}: key {unknown[0]!r} is not a manifest key of bundle version {version} (valid: "
+                              f"{list(MANIFEST_KEYS + optional)})")
+    weights = (SAFETENSORS,) if version == 2 else WEIGHTS
+    if not isinstance(manifest["weights"], str) or manifest["weights"] not in weights:
+        raise _key_error(path, "weights", manifest["weights"], f"must be one of {list(weights)} in a bundle of "
+                                                               f"version {version}")
+    if version == 2:
+        metrics, command = manifest.get("metrics"), manifest.get("command")
+        if metrics is not None and not (isinstance(metrics, dict) and all(
+                isinstance(k, str) and _card_value(v) for k, v in metrics.items())):
+            raise _key_error(path, "metrics", metrics, "must be null or an object of numbers, booleans, strings or "
+                                                       "nulls (the model card's metrics)")
+        if command is not None and not isinstance(command, str):
+            raise _key_error(path, "command", command, "must be null or a string (the command that made the bundle)")
     names = manifest["label_names"]
     if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
             or len(set(names)) != len(names):
@@ -314,7 +616,8 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
         raise _key_error(path, "graph", graph, f"must be null or {{'spec': the edge-list file model.graph names, "
                                                f"'file': {GRAPH_FILE!r}}}")
     hashes = manifest["sha256"]
-    files = {manifest["weights"], "config.yaml", "vocab.json"} | ({GRAPH_FILE} if graph is not None else set())
+    files = {manifest["weights"], *(FILES_V2 if version == 2 else (CONFIG_YAML, "vocab.json"))} \
+        | ({GRAPH_FILE} if graph is not None else set())
     if not isinstance(hashes, dict) or set(hashes) != files or not all(
             isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()):
         raise CheckpointError(f"{path}: key 'sha256' is wrong: sha256 must map exactly {sorted(files)} to 64-digit "
@@ -383,8 +686,72 @@ def _check_weights_fields(path: str, state: Dict[str, Any]) -> None:
         raise _key_error(path, "val_accuracy", acc, "must be a validation accuracy in [0, 1]")
     if "format" in state and state["format"] != FORMAT:
         raise _key_error(path, "format", state["format"], f"must be {FORMAT!r}")
-    if "version" in state and (type(state["version"]) is not int or state["version"] != VERSION):
-        raise _key_error(path, "version", state["version"], f"must be the integer {VERSION}")
+    if "version" in state and (type(state["version"]) is not int or state["version"] != 1):
+        raise _key_error(path, "version", state["version"], "must be the integer 1 (a format-1 weights file)")
+
+
+def _read_checked(path: str, manifest: Dict[str, Any], name: str) -> bytes:
+    """The bytes of ``path`` (a regular file), refused unless their sha256 is the manifest's for ``name``: hashed
+    and then used from this one read, so what was checked is what is used."""
+    with _open_regular(path) as fh:
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != manifest["sha256"][name]:
+        raise CheckpointError(f"{path} changed since {BUNDLE} was written (sha256 differs): the weights, "
+                              "config and vocabulary would no longer belong together")
+    return data
+
+
+def _read_safetensors(data: bytes, path: str) -> Dict[str, Any]:
+    """The state dict of a ``model.safetensors`` file's bytes (no pickle: a JSON header and raw tensors), its
+    metadata checked to name this format. Any problem is a :class:`CheckpointError` naming the file."""
+    try:
+        sd = safetensors.torch.load(data)
+    except (SafetensorError, ValueError, RuntimeError, OverflowError) as exc:
+        raise CheckpointError(f"{path} cannot be read as safetensors ({' '.join(str(exc).split())[:200]})") from None
+    size = int.from_bytes(data[:8], "little")           # the header safetensors has just validated
+    header = json_loads(data[8:8 + size].decode("utf-8"))
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if meta != META:
+        raise CheckpointError(f"{path}: its metadata {show(meta)} is not the bundle format's ({META}): not a "
+                              "bundle's weights")
+    return sd
+
+
+def _config_json_graph(data: bytes) -> Any:
+    """``model.graph`` as ``config.json`` writes it (None where there is no such string: :func:`_read_config_json`
+    then says what is wrong)."""
+    try:
+        doc = json_loads(data.decode("utf-8"))
+    except Exception:  # noqa: BLE001 -- reported by _read_config_json, which reads the same bytes
+        return None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    spec = model.get("graph") if isinstance(model, dict) else None
+    return spec if isinstance(spec, str) else None
+
+
+def _read_config_json(data: bytes, path: str, graph_path: Optional[str]) -> Dict[str, Any]:
+    """``config.json``'s bytes as the validated config (:func:`experiments.app.config.validate`, unknown keys
+    refused naming them); ``graph_path``: the pinned graph's path put in ``model.graph`` (to build on)."""
+    from .config import DEFAULTS, _merge, validate
+    from energies.errors import ConfigError
+
+    try:
+        doc = json_loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except Exception as exc:  # noqa: BLE001 -- strict JSON: malformed, NaN, nested too deep
+        raise CheckpointError(f"{path} is not valid JSON ({' '.join(str(exc).split())[:200]})") from None
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"{path} must hold a JSON object (the config's sections), got a JSON {_json_type(doc)}")
+    cfg = copy.deepcopy(DEFAULTS)
+    try:
+        _merge(cfg, doc, DEFAULTS, "")
+        if graph_path:
+            cfg["model"]["graph"] = graph_path
+        validate(cfg)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    return cfg
 
 
 def load_model(folder: str, map_location="cpu", legacy: bool = False) -> TrainedModel:
@@ -399,24 +766,38 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     if not os.path.isdir(folder):
         raise CheckpointError(f"{folder!r}: no such model folder (a finished run folder or a saved bundle)")
     manifest = _read_manifest(folder)
+    version = manifest["version"] if manifest is not None else 1
+    config_name = CONFIG_JSON if version == 2 else CONFIG_YAML
+    config_path = os.path.join(folder, config_name)
+    config_bytes = None
     if manifest is not None:
         weights = manifest["weights"]
-        for name in ("config.yaml", "vocab.json"):
+        if version == 2:
+            config_bytes = _read_checked(config_path, manifest, CONFIG_JSON)
+            _read_checked(os.path.join(folder, CARD), manifest, CARD)
+        for name in ((CONFIG_YAML,) if version == 1 else ()) + ("vocab.json",):
             path = os.path.join(folder, name)
             if _sha256(path) != manifest["sha256"][name]:
                 raise CheckpointError(f"{path} changed since {BUNDLE} was written (sha256 differs): the weights, "
                                       "config and vocabulary would no longer belong together")
     else:
+        if os.path.lexists(os.path.join(folder, SAFETENSORS)):
+            raise CheckpointError(f"{folder} has no {BUNDLE}, so nothing ties its weights to its config and "
+                                  f"vocabulary; and it is not a folder from before bundles: {SAFETENSORS} is written "
+                                  f"only together with {BUNDLE}, which has been removed")
         weights = next((w for w in WEIGHTS if os.path.lexists(os.path.join(folder, w))), None)
         if weights is None:
             raise CheckpointError(f"{folder}: no {BUNDLE} and no weights ({' or '.join(WEIGHTS)}): not a model bundle")
     wpath = os.path.join(folder, weights)
-    with _open_regular(wpath) as fh:      # hashed and loaded from one descriptor: what was checked is what is read
-        if manifest is not None and _sha256_of(fh) != manifest["sha256"][weights]:
-            raise CheckpointError(f"{wpath} changed since {BUNDLE} was written (sha256 differs): the weights, "
-                                  "config and vocabulary would no longer belong together")
-        fh.seek(0)
-        state = safe_load(fh, map_location="cpu", name=wpath)
+    if version == 2:                  # hashed and parsed from one read: what was checked is what is read
+        state = {"model": _read_safetensors(_read_checked(wpath, manifest, weights), wpath)}
+    else:
+        with _open_regular(wpath) as fh:   # hashed and loaded from one descriptor: what was checked is what is read
+            if manifest is not None and _sha256_of(fh) != manifest["sha256"][weights]:
+                raise CheckpointError(f"{wpath} changed since {BUNDLE} was written (sha256 differs): the weights, "
+                                      "config and vocabulary would no longer belong together")
+            fh.seek(0)
+            state = safe_load(fh, map_location="cpu", name=wpath)
     if manifest is None:
         why = _legacy_problem(folder, weights, state)
         if why or not legacy:
@@ -424,16 +805,22 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
                                   + (f"; and it is not a folder from before bundles: {why}" if why else
                                      "; a run folder from before bundles is read with legacy=True "
                                      "(unfold-predict --legacy), unverified"))
-    for name in ("config.yaml", "vocab.json"):
+    for name in (config_name, "vocab.json"):
         if not os.path.lexists(os.path.join(folder, name)):
             raise CheckpointError(f"{os.path.join(folder, name)}: missing")
-    if os.path.lexists(os.path.join(folder, "config.yaml")):
-        _open_regular(os.path.join(folder, "config.yaml")).close()
-    spec = _config_graph(os.path.join(folder, "config.yaml"))
+    if version == 2:
+        spec = _config_json_graph(config_bytes)
+    else:
+        if os.path.lexists(config_path):
+            _open_regular(config_path).close()
+        spec = _config_graph(config_path)
     graph_bytes = edges = graph_path = None
     if is_graph_file(spec):      # the graph is part of the model: its pinned copy, never the file named (docstring)
         graph_bytes, edges, graph_path = _pinned_graph(folder, manifest, spec)
-    cfg = load_config(os.path.join(folder, "config.yaml"), [f"model.graph={graph_path}"] if graph_path else [])
+    if version == 2:
+        cfg = _read_config_json(config_bytes, config_path, graph_path)
+    else:
+        cfg = load_config(config_path, [f"model.graph={graph_path}"] if graph_path else [])
     build_cfg = cfg
     if graph_path:
         build_cfg, cfg = cfg, copy.deepcopy(cfg)
@@ -454,11 +841,14 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     own = state.get("config")
     if own is not None:
         if not isinstance(own, dict) or with_defaults(own) != cfg:
-            raise CheckpointError(f"{wpath}: its own config (key 'config') is not {os.path.join(folder, 'config.yaml')}"
+            raise CheckpointError(f"{wpath}: its own config (key 'config') is not {config_path}"
                                   "'s: the weights were trained under another config")
+    metrics = command = None
     if manifest is not None:
         label_names, fingerprint, dataset = list(manifest["label_names"]), manifest.get("data_fingerprint"), \
             manifest.get("dataset")
+        metrics, command = (manifest.get("metrics"), manifest.get("command")) if version == 2 \
+            else (_run_metrics(folder), None)
     else:                            # a run from before bundles: its label names come from its dataset
         from ..data import load_configured
 
@@ -475,10 +865,22 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     try:
         model.load_state_dict(sd)
     except RuntimeError as exc:
-        raise CheckpointError(f"{wpath} does not fit {os.path.join(folder, 'config.yaml')} "
+        raise CheckpointError(f"{wpath} does not fit {config_path} "
                               f"({' '.join(str(exc).split())[:300]})") from None
     model = model.to(map_location).eval()
-    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes)
+    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes, metrics, command)
+
+
+def _run_metrics(folder: str) -> Optional[Dict[str, Any]]:
+    """A format-1 run folder's test metrics for its card (:func:`_card_metrics` of ``metrics.json``), None where
+    there is no readable one: the card is not part of the model, so a missing or broken file only leaves it out."""
+    path = os.path.join(folder, "metrics.json")
+    if not os.path.lexists(path):
+        return None
+    try:
+        return _card_metrics(_read_json(path))
+    except CheckpointError:
+        return None
 
 
 def _config_graph(path: str) -> Any:
@@ -521,14 +923,13 @@ def _pinned_graph(folder: str, manifest: Optional[Dict[str, Any]], spec: str):
 
 
 def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> str:
-    """Write ``trained`` as a bundle in ``folder``: ``model.pt`` (the state dict, tensors only, marked with the
-    bundle format and version), ``config.yaml``, ``vocab.json``, then ``bundle.json`` last, each atomically; the
-    bundle is read back with :func:`load_model` and its weights compared bit for bit before this returns; on a
-    difference ``bundle.json`` is removed again. A model with a non-finite weight is refused before anything is
+    """Write ``trained`` as a format-2 bundle in ``folder`` (:func:`write_bundle`: ``model.safetensors``,
+    ``config.json``, ``vocab.json``, ``graph.npy`` where used, ``README.md``, then ``bundle.json`` last, each
+    atomically); the bundle is read back with :func:`load_model` and its weights compared bit for bit before this
+    returns; on a difference ``bundle.json`` is removed again. A model with a non-finite weight is refused before anything is
     written (it could not be loaded back). A folder holding anything (a bundle, a run, someone else's files) is
     refused unless ``overwrite``; then the new bundle is written beside it and swapped in whole once it reads back
     (:class:`~experiments.app.runlock.Replacement`), files a bundle does not write kept. Returns the folder."""
-    from .config import dump_config
     from .runlock import Replacement, RunLock, folder_content, refuse_links
 
     folder = os.fspath(folder)
@@ -541,7 +942,7 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
     names = folder_content(folder)
     if names and not overwrite:
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        held = [n for n in names if n in (BUNDLE, *WEIGHTS, "last.pt", "metrics.json")]
+        held = [n for n in names if n in (BUNDLE, SAFETENSORS, *WEIGHTS, "last.pt", "metrics.json")]
         raise CheckpointError(f"{folder} holds {'a model already' if held else 'files that are not a bundle'} "
                               f"({shown}); pass overwrite=True to replace it (the new bundle is written beside it "
                               "and swapped in once it reads back; files a bundle does not write are kept)")
@@ -553,18 +954,14 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
         target = replacement.begin() if replacing else folder
         manifest = None
         try:
-            atomic_save({"model": state, "format": FORMAT, "version": VERSION}, os.path.join(target, "model.pt"))
-            with atomic_open(os.path.join(target, "config.yaml"), "w") as fh:
-                fh.write(dump_config(trained.config))
-            trained.vocab.save(os.path.join(target, "vocab.json"))
             spec = trained.config["model"]["graph"]
             graph = trained.graph_file
-            if is_graph_file(spec):       # the graph the model holds, else (a model built by hand) the file's now
-                if graph is None:
-                    graph = read_edges(spec, CheckpointError)[1]
-                write_edges(graph, target)
-            manifest = write_bundle_manifest(target, "model.pt", trained.label_names, trained.data_fingerprint,
-                                             trained.dataset, graph=spec)
+            if is_graph_file(spec) and graph is None:   # a model built by hand: the file's graph now
+                graph = read_edges(spec, CheckpointError)[1]
+            manifest = os.path.join(target, BUNDLE)
+            write_bundle(target, state, trained.config, trained.vocab, trained.label_names,
+                         trained.data_fingerprint, trained.dataset, graph if is_graph_file(spec) else None,
+                         trained.metrics, trained.command)
             back = load_model(target, map_location=trained.device)
             sd, saved = back.model.state_dict(), trained.model.state_dict()
             same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) for k in sd) \
@@ -582,3 +979,83 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
         finally:
             replacement.release()
     return folder
+
+
+#: texts every conversion is checked on (besides the vocabulary's first words): the predictions and energies of
+#: the converted bundle must equal the original's exactly
+PROBES = ("", "good", "a text of several words that the model may or may not know", "zzzz-unknown-token")
+CONVERT_CMD = "python -m experiments.app.bundle convert"
+
+
+def convert(old: str, new: str, legacy: bool = False) -> str:
+    """Write the model of the bundle ``old`` (any format :func:`load_model` reads; ``legacy``: a run folder from
+    before bundles) as a format-2 bundle at ``new``, which must not exist or be an empty folder. ``old`` is only
+    read. The bundle is written into a staging folder beside ``new``, read back, and checked -- the same weights bit
+    for bit (:func:`save_model`), and the same probabilities and per-layer energies as ``old``'s on probe texts --
+    before it is renamed to ``new``; on any failure the staging folder is removed and nothing is left at ``new``.
+    Returns ``new``."""
+    old, new = os.fspath(old), os.fspath(new)
+    src, dst = os.path.realpath(old), os.path.realpath(new)
+    if dst == src or dst.startswith(src + os.sep):
+        raise CheckpointError(f"convert: NEW {new!r} is {'OLD itself' if dst == src else 'inside OLD'} ({old!r}); "
+                              "the old bundle is never changed: name a new folder outside it")
+    if os.path.lexists(new) and (os.path.islink(new) or not os.path.isdir(new) or os.listdir(new)):
+        raise CheckpointError(f"convert: {new!r} exists and is not an empty folder; name a new folder (nothing is "
+                              "replaced)")
+    trained = load_model(old, legacy=legacy)
+    if trained.command is None:
+        trained.command = f"{CONVERT_CMD} {shlex.quote(old)} {shlex.quote(new)}" + (" --legacy" if legacy else "")
+    parent = os.path.dirname(os.path.abspath(new))
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(new))}.", suffix=".convert", dir=parent)
+    try:
+        save_model(trained, stage, overwrite=False)
+        back = load_model(stage)
+        probes = list(PROBES) + [" ".join(trained.vocab.itos[2:12])]
+        a, b = trained.predict(probes), back.predict(probes)
+        same = all(p.probabilities == q.probabilities and p.energies == q.energies and p.verdict == q.verdict
+                   for p, q in zip(a, b))
+        if not same or back.label_names != trained.label_names or back.config != trained.config:
+            raise CheckpointError(f"convert: the converted bundle does not predict as {old!r} does; nothing written")
+        lock = os.path.join(stage, ".lock")
+        if os.path.isfile(lock) and not os.path.islink(lock):
+            os.unlink(lock)
+        os.chmod(stage, 0o755)         # mkdtemp's folder is private; a bundle is made to be shared
+        if os.path.isdir(new):
+            os.rmdir(new)              # empty (checked above)
+        os.rename(stage, new)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return new
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m experiments.app.bundle convert OLD NEW [--legacy]``: :func:`convert`, printing what it wrote.
+    Exit 0, or 2 with one ``error:`` line and nothing written."""
+    from unfold.cli import run_main
+    from unfold.plugins import add_import_arg
+
+    p = argparse.ArgumentParser(prog=CONVERT_CMD.rsplit(" ", 1)[0],
+                                description="Model bundles: convert a bundle to the current format "
+                                            "(model.safetensors + config.json + model card).")
+    add_import_arg(p)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="write OLD's model as a format-2 bundle at NEW (OLD is only read)")
+    c.add_argument("old", metavar="OLD", help="a bundle of any format (a finished run folder, a saved bundle)")
+    c.add_argument("new", metavar="NEW", help="the new bundle's folder (must not exist, or be empty)")
+    c.add_argument("--legacy", action="store_true", help="OLD is a run folder from before bundles (no bundle.json)")
+    args = p.parse_args(argv)
+
+    def body() -> int:
+        out = convert(args.old, args.new, legacy=args.legacy)
+        files = sorted(n for n in os.listdir(out) if not n.startswith("."))
+        print(f"wrote {out}: {', '.join(files)} (format {VERSION}; {args.old} unchanged)")
+        return 0
+    return run_main(CONVERT_CMD.rsplit(" ", 1)[0], body, argv)
+
+
+if __name__ == "__main__":        # one module object: the home, not a second copy named __main__
+    from experiments.app.bundle import main as _main
+
+    sys.exit(_main())

@@ -41,12 +41,12 @@ __all__ = ["RunLock", "RunFolderError", "check_fresh", "refuse_links", "check_wr
 LOCK = ".lock"
 #: files that mark a folder as holding a run (its results or checkpoints)
 RUN_FILES = ("metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt", "bundle.json",
-             "model.pt")
+             "model.pt", "model.safetensors")
 #: what a run writes besides: replaced with it by ``--overwrite`` (two runs never share a log or a metrics file)
 RUN_LOGS = ("train.log", "metrics.csv", "tensorboard")
 #: every name a run writes in its folder: what ``--overwrite`` replaces; anything else is not the run's and is kept
-RUN_OUTPUTS = RUN_FILES + RUN_LOGS + ("config.yaml", "vocab.json", "energy_descent.png", "training_curves.png",
-                                      "last.pt.corrupt", "prev.pt.corrupt")
+RUN_OUTPUTS = RUN_FILES + RUN_LOGS + ("config.yaml", "config.json", "README.md", "vocab.json", "energy_descent.png",
+                                      "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt")
 #: written into a seed's folder by the sweep before the trainer starts: not content (kept, moved with the folder)
 SWEEP_LOG = "sweep.log"
 #: test hook: called with the name of each stage of a replacement ("complete", "swapped", "moved", "done")

@@ -31,7 +31,6 @@ from unfold.trace import EnergyTrace, report_from_values, settle
 
 from .atomic import atomic_save, atomic_write_text
 from .build import build_data, build_model, check_buildable, fingerprint
-from .bundle import write_bundle_manifest
 from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
@@ -547,8 +546,10 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
                     f"class ({majority:.4f}): this model has not learned the task (more epochs, another learning "
                     "rate, or more data?)")
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
-    write_bundle_manifest(run_dir, "best.pt", splits.label_names, data_fp, splits.name,   # the folder is a bundle
-                          graph=cfg["model"]["graph"])
+    from .bundle import write_run_bundle     # here: the Hub mixin's import is not paid before training starts
+
+    write_run_bundle(run_dir, state["model"], cfg, splits.label_names, data_fp, splits.name,  # the folder is a
+                     metrics=metrics)                                # bundle: model.safetensors, config.json, card
     from .plot_energy import plot_run
 
     plot_run(run_dir)

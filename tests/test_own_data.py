@@ -374,3 +374,13 @@ def test_inspect_glove_rate_is_the_trainers_coverage(own_csv, capsys):
     vocab = Vocab.build([tokenize(t) for t, _ in s.train])
     assert r["glove"]["vocabulary_found"] == pytest.approx(load_glove(vocab)[1])
     assert r["glove"]["unknown_tokens"]["train"] == 0.0        # 'number' and digits are GloVe words
+
+
+def test_inspect_takes_options_and_overrides_anywhere(own_csv, capsys):
+    """--import before the command, --json and --config between the overrides: one report, as unfold-train reads
+    its line (parse_intermixed_args)."""
+    rc, out, err = run_data(["--import", "json", "inspect", "data.text_field=body", "reviews.csv", "--json",
+                             "data.label_field=topic", "--config", "tiny"], capsys)
+    assert rc == 0, err
+    r = json.loads(out)
+    assert r["columns"]["text"] == "body" and r["config"] == "tiny" and r["dataset"] == "reviews.csv"

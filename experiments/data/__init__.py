@@ -13,8 +13,8 @@ Submodules, one concern each (the names the rest of the code uses are re-exporte
   download``, extraction, checksums, the GloVe vocabulary conversion).
 * :mod:`~experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``, and ``listops``.
 * :mod:`~experiments.data.listops`: the seeded ListOps generator (Long Range Arena's definition).
-* :mod:`~experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json`` file, a split
-  directory) and :func:`export`, which writes a split directory.
+* :mod:`~experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json``/``.parquet`` file, a
+  folder of splits) and :func:`export`, which writes a split directory.
 * :mod:`~experiments.data.hf`: ``hf:NAME[:CONFIG]``, Hugging Face datasets: local folders (``save_to_disk``
   output or hub snapshots, found as a path or under ``<data dir>/hf/NAME``) read offline with pyarrow, the hub
   through ``datasets``; ClassLabel names, the mapping of the trainer's splits to the dataset's.
@@ -22,7 +22,9 @@ Submodules, one concern each (the names the rest of the code uses are re-exporte
 * :mod:`~experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
 * :mod:`~experiments.data.text`: :func:`tokenize`, :class:`Vocab`, :func:`encode` (padding) and :func:`batches`.
 * :mod:`~experiments.data.glove`: :func:`load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
-* :mod:`~experiments.data.cli`: ``python -m experiments.data fetch|export`` (:func:`main`).
+* :mod:`~experiments.data.inspect_data`: ``inspect``, what ``unfold-train`` would read from a dataset (its config
+  and reader), and the command that trains on it.
+* :mod:`~experiments.data.cli`: ``python -m experiments.data fetch|export|inspect`` (:func:`main`).
 
 Files live in the data directory::
 
@@ -37,11 +39,13 @@ Command line::
 
     python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
     python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+    python -m experiments.data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
 Every loaded dataset (:func:`load_dataset`, which the trainer, ``export``, the TF-IDF baseline and the bundle
 loader all go through) has three non-empty splits, label names that do not collide, and at least two classes,
 in its training split too (:func:`check_classes`); the loaders refuse a colliding label or an empty split
-naming the file, the field or split and the values, before anything is written.
+naming the file, the field or split and the values, before anything is written; every such refusal ends with the
+config keys that fix it, as overrides to paste (``; fix: set data.label_field=topic``; :func:`core.fix`).
 
 Part of the application (:mod:`experiments.app`), kept at its documented path (``python -m experiments.data``).
 May import: the library and :mod:`experiments.app`; never :mod:`experiments.studies`.

@@ -17,6 +17,7 @@ a file where a folder is expected, ...) exits with status 2 and one line.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from energies.checks import parse_int
 from unfold.cli import folder_arg, output_folder_arg, run_main, seed_int
@@ -25,7 +26,7 @@ from unfold.strict_json import dumps as json_dumps
 
 from .core import SPLIT_NAMES, DataError
 from .files import export
-from .inspect_data import inspect_argv_parser, inspect_dataset, render
+from .inspect_data import inspect_argv_parser, inspect_dataset, render, split_items
 from .load import load_dataset, valid_names
 from .sources import SOURCES, fetch
 from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
@@ -88,7 +89,8 @@ def _inspect_main(argv: list) -> int:
     args = inspect_argv_parser(PROG).parse_intermixed_args(argv)
 
     def body() -> int:
-        report = inspect_dataset(args.path, args.config, args.overrides)
+        path, overrides = split_items(args.items)
+        report = inspect_dataset(path, args.config, overrides)
         print(json_dumps(report, sort_keys=True) if args.json else render(report), end="\n" if args.json else "")
         return 0
 
@@ -98,12 +100,12 @@ def _inspect_main(argv: list) -> int:
 def main(argv=None) -> int:
     """``fetch``, ``export`` and ``inspect`` subcommands under :func:`unfold.cli.run_main` (bad input: one line,
     exit 2)."""
-    import sys
     rest = list(sys.argv[1:] if argv is None else argv)
-    first = next((i for i, a in enumerate(rest) if not a.startswith("-")), None)
-    if first is not None and rest[first] == "inspect" and all(a.startswith("--import") or rest[i - 1] == "--import"
-                                                             for i, a in enumerate(rest[:first])):
-        return _inspect_main(rest[:first] + rest[first + 1:])
+    i = 0
+    while i < len(rest) and rest[i].startswith("--import"):   # the main parser's only option before a command
+        i += 1 if "=" in rest[i] else 2
+    if i < len(rest) and rest[i] == "inspect":               # its own parser: overrides anywhere on the line
+        return _inspect_main(rest[:i] + rest[i + 1:])
     p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
     add_import_arg(p)
     sub = p.add_subparsers(dest="command", required=True)

@@ -261,16 +261,34 @@ def inspect_argv_parser(prog: str):
     import argparse
 
     from unfold.plugins import add_import_arg
-    p = argparse.ArgumentParser(prog=f"{prog} inspect", description=__doc__.splitlines()[0].replace("``", ""))
+    p = argparse.ArgumentParser(prog=f"{prog} inspect", usage="%(prog)s [-h] [--import MODULE] [--config C] [--json] "
+                                                             "PATH [section.key=value ...]", description=(
+        "Show what unfold-train would read from a dataset (the same config, overrides and reader): format, columns "
+        "chosen as text and label, classes per split, lengths in tokens, splits, GloVe coverage, and the command "
+        "that trains on it. Writes nothing; a refusal exits 2 and names the config keys that fix it."))
     add_import_arg(p, subcommand=True)
-    p.add_argument("path", help="the dataset: a .csv/.jsonl/.json/.parquet file, a folder of splits, hf:PATH or a "
-                                "registered name, as data.dataset takes it")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, as unfold-train takes them, e.g. "
-                                                "data.text_field=body data.label_field=topic")
+    p.add_argument("items", nargs="+", metavar="PATH",
+                   help="the dataset (a .csv/.jsonl/.json/.parquet file, a folder of splits, hf:PATH or a registered "
+                        "name, as data.dataset takes it) and overrides as unfold-train takes them, e.g. "
+                        "data.text_field=body data.label_field=topic, in any order")
     p.add_argument("--config", default=None, help="a config name or file, as unfold-train --config takes it "
                                                   "(default: the defaults)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return p
 
 
-__all__ = ["inspect_dataset", "render", "train_command", "dataset_format", "inspect_argv_parser"]
+#: an override, ``section.key=value`` (what is not one among inspect's arguments is the dataset)
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*\.[\w.]+=")
+
+
+def split_items(items: list[str]) -> tuple[str, list[str]]:
+    """``(PATH, overrides)`` of inspect's arguments: the overrides are the ``section.key=value`` items, the one
+    other item is the dataset; none or several others is a :class:`ConfigError` naming them."""
+    paths = [a for a in items if not _OVERRIDE.match(a)]
+    if len(paths) != 1:
+        raise ConfigError(f"inspect takes one dataset PATH and section.key=value overrides; got "
+                          f"{len(paths)} other argument(s): {paths}")
+    return paths[0], [a for a in items if _OVERRIDE.match(a)]
+
+
+__all__ = ["inspect_dataset", "render", "train_command", "dataset_format", "inspect_argv_parser", "split_items"]

@@ -1,8 +1,10 @@
 """Training configuration: YAML files plus dotted ``key=value`` overrides, validated against defaults.
 
-Every key must exist in :data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid
-keys at that level) and every value must have the default's type (``None`` defaults accept the
-types listed in :data:`NULLABLE`).
+Every key is declared once in :data:`SCHEMA` (:class:`Key`: default, rule, types, a one-line meaning), from which
+:data:`DEFAULTS`, the rules :func:`validate` enforces and the reference page ``docs/config_reference.md``
+(:func:`reference`, ``python -m experiments.app.config --reference``) are derived. Every key must exist in
+:data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid keys at that level) and every value
+must have the default's type (``None`` defaults accept the types listed in :data:`NULLABLE`).
 
 Every YAML text the project reads goes through :func:`~experiments.app.strict_yaml.load_yaml` (re-exported
 here), the strict safe loader of :mod:`experiments.app.strict_yaml`.
@@ -26,94 +28,21 @@ from unfold.cli import read_document
 
 from .strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
 
-__all__ = ["DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
+__all__ = ["SCHEMA", "KEYS", "Key", "Choice", "Checked", "reference", "DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
            "ConfigError", "load_yaml", "load_config_sources", "dump_config_sources", "config_chain", "EXTENDS", "StrictYAMLError", "MAX_YAML_DEPTH"]
-
-DEFAULTS: Dict[str, Any] = {
-    "name": "default",
-    "data": {
-        "dataset": "rotten_tomatoes",   # rotten_tomatoes | crowdflower | path/to/file.csv|.jsonl|dir | hf:NAME
-        "seed": 0,                      # split seed
-        "max_len": 64,                  # tokens kept per text
-        "min_freq": 1,                  # vocabulary: minimum count in the training split
-        "max_vocab": None,              # vocabulary: most frequent tokens kept
-        "glove": "finetune",            # none | frozen | finetune (GloVe 6B 50d)
-        "data_dir": None,               # default $UNFOLD_DATA or ~/.cache/unfolded-transformers
-        "text_field": "text",
-        "label_field": "label",
-        "splits": None,                 # hf: datasets: {train: NAME, val: NAME, test: NAME}, any subset; null:
-                                        # train; validation | val | dev; test (a missing val/test is carved
-                                        # from train 80/10/10)
-        # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
-        "listops_min_len": None,        # 501 (LRA keeps 500 < length < 2000, in LRA's tokens)
-        "listops_max_len": None,        # 1999 (must not exceed data.max_len)
-        "listops_max_depth": None,      # 10
-        "listops_max_args": None,       # 10
-        "listops_train": None,          # 96000 examples
-        "listops_val": None,            # 2000
-        "listops_test": None,           # 2000
-    },
-    "model": {
-        "mode": "guaranteed",           # guaranteed | free | baseline
-        "d": 64,
-        "heads": 2,
-        "d_head": None,
-        "layers": 4,
-        "rho": "exp",
-        "tau": None,
-        "graph": "complete",
-        "alpha": 1.0,
-        "ffn": True,
-        "relu": True,
-        "layernorm": False,
-        "positional": True,             # learned (true) | sinusoidal | none (false)
-        "ffn_mult": 2,
-        "dropout": 0.1,
-        "curvature": "adaptive",        # guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)
-        "attention": None,              # free/baseline: softmax (default) | relu | softplus
-        "attention_temperature": 1.0,   # softplus attention: t softplus(s / t)
-        "norm": None,                   # free: post (default, LayerNorm) | none (add-only blocks)
-        "kernel": "auto",               # guaranteed: a registered pairwise kernel (edges | dense | softmax | fused |
-                                        # streamed | a plug-in's) or auto
-        "stop_rel": None,               # guaranteed: depth chosen by the energy, null/0 off, else EPS in (0, 1): an
-                                        # example stops when its relative energy decrease at a layer is below EPS
-    },
-    "train": {
-        "epochs": 6,
-        "batch_size": 32,
-        "lr": 0.002,
-        "weight_decay": 0.01,
-        "grad_clip": 1.0,
-        "seed": 0,
-        "device": "cpu",                # cpu | cuda | cuda:K | auto (the GPU where torch sees one, else the CPU)
-        "threads": None,
-        "trace": True,                  # energy trace during training (model dtype)
-        "monitor": None,                # descent monitor on the training trace: off | warn | strict (null: warn
-                                        # with the trace on, off without it)
-        "check_dtype": "float64",       # dtype of the descent check on the test set
-        "precision": "float32",         # training passes: float32 | bfloat16 (torch.autocast; the trace's energies
-                                        # stay float32, the test-set check train.check_dtype)
-        "max_train_examples": None,     # subsample the training split (smoke runs)
-        "progress": True,
-        "compile": False,               # torch.compile the training forward (the layer's small ops fused around
-                                        # the attention kernel; 0 graph breaks: python -m experiments.bench compile)
-        "tensorboard": True,            # scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed
-    },
-}
-
-NULLABLE = {
-    ("data", "max_vocab"): (int,), ("data", "data_dir"): (str,), ("data", "splits"): (dict,), ("model", "d_head"): (int,),
-    ("model", "tau"): (float, int), ("model", "attention"): (str,), ("model", "norm"): (str,), ("train", "threads"): (int,), ("train", "max_train_examples"): (int,),
-    ("train", "monitor"): (str,), ("model", "stop_rel"): (float, int),
-    **{("data", f"listops_{k}"): (int,) for k in ("min_len", "max_len", "max_depth", "max_args", "train", "val", "test")},
-}
-
-#: keys that take more than their default's type (and no null): old configs hold booleans for model.positional
-TYPES = {("model", "positional"): (bool, str)}
 
 #: largest sizes accepted (a guard against typos that would allocate terabytes, far above any CPU/GPU run)
 MAX_SIZE = 2 ** 16
 MAX_COUNT = 2 ** 31 - 1
+
+
+def _number(v: float, integer: bool) -> str:
+    """``v`` as written in a rule: an integer's digits; a float's shortest ``g`` form when it reads back exactly,
+    else its ``repr`` (so that a documented bound is the enforced one to the last bit)."""
+    if integer:
+        return str(int(v))
+    text = f"{v:g}"
+    return text if float(text) == v else repr(float(v))
 
 
 @dataclass(frozen=True)
@@ -133,9 +62,8 @@ class Range:
 
     def describe(self) -> str:
         what = "an integer" if self.integer else "a finite number"
-        fmt = (lambda v: str(int(v))) if self.integer else (lambda v: f"{v:g}")
-        lo = f"{'(' if self.lo_open else '['}{fmt(self.lo)}"
-        hi = f"{fmt(self.hi)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
+        lo = f"{'(' if self.lo_open else '['}{_number(self.lo, self.integer)}"
+        hi = f"{_number(self.hi, self.integer)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
         return f"{what} in {lo}, {hi}"
 
 
@@ -156,6 +84,41 @@ class Checked:
 
     rule: str
     check: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a list of names: ``values`` is the tuple itself or a function returning the names a library registry
+    holds (read at each check, never retyped here, so that a plug-in's registration counts); ``source`` names
+    that registry."""
+
+    values: Any
+    source: str = ""
+
+    def names(self) -> tuple:
+        return tuple(self.values() if callable(self.values) else self.values)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key, declared once: its ``default``, the ``rule`` its values obey (:class:`Range`, :class:`Text`,
+    :class:`Checked` or :class:`Choice`; ``None`` for a boolean), the ``types`` it takes where they are not just
+    the default's (a ``None`` default: the types it takes besides null), and its ``meaning`` in one line.
+    :data:`DEFAULTS`, :data:`RULES`, :data:`NULLABLE`, :data:`TYPES`, :data:`CHOICE_KEYS`, :func:`validate` and
+    the reference page (:func:`reference`) are all read from :data:`SCHEMA`."""
+
+    default: Any
+    meaning: str
+    rule: Any = None
+    types: Optional[tuple] = None
+
+    def allowed_types(self) -> tuple:
+        """The Python types a non-null value may have."""
+        return self.types or (type(self.default),)
+
+    @property
+    def nullable(self) -> bool:
+        return self.default is None
 
 
 def _check_rho(spec: str) -> None:
@@ -203,73 +166,187 @@ def _check_device(spec: str) -> None:
         raise ConfigError(f"config key 'train.device' must be auto, cpu or cuda[:K], got {spec!r}")
 
 
-def _choices(where: tuple) -> tuple:
-    """Valid values of a choice key, read from the library's registries (never retyped here)."""
-    from energies.pairwise import kernel_names
+
+
+def _encoders() -> tuple:
+    from unfold.encoders import ENCODERS
+
+    return tuple(ENCODERS)
+
+
+def _curvatures() -> tuple:
+    from unfold.encoders import CURVATURES
+
+    return tuple(CURVATURES)
+
+
+def _activations() -> tuple:
     from unfold.attention import ACTIVATIONS
-    from unfold.encoders import CURVATURES, ENCODERS, NORMS
 
-    return {("model", "mode"): tuple(ENCODERS), ("model", "curvature"): tuple(CURVATURES),
-            ("model", "attention"): tuple(sorted(ACTIVATIONS)), ("model", "norm"): tuple(NORMS),
-            ("model", "kernel"): tuple(kernel_names()),
-            ("data", "glove"): ("none", "frozen", "finetune"), ("train", "check_dtype"): ("float32", "float64"),
-            ("train", "precision"): ("float32", "bfloat16"),
-            ("train", "monitor"): ("off", "warn", "strict")}[where]
+    return tuple(sorted(ACTIVATIONS))
 
 
-CHOICE_KEYS = (("data", "glove"), ("model", "mode"), ("model", "curvature"), ("model", "attention"),
-               ("model", "norm"), ("model", "kernel"), ("train", "check_dtype"), ("train", "monitor"),
-               ("train", "precision"))
+def _norms() -> tuple:
+    from unfold.encoders import NORMS
+
+    return tuple(NORMS)
+
+
+def _kernels() -> tuple:
+    from energies.pairwise import kernel_names
+
+    return tuple(kernel_names())
+
+
+def _listops(what: str, lra: str) -> str:
+    return f"data.dataset=listops only: {what} (null: {lra}, LRA's value)"
+
+
+_SIZE = Range(1, MAX_SIZE, integer=True)
+_LISTOPS_COUNT = Range(1, 10 ** 7, integer=True)
+
+#: every config key, declared once (:class:`Key`: default, rule, types, meaning), sections as nested mappings in
+#: the order a saved ``config.yaml`` lists them. Everything else -- :data:`DEFAULTS`, :data:`RULES`,
+#: :data:`NULLABLE`, :data:`TYPES`, :data:`CHOICE_KEYS`, :func:`choices`, :func:`validate`, the reference page
+#: ``docs/config_reference.md`` (:func:`reference`) -- is derived from this table.
+SCHEMA: Dict[str, Any] = {
+    "name": Key("default", "the run's name: runs/NAME is its default folder (null in a file: the file's stem)",
+                Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
+                     pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}")),
+    "data": {
+        "dataset": Key("rotten_tomatoes", "the data: rotten_tomatoes | crowdflower | listops | path/to/file.csv|.jsonl"
+                       " or a folder of splits | hf:NAME[:CONFIG] (a Hugging Face dataset)", Text()),
+        "seed": Key(0, "seed of the train/val/test split", Range(0, 2 ** 32 - 1, integer=True)),
+        "max_len": Key(64, "tokens kept per text (longer texts are cut)", _SIZE),
+        "min_freq": Key(1, "vocabulary: a token is kept when it occurs at least this often in the training split",
+                        Range(1, MAX_COUNT, integer=True)),
+        "max_vocab": Key(None, "vocabulary: the most frequent tokens kept (null: all)",
+                         Range(1, MAX_COUNT, integer=True), (int,)),
+        "glove": Key("finetune", "word vectors: none (learned from scratch) | frozen | finetune (GloVe 6B 50d)",
+                     Choice(("none", "frozen", "finetune"))),
+        "data_dir": Key(None, "where data files are found and fetched to (null: $UNFOLD_DATA or "
+                        "~/.cache/unfolded-transformers)", Text(), (str,)),
+        "text_field": Key("text", "the column holding the text (CSV, JSONL, Hugging Face datasets)", Text()),
+        "label_field": Key("label", "the column holding the label", Text()),
+        "splits": Key(None, "hf: datasets: which split is train, val, test (null: train; validation | val | dev; "
+                      "test, a missing val/test carved from train 80/10/10)",
+                      Checked("a mapping of train/val/test to split names of the dataset, e.g. {val: validation}",
+                              check=_check_splits), (dict,)),
+        # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
+        "listops_min_len": Key(None, _listops("shortest example, in tokens", "501"), _SIZE, (int,)),
+        "listops_max_len": Key(None, _listops("longest example, in tokens (at most data.max_len)", "1999"), _SIZE,
+                               (int,)),
+        "listops_max_depth": Key(None, _listops("deepest nesting of operators", "10"), Range(2, 64, integer=True),
+                                 (int,)),
+        "listops_max_args": Key(None, _listops("most arguments of one operator", "10"),
+                                Range(2, 1024, integer=True), (int,)),
+        "listops_train": Key(None, _listops("training examples generated", "96000"), _LISTOPS_COUNT, (int,)),
+        "listops_val": Key(None, _listops("validation examples generated", "2000"), _LISTOPS_COUNT, (int,)),
+        "listops_test": Key(None, _listops("test examples generated", "2000"), _LISTOPS_COUNT, (int,)),
+    },
+    "model": {
+        "mode": Key("guaranteed", "the encoder: guaranteed (every layer an MM step of one energy, descent proved) | "
+                    "free (untied post-LN transformer layers) | baseline (torch.nn.TransformerEncoder)",
+                    Choice(_encoders, "unfold.encoders.ENCODERS")),
+        "d": Key(64, "token width", _SIZE),
+        "heads": Key(2, "attention heads", Range(1, 1024, integer=True)),
+        "d_head": Key(None, "width of each head's projection (null: d / heads, at least 1)", _SIZE, (int,)),
+        "layers": Key(4, "layers (unfolded steps)", Range(1, 1024, integer=True)),
+        "rho": Key("exp", "the attention penalty rho of the energy (exp, alias softmax: softmax attention)",
+                   Text("a rho spec: exp | relu:C | softplus:C:T | cauchy | lp:P or a registered name",
+                        check=_check_rho)),
+        "tau": Key(None, "guaranteed: the attention energy's temperature tau (null: sqrt(d_head))",
+                   Range(0, 1e12, lo_open=True), (float, int)),
+        "graph": Key("complete", "the token graph: which pairs of tokens attend to each other",
+                     Text("a graph spec: complete | window:K | strided:K | dilated:K[:R] | star | random:P "
+                          "or a .npy edge list", check=_check_graph)),
+        "alpha": Key(1.0, "guaranteed: the step size alpha of each MM step (1: the full step)",
+                     Range(0, 1, lo_open=True)),
+        "ffn": Key(True, "guaranteed: the symmetric feed-forward term joins the energy"),
+        "relu": Key(True, "guaranteed: the ReLU term (tokens kept non-negative) joins the energy"),
+        "layernorm": Key(False, "guaranteed: the two LayerNorm terms (supplement F.3) join the energy"),
+        "positional": Key(True, "position embedding: learned (true) | sinusoidal | none (false)",
+                          Checked("learned | sinusoidal | none, or true (learned) | false (none)",
+                                  check=_check_positional), (bool, str)),
+        "ffn_mult": Key(2, "free/baseline: the feed-forward hidden width is ffn_mult x d",
+                        Range(1, 64, integer=True)),
+        "dropout": Key(0.1, "dropout probability", Range(0, 1, hi_open=True)),
+        "curvature": Key("adaptive", "guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)",
+                         Choice(_curvatures, "unfold.encoders.CURVATURES")),
+        "attention": Key(None, "free/baseline: the attention activation (null: softmax)",
+                         Choice(_activations, "unfold.attention.ACTIVATIONS"), (str,)),
+        "attention_temperature": Key(1.0, "softplus attention: t softplus(s / t)", Range(0, 1e6, lo_open=True)),
+        "norm": Key(None, "free: post (LayerNorm after each block) | none (add-only blocks) (null: post)",
+                    Choice(_norms, "unfold.encoders.NORMS"), (str,)),
+        "kernel": Key("auto", "guaranteed: the pairwise kernel computing attention (auto: chosen per graph and "
+                      "device)", Choice(_kernels, "energies.pairwise.kernel_names()")),
+        # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
+        "stop_rel": Key(None, "guaranteed: depth chosen by the energy: an example stops when its relative energy "
+                        "decrease at a layer is below this (null or 0: off)", Range(0, 1, hi_open=True),
+                        (float, int)),
+    },
+    "train": {
+        "epochs": Key(6, "passes over the training split", Range(1, 10 ** 6, integer=True)),
+        "batch_size": Key(32, "examples per optimiser step", Range(1, 2 ** 20, integer=True)),
+        "lr": Key(0.002, "AdamW learning rate", Range(0, math.inf, lo_open=True, hi_open=True)),
+        "weight_decay": Key(0.01, "AdamW weight decay", Range(0, math.inf, hi_open=True)),
+        "grad_clip": Key(1.0, "largest gradient norm (0: no clipping)", Range(0, math.inf, hi_open=True)),
+        "seed": Key(0, "seed of the weights, dropout and batch order", Range(0, 2 ** 63 - 1, integer=True)),
+        "device": Key("cpu", "where training runs: cpu | cuda | cuda:K | auto (the GPU where torch sees one, else "
+                      "the CPU)", Text("auto | cpu | cuda | cuda:K", check=_check_device)),
+        "threads": Key(None, "CPU threads torch uses (null: torch's default)", Range(1, 4096, integer=True), (int,)),
+        "trace": Key(True, "record the energy of every layer during training (model dtype)"),
+        "monitor": Key(None, "descent monitor on the training trace: off | warn | strict (null: warn with the trace "
+                       "on, off without it)", Choice(("off", "warn", "strict")), (str,)),
+        "check_dtype": Key("float64", "dtype of the descent check on the test set",
+                           Choice(("float32", "float64"))),
+        "precision": Key("float32", "training passes: float32 | bfloat16 (torch.autocast; the trace's energies stay "
+                         "float32, the test-set check train.check_dtype)", Choice(("float32", "bfloat16"))),
+        "max_train_examples": Key(None, "use only the first N training examples (smoke runs; null: all)",
+                                  Range(1, MAX_COUNT, integer=True), (int,)),
+        "progress": Key(True, "a progress bar per epoch"),
+        "compile": Key(False, "torch.compile the training forward (python -m experiments.bench compile)"),
+        "tensorboard": Key(True, "scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed"),
+    },
+}
+
+
+def _leaves(schema: Dict[str, Any], path: tuple = ()):
+    for key, node in schema.items():
+        if isinstance(node, dict):
+            yield from _leaves(node, path + (key,))
+        else:
+            yield path + (key,), node
+
+
+#: ``{("section", "key"): Key}`` for every leaf of :data:`SCHEMA`, in its order
+KEYS: Dict[tuple, Key] = dict(_leaves(SCHEMA))
+
+
+def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
+
+
+#: every key's default, sections as mappings (from :data:`SCHEMA`)
+DEFAULTS: Dict[str, Any] = _defaults(SCHEMA)
+
+#: keys whose default is null and the types they take otherwise
+NULLABLE = {where: key.allowed_types() for where, key in KEYS.items() if key.nullable}
+
+#: keys that take more than their default's type (and no null): old configs hold booleans for model.positional
+TYPES = {where: key.types for where, key in KEYS.items() if not key.nullable and key.types}
+
+#: the keys whose values are names from a list (:func:`choices`)
+CHOICE_KEYS = tuple(where for where, key in KEYS.items() if isinstance(key.rule, Choice))
 
 #: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
 #: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.
-RULES: Dict[tuple, Any] = {
-    ("name",): Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
-                    pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}"),
-    ("data", "dataset"): Text(),
-    ("data", "seed"): Range(0, 2 ** 32 - 1, integer=True),
-    ("data", "max_len"): Range(1, MAX_SIZE, integer=True),
-    ("data", "min_freq"): Range(1, MAX_COUNT, integer=True),
-    ("data", "max_vocab"): Range(1, MAX_COUNT, integer=True),
-    ("data", "data_dir"): Text(),
-    ("data", "text_field"): Text(),
-    ("data", "label_field"): Text(),
-    ("data", "splits"): Checked("null or a mapping of train/val/test to split names of the dataset, e.g. "
-                                "{val: validation}", check=_check_splits),
-    ("data", "listops_min_len"): Range(1, MAX_SIZE, integer=True),
-    ("data", "listops_max_len"): Range(1, MAX_SIZE, integer=True),
-    ("data", "listops_max_depth"): Range(2, 64, integer=True),
-    ("data", "listops_max_args"): Range(2, 1024, integer=True),
-    ("data", "listops_train"): Range(1, 10 ** 7, integer=True),
-    ("data", "listops_val"): Range(1, 10 ** 7, integer=True),
-    ("data", "listops_test"): Range(1, 10 ** 7, integer=True),
-    ("model", "positional"): Checked("learned | sinusoidal | none, or true (learned) | false (none)",
-                                     check=_check_positional),
-    ("model", "d"): Range(1, MAX_SIZE, integer=True),
-    ("model", "heads"): Range(1, 1024, integer=True),
-    ("model", "d_head"): Range(1, MAX_SIZE, integer=True),
-    ("model", "layers"): Range(1, 1024, integer=True),
-    ("model", "rho"): Text("a rho spec: exp | relu:C | softplus:C:T | cauchy | lp:P or a registered name",
-                           check=_check_rho),
-    ("model", "tau"): Range(0, 1e12, lo_open=True),
-    ("model", "graph"): Text("a graph spec: complete | window:K | strided:K | dilated:K[:R] | star | random:P "
-                             "or a .npy edge list", check=_check_graph),
-    ("model", "alpha"): Range(0, 1, lo_open=True),
-    ("model", "ffn_mult"): Range(1, 64, integer=True),
-    ("model", "dropout"): Range(0, 1, hi_open=True),
-    ("model", "attention_temperature"): Range(0, 1e6, lo_open=True),
-    # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
-    ("model", "stop_rel"): Range(0, 1, hi_open=True),
-    ("train", "epochs"): Range(1, 10 ** 6, integer=True),
-    ("train", "batch_size"): Range(1, 2 ** 20, integer=True),
-    ("train", "lr"): Range(0, math.inf, lo_open=True, hi_open=True),
-    ("train", "weight_decay"): Range(0, math.inf, hi_open=True),
-    ("train", "grad_clip"): Range(0, math.inf, hi_open=True),
-    ("train", "seed"): Range(0, 2 ** 63 - 1, integer=True),
-    ("train", "device"): Text("auto | cpu | cuda | cuda:K", check=_check_device),
-    ("train", "threads"): Range(1, 4096, integer=True),
-    ("train", "max_train_examples"): Range(1, MAX_COUNT, integer=True),
-}
+RULES: Dict[tuple, Any] = {where: key.rule for where, key in KEYS.items() if isinstance(key.rule, (Range, Text, Checked))}
+
+
+def _choices(where: tuple) -> tuple:
+    """Valid values of a choice key, read from the library's registries (never retyped here)."""
+    return KEYS[where].rule.names()
 
 
 def with_defaults(cfg: Dict[str, Any], defaults: Dict[str, Any] = None) -> Dict[str, Any]:
@@ -640,3 +717,87 @@ def dump_config_sources(cfg: Dict[str, Any], sources: Dict[str, str]) -> str:
         else:
             lines.append(f"{_flow(key)}: {_flow(value)}  # {note(key)}")
     return "\n".join(lines) + "\n"
+
+
+#: the rules between keys that :func:`_check_cross` enforces, in words (for the reference page)
+CROSS_RULES = (
+    "`model.graph` as a `.npy` edge list: its node ids must be below `data.max_len`.",
+    "`model.stop_rel` (not null or 0) applies to encoders that take it (`model.mode=guaranteed`).",
+    "`data.listops_*` apply to `data.dataset=listops` only (elsewhere leave them null); there "
+    "`listops_min_len <= listops_max_len <= data.max_len` (null: the LRA value).",
+    "`train.monitor` warn or strict needs `train.trace=true`.",
+)
+
+
+def _cell(text: str) -> str:
+    """``text`` made safe for one cell of a Markdown table."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _allowed(key: Key) -> str:
+    """What values ``key`` accepts, in words, read from its rule (so the page says what is enforced)."""
+    rule = key.rule
+    if isinstance(rule, Range):
+        text = rule.describe()
+    elif isinstance(rule, (Text, Checked)):
+        text = rule.rule
+    elif isinstance(rule, Choice):
+        text = "one of " + ", ".join(f"`{name}`" for name in rule.names())
+        if rule.source:
+            text += f" (registered in `{rule.source}`; a plug-in adds its own)"
+    else:
+        text = "`true` or `false`"
+    return text + (", or `null`" if key.nullable else "")
+
+
+def _type_name(key: Key) -> str:
+    names = {bool: "bool", int: "int", float: "float", str: "str", dict: "mapping"}
+    types = key.allowed_types()
+    if float in types:                       # an int is read as a float
+        types = tuple(t for t in types if t is not int)
+    return " or ".join(names.get(t, t.__name__) for t in types) + (" or null" if key.nullable else "")
+
+
+def reference() -> str:
+    """The config reference page (``docs/config_reference.md``): every key of :data:`SCHEMA` with its default,
+    type, the values it accepts (its rule's own words and numbers, as :func:`validate` enforces them) and its
+    meaning, then the rules between keys. Choice keys list the names registered when it runs."""
+    out = ["# Config reference", "",
+           "<!-- Generated from the schema (experiments/app/config.py, SCHEMA) by",
+           "     python -m experiments.app.config --reference > docs/config_reference.md",
+           "     Do not edit by hand: tests/test_config_reference.py fails when this page and the schema differ. -->",
+           "",
+           "Every key a training config takes. Set a key in a YAML file (`section:` then `key: value`), or on the "
+           "command line as `section.key=value` (`--print-config` shows the resolved config and where each value "
+           "came from). An unknown key, a value of another type, or a value outside the range below is refused "
+           "with a `ConfigError` naming the key. A number key given an integer where it takes a float reads it as "
+           "a float.", ""]
+    sections = [("Top level", "", {k: v for k, v in SCHEMA.items() if not isinstance(v, dict)})]
+    sections += [(f"`{name}`", f"{name}.", node) for name, node in SCHEMA.items() if isinstance(node, dict)]
+    for title, prefix, keys in sections:
+        out += [f"## {title}", "", "| key | default | type | allowed | meaning |", "|---|---|---|---|---|"]
+        for name, key in keys.items():
+            out.append(f"| `{prefix}{name}` | `{_cell(_flow(key.default))}` | {_cell(_type_name(key))} | "
+                       f"{_cell(_allowed(key))} | {_cell(key.meaning)} |")
+        out.append("")
+    out += ["## Rules between keys", ""] + [f"- {rule}" for rule in CROSS_RULES] + [""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """``python -m experiments.app.config --reference``: print the config reference page."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.app.config",
+                                     description="The training config's schema.")
+    parser.add_argument("--reference", action="store_true", required=True,
+                        help="print the config reference page (Markdown; docs/config_reference.md)")
+    parser.parse_args(argv)
+    import sys
+
+    sys.stdout.write(reference())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

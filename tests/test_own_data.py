@@ -204,6 +204,20 @@ def jsonl_that_is_csv(tmp):
     return str(tmp / "own.jsonl"), []
 
 
+def hf_folder_of_csv(tmp):                   # hf: on a folder of CSV split files: read without hf:
+    (tmp / "d").mkdir()
+    data = rows()
+    write_csv(tmp / "d" / "train.csv", ["text", "label"], data[:24])
+    write_csv(tmp / "d" / "test.csv", ["text", "label"], data[24:])
+    return f"hf:{tmp / 'd'}", []
+
+
+def unreadable_parquet(tmp):
+    (tmp / "own.parquet").write_bytes(b"PAR1 this is not parquet")
+    write_csv(tmp / "own.csv", ["text", "label"], rows())
+    return str(tmp / "own.parquet"), []
+
+
 def unknown_name(tmp):
     write_csv(tmp / "own.csv", ["text", "label"], rows())
     return "my_reviews", []
@@ -233,6 +247,8 @@ CASES = [
     ("hf_missing", hf_missing, ["data.dataset"], {"PATH": "{tmp}/real"}),
     ("splits_for_a_file", splits_for_a_file, ["data.splits"], {}),
     ("jsonl_that_is_csv", jsonl_that_is_csv, ["data.dataset"], {}),
+    ("hf_folder_of_csv", hf_folder_of_csv, ["data.dataset"], {}),
+    ("unreadable_parquet", unreadable_parquet, ["data.dataset"], {"PATH": "{tmp}/own.csv"}),
     ("unknown_name", unknown_name, ["data.dataset"], {"PATH": "{tmp}/own.csv"}),
 ]
 

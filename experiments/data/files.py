@@ -131,12 +131,19 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tupl
     """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        names = read_schema(path).names
+        unreadable = fix("data.dataset=PATH", why="a readable parquet file, or the data as .csv or .jsonl")
+        try:
+            names = read_schema(path).names
+        except DataError as e:
+            raise DataError(f"{e}{unreadable}") from None
         missing = [c for c in (text_field, label_field) if c not in names]
         if missing:
             raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
                             + column_fix(missing, names, text_field, label_field))
-        cols = read_columns(path, [text_field, label_field])
+        try:
+            cols = read_columns(path, [text_field, label_field])
+        except DataError as e:
+            raise DataError(f"{e}{unreadable}") from None
         return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])], tuple(names)
     if suffix == ".csv":
         for encoding in ("utf-8-sig", "latin-1"):

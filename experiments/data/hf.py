@@ -71,7 +71,8 @@ def check_split_map(splits) -> dict | None:
         return None
     if not isinstance(splits, Mapping) or not splits:
         raise DataError(f"splits must be null or a non-empty mapping of train/val/test to split names of the "
-                        f"dataset, e.g. {{val: validation}}; got {show(splits)}")
+                        f"dataset, e.g. {{val: validation}}; got {show(splits)}"
+                        + fix("data.splits.val=NAME", why="one key per trainer split; or data.splits=null"))
     unknown = [k for k in splits if k not in SPLIT_NAMES]
     if unknown:
         raise DataError(f"splits: unknown key(s) {show(unknown)}; valid keys: {', '.join(SPLIT_NAMES)}"
@@ -459,8 +460,11 @@ def _glob(base: pathlib.Path, patterns: list[str], split: str, readme, label) ->
         raise DataError(f"{label}: split {split!r}: no file under {base} matches {patterns} ({readme})")
     other = [p for p in out if p.suffix not in DATA_SUFFIXES]
     if other:
+        readable = other[0].suffix.lower() in (".csv", ".jsonl", ".json")
         raise DataError(f"{label}: split {split!r}: {other[0]} is a {other[0].suffix or 'suffix-less'} file; only "
-                        "parquet and arrow data files are read from a local folder")
+                        "parquet and arrow data files are read from a local folder"
+                        + (fix(f"data.dataset={other[0]}", why="the file read without hf:, split 80/10/10 by "
+                                                               "data.seed") if readable else ""))
     return out
 
 
@@ -610,10 +614,12 @@ def _load_hub(name: str, config, label, seed, text_field, label_field, splits) -
         import datasets  # optional and heavy: imported only here
         ds = datasets.load_dataset(name, config)
     except ImportError as e:
-        raise DataError(f"{label}: the `datasets` package is not usable ({e})") from None
+        raise DataError(f"{label}: the `datasets` package is not usable ({e})"
+                        + fix("data.dataset=hf:PATH", why="the dataset's folder, read without datasets")) from None
     except Exception as e:  # noqa: BLE001 - the hub raises many types; all mean "could not load"
         raise DataError(f"{label}: could not load (hub unreachable or dataset not cached): "
-                        f"{type(e).__name__}: {str(e)[:200]}") from None
+                        f"{type(e).__name__}: {str(e)[:200]}"
+                        + fix("data.dataset=hf:PATH", why="a copy of the dataset's folder, read offline")) from None
     chosen = choose_splits(label, list(ds), splits)
     for split in chosen.values():
         for col in (text_field, label_field):

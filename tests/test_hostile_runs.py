@@ -187,7 +187,8 @@ def test_save_model_refuses_someone_elses_folder_and_replaces_a_bundle_whole(tmp
         save_model(model, str(folder))
     assert (folder / "config.yaml").read_text() == "mine\n" and sorted(os.listdir(folder)) == ["config.yaml", "notes.txt"]   # no .lock: refused before
     save_model(model, str(folder), overwrite=True)
-    assert (folder / "notes.txt").read_text() == "notes\n" and (folder / "config.yaml").read_text() != "mine\n"
+    # config.yaml is a format-1 bundle's own file: replaced, and format 2 has config.json instead
+    assert (folder / "notes.txt").read_text() == "notes\n" and not (folder / "config.yaml").exists()
     assert probabilities(folder) == probabilities(trained)
     assert not os.path.exists(RL.Replacement(str(folder)).stage)
     empty = tmp_path / "empty"
@@ -487,8 +488,8 @@ def _plant(run, name, kind, tmp_path):
 
 #: every name a run writes (experiments.runlock.RUN_OUTPUTS; spelled out so that the table is the contract)
 WRITTEN = ["metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt", "bundle.json", "model.pt",
-           "train.log", "metrics.csv", "tensorboard", "config.yaml", "vocab.json", "energy_descent.png",
-           "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt"]
+           "model.safetensors", "train.log", "metrics.csv", "tensorboard", "config.yaml", "config.json", "README.md",
+           "vocab.json", "energy_descent.png", "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt"]
 RUN_NAMES = [".lock", "sweep.log", *WRITTEN, "notes.txt", "data"]
 FOLDER_CASES = [(name, kind) for name in RUN_NAMES for kind in ("link", "dangling", "fifo", "folder", "file")
                 if not (name in ("notes.txt", ".lock", "sweep.log") and kind == "file")]   # a lock, a sweep's log

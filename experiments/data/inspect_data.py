@@ -238,10 +238,11 @@ def render(r: dict) -> str:
         x = L[s]
         line("", f"{s:<6}{x['min']:>6} / {x['median']:g} / {x['max']}  {_pct(x['truncated'])} truncated")
     v = r["vocabulary"]
-    line("vocabulary", f"{v['size']} entries (<pad>, <unk> and the words of the training split (data.min_freq={v['min_freq']}"
-                       + (f", data.max_vocab={v['max_vocab']}" if v["max_vocab"] is not None else "") + ")); "
-                       f"unknown to it: {_pct(v['unknown_tokens']['val'])} of val tokens, "
-                       f"{_pct(v['unknown_tokens']['test'])} of test tokens")
+    line("vocabulary", f"{v['size']} entries: <pad>, <unk> and the training split's words seen data.min_freq="
+                       f"{v['min_freq']} times or more" + (f" (the data.max_vocab={v['max_vocab']} most frequent)"
+                                                           if v["max_vocab"] is not None else ""))
+    line("", f"words unknown to it (read as <unk>): {_pct(v['unknown_tokens']['val'])} of val tokens, "
+             f"{_pct(v['unknown_tokens']['test'])} of test tokens")
     g = r["glove"]
     if g["available"]:
         u = g["unknown_tokens"]

@@ -704,9 +704,9 @@ def test_stdin_reads_by_the_files_rule(base, tmp_path, json_flag):
 HOSTILE_TEXTS = ["good\tgreat", "bad\nawful w1", "w1\\tw2 \r fine", "x\x85y\u2028z\x00\x1b[31m", "plain café"]
 
 
-def test_plain_output_is_one_line_a_text_and_five_fields(base, tmp_path):
+def test_plain_output_is_one_line_a_text_and_six_fields(base, tmp_path):
     """A tab, newline or other separator in a text is escaped in the plain output (undone by Python's
-    backslash escapes, as the help says), so each text stays one line of five tab-separated fields; ``--json``
+    backslash escapes, as the help says), so each text stays one line of six tab-separated fields; ``--json``
     keeps the text as it is. Before: the raw text split the line and added fields."""
     from experiments.app.predict import escape_field
 
@@ -718,9 +718,9 @@ def test_plain_output_is_one_line_a_text_and_five_fields(base, tmp_path):
     for row, text in zip(rows, HOSTILE_TEXTS):
         assert len(row.splitlines()) == 1
         fields = row.split("\t")
-        assert len(fields) == 5, row
-        assert fields[4] == escape_field(text)
-        assert fields[4].encode("latin-1", "backslashreplace").decode("unicode_escape") == text
+        assert len(fields) == 6, row                                     # the tokens field (issue 34) before the text
+        assert fields[5] == escape_field(text)
+        assert fields[5].encode("latin-1", "backslashreplace").decode("unicode_escape") == text
     assert escape_field("a\\tb") == "a\\\\tb" and escape_field("a\tb") == "a\\tb"   # a literal backslash-t stays apart
     code, out, err = run_cli(PREDICT, argv + ["--json"], str(tmp_path))
     assert code == 0, err[-2000:]

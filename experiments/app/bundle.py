@@ -73,6 +73,8 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import itertools
+import logging
 import math
 import os
 import re
@@ -81,8 +83,8 @@ import shutil
 import stat
 import sys
 import tempfile
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import safetensors.torch
 import torch
@@ -357,7 +359,10 @@ class Prediction:
     boundary (``energies[t]`` = E(Y_t), t = 0..T; ``energy_terms`` per term) with the descent check's count of
     increases beyond tolerance, of non-finite steps, and its verdict (``non-finite`` as well when a probability
     is not finite: a NaN weight never reads as descent); ``tokens`` counted after truncation to ``data.max_len``
-    (``truncated`` says whether the text was longer)."""
+    (``truncated`` says whether the text was longer); ``unknown_tokens``: how many of those tokens are not in the
+    model's vocabulary (read as ``<unk>``; a text with no token at all is read as one ``<unk>``), and
+    ``unknown_words`` the first :data:`UNKNOWN_WORDS_SHOWN` distinct ones, in order. When every token is
+    unknown (:attr:`prior_only`) the text tells the model nothing: the prediction is the model's prior."""
 
     text: str
     label: str
@@ -371,9 +376,22 @@ class Prediction:
     verdict: str
     tokens: int
     truncated: bool
+    unknown_tokens: int = 0
+    unknown_words: List[str] = field(default_factory=list)
+
+    @property
+    def prior_only(self) -> bool:
+        """No token of the text is in the vocabulary: the prediction is the model's prior, not a reading."""
+        return self.unknown_tokens >= self.tokens
 
     def to_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
+
+
+#: how many distinct unknown words a :class:`Prediction` names (the count is always whole)
+UNKNOWN_WORDS_SHOWN = 5
+#: texts with no known token warned about one by one per predict call; the rest are counted in one last line
+PRIOR_WARNINGS = 10
 
 
 #: a Hugging Face Hub model id (``owner/name``): what from_pretrained downloads when no such local folder exists
@@ -479,14 +497,17 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _encode(self, texts: Sequence[str]):
+    def _encode(self, texts: Sequence[str], tokens: Optional[list] = None):
         """``(ids, mask, truncated)``: ``texts`` as the trainer encodes them (first ``data.max_len`` tokens), and
-        whether each was longer (read off an encoding one token longer: each text is tokenised once)."""
+        whether each was longer (read off an encoding one token longer: each text is tokenised once).
+        ``tokens``: a list receiving each text's kept token strings (:func:`experiments.data.text.encode`)."""
         from ..data import encode
 
         max_len = self.config["data"]["max_len"]
-        ids, mask, _ = encode([(t, 0) for t in texts], self.vocab, max_len + 1)
+        ids, mask, _ = encode([(t, 0) for t in texts], self.vocab, max_len + 1, tokens=tokens)
         truncated = mask[:, max_len] if mask.shape[1] > max_len else torch.zeros(len(texts), dtype=torch.bool)
+        if tokens is not None:
+            tokens[:] = [t[:max_len] for t in tokens]
         return ids[:, :max_len].to(self.device), mask[:, :max_len].to(self.device), truncated
 
     def encode(self, texts: Sequence[str]):
@@ -523,12 +544,44 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if bad:
             raise CheckpointError(f"texts must be strings; text {bad[0]} is a {type(texts[bad[0]]).__name__}")
-        out: List[Prediction] = []
+        return [p for batch in self.predict_batches(texts[s:s + batch_size] for s in range(0, len(texts), batch_size))
+                for p in batch]
+
+    def predict_iter(self, texts: Iterable[str], batch_size: int = 64, tol_factor: float = DEFAULT_TOL_FACTOR,
+                     layers: Optional[int] = None) -> Iterator[Prediction]:
+        """:meth:`predict` as a stream: ``texts`` (any iterable, read lazily) taken ``batch_size`` at a time, each
+        batch's predictions yielded as soon as it is done, so that memory is bounded by one batch whatever the
+        number of texts. A text that is not a string is refused when its batch is reached."""
+        batch_size = check_batch_size(batch_size)
+        if isinstance(texts, str):
+            texts = [texts]
+        it = iter(texts)
+        batches = iter(lambda: list(itertools.islice(it, batch_size)), [])
+        for batch in self.predict_batches(batches, tol_factor=tol_factor, layers=layers):
+            yield from batch
+
+    @torch.no_grad()
+    def predict_batches(self, batches: Iterable[Sequence[str]], tol_factor: float = DEFAULT_TOL_FACTOR,
+                        layers: Optional[int] = None) -> Iterator[List[Prediction]]:
+        """The predictions of each batch of texts in ``batches`` (each a list, empty batches skipped), yielded
+        batch by batch as :meth:`predict` computes them (one energy copy of the model for the whole stream). A
+        text with no token in the vocabulary is warned about on the ``experiments.predict`` logger (stderr by
+        default): the first :data:`PRIOR_WARNINGS` one by one, then one line counting the others at the end."""
+        layers = check_inference_layers(self.model.encoder, layers)
         checker = self._energy_model()
         dtype = next(checker.parameters()).dtype
-        for start in range(0, len(texts), batch_size):
-            chunk = texts[start:start + batch_size]
-            ids, mask, truncated = self._encode(chunk)
+        log = logging.getLogger("experiments.predict")
+        seen = prior = 0
+        for chunk in batches:
+            chunk = list(chunk)
+            bad = [i for i, t in enumerate(chunk) if not isinstance(t, str)]
+            if bad:
+                raise CheckpointError(f"texts must be strings; text {seen + bad[0]} is a "
+                                      f"{type(chunk[bad[0]]).__name__}")
+            if not chunk:
+                continue
+            kept: list = []
+            ids, mask, truncated = self._encode(chunk, tokens=kept)
             probs = torch.softmax(self._logits(ids, mask, layers).double(), dim=-1).cpu()
             res = checker(ids, mask, trace=True, layers=layers)
             rep = report_from_values(res.energies, dtype, tol_factor=tol_factor, guaranteed=checker.encoder.guaranteed)
@@ -536,19 +589,41 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
             terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
             inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
             lengths = mask.sum(1).cpu()
+            unknown = ((ids == self.vocab.UNK) & mask).sum(1).cpu()
+            out: List[Prediction] = []
             for i, text in enumerate(chunk):
                 k = int(probs[i].argmax())
                 n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
                 ok = n_inc == 0 and n_bad == 0
-                out.append(Prediction(
+                words = list(dict.fromkeys(w for w in kept[i] if w not in self.vocab))[:UNKNOWN_WORDS_SHOWN]
+                pred = Prediction(
                     text=text, label=self.label_names[k], label_id=k,
                     probabilities={name: float(p) for name, p in zip(self.label_names, probs[i])},
                     energies=[float(v) for v in totals[i]],
                     energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
                     increases=n_inc, nonfinite=n_bad, descent=ok,
                     verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-                    tokens=int(lengths[i]), truncated=bool(truncated[i])))
-        return out
+                    tokens=int(lengths[i]), truncated=bool(truncated[i]),
+                    unknown_tokens=int(unknown[i]), unknown_words=words)
+                if pred.prior_only:
+                    prior += 1
+                    if prior <= PRIOR_WARNINGS:
+                        log.warning(_prior_warning(seen + i + 1, pred))
+                out.append(pred)
+            seen += len(chunk)
+            yield out
+        if prior > PRIOR_WARNINGS:
+            log.warning(f"{prior - PRIOR_WARNINGS} more text(s) of the {seen} had no token the model knows (their "
+                        f"predictions are the model's prior; {prior} in all)")
+
+
+def _prior_warning(number: int, pred: Prediction) -> str:
+    """The warning for a text none of whose tokens the model knows (number: its place in the input, from 1)."""
+    text = " ".join(pred.text.split())
+    shown = text if len(text) <= 60 else text[:59] + "…"
+    what = (f"none of its {pred.tokens} token(s) is in the model's vocabulary ({', '.join(pred.unknown_words)})"
+            if pred.unknown_words else "it has no token at all (read as one unknown token)")
+    return f"text {number} {shown!r}: {what}: the prediction {pred.label!r} is the model's prior, not a reading of it"
 
 
 def _key_error(path: str, key: str, value: Any, rule: str) -> CheckpointError:

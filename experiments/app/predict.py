@@ -1,34 +1,61 @@
 """Use a trained model on new text: ``python -m experiments.predict RUN_DIR --text "..." [--file F] [--json]``.
 
-For each text: the label name, the class probabilities, and the energy E(Y_t) at every layer boundary
-(float64 by default, ``train.check_dtype``) with the descent check (increases beyond the tolerance, non-finite
-steps, verdict). ``--json`` prints one JSON object a line (keys ``text``, ``label``, ``label_id``,
-``probabilities``, ``energies``, ``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``,
-``tokens``); ``--plot OUT.png`` draws each text's per-layer energy; ``--layers K`` unrolls the shared step K
-times instead of the trained depth (weight-shared encoders only: refused for untied free/baseline stacks). The same as the Python call
-``experiments.app.bundle.load_model(RUN_DIR).predict(texts)``. Exit status 0, or 2 for bad input (no such run,
-no text, a changed bundle, a ``--plot`` path that cannot be written), with nothing written and nothing printed
-on stdout: ``--plot``'s folder is checked (a real write probe) before the model is loaded, and the figure is
-written before any prediction is printed, so a failure never leaves half an answer. ``--legacy`` reads a run
+For each text: the label name, the class probabilities, the energy E(Y_t) at every layer boundary (float64 by
+default, ``train.check_dtype``) with the descent check (increases beyond the tolerance, non-finite steps,
+verdict), and how many of its tokens the model does not know. ``--json`` prints one JSON object a line (keys
+``text``, ``label``, ``label_id``, ``probabilities``, ``energies``, ``energy_terms``, ``increases``,
+``nonfinite``, ``descent``, ``verdict``, ``tokens``, ``truncated``, ``unknown_tokens``, ``unknown_words``);
+without it one line a text, six tab-separated fields (label, probabilities, verdict, energies, tokens, text). A
+text none of whose tokens is in the vocabulary is predicted from the model's prior alone: it is warned about on
+stderr (``warning:`` lines) and its ``unknown_tokens`` equals its ``tokens``. ``--layers K`` unrolls the shared
+step K times instead of the trained depth (weight-shared encoders only: refused for untied free/baseline
+stacks). The same as the Python call ``experiments.app.bundle.load_model(RUN_DIR).predict(texts)``.
+
+**Streaming.** Texts are read line by line (``--text`` values first, then each ``--file``; ``-`` is stdin) by a
+reader thread into a queue of ``--batch-size`` texts, predicted a batch at a time, and each batch's lines are
+printed and flushed as soon as it is done: memory is bounded by about three batches of texts whatever the length
+of the input, and the first line comes out while the input is still being written (a batch is whatever has
+arrived, up to ``--batch-size``, within :data:`LINGER` seconds of its first text). Files and stdin are strict
+UTF-8 alike; a file that is not is refused before anything is predicted (files are checked whole first), stdin
+where the bad line is met (the lines of the batches before it have been printed).
+
+``--plot OUT.png`` draws each text's total energy per layer, one panel per text on its own scale; it needs the
+whole answer before the first line is printed (the figure is written first, so that a failed write never leaves
+half an answer), so it keeps at most :data:`PLOT_MAX` texts and refuses more (exit 2, nothing printed or
+written): plot a selection. Exit status 0, or 2 for bad input (no such run, a run still training, no text, a
+changed bundle, a ``--plot`` path that cannot be written) with nothing written and nothing printed on stdout:
+``--plot``'s folder is checked (a real write probe) before the model is loaded. A run folder still being
+trained (its run lock held, :mod:`experiments.app.runlock`) is named as such with its owner (pid, user, host,
+start); one whose owner died before the run finished says so and how to resume it. ``--legacy`` reads a run
 folder from before bundles (no ``bundle.json``; unverified: see :mod:`experiments.app.bundle`).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import queue
+import stat
 import sys
-from typing import List, Sequence
+import threading
+import time
+from typing import Iterable, Iterator, List, Optional, Sequence
 
-from energies.errors import ConfigError
+from energies.errors import CheckpointError, ConfigError
 from unfold.cli import check_device, folder_arg, folder_problem, positive_int, run_main
-from unfold.encoders import check_inference_layers
+from unfold.encoders import check_batch_size, check_inference_layers
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 from .atomic import atomic_open
-from .bundle import Prediction, load_model
+from .bundle import BUNDLE, Prediction, load_model
+from .runlock import RUN_FILES, RunFolderError, lock_owner
 
 PROG = "python -m experiments.predict"
+#: the most texts ``--plot`` takes (one panel each; the predictions are held until the figure is written)
+PLOT_MAX = 48
+#: seconds a batch waits for more texts after its first (then it is predicted with what has come)
+LINGER = 0.05
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -41,10 +68,9 @@ def _decode(data: bytes, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}, line {line})") from None
 
 
-def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
-    """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped). Files and stdin
-    are read as bytes and decoded as strict UTF-8 alike (:func:`_decode`); a ``--text`` that is not valid Unicode
-    (an argument of invalid UTF-8 bytes reaches Python as lone surrogates) is refused the same way."""
+def _check_texts(texts: Sequence[str]) -> None:
+    """``--text`` values: none empty, each valid Unicode (an argument of invalid UTF-8 bytes reaches Python as
+    lone surrogates: refused as a file's invalid bytes are)."""
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
         raise ConfigError(f"--text number {empty[0] + 1} is empty: there is nothing to classify")
@@ -54,19 +80,137 @@ def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
         except UnicodeEncodeError as exc:
             raise ConfigError(f"--text number {i + 1}: not UTF-8 text (a lone surrogate {t[exc.start]!a} at "
                               f"character {exc.start}: the argument's bytes are not UTF-8)") from None
-    out = list(texts)
+
+
+def _where(path: str) -> str:
+    return "--file - (stdin)" if path == "-" else f"--file {path}"
+
+
+def _decoded_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[str]:
+    """The texts of ``raw_lines`` (byte lines, each ending with ``\\n`` but maybe the last) one by one: each decoded
+    as strict UTF-8 (:func:`_decode`'s rule and message: byte offset and line counted over the whole input),
+    split at every line break ``str.splitlines`` knows, blank ones skipped -- the texts ``_decode(all).splitlines()``
+    gives, without holding more than one line."""
+    offset = 0
+    for number, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{where}: not UTF-8 text ({exc.reason} at byte {offset + exc.start}, line {number})"
+                              ) from None
+        offset += len(raw)
+        for text in line.splitlines():
+            if text.strip():
+                yield text
+
+
+def _file_texts(path: str) -> Iterator[str]:
+    """The texts of one ``--file`` (``-``: stdin), read line by line (:func:`_decoded_lines`)."""
+    if path == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        raw = stream if stream is not None else (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
+        yield from _decoded_lines(raw, _where(path))
+        return
+    with open(path, "rb") as fh:
+        yield from _decoded_lines(fh, _where(path))
+
+
+def iter_texts(texts: Sequence[str], files: Sequence[str]) -> Iterator[str]:
+    """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped), lazily. Checked
+    before the first text is given (so that a refusal comes before any work): the ``--text`` values
+    (:func:`_check_texts`), and every ``--file`` that is a regular file, read through once as strict UTF-8 (it
+    can be read twice; stdin, a pipe or a device cannot, and are checked as they are read)."""
+    _check_texts(texts)
     for path in files:
-        if path == "-":
-            stream = getattr(sys.stdin, "buffer", None)
-            data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
-            lines = _decode(data, "--file - (stdin)").splitlines()
-        else:
-            with open(path, "rb") as fh:
-                lines = _decode(fh.read(), f"--file {path}").splitlines()
-        out.extend(line for line in lines if line.strip())
+        if path != "-" and stat.S_ISREG(os.stat(path).st_mode):
+            for _ in _file_texts(path):
+                pass
+    return _chain(list(texts), list(files))
+
+
+def _chain(texts: List[str], files: List[str]) -> Iterator[str]:
+    yield from texts
+    for path in files:
+        yield from _file_texts(path)
+
+
+def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
+    """:func:`iter_texts` as a list (all of them in memory), refused when there is no text."""
+    out = list(iter_texts(texts, files))
     if not out:
-        raise ConfigError("no text to classify: give --text TEXT or --file FILE (one text a line)")
+        raise ConfigError(NO_TEXT)
     return out
+
+
+NO_TEXT = "no text to classify: give --text TEXT or --file FILE (one text a line)"
+
+
+class TextFeed:
+    """Texts from an iterator, read ahead by a daemon thread into a queue of at most ``size`` (the memory bound),
+    handed out by :meth:`get`; an error of the reader (invalid UTF-8 on stdin) is raised by the :meth:`get` that
+    reaches it, after the texts before it."""
+
+    END = object()
+
+    def __init__(self, source: Iterator[str], size: int):
+        self._queue: "queue.Queue" = queue.Queue(maxsize=max(1, size))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source,), name="unfold-predict-reader", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Iterator[str]) -> None:
+        try:
+            for text in source:
+                if not self._put((True, text)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 -- handed to the reading thread, raised there
+            self._put((False, exc))
+            return
+        self._put((True, self.END))
+
+    def get(self, timeout: Optional[float] = None):
+        """The next text, or :attr:`END`; ``queue.Empty`` when none comes within ``timeout`` seconds."""
+        ok, item = self._queue.get(timeout=timeout)
+        if not ok:
+            self._put((False, item))      # every later get raises it too
+            raise item
+        if item is self.END:
+            self._put((True, self.END))
+        return item
+
+    def batches(self, first: str, batch_size: int, linger: float = LINGER) -> Iterator[List[str]]:
+        """Batches of the texts, ``first`` leading: each up to ``batch_size`` texts, closed early when no text
+        comes within ``linger`` seconds of its first one (so that a line typed alone is answered at once)."""
+        pending: Optional[str] = first
+        while True:
+            if pending is None:
+                pending = self.get()
+                if pending is self.END:
+                    return
+            batch, pending = [pending], None
+            deadline = time.monotonic() + linger
+            while len(batch) < batch_size:
+                try:
+                    item = self.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is self.END:
+                    yield batch
+                    return
+                batch.append(item)
+            yield batch
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 #: the plain output's escapes: a backslash, and every character that would end a line or a tab-separated field
@@ -117,33 +261,112 @@ def check_plot_path(path: str) -> None:
         raise ConfigError(f"--plot {path!r} cannot be written: its folder {parent!r} {why}")
 
 
-def plot_energies(predictions: Sequence[Prediction], path: str, max_chars: int = 40) -> None:
-    """One line per text: E(Y_t) against the layer t, relative to E(Y_0) (the texts' energies differ in scale),
-    an increase marked with a red cross; written atomically."""
+def tokens_field(pred: Prediction) -> str:
+    """The plain output's tokens field: ``N tokens, K unknown (w1 w2 ...)``; ``all unknown ...: prior only`` when
+    the model knows none of them (its prediction is the model's prior); ``, truncated`` when the text was longer
+    than the model reads."""
+    words = f" ({' '.join(pred.unknown_words)})" if pred.unknown_words else ""
+    count = f"{pred.tokens} token{'' if pred.tokens == 1 else 's'}"
+    if pred.prior_only:
+        text = f"{count}, all unknown{words}: prior only"
+    else:
+        text = f"{count}, {pred.unknown_tokens} unknown{words}"
+    return text + (", truncated" if pred.truncated else "")
+
+
+def plain_line(pred: Prediction) -> str:
+    """One text's line of the plain output: six tab-separated fields (``--json``'s help)."""
+    probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
+    energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
+    return (f"{escape_field(pred.label)}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t"
+            f"{escape_field(tokens_field(pred))}\t{escape_field(pred.text)}")
+
+
+def _short(text: str, max_chars: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= max_chars else text[:max_chars - 1] + "…"
+
+
+def energy_figure(predictions: Sequence[Prediction], max_chars: int = 34):
+    """The ``--plot`` figure: one panel per text, each on its own y scale (a text whose energies are small or near
+    0 changes no other panel), showing the total energy E(Y_t) -- the quantity each layer must not raise --
+    against the layer t, a rise marked with a red cross, the panel's title giving the text, its label and
+    probability, the verdict, and ``prior only`` for a text with no known token. Returns the matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for p in predictions:
-        e0 = p.energies[0]
-        scale = abs(e0) if e0 else 1.0
-        rel = [(e - e0) / scale for e in p.energies]
-        short = p.text if len(p.text) <= max_chars else p.text[:max_chars - 1] + "…"
-        ax.plot(range(len(rel)), rel, marker="o", label=f"{p.label} ({p.probabilities[p.label]:.2f}): {short}")
-        if p.increases:
-            ups = [t for t in range(1, len(rel)) if rel[t] > rel[t - 1]]
-            ax.plot(ups, [rel[t] for t in ups], "x", color="red", markersize=10)
-    ax.set_xlabel("layer t")
-    ax.set_ylabel("(E(Y_t) - E(Y_0)) / |E(Y_0)|")
-    ax.set_title("energy per layer, per text")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    n = len(predictions)
+    cols = max(1, n) if n <= 4 else 3 if n <= 6 else 4 if n <= 16 else 6
+    rows = max(1, -(-n // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.5 * rows + 0.9), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= n:
+            ax.set_visible(False)
+            continue
+        p = predictions[i]
+        e = p.energies
+        rises = [t for t in range(1, len(e)) if e[t] > e[t - 1]]
+        colour = "tab:blue" if p.descent else "tab:red"
+        ax.plot(range(len(e)), e, marker="o", markersize=3.5, color=colour, linewidth=1.6)
+        if rises:
+            ax.plot(rises, [e[t] for t in rises], "x", color="red", markersize=9, markeredgewidth=2)
+        ax.ticklabel_format(axis="y", useOffset=False, style="sci", scilimits=(-3, 4))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        prob = p.probabilities.get(p.label, float("nan"))
+        flags = ", no word known: prior only" if p.prior_only else ""
+        ax.set_title(f"{i + 1}. \"{_short(p.text, max_chars)}\"\n{p.label} {prob:.2f} · {p.verdict}"
+                     f"{f' ({p.increases} rises)' if p.increases else ''}{flags}", fontsize=7.5,
+                     color="black" if p.descent else "tab:red")
+        fall = e[0] - e[-1] if e else float("nan")
+        ax.text(0.98, 0.95, f"E0 = {e[0]:.4g}\nE{len(e) - 1} = {e[-1]:.4g}\nfell {fall:.3g}", transform=ax.transAxes,
+                ha="right", va="top", fontsize=6.5, color="0.25")
+        if i % cols == 0:
+            ax.set_ylabel("total energy E(Y_t)", fontsize=7.5)
+        if i >= n - cols:
+            ax.set_xlabel("layer t", fontsize=7.5)
+    fig.suptitle("Total energy per layer, one panel per text, each on its own scale.\n"
+                 "Each layer must lower it or leave it (descent); a red x marks a rise, a red title a text that rose.",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+def plot_energies(predictions: Sequence[Prediction], path: str) -> None:
+    """:func:`energy_figure` written to ``path`` (PNG, atomically)."""
+    import matplotlib.pyplot as plt
+
+    fig = energy_figure(predictions)
     with atomic_open(path) as fh:
         fig.savefig(fh, format="png", dpi=120)
     plt.close(fig)
+
+
+def _check_run(run_dir: str) -> None:
+    """Refuse a run folder still being trained (its run lock held, no bundle yet), naming the run's owner."""
+    owner = lock_owner(run_dir)
+    if owner is not None and owner.held and not os.path.lexists(os.path.join(run_dir, BUNDLE)):
+        raise RunFolderError(f"{run_dir} is a run still in progress: it is being trained by {owner.describe()}, and "
+                             "has no model to predict with until it finishes (its bundle is written at the end); "
+                             "wait for it, or predict with another run")
+
+
+def _stale(run_dir: str, exc: CheckpointError) -> Optional[RunFolderError]:
+    """Where ``load_model`` refused a run folder that holds a run's checkpoints but no bundle, and whose run lock
+    is free although an owner is recorded: the run was stopped before it finished (its process ended or died);
+    the error that says so, naming that owner and how to resume, or None."""
+    owner = lock_owner(run_dir)
+    if owner is None or owner.held or not owner.pid or os.path.lexists(os.path.join(run_dir, BUNDLE)):
+        return None
+    if not any(os.path.lexists(os.path.join(run_dir, n)) for n in RUN_FILES):
+        return None
+    return RunFolderError(f"{run_dir} holds a run that did not finish: its owner ({owner.describe()}) no longer "
+                          f"runs it (the process ended or died before the run wrote its bundle). Resume it with "
+                          f"unfold-train --resume {run_dir} (python -m experiments.train --resume {run_dir}), which "
+                          f"finishes the run and writes the bundle. ({exc})")
 
 
 def main(argv=None) -> int:
@@ -152,14 +375,19 @@ def main(argv=None) -> int:
     p.add_argument("run_dir", type=folder_arg, metavar="RUN_DIR", help="a finished run folder or a saved bundle")
     p.add_argument("--text", action="append", default=[], help="a text to classify (repeatable)")
     p.add_argument("--file", action="append", default=[], help="a UTF-8 file of texts, one a line ('-': stdin, read by the same rule: "
-                                                                 "bytes that are not UTF-8 are refused)")
+                                                                 "bytes that are not UTF-8 are refused); read and "
+                                                                 "answered as it comes, a batch at a time")
     p.add_argument("--json", action="store_true",
-                   help="one JSON object a line (UTF-8, the text as it is); without it one line a text, five "
-                        "tab-separated fields (label, probabilities, verdict, energies, text) where the label and "
-                        "the text escape a backslash as \\\\, tab, newline and carriage return as \\t, \\n, \\r, "
-                        "other control characters as \\xHH and U+2028/U+2029 as \\uHHHH")
-    p.add_argument("--plot", metavar="OUT.png", help="draw each text's per-layer energy")
-    p.add_argument("--batch-size", type=positive_int, default=64)
+                   help="one JSON object a line (UTF-8, the text as it is); without it one line a text, six "
+                        "tab-separated fields (label, probabilities, verdict, energies, tokens, text) where the "
+                        "tokens field counts the text's tokens and the unknown ones ('prior only' when the model "
+                        "knows none), and the label and the text escape a backslash as \\\\, tab, newline and "
+                        "carriage return as \\t, \\n, \\r, other control characters as \\xHH and U+2028/U+2029 "
+                        "as \\uHHHH")
+    p.add_argument("--plot", metavar="OUT.png", help=f"draw each text's total energy per layer, one panel per text "
+                                                    f"on its own scale (at most {PLOT_MAX} texts)")
+    p.add_argument("--batch-size", type=positive_int, default=64,
+                   help="texts predicted together (default 64); memory is bounded by about three batches")
     p.add_argument("--layers", type=positive_int, metavar="K",
                    help="unroll the shared step K times instead of the trained depth (weight-shared encoders: "
                         "guaranteed; refused for untied free/baseline stacks)")
@@ -172,24 +400,87 @@ def main(argv=None) -> int:
     def body() -> int:
         if args.plot is not None:
             check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
-        texts = read_texts(args.text, args.file)
-        trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
-                             legacy=args.legacy)
-        layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
-        predictions = trained.predict(texts, batch_size=args.batch_size, layers=layers)
-        if args.plot:
-            plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
-        for pred in predictions:
-            if args.json:
-                print(json_line(pred.to_dict()))
-            else:
-                probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
-                energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
-                print(f"{escape_field(pred.label)}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: "
-                      f"{energy}\t{escape_field(pred.text)}")
-        return 0
+        check_batch_size(args.batch_size, "--batch-size")
+        feed = TextFeed(iter_texts(args.text, args.file), args.batch_size)
+        try:
+            first = feed.get()
+            if first is feed.END:
+                raise ConfigError(NO_TEXT)
+            plotted: Optional[List[str]] = None
+            if args.plot:                       # the figure needs every text: at most PLOT_MAX, held
+                plotted = [first]
+                while len(plotted) <= PLOT_MAX:
+                    item = feed.get()
+                    if item is feed.END:
+                        break
+                    plotted.append(item)
+                if len(plotted) > PLOT_MAX:
+                    raise ConfigError(f"--plot draws one panel per text and takes at most {PLOT_MAX} texts; this "
+                                      f"input has more: plot a selection (head -n {PLOT_MAX} FILE | unfold-predict RUN_DIR "
+                                      "--file - --plot OUT.png) and predict the rest without --plot")
+            _check_run(args.run_dir)
+            try:
+                trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
+                                     legacy=args.legacy)
+            except CheckpointError as exc:
+                stale = _stale(args.run_dir, exc)
+                if stale is not None:
+                    raise stale from None
+                raise
+            layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
+            if plotted is not None:
+                batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
+                                                for s in range(0, len(plotted), args.batch_size))
+                predictions = [q for b in trained.predict_batches(batches, layers=layers) for q in b]
+                plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
+                return _print([predictions], args.json)
+            return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json)
+        finally:
+            feed.close()
 
-    return run_main(PROG, body, argv)
+    with _warnings_to_stderr():
+        return run_main(PROG, body, argv)
+
+
+def _print(batches: Iterable[List[Prediction]], as_json: bool) -> int:
+    """Each batch's lines written and flushed as soon as it is done. A reader that stops reading (``| head``)
+    ends the run quietly (exit 0). An error after some lines were printed says how many were."""
+    printed = 0
+    out = sys.stdout
+    try:
+        for batch in batches:
+            out.write("".join((json_line(q.to_dict()) if as_json else plain_line(q)) + "\n" for q in batch))
+            out.flush()
+            printed += len(batch)
+    except BrokenPipeError:
+        try:                                   # nothing more can be written: the interpreter's last flush neither
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 0
+    except ConfigError as exc:
+        if printed:
+            raise ConfigError(f"{exc} (the {printed} line(s) before it were answered above)") from None
+        raise
+    return 0
+
+
+class _warnings_to_stderr:
+    """The ``experiments.predict`` logger (the no-known-token warnings) to stderr as ``PROG: warning: ...`` lines
+    for the duration of a command."""
+
+    def __enter__(self):
+        self.log = logging.getLogger("experiments.predict")
+        self.handler = logging.StreamHandler(sys.stderr)
+        self.handler.setFormatter(logging.Formatter(f"{PROG}: warning: %(message)s"))
+        self.propagate = self.log.propagate
+        self.log.addHandler(self.handler)
+        self.log.propagate = False
+        return self
+
+    def __exit__(self, *exc):
+        self.log.removeHandler(self.handler)
+        self.log.propagate = self.propagate
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ the run ends; the operating system releases it on any exit, SIGKILL included, so
 outlive its process. A second run into the same folder (training, resume) is refused at once with a
 :class:`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
 a link (:func:`~experiments.app.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
+The holder writes its owner into the file, one JSON line ``{"pid", "host", "user", "started"}`` (``started``: UTC,
+ISO 8601, when it took the lock; a lock written before this holds the pid alone), and the file stays when the
+run ends: :func:`lock_owner` reads it without taking or writing anything, and says whether that owner still
+holds the lock (a run in progress) or not (the run ended, or its process died: a stale owner).
 
 :func:`check_fresh` refuses to start a new run in a folder that holds anything but a lock: a run (finished or
 interrupted), or files of something else (a ``config.yaml`` of another tool, notes): refused unless
@@ -25,9 +29,13 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import getpass
 import json
 import os
 import shutil
+import socket
+import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from energies.errors import UnfoldError
@@ -36,7 +44,7 @@ from unfold.cli import folder_problem
 from .atomic import atomic_open, fsync_dir, open_no_follow
 
 __all__ = ["RunLock", "RunFolderError", "check_fresh", "refuse_links", "check_writable", "RUN_FILES", "RUN_OUTPUTS", "Replacement",
-           "folder_content"]
+           "folder_content", "LockOwner", "lock_owner"]
 
 LOCK = ".lock"
 #: files that mark a folder as holding a run (its results or checkpoints)
@@ -76,14 +84,15 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = _read_pid(fd)
+            holder = _read_owner(fd, held=True)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunFolderError(f"run folder {self.run_dir!r} is in use by another run"
-                                     f"{f' (pid {holder})' if holder else ''}: one run per folder") from None
+                                     f"{f' (pid {holder.pid})' if holder.pid else ''}{holder.whose()}: one run per "
+                                     "folder") from None
             raise RunFolderError(f"run folder {self.run_dir!r} cannot be locked: {exc.strerror or exc}") from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.pwrite(fd, (json.dumps(_me(), ensure_ascii=True) + "\n").encode(), 0)
         self.fd = fd
         return self
 
@@ -102,11 +111,85 @@ class RunLock:
         self.release()
 
 
-def _read_pid(fd: int) -> str:
+@dataclass
+class LockOwner:
+    """Who took a run folder's lock (the lock file's JSON line; fields ``""`` where not recorded) and whether it
+    still holds it (``held``: a run in progress; else the run ended or its process died)."""
+
+    pid: str
+    host: str
+    user: str
+    started: str
+    held: bool
+
+    def whose(self) -> str:
+        """`` of user U on host H since T`` (the parts recorded), or ``""``."""
+        return "".join(part for part in (f" of user {self.user}" if self.user else "",
+                                         f" on host {self.host}" if self.host else "",
+                                         f" since {self.started}" if self.started else ""))
+
+    def describe(self) -> str:
+        """``pid P of user U on host H since T`` (the parts recorded), or ``an unrecorded owner``."""
+        text = (f"pid {self.pid}" if self.pid else "") + self.whose()
+        return text.strip() or "an unrecorded owner"
+
+
+#: the most of a lock file read (its owner line is far shorter; anything longer is not read whole)
+OWNER_BYTES = 4096
+
+
+def _me() -> dict:
+    """This process as a lock's owner: pid, host, user (``""`` where the system cannot say), start (UTC)."""
     try:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip()
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 -- no user name in the environment nor the password database
+        user = ""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "user": user,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _clean(value, limit: int = 100) -> str:
+    """A recorded field as printable text of at most ``limit`` characters (a lock file is anyone's to write)."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text[:limit]
+
+
+def _read_owner(fd: int, held: bool) -> LockOwner:
+    """The owner recorded in an open lock file: the JSON line, or an older lock's pid alone."""
+    try:
+        raw = os.pread(fd, OWNER_BYTES, 0).decode("utf-8", errors="replace").strip()
     except OSError:
-        return ""
+        raw = ""
+    try:
+        rec = json.loads(raw) if raw.startswith("{") else {"pid": raw if raw.isdigit() else ""}
+    except ValueError:
+        rec = {}
+    if not isinstance(rec, dict):
+        rec = {}
+    return LockOwner(*(_clean(rec.get(k)) for k in ("pid", "host", "user", "started")), held=held)
+
+
+def lock_owner(run_dir: str) -> Optional[LockOwner]:
+    """The owner of ``run_dir``'s run lock as recorded in its lock file, and whether a live process holds the lock
+    now (a shared lock tried without waiting); None where there is no lock file. Reads only: the file is opened
+    read-only without following a link, no lock is kept, nothing is written."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            held = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            held = False
+        return _read_owner(fd, held)
+    finally:
+        os.close(fd)
 
 
 def refuse_links(run_dir: str) -> None:

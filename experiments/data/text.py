@@ -146,18 +146,24 @@ class Vocab:
             raise DataError(f"cannot read vocabulary {path} ({e})") from None
 
 
-def encode(examples: Sequence[tuple[str, int]], vocab: Vocab, max_len: int):
+def encode(examples: Sequence[tuple[str, int]], vocab: Vocab, max_len: int, tokens: list | None = None):
     """Tokenise, map to ids and pad ``examples`` into tensors.
 
     Returns ``ids`` (N, L) long, ``mask`` (N, L) bool (True at real tokens) and ``labels`` (N,)
     long, with ``L = min(max_len, longest example)``. Longer texts keep their first ``max_len``
     tokens; a text with no token becomes a single ``<unk>``, so every row has a real token.
+    ``tokens``: a list to which each example's kept tokens (the strings behind its row of ``ids``, before the
+    ``<unk>`` stand-in of a text with no token) are appended, so that a caller can name the unknown ones
+    without tokenising again.
     """
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise DataError(f"max_len must be an integer >= 1, got {max_len!r}")
     rows = []
     for text, _ in examples:
-        ids = vocab.encode(tokenize(text))[:max_len]
+        kept = tokenize(text)[:max_len]
+        ids = vocab.encode(kept)
+        if tokens is not None:
+            tokens.append(kept)
         rows.append(ids or [Vocab.UNK])
     n = len(rows)
     L = max((len(r) for r in rows), default=1)

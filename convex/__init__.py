@@ -13,4 +13,8 @@ from .heads import HEADS, Head, make_head, register_head
 from .losses import LOSSES, get_loss, register_loss
 from .solver import ConvexSolution, beta_max, certificate, map_back, rank, solve, svt
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+#: the public API, stated (not computed) so that tools reading the source (the API reference) see it
+__all__ = [
+    "ConvexSolution", "HEADS", "Head", "LOSSES", "beta_max", "certificate", "get_loss", "make_head", "map_back",
+    "rank", "register_head", "register_loss", "solve", "svt",
+]

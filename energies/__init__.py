@@ -33,4 +33,14 @@ from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, No
 register_auto_rule("banded", _banded.banded_pays)
 register_heads_pass("banded", _banded.banded_sums)
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+#: the public API, stated (not computed) so that tools reading the source (the API reference) see it
+__all__ = [
+    "ACCUM_DTYPE", "CauchyRho", "Centering", "CheckpointError", "ConfigError", "DescentError", "Energy",
+    "EnergyError", "EnergyTerm", "ExpRho", "FeedForward", "GRAPHS", "GraphError", "InputError", "KERNELS",
+    "Kernel", "LpRho", "MMParts", "NonNegativity", "PairwiseAttention", "RHOS", "ReluRho", "Rescaling",
+    "Residual", "Rho", "SoftplusRho", "StepError", "TokenError", "TokenGraph", "UnfoldError",
+    "attention_energy", "check_rho", "check_tokens", "complete", "dilated", "feedforward_energy",
+    "from_edge_index", "from_pyg", "get_rho", "graph_from_spec", "kernel_names", "layernorm_energy",
+    "mask_from_lengths", "nonnegativity_energy", "random", "register_auto_rule", "register_graph",
+    "register_heads_pass", "register_kernel", "register_rho", "star", "strided", "window",
+]

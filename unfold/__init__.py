@@ -22,10 +22,8 @@ from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, 
                     RescaleStep, Sequence, Step, layernorm_step, register_step, theorem41_bound)
 from .trace import DEFAULT_TOL_FACTOR, DescentReport, tolerance, trace_descent, unroll
 
-__all__ = [name for name in dir() if not name.startswith("_")]
 from .prox import ProxMMStep  # noqa: E402
 
-__all__.append("ProxMMStep")
 from .attention import ACTIVATIONS, Attention  # noqa: E402
 from .mm import PRECONDITIONERS, MMStepResult, mm_direction, mm_step  # noqa: E402
 from .encoders import (ENCODERS, Encoder, EncoderOutput, FreeEncoder, GuaranteedEncoder, TorchEncoder,  # noqa: E402
@@ -34,7 +32,13 @@ from .classifier import SequenceClassifier, TokenEmbedding, masked_mean  # noqa:
 from .model import MODES, ModelOutput, UnfoldedTransformer  # noqa: E402
 from .trace import EnergyTrace, check_tol_factor, report_from_values  # noqa: E402
 
-__all__ += ["ACTIVATIONS", "Attention", "MODES", "ModelOutput", "UnfoldedTransformer", "report_from_values",
-            "EnergyTrace", "check_tol_factor", "PRECONDITIONERS", "MMStepResult", "mm_direction", "mm_step",
-            "ENCODERS", "Encoder", "EncoderOutput", "FreeEncoder", "GuaranteedEncoder", "TorchEncoder", "build_encoder",
-            "register_encoder", "SequenceClassifier", "TokenEmbedding", "masked_mean"]
+#: the public API, stated (not computed) so that tools reading the source (the API reference) see it
+__all__ = [
+    "ACTIVATIONS", "Attention", "AttentionStep", "CenterStep", "DEFAULT_TOL_FACTOR", "DescentReport",
+    "ENCODERS", "Encoder", "EncoderOutput", "EnergyTrace", "FeedForwardStep", "FreeEncoder", "GradientStep",
+    "GuaranteedEncoder", "MMStepResult", "MODES", "ModelOutput", "PRECONDITIONERS", "ProxMMStep",
+    "ReLUProxStep", "RescaleStep", "STEPS", "Sequence", "SequenceClassifier", "Step", "TokenEmbedding",
+    "TorchEncoder", "UPDATES", "UnfoldedTransformer", "build_encoder", "check_tol_factor", "layernorm_step",
+    "masked_mean", "mm_direction", "mm_step", "register_encoder", "register_step", "report_from_values",
+    "theorem41_bound", "tolerance", "trace_descent", "unroll",
+]

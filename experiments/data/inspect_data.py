@@ -130,11 +130,12 @@ def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> di
         "name": splits.name,
         "format": dataset_format(dataset),
         "config": config,
-        "columns": {
+        "columns": ({"found": [], "text": None, "label": None,      # a corpus reads its own columns
+                     "text_set_by": "the corpus", "label_set_by": "the corpus"} if dataset in DATASETS else {
             "found": list(splits.columns),
             "text": dc["text_field"], "text_set_by": f"data.text_field ({sources['data.text_field']})",
             "label": dc["label_field"], "label_set_by": f"data.label_field ({sources['data.label_field']})",
-        },
+        }),
         "classes": {
             "names": list(names),
             "counts": {s: {names[k]: counts[s].get(k, 0) for k in range(len(names))} for s in SPLIT_NAMES},
@@ -214,9 +215,12 @@ def render(r: dict) -> str:
     if r["config"] is not None:
         line("config", r["config"])
     c = r["columns"]
-    line("columns", f"found {', '.join(c['found'])}" if c["found"] else "(the corpus's own)")
-    line("", f"text:  {c['text']!r}, chosen by {c['text_set_by']}")
-    line("", f"label: {c['label']!r}, chosen by {c['label_set_by']}")
+    if c["text"] is None:
+        line("columns", "the corpus's own (data.text_field and data.label_field do not apply)")
+    else:
+        line("columns", f"found {', '.join(c['found'])}")
+        line("", f"text:  {c['text']!r}, chosen by {c['text_set_by']}")
+        line("", f"label: {c['label']!r}, chosen by {c['label_set_by']}")
     names = r["classes"]["names"]
     width = max([len(n) for n in names] + [5])
     line("classes", f"{len(names)}; examples per split:")

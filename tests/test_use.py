@@ -376,8 +376,8 @@ def test_an_offline_hf_folder_trains_and_its_bundle_keeps_the_classlabel_names(t
 
 
 def test_the_readme_python_block_runs(trained, tmp_path, capsys):
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("## Use a trained model", 1)[1]
+    text = open(os.path.join(ROOT, "docs", "predict.md"), encoding="utf-8").read()     # the page's python block
+    section = text.split("# Use a trained model", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert 'load_model("runs/default")' in code
     code = code.replace("runs/default", str(trained[0])).replace("exported/rt-default", str(tmp_path / "exp"))

@@ -1,6 +1,6 @@
 """The guide ``docs/guides/own_data.md`` cannot rot: every fenced ``sh`` or ``python`` block marked ``<!-- run -->``
-(``<!-- run: exit N -->`` for a refusal shown on purpose) runs, in order, in one empty folder, with the exit
-status it is marked with; the refusal shown after it is the one printed; each ``unfold-train`` line is the command
+(``<!-- run: exit N -->`` for a refusal shown on purpose) runs, in order, section by section (each ``## `` section
+in an empty folder of its own, one test each), with the exit status it is marked with; the refusal shown after it is the one printed; each ``unfold-train`` line is the command
 that the ``unfold-data inspect`` before it printed; and every run folder it names holds its ``metrics.json``.
 
 The guide's commands are the console scripts of this installation (``unfold-data``, ``unfold-train``; from the
@@ -27,15 +27,30 @@ def blocks(text: str) -> list:
     return [(lang, code, int(rc or 0), shown or None) for rc, lang, code, shown in BLOCK.findall(text)]
 
 
-@pytest.fixture(scope="module")
-def guide() -> str:
+def read_guide() -> str:
     with open(GUIDE, encoding="utf-8") as f:
         return f.read()
 
 
+def sections(text: str) -> dict:
+    """``{heading: text}`` of the ``## `` sections of ``text`` that hold a marked block."""
+    parts = re.split(r"^## (.+)\n", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2) if blocks(parts[i + 1])}
+
+
+@pytest.fixture(scope="module")
+def guide() -> str:
+    return read_guide()
+
+
+SECTIONS = sections(read_guide())
+
+
 def test_every_kind_of_input_has_a_runnable_example(guide):
     """Not vacuous: CSV, JSON lines, parquet, a folder of splits and a Hugging Face folder each have a marked
-    block that inspects and one that trains; one refusal is shown with its output; python blocks are marked too."""
+    block that inspects and one that trains, each in a section of its own; one refusal is shown with its output;
+    python blocks are marked too."""
+    assert len(SECTIONS) == 5 and sum(len(blocks(t)) for t in SECTIONS.values()) == len(blocks(guide))
     found = blocks(guide)
     runs = "\n".join(code for _, code, _, _ in found)
     for dataset in ("reviews.csv", "tickets.jsonl", "reviews.parquet", "splits", "hf:my_hf_dataset"):
@@ -61,12 +76,13 @@ def _env(tmp_path) -> dict:
     return env
 
 
-def test_the_guide_runs(guide, tmp_path):
+@pytest.mark.parametrize("heading", list(SECTIONS))
+def test_the_guide_runs(heading, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     env = _env(tmp_path)
     printed = None                   # the 'train with' command of the last inspect
-    for lang, code, rc, shown in blocks(guide):
+    for lang, code, rc, shown in blocks(SECTIONS[heading]):
         argv = ["bash", "-e", "-o", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
         proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == rc, f"{code}\n--- exit {proc.returncode}, stdout:\n{proc.stdout[-2000:]}\n" \
@@ -79,7 +95,7 @@ def test_the_guide_runs(guide, tmp_path):
         for line in code.splitlines():
             if line.startswith("unfold-train "):
                 assert line == printed, "the guide's command is not the one inspect printed"
-    runs = re.findall(r"--run-dir (\S+)", "\n".join(code for _, code, _, _ in blocks(guide)))
-    assert len(runs) == 5
+    runs = re.findall(r"--run-dir (\S+)", "\n".join(code for _, code, _, _ in blocks(SECTIONS[heading])))
+    assert len(runs) == 1
     for run in runs:
         assert (work / run / "metrics.json").is_file(), run

@@ -16,22 +16,18 @@ energies (see :mod:`unfold`). Main objects:
 
 Layer: the bottom of the project. May import: nothing of the project outside :mod:`energies` (torch, numpy;
 PyG and Triton lazily). The code of graphs and kernels is in :mod:`energies.graphs` and :mod:`energies.kernels`, one
-builder or kernel a file, re-exported by :mod:`energies.graph` and :mod:`energies.pairwise`.
+builder or kernel a file (every kernel's code under :mod:`energies.kernels`), their public names re-exported by
+:mod:`energies.graph` and :mod:`energies.pairwise`.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError
 from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
                     graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
-from .pairwise import KERNELS, Kernel, kernel_names, register_auto_rule, register_heads_pass, register_kernel
-from . import banded as _banded  # noqa: F401  (registers the banded kernel)
+from .pairwise import KERNELS, Kernel, kernel_names, register_kernel
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 
-# the banded kernel's rules for the dispatcher: where ``auto`` picks it on the CPU, and its one call for every head
-# (registered here, by the package, so that energies.kernels never imports energies.banded, which imports it)
-register_auto_rule("banded", _banded.banded_pays)
-register_heads_pass("banded", _banded.banded_sums)
 
 #: the public API, stated (not computed) so that tools reading the source (the API reference) see it
 __all__ = [
@@ -41,6 +37,6 @@ __all__ = [
     "Residual", "Rho", "SoftplusRho", "StepError", "TokenError", "TokenGraph", "UnfoldError",
     "attention_energy", "check_rho", "check_tokens", "complete", "dilated", "feedforward_energy",
     "from_edge_index", "from_pyg", "get_rho", "graph_from_spec", "kernel_names", "layernorm_energy",
-    "mask_from_lengths", "nonnegativity_energy", "random", "register_auto_rule", "register_graph",
-    "register_heads_pass", "register_kernel", "register_rho", "star", "strided", "window",
+    "mask_from_lengths", "nonnegativity_energy", "random", "register_graph",
+    "register_kernel", "register_rho", "star", "strided", "window",
 ]

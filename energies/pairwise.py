@@ -1,9 +1,10 @@
 """Pairwise sums over a token graph: the one place where edges meet tensors (the documented import path).
 
 The code lives in :mod:`energies.kernels`, one kernel a file (:mod:`~energies.kernels.registry`,
-:mod:`~energies.kernels.guard`, :mod:`~energies.kernels.dispatch` and the kernels); this module re-exports every
-name of them, so ``from energies.pairwise import pairwise_pass, register_kernel, ...`` keeps working. A module
-attribute set here (a test patching ``STREAM_TILE``) does not reach the kernels: patch their own module.
+:mod:`~energies.kernels.guard`, :mod:`~energies.kernels.dispatch` and the kernels); this module re-exports their
+public names, so ``from energies.pairwise import pairwise_pass, register_kernel, ...`` is the documented import.
+Private helpers are imported from their homes (a test patching ``STREAM_TILE`` patches
+:mod:`energies.kernels.streamed`).
 
 The kernels compute the same quantities, so that energies and updates share the math and only
 swap the kernel:
@@ -14,7 +15,7 @@ swap the kernel:
 * ``softmax``: complete graph with rho = exp only: softmax over all keys of the logits
   ``-z_uv = (y_u.y_v - |y_v|^2 / 2 - |y_u|^2 / 2) / tau`` (the key bias ``log beta_v`` of supplement
   eq. 35, 39 plus a per-query constant, which the softmax ignores), self included, explicit n x n logits;
-* ``fused``: the same softmax in one flash-attention kernel call (:mod:`energies.fused`): no n x n
+* ``fused``: the same softmax in one flash-attention kernel call (:mod:`energies.kernels.fused_ops`): no n x n
   matrix, the log-sum-exp differentiable, CPU only;
 * ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
   and backward (a custom autograd function recomputes one tile at a time in the backward pass).
@@ -45,32 +46,15 @@ under ``torch.compile``, where the kernel runs as asked).
 from __future__ import annotations
 
 from . import kernels  # noqa: F401  (registers the kernels, in order)
-from .kernels.dense import _dense_kernel
-from .kernels.dispatch import (_explicit_pass, _guarded_on_device, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
-                               pick_kernel, weighted_neighbour_sums)
-from .kernels.edges import _edges_pass
-from .kernels.fused import _fused_kernel, _fused_only
-from .kernels.guard import (EXPANSION_Z_ERROR, EXPLICIT_TILE_ELEMENTS, _centred, _explicit_tile, _f64, _own_dtype,
-                            _scale_dtype, dense_z, edge_z, expansion_dtype, expansion_ok, explicit_z)
-from .kernels.registry import (AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, _any_graph, apply_metric,
-                               kernel_names, register_auto_rule, register_heads_pass, register_kernel)
-from .kernels.softmax import (DEGREE_BLOCK_ELEMENTS, PAD_LOGIT, _degree_energy, _from_lse, _fused_parts,
-                              _softmax_degrees, _softmax_kernel, _softmax_only, _softmax_parts)
-from .kernels.streamed import STREAM_MIN_N, STREAM_TILE, _complete_only, _streamed_kernel, _streamed_pass, _StreamedSums, _tile
-from .kernels.triton_kernel import _TRITON, _triton_heads, _triton_kernel, _triton_supports, triton_unavailable
-from .rho import kernel_sensitivity
+from .kernels.dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,
+                               weighted_neighbour_sums)
+from .kernels.guard import EXPANSION_Z_ERROR, dense_z, edge_z, expansion_dtype, expansion_ok, explicit_z
+from .kernels.registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names, register_kernel
+from .kernels.streamed import STREAM_MIN_N
+from .kernels.triton import triton_unavailable
 
-_apply = apply_metric
-
-#: every name of the kernel modules that this module has always offered, private ones included (tests use them)
-__all__ = ["AUTO_RULES", "DEGREE_BLOCK_ELEMENTS", "EXPANSION_Z_ERROR", "EXPLICIT_TILE_ELEMENTS", "HEADS_PASSES",
-           "KERNELS", "Kernel", "PAD_LOGIT", "PairwisePass", "STREAM_MIN_N", "STREAM_TILE", "_StreamedSums",
-           "_TRITON", "_any_graph", "_apply", "_centred", "_complete_only", "_degree_energy", "_dense_kernel",
-           "_edges_pass", "_explicit_pass", "_explicit_tile", "_f64", "_from_lse", "_fused_kernel", "_fused_only",
-           "_fused_parts", "_guarded_on_device", "_own_dtype", "_scale_dtype", "_softmax_degrees", "_softmax_kernel",
-           "_softmax_only", "_softmax_parts", "_streamed_kernel", "_streamed_pass", "_tile", "_triton_heads",
-           "_triton_kernel", "_triton_supports", "apply_metric", "dense_z", "edge_z", "expansion_dtype",
-           "expansion_ok", "explicit_z", "kernel_names", "kernel_sensitivity", "kernels",
-           "explicit_energy", "pairwise_energy", "pairwise_pass",
-           "pairwise_pass_heads", "pick_kernel", "register_auto_rule", "register_heads_pass", "register_kernel",
+#: the public names of the kernels (their private helpers are imported from their homes in energies.kernels)
+__all__ = ["AUTO_RULES", "EXPANSION_Z_ERROR", "HEADS_PASSES", "KERNELS", "Kernel", "PairwisePass", "STREAM_MIN_N",
+           "apply_metric", "dense_z", "edge_z", "expansion_dtype", "expansion_ok", "explicit_energy", "explicit_z",
+           "kernel_names", "pairwise_energy", "pairwise_pass", "pairwise_pass_heads", "pick_kernel", "register_kernel",
            "triton_unavailable", "weighted_neighbour_sums"]

@@ -73,10 +73,11 @@ class Rho(torch.nn.Module):
         return self.name
 
     def triton(self):
-        """``(value, derivative, second, params)`` for the Triton kernel (:mod:`energies.triton_pairwise`): three
+        """``(value, derivative, second, params)`` for the Triton kernel (:mod:`energies.kernels.triton.pairwise`): three
         ``@triton.jit`` functions ``f(z, p0, p1, p2, p3)`` giving rho, rho' and rho'' on a tile of z >= 0, and up to
         four float parameters; None (the default) where the penalty has none, which the ``triton`` kernel then
-        declines. The built-in penalties use :mod:`energies.triton_rho`."""
+        declines. The built-in penalties return ``(name, params)`` instead, naming their functions in
+        :mod:`energies.kernels.triton.rho`."""
         return None
 
     def __repr__(self) -> str:
@@ -315,9 +316,10 @@ class LpRho(Rho):
 
 
 def _triton(name: str, *params: float):
-    """The built-in penalty ``name``'s Triton functions with its parameters (padded to four)."""
-    from .triton_rho import FUNCTIONS
-    return (*FUNCTIONS[name], tuple(float(p) for p in params) + (0.0,) * (4 - len(params)))
+    """A built-in penalty's Triton functions, named (``(name, params)``, the parameters padded to four): the functions
+    themselves are in :mod:`energies.kernels.triton.rho`, which the kernel resolves the name with (this module,
+    below the kernels, imports none of them)."""
+    return name, tuple(float(p) for p in params) + (0.0,) * (4 - len(params))
 
 
 def kernel_sensitivity(rho: Rho) -> float:

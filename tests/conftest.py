@@ -8,7 +8,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors (energies.triton_pairwise reads this
+# Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors (energies.kernels.triton.pairwise reads this
 # when it is first imported); with one they run compiled on CUDA.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -49,9 +49,9 @@ def faulty(monkeypatch):
 
 @pytest.fixture
 def aten_calls(monkeypatch):
-    """The names of the private aten ops :mod:`energies.fused` calls during the test, in order (its one door to them,
+    """The names of the private aten ops :mod:`energies.kernels.fused_ops` calls during the test, in order (its one door to them,
     ``_aten``, replaced by a recording spy): which fused op ran, read off the meta kernels too."""
-    import energies.fused as F
+    import energies.kernels.fused_ops as F
     called = []
 
     class Spy:

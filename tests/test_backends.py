@@ -51,7 +51,7 @@ def cpu_only(kernel, device):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_wrapper_equals_explicit_softmax_with_both_gradients(dtype):
     """The one private-op wrapper: O and LSE, and the gradients through both, equal the explicit form."""
-    from energies.fused import fused_attention
+    from energies.kernels.fused_ops import fused_attention
 
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 3, 41, 6, dtype=dtype, generator=gen).requires_grad_() for _ in range(3))
@@ -76,7 +76,7 @@ def test_fused_wrapper_equals_explicit_softmax_with_both_gradients(dtype):
 def test_fused_wrapper_with_values_as_queries_and_a_spare_column(spare):
     """v given as q itself (one tensor, its gradients summed) and inputs carrying a zero spare column (the op
     reading the first c in place): O, LSE and the gradient equal the explicit form of the same call."""
-    from energies.fused import fused_attention
+    from energies.kernels.fused_ops import fused_attention
 
     gen = torch.Generator().manual_seed(7)
     base_q = torch.randn(2, 1, 33, 5, dtype=torch.float64, generator=gen, requires_grad=True)

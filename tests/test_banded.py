@@ -1,4 +1,4 @@
-"""The ``banded`` kernel (energies/banded.py): shift-invariant graphs block by block, against the ``edges`` kernel.
+"""The ``banded`` kernel (energies/kernels/banded.py): shift-invariant graphs block by block, against the ``edges`` kernel.
 
 Tolerance by the kernels' own rule (as tests/test_triton.py): z from the expansion errs by at most
 ``EXPANSION_Z_ERROR[dtype]`` per unit of ``rho'(0)``-relative weight, and the sums add up to n terms, so with
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import energies as E
-import energies.banded as BD
+import energies.kernels.banded as BD
 from energies.pairwise import EXPANSION_Z_ERROR, KERNELS, pairwise_pass, pick_kernel
 from energies.rho import get_rho, kernel_sensitivity
 from unfold.encoders import GuaranteedEncoder

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import energies as E
-from energies.fused import CPU_OPS, REFERENCE_OPS, _probe, fused_attention, fused_ops, fused_unavailable
+from energies.kernels.fused_ops import CPU_OPS, REFERENCE_OPS, _probe, fused_attention, fused_ops, fused_unavailable
 from energies.kernels.fused import FUSED_LSE_MAX_N, _fused_heads
 from energies.kernels.softmax import _compact_layout, _fused_parts, _spare_layout
 from energies.pairwise import pairwise_pass, pick_kernel

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import energies as E
-import energies.fused as F
-from energies.fused import CPU_OPS
+import energies.kernels.fused_ops as F
+from energies.kernels.fused_ops import CPU_OPS
 from energies.kernels.dispatch import _explicit_pass, _guarded_on_device
 from energies.kernels.guard import _centred
 from energies.kernels.registry import KERNELS

@@ -138,7 +138,8 @@ def test_an_encoder_validates_on_meta_without_reading_values():
 def test_a_meta_forward_runs_with_mask_dependent_graphs_and_the_edge_kernel(graph, kernel, monkeypatch):
     """Before: NotImplementedError ('Cannot copy out of meta tensor', nonzero on meta)."""
     from energies import pairwise as P
-    monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
+    from energies.kernels import triton as TK
+    monkeypatch.setitem(TK._TRITON, "meta", "disabled for this test")
     with torch.device("meta"):
         enc = U.GuaranteedEncoder(8, heads=2, layers=2, graph=graph, kernel=kernel)
         X = torch.randn(2, 5, 8)
@@ -285,7 +286,7 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
     never 'meta', and the real build refuses them too (at build, or at its first forward on that device).
     Before: model.kernel=triton was accepted on the CPU and failed at the first training step; the check, first in
     a process, probed the fused op with meta tensors and refused model.kernel=fused although the op works."""
-    from energies import fused as F
+    from energies.kernels import fused_ops as F
     from experiments.app.config import load_config
     from experiments.app.build import build_model
 
@@ -303,7 +304,7 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
                 with pytest.raises(UnfoldError):
                     build_model(cfg, 20, 2)(ids, mask)
                 if kernel == "fused" and graph == "complete" and rho == "exp":
-                    from energies.fused import _probe
+                    from energies.kernels.fused_ops import _probe
                     assert not _probe(), f"fused refused although the op works here: {refused}"
                 continue
             accepted += 1
@@ -323,7 +324,7 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
 
 def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkeypatch):
     """The check knows where the run trains (train.device); its meta device is never the reason."""
-    from energies import fused as F
+    from energies.kernels import fused_ops as F
     from experiments.app.config import load_config
 
     for dt in (torch.float32, torch.float64):             # a PyTorch without the CPU flash-attention op
@@ -332,10 +333,11 @@ def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkey
     assert msg is not None and "model.kernel='fused'" in msg and "'cpu'" in msg
     monkeypatch.undo()
     from energies import pairwise as P
+    from energies.kernels import triton as TK
     if P.triton_unavailable("meta") is not None:
         pytest.skip("Triton is not installed")
     # a CPU without Triton's interpreter (the tests run with TRITON_INTERPRET=1): the kernel is for a GPU
-    monkeypatch.setitem(P._TRITON, "cpu", "runs on CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1)")
+    monkeypatch.setitem(TK._TRITON, "cpu", "runs on CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1)")
     msg = _check(load_config("tiny", ["model.kernel=triton"]))
     assert msg is not None and "train.device='cpu'" in msg and "model.kernel='triton'" in msg
 
@@ -608,10 +610,12 @@ def _registry_cases():
          ["kernel registry", "'edges'"]),
         ("kernel-fused", _taking(E.KERNELS, "fused", lambda: E.register_kernel("fused", expansion=True)(lambda *a: None)),
          EnergyError, ["kernel registry", "'fused'"]),
-        ("auto-rule-banded", _taking(E.pairwise.AUTO_RULES, "banded", lambda: E.register_auto_rule("banded", bool)),
-         EnergyError, ["auto-rule registry", "'banded'"]),
-        ("heads-pass-fused", _taking(E.pairwise.HEADS_PASSES, "fused", lambda: E.register_heads_pass("fused", len)),
-         EnergyError, ["heads-pass registry", "'fused'"]),
+        ("auto-rule-banded", _taking(E.pairwise.AUTO_RULES, "banded",       # a rule comes only with its kernel
+                                     lambda: E.register_kernel("banded", auto=bool)(lambda *a: None)),
+         EnergyError, ["kernel registry", "'banded'"]),
+        ("heads-pass-fused", _taking(E.pairwise.HEADS_PASSES, "fused",
+                                     lambda: E.register_kernel("fused", heads=len)(lambda *a: None)),
+         EnergyError, ["kernel registry", "'fused'"]),
         ("encoder-guaranteed", _taking(U.ENCODERS, "guaranteed", lambda: U.register_encoder("guaranteed")(_Encoder)),
          ConfigError, ["encoder registry", "'guaranteed'"]),
         ("step-attention", _taking(STEPS, "attention", lambda: register_step("attention")(_Step)), StepError,

@@ -669,7 +669,7 @@ def test_the_build_check_leaves_the_fused_op_available(tmp_path):
     'cpu'" and every training run fell back from it."""
     import subprocess as sp
     code = ("from experiments.app.config import load_config; from experiments.app.build import check_buildable; "
-            "from energies.fused import fused_available; "
+            "from energies.kernels.fused_ops import fused_available; "
             "check_buildable(load_config('tiny', ['model.kernel=fused'])); print(fused_available('cpu'))")
     out = sp.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]

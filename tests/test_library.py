@@ -11,7 +11,8 @@ import unfold as U
 import unfold.mm
 from energies.errors import ConfigError, EnergyError, GraphError, TokenError
 from energies.graph import GraphCache
-from energies.pairwise import KERNELS, _edges_pass, pairwise_pass, register_kernel
+from energies.kernels.edges import _edges_pass
+from energies.pairwise import KERNELS, pairwise_pass, register_kernel
 from unfold.classifier import upgrade_state_dict
 from unfold.pyg import UnfoldedAttentionConv
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from energies import pairwise as P
+from energies.kernels import triton as TK
 from energies.rho import get_rho
 from experiments.app.config import load_config
 from experiments.app.build import check_buildable
@@ -38,7 +39,7 @@ def gpu_kernels(request, monkeypatch):
         if P.triton_unavailable("meta") is not None:
             pytest.skip("Triton is not installed")
     else:
-        monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
+        monkeypatch.setitem(TK._TRITON, "meta", "disabled for this test")
     return request.param
 
 
@@ -58,7 +59,7 @@ def test_every_encoder_runs_on_meta(kind, graph, rho, trace, gpu_kernels):
 
 @pytest.mark.parametrize("kernel", ["softmax", "dense", "streamed", "edges", "fused"])
 def test_every_torch_kernel_guards_on_the_device(kernel, monkeypatch):
-    monkeypatch.setitem(P._TRITON, "meta", "disabled for this test")
+    monkeypatch.setitem(TK._TRITON, "meta", "disabled for this test")
     graph = "complete" if kernel != "edges" else "window:2"
     _run("guaranteed", graph, "exp", True, kernel=kernel)
 
@@ -70,7 +71,7 @@ def test_the_fused_kernel_runs_the_cuda_ops_on_meta(trace, dtype, aten_calls):
     guaranteed encoder, forward and backward, trace on (the guard's exact side the Triton kernel, where installed)
     and off; bfloat16 features go to the flash op as they are, with the trace on too (its energies come from float32
     energy-only passes, so the step runs unguarded: the ops called are recorded)."""
-    import energies.fused as F
+    import energies.kernels.fused_ops as F
     assert F.fused_ops("meta", torch.float32).name == "cuda-memory-efficient"
     assert F.fused_ops("meta", torch.bfloat16).name == "cuda-flash"
     called = aten_calls

@@ -167,7 +167,7 @@ def test_the_interpreter_computes_tf32x3_in_full_float32():
         b = tl.load(B + i[:, None] * 32 + i[None, :])
         tl.store(C + i[:, None] * 32 + i[None, :], tl.dot(a, b, input_precision=IP))
 
-    from energies import triton_pairwise as TP
+    from energies.kernels.triton import pairwise as TP
     assert TP._ip(torch.float32) == "tf32x3" and TP._ip(torch.float64) == "fp64"
     g = torch.Generator().manual_seed(1)
     A, B = torch.randn(32, 32, generator=g), torch.randn(32, 32, generator=g)
@@ -188,7 +188,7 @@ def test_the_kernels_z_error_on_the_device_is_within_the_bound(monkeypatch):
     degree is ``1 - z`` of its partner alone (every other pair lies at z ~ 400 > 1), so ``|deg - deg_ref|`` is one
     pair's z error. Within the 3xTF32 bound at ``max|x|^2 / tau ~ 400`` (inside the guard); negative control: with
     plain TF32 products the same pass is far outside it (which also shows the precision reaches the hardware)."""
-    from energies import triton_pairwise as TP
+    from energies.kernels.triton import pairwise as TP
     from energies.pairwise import pairwise_pass
     import energies as E
     from energies.rho import get_rho

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from energies.graph import TokenGraph, mask_bits
-from energies.pairwise import _softmax_degrees, pairwise_energy, pairwise_pass
+from energies.kernels.softmax import _softmax_degrees
+from energies.pairwise import pairwise_energy, pairwise_pass
 from energies.rho import get_rho
 from energies.terms import NonNegativity, _f64_sum
 from unfold.model import UnfoldedTransformer
@@ -241,7 +242,7 @@ def test_bit_cache_follows_replaced_masks_inference_mode_and_numpy():
 
 
 def test_spare_column_gets_no_gradient():
-    from energies.fused import fused_attention
+    from energies.kernels.fused_ops import fused_attention
 
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.nn.functional.pad(torch.randn(1, 1, 9, 3, dtype=torch.float64, generator=gen), (0, 1))
@@ -312,7 +313,7 @@ def test_heads_in_one_call_equal_each_head_alone(dtype, monkeypatch):
 def test_heads_in_one_call_are_used_and_declined_where_they_cannot_share(monkeypatch):
     """The joint path runs for the default heads (one flash call for both), and declines (each head its own
     pass) when the scale guard asks for a wider dtype: there the result equals the per-head float64 path."""
-    import energies.fused as fused
+    import energies.kernels.fused_ops as fused
     from energies.terms import PairwiseAttention
 
     calls = []

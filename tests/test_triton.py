@@ -1,4 +1,4 @@
-"""The Triton kernel family (energies.triton_pairwise): outputs, energies and gradients against the explicit float64
+"""The Triton kernel family (energies.kernels.triton.pairwise): outputs, energies and gradients against the explicit float64
 form for every rho, graph layout, padding pattern and dtype, run in Triton's interpreter on CPU tensors
 (TRITON_INTERPRET=1, set by conftest.py without a GPU) and compiled on CUDA where there is one.
 
@@ -24,6 +24,7 @@ triton = pytest.importorskip("triton")
 
 import energies as E  # noqa: E402
 from energies import pairwise as P  # noqa: E402
+from energies.rho import kernel_sensitivity  # noqa: E402
 from energies.errors import EnergyError  # noqa: E402
 from energies.pairwise import EXPANSION_Z_ERROR, pairwise_pass  # noqa: E402
 from energies.rho import ExpRho, Rho, get_rho, register_rho, RHOS  # noqa: E402
@@ -34,7 +35,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 import triton.language as tl  # noqa: E402
 
-from energies import triton_pairwise as TP  # noqa: E402
+from energies.kernels.triton import pairwise as TP  # noqa: E402
 
 RHO_SPECS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1:0.001"]
 @pytest.mark.parametrize("padded", [False, True])
@@ -56,7 +57,7 @@ def test_bfloat16_tokens_run_in_float32_and_come_back_in_bfloat16(spec, graph, p
     assert out.agg.dtype == out.deg.dtype == torch.bfloat16 and out.energy.dtype == torch.float64
     agg, deg, energy, scale, sens = _explicit(Y, g, rho, tau)
     half = torch.finfo(torch.bfloat16).eps / 2
-    rel = EXPANSION_Z_ERROR[torch.float32] * max(1.0, P.kernel_sensitivity(rho)) + 8 * n * torch.finfo(torch.float32).eps
+    rel = EXPANSION_Z_ERROR[torch.float32] * max(1.0, kernel_sensitivity(rho)) + 8 * n * torch.finfo(torch.float32).eps
     ops = 2 * half * deg.abs().max() * 2 * Y.double().abs().max()      # centred |x| <= 2 max |y|
     assert (out.agg.double() - agg).abs().max() <= rel * float(scale) + ops + half * agg.abs().max() + 1e-300
     assert (out.deg.double() - deg).abs().max() <= rel * n * rho.max_derivative() + half * deg.abs().max()
@@ -91,7 +92,7 @@ def _check(out, ref, graph, dtype, rho):
     """Assert the kernel's pass is within the rule of the module docstring of the explicit form."""
     agg, deg, energy, scale, sens = ref
     eps, n = torch.finfo(dtype).eps, graph.num_nodes
-    rel = EXPANSION_Z_ERROR[dtype] * max(1.0, P.kernel_sensitivity(rho)) + 8 * n * eps
+    rel = EXPANSION_Z_ERROR[dtype] * max(1.0, kernel_sensitivity(rho)) + 8 * n * eps
     assert torch.isfinite(out.agg).all() and torch.isfinite(out.deg).all() and torch.isfinite(out.energy).all()
     assert (out.agg.double() - agg).abs().max() <= rel * float(scale) + 1e-300
     assert (out.deg.double() - deg).abs().max() <= rel * n * rho.max_derivative()
@@ -140,7 +141,7 @@ def test_strided_graphs_split_into_band_and_residue_classes(graph, n, dtype, mon
     ``ceil(n / k)`` tokens plus the band (n not a multiple of k, padded tokens at both ends). It equals the explicit
     float64 form, and its gradients pass gradcheck. Controls: the split is what ran (strided:5 at n = 13 is not
     cheaper split, and stays whole), and a split that forgets the band fails the comparison."""
-    from energies.kernels import triton_kernel as TK
+    from energies.kernels import triton as TK
 
     B, d, tau = 2, 3, 1.1
     Y, mask = _tokens(B, n, d, dtype, True, seed=n)
@@ -250,7 +251,7 @@ def _wrong_derivative(z, p0, p1, p2, p3):
 
 class _WrongExp(ExpRho):
     def triton(self):
-        value, _, second, params = super().triton()
+        value, _, second, params = TP.rho_functions(ExpRho())     # the built-in's functions, resolved by name
         return value, _wrong_derivative, second, params
 
 
@@ -438,7 +439,7 @@ def test_the_triton_kernel_compiles_in_one_graph_from_a_cold_cache():
 def test_the_half_precision_step_rounds_only_the_aggregation_operands():
     """``lowp`` (a bfloat16 step): agg and its gradient move by bfloat16's rounding of the product's operands (more
     than float32's rule: the switch is live), while the degrees and the energy are the same numbers bit for bit."""
-    from energies.triton_pairwise import layout_for, pairwise_heads
+    from energies.kernels.triton.pairwise import layout_for, pairwise_heads
     B, n, d, tau = 2, 37, 8, 1.3
     Y, mask = _tokens(B, n, d, torch.float32, True, seed=5)
     g = E.graph_from_spec("complete", n, batch_size=B, mask=mask.cpu()).to(DEVICE)

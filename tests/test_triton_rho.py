@@ -1,4 +1,4 @@
-"""The Triton penalty functions (energies.triton_rho) against 50-digit references (tests/precision.py), one tile at a
+"""The Triton penalty functions (energies.kernels.triton.rho) against 50-digit references (tests/precision.py), one tile at a
 time: value, derivative and second derivative of every built-in rho, in float64 and float32, on tiles whose z lie
 all below, all above, and on both sides of the softplus switch z = 2T (the per-tile branches: quadrature only,
 series only, both). Run in Triton's interpreter on the CPU (TRITON_INTERPRET=1, set by conftest.py without a GPU),
@@ -21,7 +21,8 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 import triton.language as tl  # noqa: E402
 
-from energies.triton_rho import _landen  # noqa: E402
+from energies.kernels.triton.pairwise import rho_functions  # noqa: E402
+from energies.kernels.triton.rho import _landen  # noqa: E402
 from tests.precision import rho_mp  # noqa: E402
 
 mpmath.mp.dps = 50
@@ -40,7 +41,7 @@ def _eval(Z, P, V, DV, D2, RHO_V: tl.constexpr, RHO_D: tl.constexpr, RHO_2: tl.c
 
 
 def _run(spec, z, dtype):
-    value, derivative, second, params = get_rho(spec).triton()
+    value, derivative, second, params = rho_functions(get_rho(spec))
     Z = z.to(dtype).to(DEVICE).contiguous()
     P = torch.tensor(list(params) + [0.0] * (4 - len(params)), dtype=torch.float64, device=DEVICE)
     out = [torch.empty_like(Z) for _ in range(3)]
@@ -113,7 +114,7 @@ def series_only(z, c, t, f_c, p3):
 
 def test_a_wrong_branch_choice_is_caught():
     """Negative control: the series alone (no quadrature) on small z loses the precision the test asks for."""
-    value, derivative, second, params = get_rho("softplus:1.5:0.5").triton()
+    value, derivative, second, params = rho_functions(get_rho("softplus:1.5:0.5"))
     z = torch.logspace(-9, -1, 256, dtype=torch.float64)
     P = torch.tensor(list(params), dtype=torch.float64, device=DEVICE)
     out = [torch.empty_like(z, device=DEVICE) for _ in range(3)]
@@ -128,11 +129,11 @@ def test_softplus_beyond_exps_range_has_its_triton_constant(c, t):
     """C / T past ~709 (where e^(C/T) overflows a float64): ``triton()`` (the kernel's support check calls it) once
     ended in ``OverflowError: math range error``; F(-C / T) = -Li2(-e^(-C/T)) is now computed from e^(-C/T) alone,
     against 50 digits (absolutely below float64's smallest subnormal, where it underflows to 0)."""
-    from energies.kernels.triton_kernel import _triton_supports
+    from energies.kernels.triton import _triton_supports
     from energies.graph import complete
 
     rho = get_rho(f"softplus:{c!r}:{t!r}")
-    f_c = rho.triton()[3][2]
+    f_c = rho_functions(rho)[3][2]
     ref = -mpmath.polylog(2, -mpmath.exp(-mpmath.mpf(c) / mpmath.mpf(t)))
     assert abs(f_c - float(ref)) <= 4 * torch.finfo(torch.float64).eps * float(ref) + 5e-324
     assert _triton_supports(complete(4), rho) is None

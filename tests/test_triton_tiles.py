@@ -22,7 +22,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
 
 import triton.language as tl  # noqa: E402
 
-from energies import triton_pairwise as TP  # noqa: E402
+from energies.kernels.triton import pairwise as TP  # noqa: E402
 from tests.test_triton import _check, _explicit, _tokens  # noqa: E402
 
 

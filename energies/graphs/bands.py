@@ -1,7 +1,7 @@
 """How a shift-invariant graph's offsets are laid out in blocks: the band (block size and keys per query) and the
 residue classes of a stride (:func:`banded_plan`), and the tokens regrouped by residue class and back
 (:func:`to_classes`, :func:`from_classes`, :func:`class_mask`). Shared by the CPU's ``banded`` kernel
-(:mod:`energies.banded`) and the GPU's ``triton`` kernel (:mod:`energies.kernels.triton_kernel`)."""
+(:mod:`energies.kernels.banded`) and the GPU's ``triton`` kernel (:mod:`energies.kernels.triton`)."""
 from __future__ import annotations
 
 import functools

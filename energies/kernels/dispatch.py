@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from ..errors import EnergyError
-from ..fused import fused_available
+from .fused_ops import fused_available
 from ..graph import TokenGraph
 from ..rho import ExpRho, Rho, kernel_sensitivity
 from .edges import _edges_pass
@@ -19,7 +19,7 @@ from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtyp
 from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names
 from .softmax import _degree_energy, _softmax_degrees
 from .streamed import STREAM_MIN_N, _streamed_pass
-from .triton_kernel import _triton_heads
+from .triton import _triton_heads
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:

@@ -1,4 +1,4 @@
-"""The ``fused`` kernel: the softmax kernel in one fused-attention call (:mod:`energies.fused`): PyTorch's flash op on
+"""The ``fused`` kernel: the softmax kernel in one fused-attention call (:mod:`energies.kernels.fused_ops`): PyTorch's flash op on
 the CPU; on CUDA its memory-efficient op (float32, 3xTF32 tensor-core products) or its flash op (bfloat16 / float16).
 
 On CUDA the energy is read off the op's float32 log-sum-exp up to :data:`FUSED_LSE_MAX_N` tokens; above, the
@@ -12,10 +12,10 @@ from typing import Optional
 
 import torch
 
-from ..fused import fused_ops, fused_unavailable
 from ..graph import TokenGraph
 from ..rho import Rho
-from .registry import PairwisePass, register_heads_pass, register_kernel
+from .fused_ops import fused_ops, fused_unavailable
+from .registry import PairwisePass, register_kernel
 from .softmax import _degree_energy, _from_lse, _fused_parts, _softmax_degrees, _softmax_kernel, _softmax_only
 from .streamed import STREAM_MIN_N, _streamed_pass
 
@@ -34,18 +34,6 @@ def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
     if why is None:
         why = fused_unavailable(graph.mask.device.type, torch.float32)
     return why
-
-
-@register_kernel("fused", _fused_only, expansion=True, native_half=True)
-def _fused_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
-    """The softmax kernel in one fused-attention call (:mod:`energies.fused`); the module docstring says where the
-    energy comes from off the CPU, and what runs where no op serves Y's dtype."""
-    if fused_ops(Y.device.type, Y.dtype) is None:
-        if graph.num_nodes > STREAM_MIN_N:
-            return _streamed_pass(Y, graph, rho, tau, energy, num)
-        return _softmax_kernel(Y, graph, rho, tau, energy, num, sq=sq)
-    agg, deg, e = _fused_heads(Y[:, None], graph, rho, tau, energy, num, None if sq is None else sq[:, None])
-    return PairwisePass(None if agg is None else agg[:, 0], deg[:, 0], None if e is None else e[:, 0])
 
 
 def _fused_heads(Z, graph, rho, tau, energy, num, sq):
@@ -74,4 +62,14 @@ def _fused_heads(Z, graph, rho, tau, energy, num, sq):
     return agg, deg, e
 
 
-register_heads_pass("fused", _fused_heads)
+@register_kernel("fused", _fused_only, expansion=True, native_half=True, heads=_fused_heads)
+def _fused_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
+    """The softmax kernel in one fused-attention call (:mod:`energies.kernels.fused_ops`); the module docstring says
+    where the energy comes from off the CPU, and what runs where no op serves Y's dtype."""
+    if fused_ops(Y.device.type, Y.dtype) is None:
+        if graph.num_nodes > STREAM_MIN_N:
+            return _streamed_pass(Y, graph, rho, tau, energy, num)
+        return _softmax_kernel(Y, graph, rho, tau, energy, num, sq=sq)
+    agg, deg, e = _fused_heads(Y[:, None], graph, rho, tau, energy, num, None if sq is None else sq[:, None])
+    return PairwisePass(None if agg is None else agg[:, 0], deg[:, 0], None if e is None else e[:, 0])
+

@@ -1,8 +1,8 @@
 """The pairwise-kernel registry: what a kernel returns (:class:`PairwisePass`), what it is (:class:`Kernel`), the
-table :data:`KERNELS` and :func:`register_kernel`, plus the two optional rules a kernel may add for the dispatcher
-(:func:`register_auto_rule`: when ``auto`` picks it for a sparse graph on the CPU; :func:`register_heads_pass`: one
-call for the heads of a multi-head energy). Imports nothing of the kernels themselves, so a kernel module (in this
-package or a plug-in anywhere) imports only this."""
+table :data:`KERNELS` and :func:`register_kernel`, which also takes the two optional rules a kernel may declare for
+the dispatcher (``auto``: when ``auto`` picks it for a sparse graph on the CPU; ``heads``: one call for the heads of a
+multi-head energy). Imports nothing of the kernels themselves, so a kernel module (in this package or a plug-in
+anywhere) imports only this."""
 from __future__ import annotations
 
 from typing import Callable, Dict, NamedTuple, Optional
@@ -50,25 +50,48 @@ class Kernel(NamedTuple):
 #: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
 KERNELS: Dict[str, Kernel] = {}
 
+#: ``auto`` on the CPU, for a graph that is not complete: ``{kernel: pays(graph)}``, consulted in registration order
+#: (a registered kernel whose rule says True is picked; else ``edges``)
+AUTO_RULES: Dict[str, Callable[[TokenGraph], bool]] = {}
+#: ``{kernel: heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)}`` over ``(B, H, n, d_h)``
+#: centred features: one call for every head (:func:`~energies.kernels.dispatch.pairwise_pass_heads`)
+HEADS_PASSES: Dict[str, Callable] = {}
+
 
 def _any_graph(graph: TokenGraph, rho: Rho) -> Optional[str]:
     return None
 
 
 def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Optional[str]]] = None,
-                    expansion: bool = False, native_half: bool = False):
+                    expansion: bool = False, native_half: bool = False,
+                    auto: Optional[Callable[[TokenGraph], bool]] = None, heads: Optional[Callable] = None):
     """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
     kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
     :class:`Kernel` for the contract. A name already registered (``edges``, a plug-in's earlier kernel) is refused
     with an :class:`EnergyError` naming it. Every kernel must return the same ``agg``, ``deg`` and energy as
-    ``edges`` to rounding (the tests compare each registered kernel with it)."""
+    ``edges`` to rounding (the tests compare each registered kernel with it).
+
+    Args:
+        name: the kernel's name (not ``auto``, no ``:``).
+        supports: ``supports(graph, rho)``: None where the kernel applies, else why not.
+        expansion: whether it takes centred features and may use ``|a|^2 + |b|^2 - 2 a.b`` (:class:`Kernel`).
+        native_half: whether it takes bfloat16 / float16 features as they are off the CPU, unguarded.
+        auto: ``pays(graph)``: let ``auto`` pick this kernel on the CPU for a graph that is not complete where it
+            says True (rules consulted in registration order; else ``edges``).
+        heads: ``heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)`` over ``(B, H, n, d_h)`` centred
+            features: every head of a multi-head energy in one call.
+    """
     if not isinstance(name, str) or not name or name == "auto" or ":" in name:
         raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
 
     def deco(run):
         kernel = Kernel(name, run, supports or _any_graph, bool(expansion), bool(native_half))
-        if claim(KERNELS, name, kernel, "kernel registry (energies.pairwise.KERNELS)", EnergyError):
+        if claim(KERNELS, name, kernel, "kernel registry (energies.KERNELS)", EnergyError):
             KERNELS[name] = kernel
+            if auto is not None:
+                AUTO_RULES[name] = auto
+            if heads is not None:
+                HEADS_PASSES[name] = heads
         return run
 
     return deco
@@ -83,24 +106,3 @@ def apply_metric(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tenso
     """``Y W`` (the features ``z_u = W^T y_u``), or Y itself without a metric."""
     return Y if metric is None else Y @ metric.to(device=Y.device, dtype=Y.dtype)
 
-
-#: ``auto`` on the CPU, for a graph that is not complete: ``{kernel: pays(graph)}``, consulted in registration order
-#: (a registered kernel whose rule says True is picked; else ``edges``)
-AUTO_RULES: Dict[str, Callable[[TokenGraph], bool]] = {}
-#: ``{kernel: heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)}`` over ``(B, H, n, d_h)``
-#: centred features: one call for every head (:func:`~energies.kernels.dispatch.pairwise_pass_heads`)
-HEADS_PASSES: Dict[str, Callable] = {}
-
-
-def register_auto_rule(name: str, pays: Callable[[TokenGraph], bool]) -> None:
-    """Let ``auto`` pick the kernel ``name`` on the CPU for a graph that is not complete where ``pays(graph)``. A
-    kernel has one rule: a second one for the same name is refused (:func:`~energies.registry.claim`)."""
-    if claim(AUTO_RULES, name, pays, "auto-rule registry (energies.pairwise.AUTO_RULES)", EnergyError):
-        AUTO_RULES[name] = pays
-
-
-def register_heads_pass(name: str, heads: Callable) -> None:
-    """Let the kernel ``name`` serve every head of a multi-head energy in one call (:data:`HEADS_PASSES`). A kernel
-    has one: a second one for the same name is refused."""
-    if claim(HEADS_PASSES, name, heads, "heads-pass registry (energies.pairwise.HEADS_PASSES)", EnergyError):
-        HEADS_PASSES[name] = heads

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from ..errors import EnergyError
-from ..fused import FusedOps, fused_attention, fused_ops, fused_ops_for_head, fused_unavailable
+from .fused_ops import FusedOps, fused_attention, fused_ops, fused_ops_for_head, fused_unavailable
 from ..graph import TokenGraph
 from ..rho import ExpRho, Rho
 from .guard import dense_z
@@ -45,7 +45,7 @@ def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[t
     attention call, ``LSE_u = log(1 + deg_u)`` (self included), by the layout the op wants
     (:func:`_spare_layout` for the CPU flash op, :func:`_compact_layout` for the CUDA ops, whose kernels are
     instantiated for head sizes 32, 64, 96, 128, ...; above FlashAttention-2's 256 the memory-efficient op,
-    :func:`~energies.fused.fused_ops_for_head`). ``ops``: the op pair (default: the tensors' own)."""
+    :func:`~energies.kernels.fused_ops.fused_ops_for_head`). ``ops``: the op pair (default: the tensors' own)."""
     ops = fused_ops(Z.device.type, Z.dtype) if ops is None else ops
     if ops is None:
         raise EnergyError(f"the fused kernel {fused_unavailable(Z.device.type, Z.dtype)}")
@@ -59,7 +59,7 @@ def _spare_layout(Z, mask, tau, sq, ops):
     """``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
     queries themselves (their two extra output columns are dropped, so the gradient reaching them is 0 and the
     shared tensor gets exactly the gradient of ``[Z, 0, 0]`` as values), and a spare zero column that the
-    backward uses for the LSE gradient (:func:`~energies.fused.fused_attention`): c + 3 columns, any c."""
+    backward uses for the LSE gradient (:func:`~energies.kernels.fused_ops.fused_attention`): c + 3 columns, any c."""
     half_sq = 0.5 * ((Z * Z).sum(-1) if sq is None else sq)
     B, H, n, c = Z.shape
     q, k = Z.new_empty(B, H, n, c + 3), Z.new_empty(B, H, n, c + 3)

@@ -37,11 +37,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .graph import TokenGraph
-from .graphs.bands import (BANDED_ALIGN, BANDED_MIN_BLOCK, banded_block, banded_plan,  # noqa: F401  (re-exported)
+from ..graph import TokenGraph
+from ..graphs.bands import (BANDED_ALIGN, BANDED_MIN_BLOCK, banded_block, banded_plan,  # noqa: F401  (re-exported)
                            class_mask, from_classes, to_classes)
-from .pairwise import PairwisePass, register_kernel
-from .rho import Rho
+from ..rho import Rho
+from .registry import PairwisePass, register_kernel
 
 __all__ = ["banded_block", "banded_pays", "banded_plan", "banded_sums", "BANDED_ALIGN", "BANDED_MIN_BLOCK"]
 
@@ -190,8 +190,8 @@ def _tile_sums(queries, keys, sq_q, sq_k, pm, rho: Rho, tau: float, energy: bool
 
 def _softmax_route(rho: Rho, Z: torch.Tensor) -> bool:
     """Whether the residue layout's classes go to the fused flash op (rho = exp, CPU op present, float32/64)."""
-    from .fused import fused_available
-    from .rho import ExpRho
+    from ..rho import ExpRho
+    from .fused_ops import fused_available
     return (isinstance(rho, ExpRho) and Z.dtype in (torch.float32, torch.float64)
             and fused_available(Z.device.type, Z.dtype))
 
@@ -231,7 +231,7 @@ def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
         if soft:
             # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
             # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
-            from .pairwise import _degree_energy, _from_lse, _fused_parts
+            from .softmax import _degree_energy, _from_lse, _fused_parts
             mr = class_mask(graph.mask, k)
             diff, lse = _fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
             a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
@@ -254,7 +254,7 @@ def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
     return agg, deg, e
 
 
-@register_kernel("banded", _supports, expansion=True)
+@register_kernel("banded", _supports, expansion=True, auto=banded_pays, heads=banded_sums)
 def _banded_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
     """Shift-invariant graphs (offsets), block by block (module docstring)."""
     agg, deg, e = banded_sums(Y[:, None], graph, rho, tau, energy, num, None if sq is None else sq[:, None])

@@ -49,7 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels.guard import expansion_ok
+from ..guard import expansion_ok
+from .rho import FUNCTIONS
 
 __all__ = ["INTERPRETED", "pairwise_heads", "block_size", "layout_for", "block_table", "Layout"]
 
@@ -407,7 +408,10 @@ def rho_functions(rho):
     got = rho.triton()
     if got is None:
         raise NotImplementedError(f"rho {rho.spec()} provides no Triton functions (Rho.triton)")
-    value, derivative, second, params = got
+    if isinstance(got[0], str):         # a built-in penalty names its functions in this package (.rho)
+        (value, derivative, second), params = FUNCTIONS[got[0]], got[1]
+    else:
+        value, derivative, second, params = got
     params = tuple(float(p) for p in params) + (0.0,) * (4 - len(params))
     return value, derivative, second, params[:4]
 
@@ -595,7 +599,7 @@ def _rho_params(key: str) -> tuple:
     when it was never run eagerly. A string argument: a constant to every torch version's dynamo (torch 2.11 refused
     the penalty module itself, ``UnspecializedNNModuleVariable(ExpRho) is not a constant``)."""
     if key not in _RHO_PARAMS:
-        from .rho import get_rho
+        from ...rho import get_rho
 
         rho = get_rho(key.split(":", 1)[1])
         if _key_of(rho) != key:

@@ -1,4 +1,4 @@
-"""The ``triton`` kernel: the Triton kernels of :mod:`energies.triton_pairwise` (imported only when it runs), on CUDA
+"""The ``triton`` kernel: the Triton kernels of :mod:`energies.kernels.triton.pairwise` (imported only when it runs), on CUDA
 or, on the CPU, in Triton's interpreter; :func:`triton_unavailable` says why it cannot run on a device."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..graph import TokenGraph
-from ..graphs.bands import banded_plan, class_mask, from_classes, to_classes
-from ..rho import Rho, kernel_sensitivity
-from .guard import _centred, _own_dtype
-from .registry import PairwisePass, register_kernel
+from ...graph import TokenGraph
+from ...graphs.bands import banded_plan, class_mask, from_classes, to_classes
+from ...rho import Rho, kernel_sensitivity
+from ..guard import _centred, _own_dtype
+from ..registry import PairwisePass, register_kernel
 
 _TRITON: Dict[str, Optional[str]] = {}
 
@@ -22,7 +22,7 @@ def triton_unavailable(device_type: str) -> Optional[str]:
     once per device type."""
     if device_type not in _TRITON:
         try:
-            from .. import triton_pairwise
+            from . import pairwise as triton_pairwise
         except ImportError as exc:
             _TRITON[device_type] = (f"needs Triton (pip install 'unfolded-transformers[gpu]' or pip install triton): "
                                     f"{type(exc).__name__}: {exc}")
@@ -46,7 +46,7 @@ def _triton_supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 @register_kernel("triton", _triton_supports)
 def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass:
-    """Triton kernels (:mod:`energies.triton_pairwise`): the complete graph and shift-invariant graphs tile by
+    """Triton kernels (:mod:`energies.kernels.triton.pairwise`): the complete graph and shift-invariant graphs tile by
     tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
     return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
 
@@ -66,7 +66,7 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy, lowp=False):
     """The kernel's three outputs on a strided graph, as two launches whose pair sets are disjoint (so the sums add):
     the band (offsets not multiples of k) on the tokens as they are, and the complete graph of each residue class
     ``i mod k`` on the tokens regrouped as ``B k`` examples of ``m = ceil(n / k)`` (padded with masked slots)."""
-    from ..triton_pairwise import pairwise_heads, tiled_layout
+    from .pairwise import pairwise_heads, tiled_layout
     B, H, n, D = Z.shape
     sens = kernel_sensitivity(rho)
     classes = tiled_layout(-(-n // k), None, D, Z.dtype, Z.device)           # complete, on ceil(n / k) tokens
@@ -87,7 +87,7 @@ def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
     """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
     for the half types, whose aggregation products then take bfloat16 operands: ``lowp``), one
     :class:`PairwisePass` per metric (None: the tokens themselves)."""
-    from ..triton_pairwise import layout_for, pairwise_heads
+    from .pairwise import layout_for, pairwise_heads
     dt = _own_dtype(Y)
     lowp = Y.dtype in (torch.bfloat16, torch.float16)
     Yc = _centred(Y.to(dt), graph)

@@ -26,7 +26,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from .errors import EnergyError
+from ..errors import EnergyError
 
 __all__ = ["fused_attention", "fused_available", "fused_ops", "fused_ops_for_head", "fused_unavailable", "FusedOps",
            "REFERENCE_OPS"]

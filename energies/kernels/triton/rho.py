@@ -1,5 +1,5 @@
 """The built-in penalties rho as Triton device functions: value, derivative rho' (the edge weight gamma) and
-second derivative rho'' (the backward pass), one triple per rho (:mod:`energies.triton_pairwise`).
+second derivative rho'' (the backward pass), one triple per rho (:mod:`energies.kernels.triton.pairwise`).
 
 Each function is ``f(z, p0, p1, p2, p3)`` on a tile of ``z >= 0`` in the compute dtype (float32 or float64); the
 four parameters are what :meth:`~energies.rho.Rho.triton` returns (read from a float64 tensor in the kernel, so

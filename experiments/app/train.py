@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import gc
 import logging
 import math
@@ -295,208 +296,209 @@ def majority_class_accuracy(examples) -> float:
     return max(counts.values()) / len(examples) if counts else 0.0
 
 
+@dataclasses.dataclass
+class Run:
+    """What the phases of a training run share (:func:`_train`): the config and folder, the data, the model and its
+    optimiser, and the state that a checkpoint saves and ``--resume`` restores."""
+    cfg: Dict[str, Any]
+    run_dir: str
+    resume: bool
+    device: torch.device
+    dd: Any = None                      # distributed.Dist
+    log: Any = None                     # the run's logger (experiments.app.runlog)
+    splits: Any = None
+    vocab: Any = None
+    tensors: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    glove: Any = None
+    data_fp: Any = None
+    graph: Any = None                   # (edges, raw) of an edge-list graph, or None
+    model: Any = None
+    params: int = 0
+    opt: Any = None
+    sched: Any = None
+    gen: Any = None
+    steps_per_epoch: int = 0
+    monitor: Any = None
+    history: list = dataclasses.field(default_factory=list)
+    best_val: float = -1.0
+    best_epoch: int = -1
+    train_inc: int = 0
+    train_steps: int = 0
+    untrained: Any = None
+    start_epoch: int = 1
+    elapsed: float = 0.0
+
+
 def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch.device) -> Dict[str, Any]:
-    tc = cfg["train"]
+    """One training run, phase by phase: set-up, data, model, the folder claimed, the optimiser and the state
+    (fresh or resumed), the epochs, and the finish (test metrics, the float64 check, bundle, plots)."""
+    run = Run(cfg, run_dir, resume, device)
+    _set_up(run)
+    _read_data(run)                      # a data error leaves the run folder untouched
+    _build(run)
+    if run.dd.is_main:
+        _claim_folder(run, claim)        # a second run into the folder is refused from here on
+    _optimiser(run)
+    if resume:
+        _restore(run)
+    else:
+        run.untrained = (check_descent(run.model, run.tensors["test"], cfg, run.device, "the untrained model")[0]
+                         if run.dd.is_main else None)
+    if run.dd.is_main:
+        attach_log_file(run_dir)
+    train_seconds = _epochs(run)
+    if not run.dd.is_main:
+        distributed.teardown(run.dd)
+        return {}
+    return _finish(run, train_seconds)
+
+
+def _set_up(run: Run) -> None:
+    """Threads, seed, the distributed group (a CUDA rank's own device) and the logger."""
+    tc = run.cfg["train"]
     if tc["threads"]:
         torch.set_num_threads(tc["threads"])
     torch.manual_seed(tc["seed"])
-    dd = distributed.setup(device.type)
-    if dd.enabled and device.type == "cuda":
-        device = torch.device("cuda", dd.local_rank)
-    log = run_logger()           # stderr, and RUN_DIR/train.log once the run is under way
-    splits, vocab, tensors, glove = build_data(cfg)  # a data error leaves the run folder untouched
-    data_fp = fingerprint(cfg, splits, vocab)
-    graph = None         # an edge-list graph is read once, trained on and copied into the run (so into its bundle)
+    run.dd = distributed.setup(run.device.type)
+    if run.dd.enabled and run.device.type == "cuda":
+        run.device = torch.device("cuda", run.dd.local_rank)
+    run.log = run_logger()           # stderr, and RUN_DIR/train.log once the run is under way
+
+
+def _read_data(run: Run) -> None:
+    """The splits, vocabulary, encoded tensors, GloVe matrix and data fingerprint; an edge-list graph read once
+    (on resume, the run's own copy), trained on and copied into the run (so into its bundle)."""
+    cfg = run.cfg
+    run.splits, run.vocab, run.tensors, run.glove = build_data(cfg)
+    run.data_fp = fingerprint(cfg, run.splits, run.vocab)
     if is_graph_file(cfg["model"]["graph"]):
-        kept = os.path.join(run_dir, GRAPH_FILE)
-        source = kept if resume and os.path.isfile(kept) else cfg["model"]["graph"]
-        graph = read_edges(source, ConfigError)
+        kept = os.path.join(run.run_dir, GRAPH_FILE)
+        source = kept if run.resume and os.path.isfile(kept) else cfg["model"]["graph"]
+        run.graph = read_edges(source, ConfigError)
+
+
+def _build(run: Run) -> None:
+    """The model on its device; the allocator's failure is a refusal naming the size keys."""
+    cfg = run.cfg
     try:
-        model = pin(build_model(cfg, len(vocab), splits.num_classes, glove), graph[0] if graph else None).to(device)
+        model = build_model(cfg, len(run.vocab), run.splits.num_classes, run.glove)
+        run.model = pin(model, run.graph[0] if run.graph else None).to(run.device)
     except Exception as exc:     # noqa: BLE001 -- only the allocator's errors are turned into a refusal
         if not allocation_failed(exc):
             raise
-        raise ConfigError(f"model.d={cfg['model']['d']}: building the model ran out of memory on {device} "
+        raise ConfigError(f"model.d={cfg['model']['d']}: building the model ran out of memory on {run.device} "
                           f"({type(exc).__name__}); use a smaller model.d or model.layers") from None
-    if dd.is_main:
-        claim()                 # a second run into the folder is refused from here on
-        clean_temporaries(run_dir)
-        if not resume:
-            atomic_write_text(dump_config(cfg), os.path.join(run_dir, "config.yaml"))
-            vocab.save(os.path.join(run_dir, "vocab.json"))
-        if graph is not None and (not resume or not os.path.isfile(os.path.join(run_dir, GRAPH_FILE))):
-            write_edges(graph[1], run_dir)
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={params} train/val/test="
-             f"{len(tensors['train'][2])}/{len(tensors['val'][2])}/{len(tensors['test'][2])} vocab={len(vocab)}")
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tc["lr"],
-                            weight_decay=tc["weight_decay"])
-    steps_per_epoch = math.ceil(len(tensors["train"][2]) / tc["batch_size"])
-    sched = make_scheduler(opt, tc["lr"], tc["epochs"] * steps_per_epoch)
-    gen = torch.Generator().manual_seed(tc["seed"])
-    history = []
-    best_val, best_epoch = -1.0, -1
-    train_inc = train_steps = 0
-    monitor = DescentMonitor(monitor_mode(cfg))
-    start_epoch, elapsed = 1, 0.0
-    if resume:
-        from .checkpoint import TRAINER_KEYS, check_resume_state
+    run.params = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    t = run.tensors
+    run.log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={run.params} train/val/test="
+                 f"{len(t['train'][2])}/{len(t['val'][2])}/{len(t['test'][2])} vocab={len(run.vocab)}")
 
-        # checksum and every field verified, epoch in [1, train.epochs]; else prev.pt, else refused
-        ck, ck_path = load_checkpoint(run_dir, map_location=device, epochs=tc["epochs"], require=TRAINER_KEYS)
-        ck["config"] = with_defaults(ck["config"], DEFAULTS)   # keys added since it was written: their defaults
-        upgrade_checkpoint(ck, model)
-        if ck["config"] != cfg:
-            raise CheckpointError(f"{ck_path} was written by another config than {run_dir}/config.yaml")
-        stored_fp = ck.get("data_fingerprint")
-        if not isinstance(stored_fp, dict):
-            raise CheckpointError(f"{ck_path} holds no data fingerprint (written before fingerprints were stored, "
-                                  "or damaged): the data it was trained on cannot be checked; start a new run")
-        changed = compare_fingerprints(stored_fp, data_fp)
-        if changed:
-            raise CheckpointError(f"the data of {splits.name} changed since {run_dir} started ({', '.join(changed)} "
-                                  "differ from the fingerprint in its checkpoint): resuming would bind the trained "
-                                  "weights to other words or examples; restore the data or start a new run")
-        check_resume_state(ck, ck_path, opt, sched, steps_per_epoch)   # optimizer and schedule fit this run
-        try:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
-            sched.load_state_dict(ck["scheduler"])
-            gen.set_state(ck["data_rng"])
-            torch.set_rng_state(ck["torch_rng"])
-            if ck.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(ck["cuda_rng"])
-            history, best_val, best_epoch = list(ck["history"]), float(ck["best_val"]), int(ck["best_epoch"])
-            train_inc, train_steps = int(ck["train_inc"]), int(ck["train_steps"])
-            untrained, elapsed = dict(ck["untrained"]), float(ck["elapsed"])
-            monitor.load_state(ck["monitor"])
-            start_epoch = int(ck["epoch"]) + 1
-        except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise CheckpointError(f"{ck_path} does not fit this run ({type(exc).__name__}: "
-                                  f"{' '.join(str(exc).split())[:300]})") from None
-        log.info(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}")
-    else:
-        untrained = check_descent(model, tensors["test"], cfg, device, "the untrained model")[0] if dd.is_main else None
-    if dd.is_main:
-        attach_log_file(run_dir)
-    net = model
+
+def _claim_folder(run: Run, claim) -> None:
+    """Hold the run folder, drop a killed save's temporaries, and write what the run is (config, vocabulary,
+    graph copy) -- on resume only what is missing."""
+    claim()
+    clean_temporaries(run.run_dir)
+    if not run.resume:
+        atomic_write_text(dump_config(run.cfg), os.path.join(run.run_dir, "config.yaml"))
+        run.vocab.save(os.path.join(run.run_dir, "vocab.json"))
+    if run.graph is not None and (not run.resume or not os.path.isfile(os.path.join(run.run_dir, GRAPH_FILE))):
+        write_edges(run.graph[1], run.run_dir)
+
+
+def _optimiser(run: Run) -> None:
+    """AdamW, the warm-up/cosine schedule, the data order's generator and the descent monitor."""
+    tc = run.cfg["train"]
+    run.opt = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=tc["lr"],
+                                weight_decay=tc["weight_decay"])
+    run.steps_per_epoch = math.ceil(len(run.tensors["train"][2]) / tc["batch_size"])
+    run.sched = make_scheduler(run.opt, tc["lr"], tc["epochs"] * run.steps_per_epoch)
+    run.gen = torch.Generator().manual_seed(tc["seed"])
+    run.monitor = DescentMonitor(monitor_mode(run.cfg))
+
+
+def _restore(run: Run) -> None:
+    """``--resume``: the last checkpoint (checksum and every field verified; else prev.pt; else refused), checked to
+    belong to this config and these data, then every piece of state restored, so that the run ends as an
+    uninterrupted one would."""
+    from .checkpoint import TRAINER_KEYS, check_resume_state
+
+    cfg, run_dir = run.cfg, run.run_dir
+    ck, ck_path = load_checkpoint(run_dir, map_location=run.device, epochs=cfg["train"]["epochs"],
+                                  require=TRAINER_KEYS)
+    ck["config"] = with_defaults(ck["config"], DEFAULTS)   # keys added since it was written: their defaults
+    upgrade_checkpoint(ck, run.model)
+    if ck["config"] != cfg:
+        raise CheckpointError(f"{ck_path} was written by another config than {run_dir}/config.yaml")
+    stored_fp = ck.get("data_fingerprint")
+    if not isinstance(stored_fp, dict):
+        raise CheckpointError(f"{ck_path} holds no data fingerprint (written before fingerprints were stored, "
+                              "or damaged): the data it was trained on cannot be checked; start a new run")
+    changed = compare_fingerprints(stored_fp, run.data_fp)
+    if changed:
+        raise CheckpointError(f"the data of {run.splits.name} changed since {run_dir} started ({', '.join(changed)} "
+                              "differ from the fingerprint in its checkpoint): resuming would bind the trained "
+                              "weights to other words or examples; restore the data or start a new run")
+    check_resume_state(ck, ck_path, run.opt, run.sched, run.steps_per_epoch)   # optimizer and schedule fit this run
+    try:
+        run.model.load_state_dict(ck["model"])
+        run.opt.load_state_dict(ck["optimizer"])
+        run.sched.load_state_dict(ck["scheduler"])
+        run.gen.set_state(ck["data_rng"])
+        torch.set_rng_state(ck["torch_rng"])
+        if ck.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ck["cuda_rng"])
+        run.history, run.best_val, run.best_epoch = list(ck["history"]), float(ck["best_val"]), int(ck["best_epoch"])
+        run.train_inc, run.train_steps = int(ck["train_inc"]), int(ck["train_steps"])
+        run.untrained, run.elapsed = dict(ck["untrained"]), float(ck["elapsed"])
+        run.monitor.load_state(ck["monitor"])
+        run.start_epoch = int(ck["epoch"]) + 1
+    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"{ck_path} does not fit this run ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]})") from None
+    run.log.info(f"resuming {run_dir} from {ck_path} after epoch {ck['epoch']}")
+
+
+def _epochs(run: Run) -> float:
+    """Every remaining epoch (:func:`_epoch`, then :func:`_end_epoch` on rank 0); a failure mid-run becomes a
+    :class:`TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time of
+    earlier sessions of a resumed run included."""
+    tc, dd = run.cfg["train"], run.dd
+    net = run.model
     if dd.enabled:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[run.device.index]
+                                                        if run.device.type == "cuda" else None)
     if tc["compile"]:   # the training forward only: the same parameters, saved and evaluated through model itself
         net = torch.compile(net)
-    t_start = time.perf_counter() - elapsed
-    csv_log = MetricsLog(run_dir, tc["tensorboard"], resume_after=start_epoch - 1 if resume else None,
-                         logger=log) if dd.is_main else None
-    where = {"epoch": start_epoch, "batch": 0}   # for the message when interrupted
+    t_start = time.perf_counter() - run.elapsed
+    csv_log = MetricsLog(run.run_dir, tc["tensorboard"], resume_after=run.start_epoch - 1 if run.resume else None,
+                         logger=run.log) if dd.is_main else None
+    where = {"epoch": run.start_epoch, "batch": 0}   # for the message when interrupted
     try:
-        for epoch in range(start_epoch, tc["epochs"] + 1):
-            model.train()
-            bar = progress(steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
-            loss_sum = correct = seen = 0
-            inc0, steps0 = train_inc, train_steps
+        for epoch in range(run.start_epoch, tc["epochs"] + 1):
             where["epoch"] = epoch
-            meter, tokens = PassMeter(device), 0    # the training passes only (experiments.app.throughput)
-            meter.start()
-            for i, batch in enumerate(iterate(tensors["train"], tc["batch_size"], True, gen), start=1):
-                where["batch"] = i
-                global_size = len(batch[2])
-                ids, mask, labels, weight = distributed.shard(batch, dd)
-                tokens += int(mask.sum()) if weight else 0      # real tokens, on the host: no device sync
-                ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-                with training_precision(tc["precision"], device):
-                    out = net(ids, mask, trace=tc["trace"])
-                logits = out.logits.float()     # the loss in float32 (a no-op at train.precision=float32)
-                if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
-                    loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (
-                        weight * dd.world / global_size)
-                else:
-                    loss = torch.nn.functional.cross_entropy(logits, labels)
-                if not torch.isfinite(loss):
-                    raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
-                                        + last_good(run_dir) + " Lower train.lr or set train.grad_clip.")
-                lr = opt.param_groups[0]["lr"]
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if tc["grad_clip"]:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
-                opt.step()
-                sched.step()
-                loss_value = loss.item()
-                hits = int((out.logits.argmax(-1) == labels).sum())
-                loss_sum += loss_value * (global_size / dd.world if dd.enabled else labels.numel())
-                correct += hits * int(weight)
-                seen += labels.numel() * int(weight)
-                energy = {}
-                row = csv_log is not None and not dd.enabled    # distributed: epoch rows only (global figures)
-                if out.energies is not None and weight:     # a filler row (distributed, weight 0) is not counted
-                    rep = out.report(monitor.tol_factor)
-                    train_inc += rep.num_increases
-                    train_steps += rep.steps
-                    monitor.observe(model, out, f"epoch {epoch}, batch {i}", report=rep)
-                    if row:
-                        totals = rep.totals
-                        energy = {"energy_increases": rep.num_increases, "energy_steps": rep.steps,
-                                  "energy_first_mean": float(totals[:, 0].mean()),
-                                  "energy_last_mean": float(totals[:, -1].mean())}
-                if row:
-                    csv_log.write("step", epoch, (epoch - 1) * steps_per_epoch + i, loss=loss_value,
-                                  accuracy=hits / labels.numel(), lr=lr,
-                                  seconds=time.perf_counter() - t_start, **energy)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
-            bar.close()
-            passes = meter.record(int(distributed.all_sum(tokens, dd)))    # before validation: not timed
-            loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
-            g_inc, g_steps, e_inc, e_steps = (int(distributed.all_sum(v, dd)) for v in (
-                train_inc, train_steps, train_inc - inc0, train_steps - steps0))    # collectives: every rank
-            if not dd.is_main:
-                continue
-            try:
-                val_acc, val_loss, _ = evaluate(model, tensors["val"], tc["batch_size"], device, split="validation")
-            except TrainingError as exc:
-                raise TrainingError(f"{exc}: stopping after epoch {epoch}. {last_good(run_dir)}") from None
-            rec = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
-                   "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
-                   "train_energy_increases": g_inc, "train_energy_steps": g_steps, **passes}
-            history.append(rec)
-            log.info(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
-                     f"val loss {val_loss:.4f} acc {val_acc:.4f}")
-            csv_log.write("epoch", epoch, epoch * steps_per_epoch, loss=rec["train_loss"],
-                          accuracy=rec["train_accuracy"], lr=opt.param_groups[0]["lr"], val_loss=val_loss,
-                          val_accuracy=val_acc, seconds=rec["seconds"],
-                          energy_increases=e_inc, energy_steps=e_steps)
-            if val_acc > best_val:
-                best_val, best_epoch = val_acc, epoch
-                atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
-                            os.path.join(run_dir, "best.pt"))
-            atomic_write_text(json_dumps(history, indent=1), os.path.join(run_dir, "history.json"))
-            save_checkpoint(run_dir, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(), "data_rng": gen.get_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                "epoch": epoch, "history": history, "best_val": best_val, "best_epoch": best_epoch,
-                "train_inc": train_inc, "train_steps": train_steps, "untrained": untrained,
-                "monitor": monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
-                "vocab": vocab.itos, "data_fingerprint": data_fp})
+            sums = _epoch(run, net, epoch, where, csv_log, t_start)
+            if dd.is_main:
+                _end_epoch(run, epoch, sums, csv_log, t_start)
     except TrainingError:
         raise
     except (MemoryError, RuntimeError) as exc:
         if not allocation_failed(exc):
             raise
-        raise TrainingError(f"out of memory on {device} at epoch {where['epoch']}, batch {where['batch']} "
+        raise TrainingError(f"out of memory on {run.device} at epoch {where['epoch']}, batch {where['batch']} "
                             f"({type(exc).__name__}): lower train.batch_size, data.max_len or model.d. "
-                            + last_good(run_dir)) from None
+                            + last_good(run.run_dir)) from None
     except UnfoldError as exc:   # e.g. diverged weights that the forward pass's input checks refuse
         # the forward's input checks on values computed from the weights (the data are token ids): divergence
         diverged = isinstance(exc, (TokenError, EnergyError, StepError))
         raise TrainingError(f"{exc}: stopping at epoch {where['epoch']}, batch {where['batch']}. "
                             + ("The weights have diverged: lower train.lr or set train.grad_clip. "
-                               if diverged else "") + last_good(run_dir)) from None
+                               if diverged else "") + last_good(run.run_dir)) from None
     except KeyboardInterrupt:
         if dd.is_main:
             # this process holds the folder's lock: whatever write the Ctrl-C cut short leaves no temporary file
-            clean_temporaries(run_dir)
-            log.info(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run_dir)}")
+            clean_temporaries(run.run_dir)
+            run.log.info(f"interrupted at epoch {where['epoch']}, batch {where['batch']}. {last_good(run.run_dir)}")
         raise
     finally:
         if csv_log is not None:
@@ -509,36 +511,144 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
         # (rank 0 hung after writing metrics.json; seen once in the suite).
         net = None
         gc.collect()
-    train_inc, train_steps = (int(distributed.all_sum(v, dd)) for v in (train_inc, train_steps))
-    monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared = (
-        int(distributed.all_sum(v, dd)) for v in (monitor.steps, monitor.flagged, monitor.confirmed, monitor.cleared))
-    if not dd.is_main:
-        distributed.teardown(dd)
-        return {}
-    state = safe_load(os.path.join(run_dir, "best.pt"), map_location=device)
+    run.train_inc, run.train_steps = (int(distributed.all_sum(v, dd)) for v in (run.train_inc, run.train_steps))
+    m = run.monitor
+    m.steps, m.flagged, m.confirmed, m.cleared = (int(distributed.all_sum(v, dd))
+                                                  for v in (m.steps, m.flagged, m.confirmed, m.cleared))
+    return train_seconds
+
+
+def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: float) -> Dict[str, Any]:
+    """One epoch of training passes (shuffled by the run's generator; the trace's verdict on every batch, watched
+    by the descent monitor); returns the epoch's sums, reduced over the ranks."""
+    tc, dd, model = run.cfg["train"], run.dd, run.model
+    model.train()
+    bar = progress(run.steps_per_epoch, f"epoch {epoch}/{tc['epochs']}", tc["progress"] and dd.is_main)
+    loss_sum = correct = seen = 0
+    inc0, steps0 = run.train_inc, run.train_steps
+    meter, tokens = PassMeter(run.device), 0    # the training passes only (experiments.app.throughput)
+    meter.start()
+    for i, batch in enumerate(iterate(run.tensors["train"], tc["batch_size"], True, run.gen), start=1):
+        where["batch"] = i
+        global_size = len(batch[2])
+        ids, mask, labels, weight = distributed.shard(batch, dd)
+        tokens += int(mask.sum()) if weight else 0      # real tokens, on the host: no device sync
+        ids, mask, labels = ids.to(run.device), mask.to(run.device), labels.to(run.device)
+        with training_precision(tc["precision"], run.device):
+            out = net(ids, mask, trace=tc["trace"])
+        logits = out.logits.float()     # the loss in float32 (a no-op at train.precision=float32)
+        if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
+            loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (
+                weight * dd.world / global_size)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, labels)
+        if not torch.isfinite(loss):
+            raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
+                                + last_good(run.run_dir) + " Lower train.lr or set train.grad_clip.")
+        lr = run.opt.param_groups[0]["lr"]
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if tc["grad_clip"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
+        run.opt.step()
+        run.sched.step()
+        loss_value = loss.item()
+        hits = int((out.logits.argmax(-1) == labels).sum())
+        loss_sum += loss_value * (global_size / dd.world if dd.enabled else labels.numel())
+        correct += hits * int(weight)
+        seen += labels.numel() * int(weight)
+        row = csv_log is not None and not dd.enabled    # distributed: epoch rows only (global figures)
+        energy = _count_energy(run, out, f"epoch {epoch}, batch {i}") if out.energies is not None and weight else {}
+        if row:
+            csv_log.write("step", epoch, (epoch - 1) * run.steps_per_epoch + i, loss=loss_value,
+                          accuracy=hits / labels.numel(), lr=lr,
+                          seconds=time.perf_counter() - t_start, **energy)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
+    bar.close()
+    passes = meter.record(int(distributed.all_sum(tokens, dd)))    # before validation: not timed
+    loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
+    g_inc, g_steps, e_inc, e_steps = (int(distributed.all_sum(v, dd)) for v in (
+        run.train_inc, run.train_steps, run.train_inc - inc0, run.train_steps - steps0))    # collectives: every rank
+    return {"loss_sum": loss_sum, "correct": correct, "seen": seen, "passes": passes, "g_inc": g_inc,
+            "g_steps": g_steps, "e_inc": e_inc, "e_steps": e_steps}
+
+
+def _count_energy(run: Run, out, where: str) -> Dict[str, Any]:
+    """One batch's trace counted into the run (its steps and increases) and watched by the descent monitor; the
+    figures of its ``metrics.csv`` row. A filler row (distributed, weight 0) is never counted (the caller's rule)."""
+    rep = out.report(run.monitor.tol_factor)
+    run.train_inc += rep.num_increases
+    run.train_steps += rep.steps
+    run.monitor.observe(run.model, out, where, report=rep)
+    totals = rep.totals
+    return {"energy_increases": rep.num_increases, "energy_steps": rep.steps,
+            "energy_first_mean": float(totals[:, 0].mean()), "energy_last_mean": float(totals[:, -1].mean())}
+
+
+def _end_epoch(run: Run, epoch: int, sums: Dict[str, Any], csv_log, t_start: float) -> None:
+    """Rank 0 after an epoch: validation, the history row and log line, the best weights (``best.pt``) when
+    validation improved, ``history.json`` and the resumable checkpoint."""
+    cfg, tc, model = run.cfg, run.cfg["train"], run.model
+    try:
+        val_acc, val_loss, _ = evaluate(model, run.tensors["val"], tc["batch_size"], run.device, split="validation")
+    except TrainingError as exc:
+        raise TrainingError(f"{exc}: stopping after epoch {epoch}. {last_good(run.run_dir)}") from None
+    seen = sums["seen"]
+    rec = {"epoch": epoch, "train_loss": sums["loss_sum"] / seen, "train_accuracy": sums["correct"] / seen,
+           "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
+           "train_energy_increases": sums["g_inc"], "train_energy_steps": sums["g_steps"], **sums["passes"]}
+    run.history.append(rec)
+    run.log.info(f"epoch {epoch}: train loss {rec['train_loss']:.4f} acc {rec['train_accuracy']:.4f} | "
+                 f"val loss {val_loss:.4f} acc {val_acc:.4f}")
+    csv_log.write("epoch", epoch, epoch * run.steps_per_epoch, loss=rec["train_loss"],
+                  accuracy=rec["train_accuracy"], lr=run.opt.param_groups[0]["lr"], val_loss=val_loss,
+                  val_accuracy=val_acc, seconds=rec["seconds"],
+                  energy_increases=sums["e_inc"], energy_steps=sums["e_steps"])
+    if val_acc > run.best_val:
+        run.best_val, run.best_epoch = val_acc, epoch
+        atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
+                    os.path.join(run.run_dir, "best.pt"))
+    atomic_write_text(json_dumps(run.history, indent=1), os.path.join(run.run_dir, "history.json"))
+    save_checkpoint(run.run_dir, {
+        "model": model.state_dict(), "optimizer": run.opt.state_dict(), "scheduler": run.sched.state_dict(),
+        "torch_rng": torch.get_rng_state(), "data_rng": run.gen.get_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "epoch": epoch, "history": run.history, "best_val": run.best_val, "best_epoch": run.best_epoch,
+        "train_inc": run.train_inc, "train_steps": run.train_steps, "untrained": run.untrained,
+        "monitor": run.monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
+        "vocab": run.vocab.itos, "data_fingerprint": run.data_fp})
+
+
+def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
+    """The best weights on the test split, the float64 descent check (``energy_trace.pt``), ``metrics.json`` with
+    the majority-class comparison, the run folder made a bundle, the plots."""
+    cfg, tc, model, run_dir, log = run.cfg, run.cfg["train"], run.model, run.run_dir, run.log
+    state = safe_load(os.path.join(run_dir, "best.pt"), map_location=run.device)
     model.load_state_dict(state["model"])
-    test_acc, test_loss, _ = evaluate(model, tensors["test"], tc["batch_size"], device, split="test")
-    trained, energies, check_acc, floor = check_descent(model, tensors["test"], cfg, device, "the trained model")
+    test_acc, test_loss, _ = evaluate(model, run.tensors["test"], tc["batch_size"], run.device, split="test")
+    trained, energies, check_acc, floor = check_descent(model, run.tensors["test"], cfg, run.device,
+                                                        "the trained model")
     atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
                  "energy_min": floor, "extra_layers": EXTRA_LAYERS,
                  "dtype": tc["check_dtype"], "mode": cfg["model"]["mode"], "guaranteed": model.encoder.guaranteed},
                 os.path.join(run_dir, "energy_trace.pt"))
     metrics = {
-        "name": cfg["name"], "mode": cfg["model"]["mode"], "dataset": splits.name,
-        "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": best_val, "best_epoch": best_epoch,
+        "name": cfg["name"], "mode": cfg["model"]["mode"], "dataset": run.splits.name,
+        "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": run.best_val, "best_epoch": run.best_epoch,
         "check_dtype_test_accuracy": check_acc,
-        "train_seconds": train_seconds, "params": params, "device": str(device),
+        "train_seconds": train_seconds, "params": run.params, "device": str(run.device),
         **trained,
         # steps of the check the kernels' own values flagged, decided by the exact evaluation (unfold.trace.settle)
         "energy_rechecked": energies.rechecked, "energy_cleared_exactly": energies.cleared,
-        "untrained": untrained,
-        "train_energy_increases": train_inc, "train_energy_steps": train_steps,
-        "descent_monitor": monitor.summary(), "world_size": dd.world,
+        "untrained": run.untrained,
+        "train_energy_increases": run.train_inc, "train_energy_steps": run.train_steps,
+        "descent_monitor": run.monitor.summary(), "world_size": run.dd.world,
         "train_energy_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
         "train_precision": tc["precision"],     # the training passes' (autocast) precision; the trace stays float32
-        **run_metrics(history, device),     # tokens/s and peak memory of the training passes, all epochs
+        **run_metrics(run.history, run.device),     # tokens/s and peak memory of the training passes, all epochs
     }
-    majority = majority_class_accuracy(splits.test)
+    majority = majority_class_accuracy(run.splits.test)
     metrics["majority_class_accuracy"] = majority
     metrics["no_better_than_majority"] = bool(test_acc <= majority + 1e-12)
     if metrics["no_better_than_majority"]:
@@ -548,12 +658,12 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
     from .bundle import write_run_bundle     # here: the Hub mixin's import is not paid before training starts
 
-    write_run_bundle(run_dir, state["model"], cfg, splits.label_names, data_fp, splits.name,  # the folder is a
-                     metrics=metrics)                                # bundle: model.safetensors, config.json, card
+    write_run_bundle(run_dir, state["model"], cfg, run.splits.label_names, run.data_fp,  # the folder is a bundle:
+                     run.splits.name, metrics=metrics)                # model.safetensors, config.json, card
     from .plot_energy import plot_run
 
     plot_run(run_dir)
-    distributed.teardown(dd)
+    distributed.teardown(run.dd)
     return metrics
 
 

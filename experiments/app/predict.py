@@ -318,8 +318,9 @@ def energy_figure(predictions: Sequence[Prediction], max_chars: int = 34):
         ax.grid(alpha=0.3)
         prob = p.probabilities.get(p.label, float("nan"))
         flags = ", no word known: prior only" if p.prior_only else ""
+        rose = f" ({p.increases} rise{'s' if p.increases > 1 else ''})" if p.increases else ""
         ax.set_title(f"{i + 1}. \"{_short(p.text, max_chars)}\"\n{p.label} {prob:.2f} · {p.verdict}"
-                     f"{f' ({p.increases} rises)' if p.increases else ''}{flags}", fontsize=7.5,
+                     f"{rose}{flags}", fontsize=7.5,
                      color="black" if p.descent else "tab:red")
         fall = e[0] - e[-1] if e else float("nan")
         ax.text(0.98, 0.95, f"E0 = {e[0]:.4g}\nE{len(e) - 1} = {e[-1]:.4g}\nfell {fall:.3g}", transform=ax.transAxes,

@@ -33,18 +33,18 @@ the gated heads are the paper's gated-ReLU relaxations, exact for fixed gates.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from energies.errors import ConfigError, TokenError
 from energies.checks import check_int, check_seed
-from energies.registry import registrar
+from energies.registry import Registry
 
 __all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
 
-HEADS: Dict[str, Callable[..., "Head"]] = {}
-register_head = registrar(HEADS, "name", "head registry (convex.heads.HEADS)", ConfigError)
+HEADS: Registry = Registry("convex head", ConfigError, "name", "convex.heads.HEADS")
+register_head = HEADS.register
 Weights = List[Tuple[int, torch.Tensor, torch.Tensor]]     # (block g, W1_j, W2_j) per non-convex head
 
 
@@ -490,6 +490,4 @@ class MixerGated(MixerLinear):
 
 def make_head(name: str, d: int, s: int, c: int, **options) -> Head:
     """A head by name (``HEADS``); options: ``gates`` (gated heads), ``groups`` (sa_block, bfno), ``seed``."""
-    if not isinstance(name, str) or name not in HEADS:
-        raise ConfigError(f"unknown convex head {name!r}; valid: {sorted(HEADS)}")
-    return HEADS[name](d, s, c, **options)
+    return HEADS.lookup(name)(d, s, c, **options)

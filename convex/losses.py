@@ -14,12 +14,12 @@ solver's Newton steps need it; a loss without it can still be solved by ``fista`
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+
 
 import torch
 
 from energies.errors import ConfigError
-from energies.registry import registrar
+from energies.registry import Registry
 
 __all__ = ["Loss", "SquaredLoss", "CrossEntropyLoss", "LOSSES", "get_loss", "register_loss"]
 
@@ -71,8 +71,8 @@ class Loss:
         raise NotImplementedError
 
 
-LOSSES: Dict[str, Callable[[], Loss]] = {}
-register_loss = registrar(LOSSES, "name", "loss registry (convex.losses.LOSSES)", ConfigError)
+LOSSES: Registry = Registry("loss", ConfigError, "name", "convex.losses.LOSSES")
+register_loss = LOSSES.register
 
 
 @register_loss("squared")
@@ -129,6 +129,4 @@ class CrossEntropyLoss(Loss):
 def get_loss(name) -> Loss:
     if isinstance(name, Loss):
         return name
-    if not isinstance(name, str) or name not in LOSSES:
-        raise ConfigError(f"unknown loss {name!r}; valid: {sorted(LOSSES)}")
-    return LOSSES[name]()
+    return LOSSES.lookup(name)()

@@ -49,12 +49,13 @@ from . import kernels  # noqa: F401  (registers the kernels, in order)
 from .kernels.dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,
                                weighted_neighbour_sums)
 from .kernels.guard import EXPANSION_Z_ERROR, dense_z, edge_z, expansion_dtype, expansion_ok, explicit_z
-from .kernels.registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names, register_kernel
+from .kernels.registry import (AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, check_kernel,
+                               kernel_names, register_kernel)
 from .kernels.streamed import STREAM_MIN_N
 from .kernels.triton import triton_unavailable
 
 #: the public names of the kernels (their private helpers are imported from their homes in energies.kernels)
 __all__ = ["AUTO_RULES", "EXPANSION_Z_ERROR", "HEADS_PASSES", "KERNELS", "Kernel", "PairwisePass", "STREAM_MIN_N",
-           "apply_metric", "dense_z", "edge_z", "expansion_dtype", "expansion_ok", "explicit_energy", "explicit_z",
+           "apply_metric", "check_kernel", "dense_z", "edge_z", "expansion_dtype", "expansion_ok", "explicit_energy", "explicit_z",
            "kernel_names", "pairwise_energy", "pairwise_pass", "pairwise_pass_heads", "pick_kernel", "register_kernel",
            "triton_unavailable", "weighted_neighbour_sums"]

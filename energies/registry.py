@@ -1,10 +1,12 @@
-"""Registries for pluggable parts (graphs, penalties rho, kernels, steps, encoders, heads, losses), torchdeq-style.
+"""Registries for pluggable parts (graphs, penalties rho, kernels, steps, encoders, heads, losses), torchdeq-style:
+one shape for every kind, :class:`Registry` -- a dict of name -> part with ``register(name)``, ``lookup(name)``,
+``names()`` and ``check(name)``, and one wording for an unknown name (``unknown KIND 'x'; valid: [...]``).
 
 A name is taken once: registering a name already in a registry (a plug-in's ``exp``, a second ``edges``) is refused
 with the registry's typed error naming the registry and the name (:func:`claim`), never a silent replacement -- a
 replaced entry would reach some paths and not others (caches keyed by name, parts built before the import). The
 same object registered again under its own name is a no-op (a module imported twice under one name)."""
-from typing import Callable, Dict, Optional, Type
+from typing import Callable, Dict, List, Optional, Type
 
 from .errors import UnfoldError
 
@@ -55,3 +57,38 @@ def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: st
         return deco
 
     return register
+
+
+class Registry(dict):
+    """The registry of one kind of part (``kind``: ``"rho"``, ``"graph"``, ``"pairwise kernel"``, ...): a dict of
+    name -> part, in registration order, with the one refusal of every kind.
+
+    Args:
+        kind: what the parts are, as messages name them (``unknown {kind} 'x'; valid: [...]``).
+        error: the typed error of the kind's layer (:class:`~energies.errors.EnergyError`, ``StepError``, ...).
+        attr: the attribute that :meth:`register` sets on a registered class to its name (``"name"``, ``"kind"``),
+            or None.
+        where: the import path of the table, for messages (``"energies.rho.RHOS"``).
+    """
+
+    def __init__(self, kind: str, error: Type[UnfoldError] = UnfoldError, attr: Optional[str] = None,
+                 where: str = ""):
+        super().__init__()
+        self.kind, self.error, self.attr = kind, error, attr
+        self.label = f"{kind} registry" + (f" ({where})" if where else "")
+        self.register = registrar(self, attr, self.label, error)
+
+    def names(self) -> List[str]:
+        """The registered names, in registration order."""
+        return list(self)
+
+    def check(self, name, extra: str = "") -> str:
+        """``name`` if it is registered, else the kind's error: ``unknown {kind} 'name'; valid: [...]`` (sorted),
+        followed by ``extra`` (e.g. what else is accepted)."""
+        if not isinstance(name, str) or name not in self:
+            raise self.error(f"unknown {self.kind} {name!r}; valid: {sorted(self)}{extra}")
+        return name
+
+    def lookup(self, name):
+        """The part registered as ``name``, or :meth:`check`'s refusal (``get`` stays the plain dict's)."""
+        return self[self.check(name)]

@@ -15,13 +15,13 @@ Register new penalties with :func:`register_rho`; build from a spec string with
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict
+from typing import Dict
 
 import torch
 
 from .checks import parse_float
 from .errors import EnergyError
-from .registry import registrar
+from .registry import Registry
 
 __all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", "LpRho", "softplus_integral", "softplus_integral_neg", "kernel_sensitivity", "RHOS", "RHO_ALIASES", "register_rho", "get_rho"]
 
@@ -84,10 +84,10 @@ class Rho(torch.nn.Module):
         return f"{type(self).__name__}({self.spec()!r})"
 
 
-RHOS: Dict[str, Callable[..., Rho]] = {}
+RHOS: Registry = Registry("rho", EnergyError, "name", "energies.rho.RHOS")
 
 
-register_rho = registrar(RHOS, "name", "rho registry (energies.rho.RHOS)", EnergyError)
+register_rho = RHOS.register
 """``@register_rho("name")`` registers a penalty class; its constructor takes the spec's ``:`` arguments."""
 
 #: other names of a registered penalty, mapped by :func:`get_rho` when the spec is parsed (not registrations: the
@@ -345,7 +345,7 @@ def get_rho(spec) -> Rho:
         name = RHO_ALIASES.get(name, name)   # an alias names the registered penalty (a registered name wins)
     if name not in RHOS:
         aliases = [f"{a} (= {c})" for a, c in sorted(RHO_ALIASES.items()) if c in RHOS and a not in RHOS]
-        raise EnergyError(f"unknown rho {name!r}; valid: {sorted(RHOS)}" + (f"; also accepted: {aliases}" if aliases else ""))
+        RHOS.check(name, f"; also accepted: {aliases}" if aliases else "")
     try:
         args = [parse_float(a) for a in rest.split(":")] if rest else []   # ASCII digits only (energies.checks)
     except ValueError:

@@ -20,7 +20,7 @@ import torch
 from .errors import EnergyError, GraphError, TokenError
 from .checks import check_number
 from .graph import TokenGraph
-from .pairwise import (explicit_energy, kernel_names, pairwise_energy, pairwise_pass, pairwise_pass_heads,
+from .pairwise import (check_kernel, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
                        weighted_neighbour_sums)
 from .rho import Rho, get_rho
 
@@ -331,8 +331,7 @@ class PairwiseAttention(EnergyTerm):
             tau = check_number(tau, "tau", "positive", EnergyError)
         except EnergyError:
             raise EnergyError(f"temperature tau must be a finite number > 0, got tau={tau!r}") from None
-        if not isinstance(kernel, str) or kernel not in kernel_names():
-            raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {kernel_names()}")
+        check_kernel(kernel)
         if metric is not None:
             if not isinstance(metric, torch.Tensor) or metric.ndim != 2 or min(metric.shape) < 1:
                 raise EnergyError(f"attention metric W must be a (d, d_h) tensor with d, d_h >= 1, got "

@@ -166,7 +166,7 @@ def test_encoder_validation_is_behind_the_switch():
     with pytest.raises(ConfigError, match=r"tokens must be \(B, n, 6\)"):
         enc(X[..., :5], mask)
     for bad, match in [(dict(d=0), "d must be"), (dict(heads=0), "heads"), (dict(alpha=0.0), "alpha"),
-                       (dict(curvature="tight"), "curvature='tight'"), (dict(kernel="nope"), "kernel='nope'"),
+                       (dict(curvature="tight"), "curvature='tight'"), (dict(kernel="nope"), "unknown pairwise kernel 'nope'"),
                        (dict(ffn="yes"), "ffn must be True or False"), (dict(rho="nope"), "unknown rho")]:
         with pytest.raises((ConfigError, EnergyError), match=match):
             U.GuaranteedEncoder(**{"d": 6, **bad})

@@ -38,7 +38,7 @@ import contextlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import nn
@@ -48,8 +48,8 @@ from energies.memory import check_memory
 from energies.energy import Energy
 from energies.errors import ConfigError, InputError, UnfoldError
 from energies.graph import GraphCache, TokenGraph, check_tokens, graph_from_spec
-from energies.pairwise import KERNELS, kernel_names
-from energies.registry import registrar
+from energies.pairwise import KERNELS, check_kernel
+from energies.registry import Registry
 from energies.rho import Rho, get_rho
 from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling,
                             Residual, autocast_dtype, full_precision, version_cached)
@@ -63,8 +63,8 @@ __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "Guarante
            "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask", "check_stop_rel",
            "check_inference_layers", "MAX_INFERENCE_LAYERS", "check_batch_size", "MAX_BATCH_SIZE"]
 
-ENCODERS: Dict[str, Callable[..., "Encoder"]] = {}
-register_encoder = registrar(ENCODERS, "kind", "encoder registry (unfold.ENCODERS)", ConfigError)
+ENCODERS: Registry = Registry("encoder", ConfigError, "kind", "unfold.ENCODERS")
+register_encoder = ENCODERS.register
 """``@register_encoder("name")`` on an :class:`Encoder` subclass: selectable by name (``model.mode=name``)."""
 
 CURVATURES = PairwiseAttention.CURVATURES
@@ -478,7 +478,7 @@ class GuaranteedEncoder(Encoder):
         self.use_ffn, self.use_relu = _flag(ffn, "ffn"), _flag(relu, "relu")
         self.use_layernorm = _flag(layernorm, "layernorm")
         self.curvature = _choice(curvature, "curvature", CURVATURES)
-        self.kernel = _choice(kernel, "kernel", kernel_names())
+        self.kernel = check_kernel(kernel, ConfigError)
         if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
             why = kernel_problem(self.kernel, graph, self.rho, "cpu")
             if why is not None:      # the kernel may be for another device (triton: a GPU): a probe there (meta)
@@ -762,6 +762,4 @@ class TorchEncoder(_TracedStack):
 
 def build_encoder(kind: str, **kwargs) -> Encoder:
     """``ENCODERS[kind](**kwargs)``, an unknown kind refused with the registered names."""
-    if not isinstance(kind, str) or kind not in ENCODERS:
-        raise ConfigError(f"unknown encoder {kind!r}; valid: {sorted(ENCODERS)}")
-    return ENCODERS[kind](**kwargs)
+    return ENCODERS.lookup(kind)(**kwargs)

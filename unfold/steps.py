@@ -18,8 +18,8 @@ from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.checks import check_number
 from energies.graph import TokenGraph, check_tokens
-from energies.pairwise import edge_z, kernel_names
-from energies.registry import registrar
+from energies.pairwise import check_kernel, edge_z
+from energies.registry import Registry
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
 from . import mm as _mm
@@ -40,11 +40,11 @@ __all__ = [
     "UPDATES",
 ]
 
-STEPS: Dict[str, type] = {}
+STEPS: Registry = Registry("step", StepError, "kind", "unfold.steps.STEPS")
 UPDATES = ("exact", "printed")
 
 
-register_step = registrar(STEPS, "kind", "step registry (unfold.steps.STEPS)", StepError)
+register_step = STEPS.register
 
 
 def _check_alpha(alpha, what: str = "alpha") -> float:
@@ -125,8 +125,7 @@ class AttentionStep(Step):
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        if not isinstance(kernel, str) or kernel not in kernel_names():
-            raise StepError(f"unknown attention kernel {kernel!r}; valid: {kernel_names()}")
+        check_kernel(kernel, StepError)
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel

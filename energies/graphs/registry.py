@@ -3,26 +3,26 @@ validated sizes (:func:`_sizes`), the edge budget (:data:`MAX_EDGES`), patterns 
 builder: a builder (in this package or a plug-in) imports this and :class:`~energies.graphs.container.TokenGraph`."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Tuple
 
 import torch
 
 from ..errors import GraphError
 from ..memory import check_memory
-from ..registry import registrar
+from ..registry import Registry
 
 from .container import TokenGraph
 from .edges import MAX_SLOTS, check_int, check_seed
 
 
 # ---------------------------------------------------------------------- builders
-GRAPHS: Dict[str, Callable[..., TokenGraph]] = {}
+GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graph.GRAPHS")
 
 
 #: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping
 #: the edges at padded slots (:meth:`TokenGraph.with_mask`), so that :class:`GraphCache` builds them once per shape
 MASK_FREE = set()
-_register = registrar(GRAPHS, None, "graph registry (energies.graph.GRAPHS)", GraphError)
+_register = GRAPHS.register
 
 
 def register_graph(name: str, mask_free: bool = False):

@@ -99,7 +99,7 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         return edge_array_graph(load_npy(spec, "graph file", "edge list", GraphError), n, batch_size, mask, spec)
     name, _, rest = spec.partition(":")
     if name not in GRAPHS:
-        raise GraphError(f"unknown graph {name!r}; valid: {sorted(GRAPHS)} or a path to a .npy edge list")
+        GRAPHS.check(name, " or a path to a .npy edge list")
     args = [a for a in rest.split(":") if a] if rest else []
     lo, hi = _spec_arity(GRAPHS[name])
     if not lo <= len(args) <= hi:

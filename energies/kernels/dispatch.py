@@ -16,7 +16,7 @@ from ..rho import ExpRho, Rho, kernel_sensitivity
 from .edges import _edges_pass
 from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtype, _scale_dtype, expansion_dtype,
                     expansion_ok, explicit_z)
-from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, kernel_names
+from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, check_kernel
 from .softmax import _degree_energy, _softmax_degrees
 from .streamed import STREAM_MIN_N, _streamed_pass
 from .triton import _triton_heads
@@ -48,8 +48,7 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
                 return "fused"
             return "streamed" if graph.num_nodes > STREAM_MIN_N else "softmax"
         return "streamed" if graph.num_nodes > STREAM_MIN_N else "dense"
-    if kernel not in KERNELS:
-        raise EnergyError(f"unknown pairwise kernel {kernel!r}; valid: {kernel_names()}")
+    check_kernel(kernel)
     why = KERNELS[kernel].supports(graph, rho)
     if why is not None:
         raise EnergyError(f"the {kernel} kernel {why}")

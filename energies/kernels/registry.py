@@ -11,7 +11,7 @@ import torch
 
 from ..errors import EnergyError
 from ..graph import TokenGraph
-from ..registry import claim
+from ..registry import Registry, claim
 from ..rho import Rho
 
 
@@ -48,7 +48,7 @@ class Kernel(NamedTuple):
 
 
 #: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
-KERNELS: Dict[str, Kernel] = {}
+KERNELS: Registry = Registry("pairwise kernel", EnergyError, None, "energies.KERNELS")
 
 #: ``auto`` on the CPU, for a graph that is not complete: ``{kernel: pays(graph)}``, consulted in registration order
 #: (a registered kernel whose rule says True is picked; else ``edges``)
@@ -86,7 +86,7 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
 
     def deco(run):
         kernel = Kernel(name, run, supports or _any_graph, bool(expansion), bool(native_half))
-        if claim(KERNELS, name, kernel, "kernel registry (energies.KERNELS)", EnergyError):
+        if claim(KERNELS, name, kernel, KERNELS.label, EnergyError):
             KERNELS[name] = kernel
             if auto is not None:
                 AUTO_RULES[name] = auto
@@ -100,6 +100,18 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
 def kernel_names():
     """``['auto', *registered kernels]``: the values a ``kernel`` argument takes."""
     return ["auto"] + list(KERNELS)
+
+
+def check_kernel(kernel, error=EnergyError) -> str:
+    """The one rule for a ``kernel`` argument, applied where it enters (a term's, step's or encoder's constructor):
+    ``auto`` or a registered kernel, else ``error`` (the caller's layer's typed error) in the registries' wording,
+    ``unknown pairwise kernel 'x'; valid: [...]``."""
+    if kernel != "auto" or not isinstance(kernel, str):
+        try:
+            KERNELS.check(kernel, " or 'auto'")
+        except EnergyError as exc:
+            raise error(str(exc)) from None
+    return kernel
 
 
 def apply_metric(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:

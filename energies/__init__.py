@@ -17,14 +17,21 @@ energies (see :mod:`unfold`). Main objects:
 Layer: the bottom of the project. May import: nothing of the project outside :mod:`energies` (torch, numpy;
 PyG and Triton lazily). The code of graphs and kernels is in :mod:`energies.graphs` and :mod:`energies.kernels`, one
 builder or kernel a file (every kernel's code under :mod:`energies.kernels`), their public names re-exported by
-:mod:`energies.graph` and :mod:`energies.pairwise`.
+:mod:`energies.graphs` and :mod:`energies.kernels`.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError
-from .graph import (GRAPHS, TokenGraph, check_tokens, complete, dilated, from_edge_index, from_pyg,
-                    graph_from_spec, mask_from_lengths, random, register_graph, star, strided, window)
+from .graphs import (GRAPHS, TokenGraph, check_tokens, from_edge_index, from_pyg, graph_from_spec, mask_from_lengths,
+                     random, register_graph)
+# the builders named like their modules, imported from the modules (a reader of the source then cannot take the
+# name for the module)
+from .graphs.complete import complete
+from .graphs.dilated import dilated
+from .graphs.star import star
+from .graphs.strided import strided
+from .graphs.window import window
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
-from .pairwise import KERNELS, Kernel, kernel_names, register_kernel
+from .kernels import KERNELS, Kernel, kernel_names, register_kernel
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 

@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from .errors import EnergyError
-from .graph import TokenGraph, check_tokens
+from .graphs import TokenGraph, check_tokens
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 

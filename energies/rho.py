@@ -63,7 +63,7 @@ class Rho(torch.nn.Module):
     def kernel_sensitivity(self) -> float:
         """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error
         in z. The kernels that compute z by an expansion keep that error times this below their bound
-        (:func:`energies.pairwise.expansion_dtype`). Subclasses give it in closed form; the default estimates
+        (:func:`energies.kernels.expansion_dtype`). Subclasses give it in closed form; the default estimates
         it from differences of rho' on the validation grid, times 4."""
         g = self.derivative(_GRID)
         slope = ((g[:-1] - g[1:]).abs() / (_GRID[1:] - _GRID[:-1])).max()

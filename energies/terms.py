@@ -1,6 +1,6 @@
 """Energy terms E(Y) of token matrices on token graphs.
 
-Every term maps tokens ``Y`` ``(B, n, d)`` on a :class:`~energies.graph.TokenGraph` to one value
+Every term maps tokens ``Y`` ``(B, n, d)`` on a :class:`~energies.graphs.TokenGraph` to one value
 per example ``(B,)``, evaluated in float64 (the accumulation dtype of every check), summed over
 real tokens only. ``grad`` is the analytic gradient (zero on padded slots), which the update
 steps use and the tests compare against autograd of ``value``.
@@ -19,8 +19,8 @@ import torch
 
 from .errors import EnergyError, GraphError, TokenError
 from .checks import check_number
-from .graph import TokenGraph
-from .pairwise import (check_kernel, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
+from .graphs import TokenGraph
+from .kernels import (check_kernel, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
                        weighted_neighbour_sums)
 from .rho import Rho, get_rho
 
@@ -343,7 +343,7 @@ class PairwiseAttention(EnergyTerm):
         self.metric = metric
         #: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once), else from W
         self._given_norm2 = metric_norm2
-        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.pairwise.pairwise_pass`)
+        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.kernels.pairwise_pass`)
         self.guard = bool(guard)
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
@@ -366,7 +366,7 @@ class PairwiseAttention(EnergyTerm):
 
     def explicit_value(self, Y, graph):
         """The value from explicit differences of centred features ``W^T (y - mean)`` in Y's dtype (the precision
-        guard's exact side, :func:`~energies.pairwise.explicit_energy`): exact to rounding at any scale like
+        guard's exact side, :func:`~energies.kernels.explicit_energy`): exact to rounding at any scale like
         :meth:`value`, at the cost of one pass (:meth:`value` maps every pair's difference by W in float64)."""
         return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y))
 
@@ -377,7 +377,7 @@ class PairwiseAttention(EnergyTerm):
                                                                   self.kernel))
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
-        """The layers' kernel pass on the features W^T y (:func:`~energies.pairwise.pairwise_pass`); under
+        """The layers' kernel pass on the features W^T y (:func:`~energies.kernels.pairwise_pass`); under
         ``torch.autocast`` on the tokens in its dtype (:func:`_kernel_call`)."""
         W = self._metric(Y)
         return _kernel_call(Y, lambda Yk: pairwise_pass(Yk, graph, self.rho, self.tau, self.kernel, energy=energy,
@@ -405,7 +405,7 @@ class PairwiseAttention(EnergyTerm):
 
     @staticmethod
     def _joint(terms, Y, graph, energy: bool, num: bool):
-        """One pass for heads that differ only in their metric (:func:`~energies.pairwise.pairwise_pass_heads`),
+        """One pass for heads that differ only in their metric (:func:`~energies.kernels.pairwise_pass_heads`),
         or None."""
         t0 = terms[0]
         if len(terms) < 2 or any(type(t) is not PairwiseAttention or t.metric is None or t.rho.spec() != t0.rho.spec()

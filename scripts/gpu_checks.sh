@@ -28,10 +28,10 @@ if [ "$phase" = checks ]; then
   step tests 200 env UNFOLD_TRITON_AUTOTUNE=0 $PY -m pytest -q -p no:cacheprovider tests/test_fused_cuda.py tests/test_meta.py \
     tests/test_triton.py tests/test_tf32x3.py tests/test_triton_rho.py tests/test_triton_tiles.py \
     tests/test_backends.py tests/test_verdicts.py -k "cuda or fused or triton or meta"
-  step speed 240 bash -c "$PY -m experiments.bench speed --device cuda --json > '$OUT/speed.json'"
+  step speed 240 bash -c "$PY -m experiments.studies.bench speed --device cuda --json > '$OUT/speed.json'"
 elif [ "$phase" = listops ]; then
   # the whole LRA-size run; steps.txt has its wall time (data generation and the float64 check included)
-  step listops_lra 560 bash -c "rm -rf /tmp/lra; $PY -m experiments.train --config listops_lra --run-dir /tmp/lra \
+  step listops_lra 560 bash -c "rm -rf /tmp/lra; $PY -m experiments.app.train --config listops_lra --run-dir /tmp/lra \
     train.device=cuda train.precision=bfloat16 ${LISTOPS_ARGS:-} && cp /tmp/lra/metrics.json '$OUT/listops_lra_metrics.json'"
 else
   echo "usage: bash scripts/gpu_checks.sh checks|listops" >&2

@@ -6,8 +6,8 @@ inside a function or method (a lazy import is still a dependency: it runs the fi
 a ``try`` block; only imports under ``if TYPE_CHECKING:`` are left out (they never run). Names given as strings
 (``importlib.import_module(name)``, ``python -m NAME`` in a subprocess) are not imports and are not read.
 
-An import names the deepest project module it reaches: ``from energies.graph import window`` is an edge to
-``energies.graph``; ``from experiments import train`` to ``experiments.train`` (a module), ``from energies import
+An import names the deepest project module it reaches: ``from energies.graphs import window`` is an edge to
+``energies.graphs``; ``from experiments import train`` to ``experiments.app.train`` (a module), ``from energies import
 TokenGraph`` to ``energies`` (the package's ``__init__``). The parent packages that Python initialises on the
 way are not edges of their own: a package's ``__init__`` re-exporting its submodules is the package, not a
 dependency of every module that imports one of them.

@@ -47,7 +47,7 @@ def test_the_plain_spellings_are_read():
 @pytest.mark.parametrize("spec", [f"window:{ARABIC_3}", f"strided:{FULLWIDTH_3}", f"dilated:2:{ARABIC_3}",
                                   f"random:{ARABIC_HALF}", "window:1_0"])
 def test_graph_specs_refuse_non_ascii_numbers(spec):
-    from energies.graph import graph_from_spec
+    from energies.graphs import graph_from_spec
 
     with pytest.raises(GraphError):
         graph_from_spec(spec, 8)

@@ -7,7 +7,7 @@ import torch
 import energies as E
 import unfold as U
 from energies.errors import EnergyError
-from energies.pairwise import pairwise_pass, pick_kernel
+from energies.kernels import pairwise_pass, pick_kernel
 
 RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
 

@@ -16,7 +16,7 @@ import torch
 
 import energies as E
 import energies.kernels.banded as BD
-from energies.pairwise import EXPANSION_Z_ERROR, KERNELS, pairwise_pass, pick_kernel
+from energies.kernels import EXPANSION_Z_ERROR, KERNELS, pairwise_pass, pick_kernel
 from energies.rho import get_rho, kernel_sensitivity
 from unfold.encoders import GuaranteedEncoder
 
@@ -120,7 +120,7 @@ def test_heads_in_one_call_equal_each_head_alone():
     rho = get_rho("softplus:2:0.5")
     gen = torch.Generator().manual_seed(7)
     Ws = [torch.randn(6, 3, dtype=torch.float64, generator=gen) for _ in range(2)]
-    joint = E.pairwise.pairwise_pass_heads(Y, g, rho, TAU, "banded", Ws, energy=True)
+    joint = E.kernels.pairwise_pass_heads(Y, g, rho, TAU, "banded", Ws, energy=True)
     assert joint is not None
     for W, o in zip(Ws, joint):
         ref = pairwise_pass(Y, g, rho, TAU, "edges", energy=True, metric=W)

@@ -18,7 +18,7 @@ HEADLINE = {"energy": {"trace_on_over_off", "reference_over_ours"}, "sparse": {"
 @pytest.mark.parametrize("suite", sorted(HEADLINE))
 def test_quick_suite_prints_its_json_schema(suite, tmp_path):
     """Checks the JSON layout of each suite (--quick), not the speed: speed goals are read off the full runs."""
-    proc = subprocess.run([sys.executable, "-m", "experiments.bench", suite, "--quick", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "experiments.studies.bench", suite, "--quick", "--json"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -50,7 +50,7 @@ def test_quick_suite_prints_its_json_schema(suite, tmp_path):
 def test_unknown_suite_exits_2():
     from clifuzz import run_cli       # in process (the subprocess path of the alias is run by the quick suites)
 
-    code, _, err = run_cli("experiments.bench", ["nope"], ROOT)
+    code, _, err = run_cli("experiments.studies.bench", ["nope"], ROOT)
     assert code == 2 and "valid: ['attention', 'compile', 'energy', 'gpu', 'model', 'scaling', 'sparse', 'speed']" in err
 
 

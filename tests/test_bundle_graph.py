@@ -48,7 +48,7 @@ def trained(tmp_path_factory):
     os.makedirs(os.path.dirname(graph))
     np.save(graph, chain())
     run = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", TINY, "--run-dir", str(run),
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", TINY, "--run-dir", str(run),
                            f"data.dataset={data}", "train.epochs=1", "train.progress=false", "model.layers=2",
                            "train.tensorboard=false", f"model.graph={graph}"], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
@@ -122,7 +122,7 @@ def test_a_moved_bundle_whose_graph_file_is_deleted_still_predicts_the_same(trai
 def test_a_changed_copy_of_the_graph_is_refused(trained, tmp_path):
     folder, _ = _copy(trained, tmp_path)
     np.save(os.path.join(folder, "graph.npy"), everything())
-    expect_refusal("experiments.predict", [folder, "--text", TEXTS[0]], str(tmp_path),
+    expect_refusal("experiments.app.predict", [folder, "--text", TEXTS[0]], str(tmp_path),
                    names=["graph.npy", "changed since"])
 
 
@@ -150,7 +150,7 @@ def test_an_old_bundle_loads_when_its_graph_file_is_there_and_is_refused_naming_
     try:
         with pytest.raises(CheckpointError, match="restore it at"):
             load_model(folder)
-        expect_refusal("experiments.predict", [folder, "--text", TEXTS[0]], str(tmp_path),
+        expect_refusal("experiments.app.predict", [folder, "--text", TEXTS[0]], str(tmp_path),
                        names=["g.npy", "restore"])
         assert predict(saved) == before
     finally:
@@ -163,4 +163,4 @@ def test_a_manifest_graph_key_that_does_not_fit_is_refused(trained, tmp_path):
     manifest = json.load(open(path))
     manifest["graph"]["file"] = "../evil.npy"
     json.dump(manifest, open(path, "w"))
-    expect_refusal("experiments.predict", [folder, "--text", TEXTS[0]], str(tmp_path), names=["graph"])
+    expect_refusal("experiments.app.predict", [folder, "--text", TEXTS[0]], str(tmp_path), names=["graph"])

@@ -34,7 +34,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("safetensors_bundle")
     data = synthetic_text_dir(tmp / "toy", n_train=120, n_eval=40)
     folder = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", TINY, "--run-dir", str(folder),
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", TINY, "--run-dir", str(folder),
                            f"data.dataset={data}", "data.glove=none", "train.epochs=2", "train.progress=false",
                            "model.layers=1", "train.tensorboard=false"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
@@ -119,7 +119,7 @@ def test_the_run_folder_is_a_safetensors_bundle_with_a_model_card(run):
     text = card.text
     assert f"**{metrics['energy_verdict']}**" in text and metrics["energy_tol_rule"] in text
     assert f"| test_accuracy | {metrics['test_accuracy']} |" in text
-    assert "python -m experiments.train --config" in text and model.data_fingerprint["train"] in text
+    assert "python -m experiments.app.train --config" in text and model.data_fingerprint["train"] in text
     assert manifest["metrics"]["energy_verdict"] == metrics["energy_verdict"] == "descent"
 
 
@@ -165,7 +165,7 @@ def test_a_tampered_or_nan_safetensors_file_is_refused(run, tmp_path):
     open(path, "wb").write(bytes(data))
     with pytest.raises(CheckpointError, match="model.safetensors changed since bundle.json"):
         load_model(folder)
-    expect_refusal("experiments.predict", [folder, "--text", "good"], str(tmp_path),
+    expect_refusal("experiments.app.predict", [folder, "--text", "good"], str(tmp_path),
                    names=["model.safetensors", "changed since"])
     tensors = safetensors.torch.load(open(os.path.join(run, "model.safetensors"), "rb").read())
     meta = {"format": "unfolded-transformers/bundle/2"}

@@ -183,7 +183,7 @@ def test_untied_steps_are_traced_with_their_own_energies():
 
 
 def test_descent_experiment_quick(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.descent", "--quick", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "experiments.studies.descent", "--quick", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     totals = json.loads(proc.stdout.strip().splitlines()[-1])

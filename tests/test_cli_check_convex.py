@@ -1,4 +1,4 @@
-"""The boundaries of ``python -m unfold.check`` and ``python -m experiments.convex_heads`` (issue 13): every
+"""The boundaries of ``python -m unfold.check`` and ``python -m experiments.studies.convex_heads`` (issue 13): every
 option is checked before any work, and no bad value reaches the user as a traceback.
 
 Table-driven: each row is one bad invocation run through :func:`clifuzz.expect_refusal` (exit 2, one last
@@ -15,7 +15,7 @@ import torch
 from clifuzz import expect_refusal
 from test_train import CONFIGS
 
-CHECK, CONVEX = "unfold.check", "experiments.convex_heads"
+CHECK, CONVEX = "unfold.check", "experiments.studies.convex_heads"
 TINY = os.path.join(CONFIGS, "tiny.yaml")
 DEFAULT = os.path.join(CONFIGS, "default.yaml")
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -116,7 +116,7 @@ CHECK_CASES = [
     (["--kernel", "fused", "--rho", "cauchy"], ["fused"]),
 ]
 
-# ------------------------------------------------------------------------------------ experiments.convex_heads
+# ------------------------------------------------------------------------------------ experiments.studies.convex_heads
 #: every row fails before any data is read (--config tiny: the convex rows never touch a dataset)
 CONVEX_CASES = [
     (["--dim", "0"], ["--dim", "0"]), (["--dim", "-1"], ["--dim", "-1"]), (["--dim", "x"], ["--dim", "x"]),

@@ -187,9 +187,9 @@ def ws(tmp_path_factory):
     return w
 
 
-DATA, TFIDF, PLOT = "experiments.data", "experiments.tfidf", "experiments.plot_energy"
-SPLINE = "experiments.spline_probe"
-DESCENT, ACT, SBM, BENCH = "experiments.descent", "experiments.activations", "experiments.pyg_sbm", "experiments.bench"
+DATA, TFIDF, PLOT = "experiments.data", "experiments.app.tfidf", "experiments.app.plot_energy"
+SPLINE = "experiments.studies.spline_probe"
+DESCENT, ACT, SBM, BENCH = "experiments.studies.descent", "experiments.studies.activations", "experiments.studies.pyg_sbm", "experiments.studies.bench"
 
 
 def export(dataset, *more):
@@ -254,7 +254,7 @@ CASES = [
     (DATA, ["fetch", "--data-dir", "{ws}/badmanifest", "--dataset", "glove"], ["manifest", "corrupt", "badmanifest"]),
     (DATA, ["refetch"], ["'refetch'", "fetch", "export"]),
     (DATA, [], ["required"]),
-    # --- experiments.tfidf
+    # --- experiments.app.tfidf
     (TFIDF, ["--dataset", "{ws}/one.csv"], ["one.csv", "one class"]),
     (TFIDF, ["--dataset", "{ws}/onetrain"], ["onetrain", "training split", "one class"]),
     (TFIDF, ["--dataset", "{ws}/emptytest"], ["emptytest", "empty: test"]),
@@ -275,7 +275,7 @@ CASES = [
     (TFIDF, ["--dataset", "{ws}/good.csv", "--threads", "0"], ["--threads", "'0'"]),
     (TFIDF, ["--dataset", "{ws}/good.csv", "--seed", "-3"], ["--seed", "'-3'"]),
     (TFIDF, ["--dataset", "rotten_tomatoes", "--data-dir", "{ws}/afile"], ["--data-dir", "not a folder"]),
-    # --- experiments.plot_energy
+    # --- experiments.app.plot_energy
     (PLOT, ["{ws}/runs/absent"], ["absent", "does not exist"]),
     (PLOT, ["{ws}/afile"], ["afile", "not a folder"]),
     (PLOT, ["{ws}/runs/notrun"], ["energy_trace.pt", "missing"]),
@@ -306,7 +306,7 @@ CASES = [
     (PLOT, ["{ws}/runs/dirmetrics"], ["metrics.json", "folder"]),
     (PLOT, [], ["run_dir"]),
     (PLOT, ["{ws}/runs/notrun", "{ws}/runs/nohist"], ["unrecognized", "nohist"]),
-    # --- experiments.spline_probe: options
+    # --- experiments.studies.spline_probe: options
     (SPLINE, ["--attention", "relu", "--t-max", "0"], ["--t-max", "'0'"]),
     (SPLINE, ["--attention", "relu", "--t-max", "-3"], ["--t-max", "'-3'"]),
     (SPLINE, ["--attention", "relu", "--t-max", "nan"], ["--t-max", "'nan'"]),
@@ -331,7 +331,7 @@ CASES = [
     (SPLINE, ["--config", CONFIG, "--causal"], ["--causal", "--attention"]),
     (SPLINE, ["--checkpoint", "{ws}/ck/list.pt", "--cross", "x"], ["--cross", "--attention"]),
     (SPLINE, ["--attention", "softmax", "--layers", "2"], ["--layers", "--attention"]),
-    # --- experiments.spline_probe: files
+    # --- experiments.studies.spline_probe: files
     (SPLINE, ["--config", "{ws}/absent.yaml"], ["absent.yaml", "missing"]),
     (SPLINE, ["--config", "{ws}/bad.yaml"], ["bad.yaml", "not valid yaml"]),
     (SPLINE, ["--config", "{ws}/list.yaml"], ["list.yaml", "mapping"]),
@@ -351,7 +351,7 @@ CASES = [
     (SPLINE, ["--checkpoint", "{ws}/ck/badconfig.pt"], ["badconfig.pt", "model.d"]),
     (SPLINE, ["--checkpoint", "{ws}/ck/misfit.pt"], ["misfit.pt", "do not fit"]),
     (SPLINE, ["--checkpoint", "{ws}/ck/pickled.pt"], ["pickled.pt", "evil", "not loaded"]),
-    # --- experiments.descent
+    # --- experiments.studies.descent
     (DESCENT, ["--samples", "0"], ["--samples", "'0'"]),
     (DESCENT, ["--layers", "-1"], ["--layers", "'-1'"]),
     (DESCENT, ["--n", "1"], ["--n", "'1'", "pairs"]),
@@ -361,7 +361,7 @@ CASES = [
     (DESCENT, ["--seed", str(2 ** 64)], ["--seed"]),
     (DESCENT, ["--out", "{ws}/afile"], ["--out", "afile", "not a folder"]),
     (DESCENT, ["--out", "{ws}/afile/x"], ["--out", "afile", "not a folder"]),
-    # --- experiments.activations (refused before any training)
+    # --- experiments.studies.activations (refused before any training)
     (ACT, ["--epochs", "0"], ["--epochs", "'0'"]),
     (ACT, ["--epochs", "two"], ["--epochs", "'two'"]),
     (ACT, ["--probe-n", "0"], ["--probe-n", "'0'"]),
@@ -371,13 +371,13 @@ CASES = [
     (ACT, ["--set", "model.layers=-1"], ["model.layers"]),
     (ACT, ["--set", "nokey"], ["nokey", "section.key=value"]),
     (ACT, ["--out", "{ws}/act", "--only", "std-softmax"], ["metrics.json", "'test_accuracy'", "'high'"]),
-    # --- experiments.pyg_sbm
+    # --- experiments.studies.pyg_sbm
     (SBM, ["--layers", "0"], ["--layers", "'0'"]),
     (SBM, ["--layers", "x"], ["--layers", "'x'"]),
     (SBM, ["--epochs", "0"], ["--epochs", "'0'"]),
     (SBM, ["--epochs", "-5"], ["--epochs", "'-5'"]),
     (SBM, ["--seed", "-1"], ["--seed", "'-1'"]),
-    # --- experiments.bench
+    # --- experiments.studies.bench
     (BENCH, ["nope"], ["suite", "'nope'", "energy"]),
     (BENCH, [], ["suite", "required"]),
     (BENCH, ["energy", "--device", "foo"], ["--device", "'foo'"]),

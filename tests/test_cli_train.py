@@ -1,7 +1,7 @@
 """The trainer's boundary: every config key has a declared rule checked before anything is read or written,
 resources are checked before any work, and no failure reaches the user as a traceback (issue 13).
 
-Table-driven: each row is one bad invocation of ``python -m experiments.train`` run through
+Table-driven: each row is one bad invocation of ``unfold-train`` run through
 :func:`clifuzz.expect_refusal` (exit 2, one ``error:`` line naming the key / value / file, nothing written).
 """
 import math
@@ -22,7 +22,7 @@ from experiments.app.config import CHOICE_KEYS, DEFAULTS, RULES, ConfigError, Ra
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
-TRAIN = "experiments.train"
+TRAIN = "experiments.app.train"
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def test_every_choice_is_accepted_and_others_refused(key):
 
 # ----------------------------------------------------------------- resume, data changes, interrupts
 def _train_proc(args, **kw):
-    return subprocess.run([sys.executable, "-m", "experiments.train"] + args, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "experiments.app.train"] + args, capture_output=True, text=True,
                           cwd=ROOT, timeout=300, **kw)
 
 
@@ -316,7 +316,7 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
             "train.progress=false", "train.threads=1"]
     # Ctrl-C's default action restored in the child: a test runner started in the background (`pytest &`) has
     # SIGINT ignored, which the child would inherit (and Python then installs no KeyboardInterrupt handler)
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args, cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.app.train"] + args, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
@@ -330,7 +330,7 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
     assert proc.returncode == 130, "\n".join(clues) + "\n" + err[-2000:]
     assert "Traceback" not in err
     assert "interrupted at epoch" in err and f"--resume {run}" in err
-    assert err.strip().splitlines()[-1] == "python -m experiments.train: interrupted"
+    assert err.strip().splitlines()[-1] == "unfold-train: interrupted"
     ck, path = load_checkpoint(str(run))
     assert ck["epoch"] >= 1
     assert not list(run.glob(".*.tmp"))

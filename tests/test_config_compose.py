@@ -1,5 +1,5 @@
 """Configs that compose (issue 34, item 2): ``extends:`` chains, ``--print-config`` and overrides anywhere on
-the command line of ``python -m experiments.train``."""
+the command line of ``unfold-train``."""
 import os
 
 import pytest
@@ -9,7 +9,7 @@ from experiments.app import train as train_module
 from experiments.app.config import ConfigError, dump_config, load_config, load_yaml
 from test_train import ROOT
 
-TRAIN = "experiments.train"
+TRAIN = "experiments.app.train"
 
 
 def _write(path, text):

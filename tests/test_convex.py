@@ -195,7 +195,7 @@ def test_convex_heads_experiment_on_model_features(tmp_path):
                       "data.glove=none", "train.progress=false", "model.d=8"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "convex"
-    cmd = [sys.executable, "-m", "experiments.convex_heads", "--quick", "--features", "model", "--checkpoint",
+    cmd = [sys.executable, "-m", "experiments.studies.convex_heads", "--quick", "--features", "model", "--checkpoint",
            str(run / "best.pt"), "--config", os.path.join(CONFIGS, "tiny.yaml"), "--heads", "mlp_linear", "sa_linear",
            "bfno", "--dim", "4", "--out", str(out), "--json", "--set", f"data.dataset={data}", "data.glove=none"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)

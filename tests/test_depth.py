@@ -1,5 +1,5 @@
 """Depth chosen by the energy (issue 26, item 4): ``stop_rel`` on the guaranteed encoder, deeper inference, the verdict
-over stopped runs, and ``python -m experiments.depth``.
+over stopped runs, and ``python -m experiments.studies.depth``.
 
 The stopping rule (:class:`unfold.encoders.GuaranteedEncoder`): an example runs layer k+1 iff it ran layer k and
 ``(E_{k-1} - E_k) / max(|E_{k-1}|, tiny) >= EPS``; both energies are known before layer k+1, so a stopped example's
@@ -200,7 +200,7 @@ def run(tmp_path_factory):
     base = tmp_path_factory.mktemp("depth")
     data = synthetic_text_dir(base / "toy", n_train=200, n_eval=60)
     out = base / "run"
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", TINY, "--run-dir", str(out),
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", TINY, "--run-dir", str(out),
                            f"data.dataset={data}", "train.max_train_examples=200", "model.layers=3", "train.epochs=2",
                            "train.progress=false", "train.tensorboard=false"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
@@ -209,13 +209,13 @@ def run(tmp_path_factory):
 
 
 def test_predict_unrolls_more_layers_and_refuses_bad_ones(run, tmp_path):
-    code, out, err = run_cli("experiments.predict", [run, "--text", "good w1", "--json", "--layers", "9"], str(tmp_path))
+    code, out, err = run_cli("experiments.app.predict", [run, "--text", "good w1", "--json", "--layers", "9"], str(tmp_path))
     assert code == 0, err
     import json
     pred = json.loads(out)
     assert len(pred["energies"]) == 10 and pred["increases"] == 0
     for bad, what in (("0", "--layers"), ("x", "--layers"), ("5000", "--layers")):
-        code, out, err = run_cli("experiments.predict", [run, "--text", "good", "--layers", bad], str(tmp_path))
+        code, out, err = run_cli("experiments.app.predict", [run, "--text", "good", "--layers", bad], str(tmp_path))
         assert code == 2 and what in err and not out, (bad, err)
     # an untied (free) model: a bundle of one, refused naming --layers
     from experiments.app.bundle import TrainedModel, load_model, save_model
@@ -225,9 +225,9 @@ def test_predict_unrolls_more_layers_and_refuses_bad_ones(run, tmp_path):
     cfg = load_config(os.path.join(run, "config.yaml"), ["model.mode=free"])
     free = TrainedModel(build_model(cfg, len(trained.vocab), 2), cfg, trained.vocab, trained.label_names)
     folder = save_model(free, str(tmp_path / "free"))
-    code, out, err = run_cli("experiments.predict", [folder, "--text", "good", "--layers", "3"], str(tmp_path))
+    code, out, err = run_cli("experiments.app.predict", [folder, "--text", "good", "--layers", "3"], str(tmp_path))
     assert code == 2 and "--layers=3" in err and "untied" in err and not out, err
-    code, _, err = run_cli("experiments.depth", [folder, "--quick"], str(tmp_path))
+    code, _, err = run_cli("experiments.studies.depth", [folder, "--quick"], str(tmp_path))
     assert code == 2 and "weight-shared" in err and not os.path.exists(os.path.join(folder, "depth")), err
 
 
@@ -235,7 +235,7 @@ def test_depth_study_quick_writes_json_md_png(run, tmp_path):
     import json
 
     out_dir = tmp_path / "study"
-    code, out, err = run_cli("experiments.depth", [run, "--quick", "--json", "--out", str(out_dir),
+    code, out, err = run_cli("experiments.studies.depth", [run, "--quick", "--json", "--out", str(out_dir),
                                                    "--eps", "1e-1,1e-3,0", "--depths", "1,3,6,12"], str(tmp_path))
     assert code == 0, err
     doc = json.loads(out)
@@ -255,7 +255,7 @@ def test_depth_study_quick_writes_json_md_png(run, tmp_path):
     for args, what in (([run, "--eps", "2"], "--eps"), ([run, "--eps", "1e-2,,0"], "--eps"),
                        ([run, "--depths", "0"], "--depths"), ([run, "--eps", "1e-2,1e-2"], "twice"),
                        ([run, "--out", os.path.join(run, "config.yaml")], "--out")):
-        code, out, err = run_cli("experiments.depth", args, str(tmp_path))
+        code, out, err = run_cli("experiments.studies.depth", args, str(tmp_path))
         assert code == 2 and what in err and len(err.strip().splitlines()) == 1, (args, err)
     assert not os.path.exists(os.path.join(run, "depth"))
 
@@ -265,13 +265,13 @@ def test_a_generated_dataset_is_read_back_with_its_options(tmp_path):
     config (here the depth study, which checks the test split's fingerprint) through one function,
     ``experiments.data.load_configured``; before, the study regenerated the LRA defaults and refused the run."""
     out = tmp_path / "lo"
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", "listops", "--run-dir", str(out),
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", "listops", "--run-dir", str(out),
                            "data.max_len=24", "data.listops_min_len=8", "data.listops_max_len=24",
                            "data.listops_train=120", "data.listops_val=40", "data.listops_test=40", "model.d=16",
                            "model.layers=2", "train.epochs=1", "train.progress=false", "train.tensorboard=false"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    code, out_json, err = run_cli("experiments.depth", [str(out), "--quick", "--json", "--eps", "0.1,0",
+    code, out_json, err = run_cli("experiments.studies.depth", [str(out), "--quick", "--json", "--eps", "0.1,0",
                                                         "--depths", "1,2"], str(tmp_path))
     assert code == 0, err
     import json

@@ -15,7 +15,7 @@ import energies as E
 from energies.kernels.fused_ops import CPU_OPS, REFERENCE_OPS, _probe, fused_attention, fused_ops, fused_unavailable
 from energies.kernels.fused import FUSED_LSE_MAX_N, _fused_heads
 from energies.kernels.softmax import _compact_layout, _fused_parts, _spare_layout
-from energies.pairwise import pairwise_pass, pick_kernel
+from energies.kernels import pairwise_pass, pick_kernel
 
 #: the CPU flash op with the CUDA ops' layout (head size rounded up to 8, values apart)
 CPU_COMPACT = CPU_OPS._replace(name="cpu-flash-compact", head_multiple=8)

@@ -33,7 +33,7 @@ from experiments.app import checkpoint as C
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
-TRAIN, PREDICT = "experiments.train", "experiments.predict"
+TRAIN, PREDICT = "experiments.app.train", "experiments.app.predict"
 EPOCHS = 2
 #: the old code has no seal(): there the table's re-sealed cases are written without a checksum
 seal = getattr(C, "seal", lambda state: state)

@@ -17,7 +17,7 @@ from torch import nn
 import unfold as U
 from energies import from_edge_index
 from energies.errors import ConfigError, GraphError, StepError, TokenError, UnfoldError
-from energies.graph import graph_from_spec, window
+from energies.graphs import graph_from_spec, window
 from tests.clifuzz import expect_refusal, run_cli
 from unfold.trace import EnergyTrace, report_from_values, trace_descent
 
@@ -137,7 +137,7 @@ def test_an_encoder_validates_on_meta_without_reading_values():
 @pytest.mark.parametrize("graph,kernel", [("star", "auto"), ("star", "dense"), ("complete", "edges")])
 def test_a_meta_forward_runs_with_mask_dependent_graphs_and_the_edge_kernel(graph, kernel, monkeypatch):
     """Before: NotImplementedError ('Cannot copy out of meta tensor', nonzero on meta)."""
-    from energies import pairwise as P
+    from energies import kernels as P
     from energies.kernels import triton as TK
     monkeypatch.setitem(TK._TRITON, "meta", "disabled for this test")
     with torch.device("meta"):
@@ -246,10 +246,10 @@ def test_the_probe_refuses_a_ray_that_does_not_move():
 
 
 def test_the_cli_refuses_t_max_1e300_which_once_gave_degree_0(tmp_path):
-    line = expect_refusal("experiments.spline_probe", ["--attention", "relu", "--t-max", "1e300", "--n", "3", "--json"],
+    line = expect_refusal("experiments.studies.spline_probe", ["--attention", "relu", "--t-max", "1e300", "--n", "3", "--json"],
                           str(tmp_path), names=["--t-max", "1e300"])
     assert "float64" in line
-    code, out, _ = run_cli("experiments.spline_probe", ["--attention", "relu", "--t-max", "1e100", "--n", "3", "--json"],
+    code, out, _ = run_cli("experiments.studies.spline_probe", ["--attention", "relu", "--t-max", "1e100", "--n", "3", "--json"],
                            str(tmp_path))
     assert code == 0 and '"verdict": "spline", "degree": 3' in out                   # negative control
 
@@ -257,7 +257,7 @@ def test_the_cli_refuses_t_max_1e300_which_once_gave_degree_0(tmp_path):
 # --------------------------------------------------------------------- (10) the build check agrees with the build
 
 def _kernels():
-    from energies.pairwise import kernel_names
+    from energies.kernels import kernel_names
     return kernel_names()
 
 
@@ -332,7 +332,7 @@ def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkey
     msg = _check(load_config("tiny", ["model.kernel=fused"]))
     assert msg is not None and "model.kernel='fused'" in msg and "'cpu'" in msg
     monkeypatch.undo()
-    from energies import pairwise as P
+    from energies import kernels as P
     from energies.kernels import triton as TK
     if P.triton_unavailable("meta") is not None:
         pytest.skip("Triton is not installed")
@@ -499,7 +499,7 @@ def test_hostile_library_call(call, error, names):
         assert name.lower() in msg.lower(), f"{name!r} not named in {msg!r}"
 
 
-SPLINE = "experiments.spline_probe"
+SPLINE = "experiments.studies.spline_probe"
 CLI_CASES = [
     # (argv, names)
     (["--t-max", "1e300"], ["--t-max", "1e300"]),
@@ -610,10 +610,10 @@ def _registry_cases():
          ["kernel registry", "'edges'"]),
         ("kernel-fused", _taking(E.KERNELS, "fused", lambda: E.register_kernel("fused", expansion=True)(lambda *a: None)),
          EnergyError, ["kernel registry", "'fused'"]),
-        ("auto-rule-banded", _taking(E.pairwise.AUTO_RULES, "banded",       # a rule comes only with its kernel
+        ("auto-rule-banded", _taking(E.kernels.AUTO_RULES, "banded",       # a rule comes only with its kernel
                                      lambda: E.register_kernel("banded", auto=bool)(lambda *a: None)),
          EnergyError, ["kernel registry", "'banded'"]),
-        ("heads-pass-fused", _taking(E.pairwise.HEADS_PASSES, "fused",
+        ("heads-pass-fused", _taking(E.kernels.HEADS_PASSES, "fused",
                                      lambda: E.register_kernel("fused", heads=len)(lambda *a: None)),
          EnergyError, ["kernel registry", "'fused'"]),
         ("encoder-guaranteed", _taking(U.ENCODERS, "guaranteed", lambda: U.register_encoder("guaranteed")(_Encoder)),
@@ -649,7 +649,7 @@ def test_a_name_already_registered_is_refused(call, error, names):
         assert name.lower() in msg.lower(), f"{name!r} not named in {msg!r}"
     assert before == {name: dict(table) for name, table in (("rho", RHOS), ("graph", E.GRAPHS), ("kernel", E.KERNELS),
                                                             ("encoder", U.ENCODERS))}
-    assert E.get_rho("exp").spec() == "exp" and "complete" in E.graph.MASK_FREE
+    assert E.get_rho("exp").spec() == "exp" and "complete" in E.graphs.MASK_FREE
 
 
 def test_a_new_name_registers_and_the_same_object_again_is_a_no_op():

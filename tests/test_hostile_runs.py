@@ -25,7 +25,7 @@ from experiments.app import atomic
 from experiments.app.bundle import load_model
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
-TRAIN = "experiments.train"
+TRAIN = "experiments.app.train"
 TEXTS = ["good great lovely", "bad awful dull", "w1 w2 fine"]
 
 
@@ -526,7 +526,7 @@ def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_p
     other = root / "seed-1"
     other.mkdir()
     (other / "vocab.json").write_text("someone else's\n")
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "--config", TINY, "--seeds", "2", "--run-dir",
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.sweep", "--config", TINY, "--seeds", "2", "--run-dir",
                            str(root), *common], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert (own / "metrics.json").exists(), proc.stderr[-3000:]
     assert proc.returncode == 1 and "seed 1: FAILED" in proc.stderr, proc.stderr[-3000:]
@@ -542,7 +542,7 @@ def test_the_spline_probe_never_reads_an_overflow_as_a_verdict(tmp_path, activat
     """Before: ``--attention relu --t-max 1e300`` reported "spline, degree 0, max_residual 0.0": the scores
     overflowed to NaN, which the attention's ``nan_to_num`` (meant for rows with no key) turned into weight 0,
     so the output was a finite 0 everywhere far out. Now only rows with no key are zeroed; the NaN is seen."""
-    expect_refusal("experiments.spline_probe", ["--attention", activation, "--t-max", t_max, "--n", "3", "--json"],
+    expect_refusal("experiments.studies.spline_probe", ["--attention", activation, "--t-max", t_max, "--n", "3", "--json"],
                    str(tmp_path), names=["not finite", "t_max"])
 
 
@@ -643,7 +643,7 @@ def test_report_from_values_refuses_integer_energies(dtype):
 def test_an_out_of_range_edge_id_is_named_with_its_true_value(dtype, big):
     """Before: a uint64 edge id of 2^64 - 1 was reported as -1 (wrapped by the conversion to int64)."""
     from energies.errors import GraphError
-    from energies.graph import from_edge_index
+    from energies.graphs import from_edge_index
 
     ei = torch.tensor([[0, 1], [1, 2]], dtype=torch.int64).to(dtype)
     if dtype == torch.uint64:

@@ -13,8 +13,8 @@ import torch
 
 from clifuzz import expect_refusal, run_cli
 from energies.errors import ConfigError, EnergyError, GraphError
-from energies.graph import complete, strided, window
-from energies.pairwise import pairwise_pass
+from energies.graphs import complete, strided, window
+from energies.kernels import pairwise_pass
 from energies.rho import get_rho
 
 LIMIT = 2 * 2 ** 30

@@ -19,6 +19,7 @@ Each rule has its negative control: the same checker, run on a small package tre
 upward import in each layer, an application module importing a study, an alias with code, a circle closed by a
 lazy import), reports every one of them, and leaves out a ``TYPE_CHECKING`` import.
 """
+import ast
 import configparser
 import importlib
 import os
@@ -31,23 +32,59 @@ from layering import PACKAGES, cycles, find_modules, import_graph, layer_violati
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def alias_problems(root: str, graph) -> list:
-    """The alias modules directly in ``experiments`` (every ``.py`` there but ``__init__``) that do not import exactly
-    their namesake in ``experiments.app`` or ``experiments.studies``, or that hold more than the alias."""
+def _no_code(statement) -> bool:
+    """A top-level statement that holds no code of its own: a docstring, an import, ``__all__ = ...`` or
+    ``sys.modules[...] = ...`` (an alias replacing itself)."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+        return True
+    if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+        return all((isinstance(t, ast.Name) and t.id == "__all__")
+                   or (isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules") for t in targets)
+    return False
+
+
+def rooms_without_code(root: str) -> list:
+    """Modules (not a package's ``__init__``, which is its face) that define nothing: aliases of another module, or
+    re-exports of names whose home is elsewhere. Each name has one home, imported from there."""
     bad = []
-    for module, edges in sorted(graph.items()):
-        parts = module.split(".")
-        if len(parts) != 2 or parts[0] != "experiments" or module in ("experiments.app", "experiments.data",
-                                                                       "experiments.studies"):
+    for module, (path, is_pkg) in sorted(find_modules(root).items()):
+        if is_pkg:
             continue
-        targets = sorted({t for t, _ in edges})
-        if targets not in ([f"experiments.app.{parts[1]}"], [f"experiments.studies.{parts[1]}"]):
-            bad.append(f"{module} imports {targets}, not its one namesake in experiments.app or experiments.studies")
+        with open(path, encoding="utf-8") as f:
+            body = ast.parse(f.read()).body
+        if body and all(_no_code(st) for st in body):
+            bad.append(f"{module} holds no code: an alias or a re-export; import from the names' home")
+    return bad
+
+
+def private_exports(root: str) -> list:
+    """``__all__`` entries that start with ``_``: a private name is never part of what a module offers."""
+    bad = []
+    for module, (path, _) in sorted(find_modules(root).items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for st in tree.body:
+            if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in st.targets):
+                names = [e.value for e in getattr(st.value, "elts", []) if isinstance(e, ast.Constant)]
+                bad += [f"{module} exports the private name {n!r}" for n in names if str(n).startswith("_")]
+    return bad
+
+
+def kernels_outside(root: str) -> list:
+    """Modules of :mod:`energies` outside :mod:`energies.kernels` that register a pairwise kernel: every kernel's
+    code lives under ``energies/kernels/``."""
+    bad = []
+    for module, (path, _) in sorted(find_modules(root).items()):
+        if not module.startswith("energies.") or module.startswith("energies.kernels"):
             continue
-        with open(os.path.join(root, "experiments", parts[1] + ".py"), encoding="utf-8") as f:
-            code = [line for line in f.read().split('"""')[-1].splitlines() if line.strip()]
-        if len(code) > 6:
-            bad.append(f"{module} holds {len(code)} lines of code: an alias holds the import and the forwarding only")
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("register_kernel")]
+        if calls:
+            bad.append(f"{module}:{calls[0].lineno} registers a kernel outside energies/kernels/")
     return bad
 
 
@@ -67,23 +104,25 @@ def test_the_import_graph_is_read_whole(graph):
     assert ("energies.kernels.banded", "energies.kernels.registry") in edges
     assert ("energies.kernels.triton.pairwise", "energies.kernels.triton.rho") in edges
     assert ("experiments.studies.activations", "experiments.studies.spline_probe") in edges
-    assert ("experiments.train", "experiments.app.train") in edges              # an alias
 
 
 def test_each_layer_imports_only_what_it_may(graph):
     assert layer_violations(graph) == []
 
 
-def test_the_aliases_hold_no_code(graph):
-    assert alias_problems(ROOT, graph) == []
+def test_no_room_without_code_no_private_export_and_every_kernel_at_home():
+    assert rooms_without_code(ROOT) == []
+    assert private_exports(ROOT) == []
+    assert kernels_outside(ROOT) == []
 
 
 def test_no_import_circle(graph):
     assert cycles(graph) == []
 
 
-def test_every_console_command_and_alias_resolves():
-    """Each console script of setup.cfg names a module and a ``main`` that import; each alias is its home."""
+def test_every_console_command_resolves_and_experiments_holds_no_alias():
+    """Each console script of setup.cfg names a module and a ``main`` that import; ``experiments/`` holds its
+    sub-packages only (commands run from their homes: the console scripts, ``python -m experiments.studies.X``)."""
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
     scripts = [line.split("=", 1) for line in cfg["options.entry_points"]["console_scripts"].strip().splitlines()]
@@ -91,10 +130,7 @@ def test_every_console_command_and_alias_resolves():
     for name, target in scripts:
         module, _, func = target.strip().partition(":")
         assert callable(getattr(importlib.import_module(module), func)), name
-    for f in sorted(os.listdir(os.path.join(ROOT, "experiments"))):
-        if f.endswith(".py") and f != "__init__.py":
-            alias = importlib.import_module(f"experiments.{f[:-3]}")
-            assert alias.__name__ in (f"experiments.app.{f[:-3]}", f"experiments.studies.{f[:-3]}"), f
+    assert [f for f in os.listdir(os.path.join(ROOT, "experiments")) if f.endswith(".py")] == ["__init__.py"]
 
 
 # ------------------------------------------------------------------------------------------- negative controls
@@ -112,11 +148,10 @@ CLEAN = {
     "energies/graph.py": "import torch\nfrom .errors import GraphError\n",
     "energies/errors.py": "",
     "unfold/__init__.py": "",
-    "unfold/steps.py": "from energies.graph import TokenGraph\n",
+    "unfold/steps.py": "from energies.graphs import TokenGraph\n",
     "convex/__init__.py": "",
     "convex/heads.py": "from unfold import steps\nfrom energies import TokenGraph\n",
     "experiments/__init__.py": "",
-    "experiments/train.py": "import sys\nfrom experiments.app import train as _module\nsys.modules[__name__] = _module\n",
     "experiments/app/__init__.py": "",
     "experiments/app/train.py": "from .build import build_model\nfrom ..data import load\n",
     "experiments/app/build.py": "from unfold.steps import x\n",
@@ -130,7 +165,8 @@ CLEAN = {
 def test_the_clean_planted_tree_passes(tmp_path):
     plant(tmp_path, CLEAN)
     g = import_graph(str(tmp_path))
-    assert layer_violations(g) == [] and cycles(g) == [] and alias_problems(str(tmp_path), g) == []
+    assert layer_violations(g) == [] and cycles(g) == []
+    assert private_exports(str(tmp_path)) == [] and kernels_outside(str(tmp_path)) == []
     assert ("experiments.app.build", 2) in g["experiments.studies.other"]           # the lazy import read
 
 
@@ -146,8 +182,6 @@ def test_the_clean_planted_tree_passes(tmp_path):
      "experiments.app.sweep:1 imports experiments.studies.probe"),
     ("experiments/data/hf.py", "from experiments.studies.other import f\n",
      "experiments.data.hf:1 imports experiments.studies.other"),
-    ("experiments/app/sweep.py", "from experiments import train\n", "experiments.app.sweep:1 imports experiments.train"),
-    ("experiments/studies/depth.py", "from .. import train\n", "experiments.studies.depth:1 imports experiments.train"),
 ])
 def test_a_planted_upward_import_is_reported(tmp_path, path, source, expected):
     plant(tmp_path, {**CLEAN, path: source})
@@ -170,7 +204,7 @@ def test_a_planted_circle_is_reported(tmp_path, files, circle):
     assert cycles(import_graph(str(tmp_path))) == [circle]
 
 
-def test_a_type_checking_import_is_no_edge_and_an_alias_with_code_is_reported(tmp_path):
+def test_a_type_checking_import_is_no_edge(tmp_path):
     plant(tmp_path, {**CLEAN, "experiments/app/build.py": """\
         from typing import TYPE_CHECKING
         if TYPE_CHECKING:
@@ -178,10 +212,22 @@ def test_a_type_checking_import_is_no_edge_and_an_alias_with_code_is_reported(tm
         """})
     g = import_graph(str(tmp_path))
     assert g["experiments.app.build"] == [] and cycles(g) == []
-    plant(tmp_path, {"experiments/train.py": "import sys\nfrom experiments.app import build\n"})
-    assert alias_problems(str(tmp_path), import_graph(str(tmp_path))) == [
-        "experiments.train imports ['experiments.app.build'], not its one namesake in experiments.app or "
-        "experiments.studies"]
-    plant(tmp_path, {"experiments/train.py": "import sys\nfrom experiments.app import train as _m\n"
-                                             + "".join(f"x{i} = {i}\n" for i in range(8))})
-    assert alias_problems(str(tmp_path), import_graph(str(tmp_path)))[0].startswith("experiments.train holds 10 lines")
+
+
+@pytest.mark.parametrize("files, check, expected", [
+    ({"experiments/train.py": "import sys\nfrom experiments.app import train as _m\nsys.modules[__name__] = _m\n"},
+     rooms_without_code, "experiments.train holds no code"),
+    ({"energies/pairwise.py": '"""Re-exports."""\nfrom .kernels import x, y\n__all__ = ["x", "y"]\n'},
+     rooms_without_code, "energies.pairwise holds no code"),
+    ({"energies/graph.py": 'from .errors import GraphError\n__all__ = ["GraphError", "_check"]\n'},
+     private_exports, "energies.graph exports the private name '_check'"),
+    ({"energies/banded.py": '@register_kernel("banded")\ndef run():\n    pass\n'},
+     kernels_outside, "energies.banded:1 registers a kernel outside energies/kernels/"),
+])
+def test_a_planted_alias_private_export_or_stray_kernel_is_reported(tmp_path, files, check, expected):
+    """Negative controls of the three house rules (issue 35): what the planted file adds to the clean tree's report
+    (the planted tree's own modules are one-line stand-ins, import-only by design)."""
+    plant(tmp_path / "clean", CLEAN)
+    plant(tmp_path / "planted", {**CLEAN, **files})
+    found = sorted(set(check(str(tmp_path / "planted"))) - set(check(str(tmp_path / "clean"))))
+    assert len(found) == 1 and found[0].startswith(expected), found

@@ -10,9 +10,9 @@ import energies as E
 import unfold as U
 import unfold.mm
 from energies.errors import ConfigError, EnergyError, GraphError, TokenError
-from energies.graph import GraphCache
+from energies.graphs import GraphCache
 from energies.kernels.edges import _edges_pass
-from energies.pairwise import KERNELS, pairwise_pass, register_kernel
+from energies.kernels import KERNELS, pairwise_pass, register_kernel
 from unfold.classifier import upgrade_state_dict
 from unfold.pyg import UnfoldedAttentionConv
 

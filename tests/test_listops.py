@@ -198,7 +198,7 @@ def test_config_refusals(overrides, names, tmp_path):
         load_config(None, overrides)
     for n in names:
         assert n in str(e.value), (n, str(e.value))
-    expect_refusal("experiments.train", ["--config", "tiny", "--run-dir", str(tmp_path / "run"), *overrides],
+    expect_refusal("experiments.app.train", ["--config", "tiny", "--run-dir", str(tmp_path / "run"), *overrides],
                    str(tmp_path), names=names[:1])
 
 

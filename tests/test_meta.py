@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from energies import pairwise as P
+from energies import kernels as P
 from energies.kernels import triton as TK
 from energies.rho import get_rho
 from experiments.app.config import load_config

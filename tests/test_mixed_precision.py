@@ -30,7 +30,7 @@ from unfold.encoders import GuaranteedEncoder, trace_dtype
 from unfold.prox import ProxMMStep
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
-TRAIN = "experiments.train"
+TRAIN = "experiments.app.train"
 F32_EPS = torch.finfo(torch.float32).eps
 #: the rule of the traced energies' accuracy: |E_trace(Y_t) - E_float64(Y_t)| <= EVAL_TOL_FACTOR * eps(float32) *
 #: sum_k |E_k(Y_t)| per example and layer boundary -- an eighth of the verdict's own budget (64 eps(float32) *

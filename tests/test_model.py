@@ -172,7 +172,7 @@ def test_free_and_baseline_are_traced_but_not_guaranteed():
 
 
 def test_model_bad_input_errors():
-    """The library names its own parameters (no config keys: those are the application's, experiments.config)."""
+    """The library names its own parameters (no config keys: those are the application's, experiments.app.config)."""
     with pytest.raises(ConfigError, match="mode='fancy' is unknown; valid"):
         U.UnfoldedTransformer(10, 2, mode="fancy")
     with pytest.raises(ConfigError, match=r"alpha must be a number in \(0, 1\]"):

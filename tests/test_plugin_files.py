@@ -18,8 +18,8 @@ import energies as E
 import unfold as U
 import unfold.plugins as plugins
 from energies.errors import ConfigError
-from energies.graph import MASK_FREE
-from energies.pairwise import pairwise_pass
+from energies.graphs import MASK_FREE
+from energies.kernels import pairwise_pass
 from experiments.app.build import build_model
 from experiments.app.config import load_config
 
@@ -46,7 +46,7 @@ GRAPH = '''\
 """A token graph: each token linked to the tokens K and 2K places away (a two-scale dilation)."""
 import torch
 
-from energies.graph import TokenGraph, from_edge_index, register_graph
+from energies.graphs import TokenGraph, from_edge_index, register_graph
 
 
 @register_graph("twoscale", mask_free=True)
@@ -63,7 +63,7 @@ KERNEL = '''\
 """A pairwise kernel: every pair's explicit difference at once, (B, n, n, d) (small n only), any graph."""
 import torch
 
-from energies.pairwise import PairwisePass, register_kernel
+from energies.kernels import PairwisePass, register_kernel
 
 
 @register_kernel("allpairs")

@@ -21,16 +21,16 @@ import yaml
 
 import unfold.plugins as plugins
 from clifuzz import expect_refusal, run_cli
-from energies.graph import GRAPHS
+from energies.graphs import GRAPHS
 from energies.rho import RHOS
 from test_train import ROOT, synthetic_text_dir
 from unfold.cli import run_main
 
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.yaml")
-CLIS = ["experiments.activations", "experiments.bench", "experiments.convex_heads", "experiments.data",
-        "experiments.depth", "experiments.descent", "experiments.plot_energy", "experiments.predict",
-        "experiments.pyg_sbm", "experiments.spline_probe", "experiments.sweep", "experiments.tfidf",
-        "experiments.train", "experiments.variants", "unfold.check"]
+CLIS = ["experiments.studies.activations", "experiments.studies.bench", "experiments.studies.convex_heads", "experiments.data",
+        "experiments.studies.depth", "experiments.studies.descent", "experiments.app.plot_energy", "experiments.app.predict",
+        "experiments.studies.pyg_sbm", "experiments.studies.spline_probe", "experiments.app.sweep", "experiments.app.tfidf",
+        "experiments.app.train", "experiments.studies.variants", "unfold.check"]
 #: a small, fast unfold.check run
 CHECK = ["--samples", "2", "--layers", "3", "--n", "8", "--d", "4", "--json"]
 
@@ -38,7 +38,7 @@ PLUGIN = '''\
 """A plug-in: a scaled exponential penalty and a window graph under new names."""
 import torch
 
-from energies.graph import register_graph, window
+from energies.graphs import register_graph, window
 from energies.rho import Rho, register_rho
 
 
@@ -133,7 +133,7 @@ def inproc(monkeypatch):
 def trained(ws):
     """One tiny training run with the plug-in's rho and graph (imported from the working folder)."""
     run_dir = ws / "run"
-    proc = run("experiments.train", ["--config", TINY, "--import", "myplug", "model.rho=myrho:2",
+    proc = run("experiments.app.train", ["--config", TINY, "--import", "myplug", "model.rho=myrho:2",
                                      "model.graph=mygraph:3", f"data.dataset={ws / 'toy'}", "data.glove=none",
                                      "train.progress=false", "model.layers=1", "--run-dir", run_dir], cwd=ws / "plug")
     return proc, run_dir
@@ -155,7 +155,7 @@ def test_trainer_takes_a_plugin_rho_and_graph_by_name(trained):
 
 
 def test_trainer_without_the_plugin_refuses_the_name(ws):
-    line = one_error(run("experiments.train", ["--config", TINY, "model.rho=myrho", f"data.dataset={ws / 'toy'}",
+    line = one_error(run("experiments.app.train", ["--config", TINY, "model.rho=myrho", f"data.dataset={ws / 'toy'}",
                                                "--run-dir", ws / "refused"], cwd=ws / "plug"))
     assert "model.rho" in line and "myrho" in line
     assert not (ws / "refused").exists()
@@ -168,7 +168,7 @@ def test_trainer_without_the_plugin_refuses_the_name(ws):
     ("model.graph=nosuchgraph", ["model.graph", "nosuchgraph"]),
 ])
 def test_config_checks_plugin_names_like_builtin_ones(ws, inproc, tmp_path, override, names):
-    expect_refusal("experiments.train", ["--import", "inplug", "--config", TINY, override,
+    expect_refusal("experiments.app.train", ["--import", "inplug", "--config", TINY, override,
                                          f"data.dataset={ws / 'toy'}", "--run-dir", str(tmp_path / "r")],
                    str(ws / "plug"), names=names)
 
@@ -216,8 +216,8 @@ def test_import_in_an_explicit_argv_is_loaded(ws, inproc):
 
 
 # ----------------------------------------------------------------- refusals
-@pytest.mark.parametrize("module, extra", [("experiments.train", ["--config", TINY]), ("unfold.check", CHECK),
-                                           ("experiments.descent", ["--quick"]),
+@pytest.mark.parametrize("module, extra", [("experiments.app.train", ["--config", TINY]), ("unfold.check", CHECK),
+                                           ("experiments.studies.descent", ["--quick"]),
                                            ("experiments.data", ["export", "--dataset", "x", "--out", "o"])])
 @pytest.mark.parametrize("name, names", [
     ("nosuchmod", ["--import nosuchmod", "No module named 'nosuchmod'"]),
@@ -233,9 +233,9 @@ def test_a_plugin_that_cannot_be_imported_is_one_error_line(ws, inproc, module, 
 TAKEN = {
     "rho-exp": ('from energies.rho import Rho, register_rho\n\n\n@register_rho("exp")\nclass Exp(Rho):\n    pass\n',
                 ["rho registry", "'exp'"]),
-    "kernel-edges": ('from energies.pairwise import register_kernel\n\n\n@register_kernel("edges")\n'
+    "kernel-edges": ('from energies.kernels import register_kernel\n\n\n@register_kernel("edges")\n'
                      'def run(*args, **kwargs):\n    raise AssertionError("never runs")\n', ["kernel registry", "'edges'"]),
-    "graph-window": ('from energies.graph import register_graph\n\n\n@register_graph("window")\n'
+    "graph-window": ('from energies.graphs import register_graph\n\n\n@register_graph("window")\n'
                      'def window(n, k, batch_size=1, mask=None, seed=0):\n    raise AssertionError("never runs")\n',
                      ["graph registry", "'window'"]),
     "encoder-free": ('from unfold import GuaranteedEncoder, register_encoder\n\n\n@register_encoder("free")\n'
@@ -248,7 +248,7 @@ def test_a_plugin_taking_a_registered_name_is_refused(inproc, tmp_path, case):
     """Issue 33, cause 2. Before: a plug-in's ``exp`` replaced the built-in for the trace but not for the fused
     forward (rc 0); a second ``edges`` ended in ``TypeError: 'Kernel' object is not callable``. Now the import is
     refused naming the registry and the name, and the built-in is untouched."""
-    from energies.pairwise import KERNELS
+    from energies.kernels import KERNELS
     from unfold import ENCODERS
 
     source, names = TAKEN[case]
@@ -283,7 +283,7 @@ def test_a_plugin_that_exits_on_import_is_refused_by_every_cli(inproc, tmp_path,
     expect_refusal(module, ["--import", f"ending_{case}"], str(tmp_path), names=[f"--import ending_{case}", *names])
 
 
-@pytest.mark.parametrize("module", ["experiments.variants", "unfold.check"])
+@pytest.mark.parametrize("module", ["experiments.studies.variants", "unfold.check"])
 @pytest.mark.parametrize("source, names", [
     ("raise KeyboardInterrupt\n", ["KeyboardInterrupt"]),
     ("import sys\nsys.exit(0)\n", ["sys.exit(0)"]),
@@ -301,7 +301,7 @@ def test_a_plugin_that_exits_or_interrupts_in_a_subprocess_exits_2(tmp_path, mod
 
 def test_a_failing_plugin_in_a_subprocess_exits_2(ws):
     for name, what in (("nosuchmod", "No module named 'nosuchmod'"), ("badplug", "failed on purpose")):
-        line = one_error(run("experiments.train", [f"--import={name}", "--config", TINY], cwd=ws / "plug"))
+        line = one_error(run("experiments.app.train", [f"--import={name}", "--config", TINY], cwd=ws / "plug"))
         assert f"--import {name}" in line and what in line, line
 
 

@@ -16,7 +16,7 @@ import torch
 from clifuzz import run_cli
 from test_train import ROOT
 
-PREDICT = "experiments.predict"
+PREDICT = "experiments.app.predict"
 VOCAB = ["<pad>", "<unk>", "good", "bad", "film", "great", "dull"]
 
 
@@ -145,7 +145,7 @@ def test_unknown_tokens_are_counted_and_a_text_with_none_known_is_flagged(bundle
     from experiments.app.bundle import load_model
 
     model = load_model(bundle)
-    with caplog.at_level("WARNING", logger="experiments.predict"):
+    with caplog.at_level("WARNING", logger="experiments.app.predict"):
         known, mixed, unknown = model.predict(["good film", "good qqq film zzz qqq", "qqq zzz"])
     assert (known.tokens, known.unknown_tokens, known.unknown_words, known.prior_only) == (2, 0, [], False)
     assert (mixed.tokens, mixed.unknown_tokens, mixed.unknown_words, mixed.prior_only) == (5, 3, ["qqq", "zzz"], False)

@@ -125,7 +125,7 @@ def test_concurrent_training_runs_into_one_folder(tmp_path):
                 "data.glove=none", "train.progress=false", *extra]
 
     run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args(run, "train.epochs=100000"), cwd=ROOT,
+    first = subprocess.Popen([sys.executable, "-m", "experiments.app.train"] + args(run, "train.epochs=100000"), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:

@@ -8,7 +8,7 @@ import torch
 
 import unfold as U
 from energies.errors import ConfigError
-from experiments.spline_probe import (Encoder, EncoderBlock, main, probe, probe_attention, probe_model, run_taped,
+from experiments.studies.spline_probe import (Encoder, EncoderBlock, main, probe, probe_attention, probe_model, run_taped,
                                       static_degree)
 from unfold.attention import Attention
 

@@ -189,7 +189,7 @@ def test_the_kernels_z_error_on_the_device_is_within_the_bound(monkeypatch):
     pair's z error. Within the 3xTF32 bound at ``max|x|^2 / tau ~ 400`` (inside the guard); negative control: with
     plain TF32 products the same pass is far outside it (which also shows the precision reaches the hardware)."""
     from energies.kernels.triton import pairwise as TP
-    from energies.pairwise import pairwise_pass
+    from energies.kernels import pairwise_pass
     import energies as E
     from energies.rho import get_rho
 

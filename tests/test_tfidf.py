@@ -1,4 +1,4 @@
-"""Tests of the TF-IDF + logistic regression baseline (experiments.tfidf), offline and small."""
+"""Tests of the TF-IDF + logistic regression baseline (experiments.app.tfidf), offline and small."""
 import json
 import math
 import random

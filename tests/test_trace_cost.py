@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from energies.graph import TokenGraph, mask_bits
+from energies.graphs import TokenGraph
+from energies.graphs.container import mask_bits
 from energies.kernels.softmax import _softmax_degrees
-from energies.pairwise import pairwise_energy, pairwise_pass
+from energies.kernels import pairwise_energy, pairwise_pass
 from energies.rho import get_rho
 from energies.terms import NonNegativity, _f64_sum
 from unfold.model import UnfoldedTransformer

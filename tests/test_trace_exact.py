@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import energies as E
-from energies.pairwise import pairwise_pass
+from energies.kernels import pairwise_pass
 from unfold.encoders import Encoder, GuaranteedEncoder
 from unfold.trace import EnergyTrace, settle
 

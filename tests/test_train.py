@@ -24,7 +24,7 @@ def synthetic_text_dir(path, n_train=600, n_eval=150, seed=0):
 
 
 def run_train(args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "experiments.train"] + args, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "experiments.app.train"] + args, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
@@ -57,7 +57,7 @@ def test_tiny_synthetic_text_trains_to_high_accuracy(tmp_path, mode):
     assert all(v.shape == (150, 3) and v.dtype == torch.float64 for v in trace["energies"].values())
     # plots are redrawn from the saved data
     os.remove(run / "energy_descent.png")
-    proc = subprocess.run([sys.executable, "-m", "experiments.plot_energy", str(run)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.plot_energy", str(run)], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0 and (run / "energy_descent.png").exists()
 
@@ -116,7 +116,7 @@ def test_bad_config_exits_2_and_writes_nothing(tmp_path):
 def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, UNFOLD_DATA=str(tmp_path / "empty"))
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", os.path.join(CONFIGS, "tiny.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", os.path.join(CONFIGS, "tiny.yaml"),
                            "--run-dir", str(run)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 2
     assert "python -m experiments.data fetch --dataset rotten_tomatoes" in proc.stderr
@@ -124,9 +124,9 @@ def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
 
 
 def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
-    """experiments.activations on a toy set: two spline variants, one non-spline; a rerun reuses the runs."""
+    """experiments.studies.activations on a toy set: two spline variants, one non-spline; a rerun reuses the runs."""
     data = synthetic_text_dir(tmp_path / "toy", n_train=96, n_eval=40)
-    args = [sys.executable, "-m", "experiments.activations", "--out", str(tmp_path / "sweep"), "--epochs", "1",
+    args = [sys.executable, "-m", "experiments.studies.activations", "--out", str(tmp_path / "sweep"), "--epochs", "1",
             "--only", "std-relu-nonorm", "mm-relu-const", "mm-relu", "--probe-n", "3",
             "--set", f"data.dataset={data}", "data.glove=none", "model.d=8", "model.heads=1", "model.layers=2",
             "train.threads=1"]
@@ -144,7 +144,7 @@ def test_activation_sweep_trains_probes_tabulates_and_resumes(tmp_path):
     assert proc.returncode == 0 and proc.stderr.count("reusing") == 3
     from clifuzz import run_cli
 
-    code, _, err = run_cli("experiments.activations", ["--only", "mm-gelu"], ROOT)      # in process
+    code, _, err = run_cli("experiments.studies.activations", ["--only", "mm-gelu"], ROOT)      # in process
     assert code == 2 and "invalid choice: 'mm-gelu'" in err and "Traceback" not in err
 
 
@@ -185,7 +185,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
         started = (run / LAST).exists()
         args = _resume_args(run) if started else base[:2] + ["--run-dir", str(run)] + base[2:]
         resumes += started
-        proc = subprocess.Popen([sys.executable, "-m", "experiments.train"] + args, cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.app.train"] + args, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         before = (run / LAST).stat().st_mtime_ns if (run / LAST).exists() else 0
         deadline = time.time() + 120
@@ -261,7 +261,7 @@ def test_two_process_ddp_matches_single_process_training(tmp_path):
     common = ["--config", os.path.join(CONFIGS, "tiny.yaml"), f"data.dataset={data}", "data.glove=none",
               "train.epochs=3", "train.progress=false", "model.dropout=0.0", "train.threads=1", "train.batch_size=299"]   # shares 150/149, then 1/0 (filler)
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "experiments.train", "--run-dir", str(tmp_path / "ddp")] + common,
+                          "-m", "experiments.app.train", "--run-dir", str(tmp_path / "ddp")] + common,
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     single = run_train(["--run-dir", str(tmp_path / "single")] + common)

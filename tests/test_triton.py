@@ -23,10 +23,10 @@ import torch
 triton = pytest.importorskip("triton")
 
 import energies as E  # noqa: E402
-from energies import pairwise as P  # noqa: E402
+from energies import kernels as P  # noqa: E402
 from energies.rho import kernel_sensitivity  # noqa: E402
 from energies.errors import EnergyError  # noqa: E402
-from energies.pairwise import EXPANSION_Z_ERROR, pairwise_pass  # noqa: E402
+from energies.kernels import EXPANSION_Z_ERROR, pairwise_pass  # noqa: E402
 from energies.rho import ExpRho, Rho, get_rho, register_rho, RHOS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -178,7 +178,7 @@ def test_a_mask_applied_on_the_device_keeps_the_edge_list_shape():
     each edge by the mask, and the result equals the graph built with the mask."""
     B, n, d = 3, 18, 4
     Y, mask = _tokens(B, n, d, torch.float64, True, seed=5)
-    from energies.graph import GraphCache
+    from energies.graphs import GraphCache
     cached = GraphCache("window:2")(mask)
     built = E.window(n, 2, batch_size=B, mask=mask.cpu()).to(DEVICE)
     assert cached.fixed_edges()[2] is not None                   # not compacted

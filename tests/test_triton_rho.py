@@ -130,7 +130,7 @@ def test_softplus_beyond_exps_range_has_its_triton_constant(c, t):
     ended in ``OverflowError: math range error``; F(-C / T) = -Li2(-e^(-C/T)) is now computed from e^(-C/T) alone,
     against 50 digits (absolutely below float64's smallest subnormal, where it underflows to 0)."""
     from energies.kernels.triton import _triton_supports
-    from energies.graph import complete
+    from energies.graphs import complete
 
     rho = get_rho(f"softplus:{c!r}:{t!r}")
     f_c = rho_functions(rho)[3][2]

@@ -13,7 +13,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 import energies as E  # noqa: E402
-from energies.pairwise import pairwise_pass  # noqa: E402
+from energies.kernels import pairwise_pass  # noqa: E402
 from energies.rho import get_rho  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

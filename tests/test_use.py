@@ -46,7 +46,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("use")
     data = named_label_dir(tmp / "toy", n_train=400, n_eval=100)
     run_dir = tmp / "run"
-    proc = run("experiments.train", "--config", "tiny", "--run-dir", run_dir, f"data.dataset={data}",
+    proc = run("experiments.app.train", "--config", "tiny", "--run-dir", run_dir, f"data.dataset={data}",
                "data.glove=none", f"train.epochs={EPOCHS}", "train.batch_size=32", "train.lr=0.005",
                "train.progress=false", "model.layers=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,7 +140,7 @@ def test_predict_cli_json_equals_the_python_call(trained, tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("awful boring w3\n\nw4 w5 bad w6 poor dull w7 w8 w9\n")
     plot = tmp_path / "e.png"
-    proc = run("experiments.predict", run_dir, "--text", TEXTS[0], "--file", texts, "--json", "--plot", plot)
+    proc = run("experiments.app.predict", run_dir, "--text", TEXTS[0], "--file", texts, "--json", "--plot", plot)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 3                                               # blank lines of the file skipped
@@ -150,7 +150,7 @@ def test_predict_cli_json_equals_the_python_call(trained, tmp_path):
     expected = [p.to_dict() for p in load_model(run_dir).predict(TEXTS[:3])]
     assert rows == json.loads(json.dumps(expected))
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    human = run("experiments.predict", run_dir, "--text", TEXTS[0])
+    human = run("experiments.app.predict", run_dir, "--text", TEXTS[0])
     assert human.returncode == 0 and human.stdout.startswith("good\t")
 
 
@@ -161,7 +161,7 @@ def test_predict_cli_json_equals_the_python_call(trained, tmp_path):
 ])
 def test_predict_cli_refuses_bad_input(trained, tmp_path, args, message):
     run_dir = tmp_path / "missing" if message == "no such model folder" else trained[0]
-    proc = run("experiments.predict", run_dir, *[a.format(tmp=tmp_path) for a in args])
+    proc = run("experiments.app.predict", run_dir, *[a.format(tmp=tmp_path) for a in args])
     assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
     assert not list(tmp_path.glob("*.jpg"))
 
@@ -234,7 +234,7 @@ def test_metrics_csv_drops_the_rows_of_an_epoch_cut_short_on_resume(tmp_path):
 
 def test_tensorboard_off_writes_no_event_files(tmp_path):
     data = named_label_dir(tmp_path / "toy", n_train=64, n_eval=32)
-    proc = run("experiments.train", "--config", "tiny", "--run-dir", tmp_path / "r", f"data.dataset={data}",
+    proc = run("experiments.app.train", "--config", "tiny", "--run-dir", tmp_path / "r", f"data.dataset={data}",
                "data.glove=none", "train.tensorboard=false", "train.progress=false", "model.layers=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (tmp_path / "r" / "tensorboard").exists() and (tmp_path / "r" / "metrics.csv").exists()
@@ -245,7 +245,7 @@ def test_two_seed_sweep_writes_mean_and_std(tmp_path):
     root = tmp_path / "sweep"
     args = ["--config", "tiny", "--seeds", "2", "--jobs", "2", "--run-dir", root, f"data.dataset={data}",
             "data.glove=none", "train.progress=false", "model.layers=1", "train.tensorboard=false"]
-    proc = run("experiments.sweep", *args)
+    proc = run("experiments.app.sweep", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((root / "summary.json").read_text())
     accs = [json.loads((root / f"seed-{k}" / "metrics.json").read_text())["test_accuracy"] for k in (0, 1)]
@@ -259,10 +259,10 @@ def test_two_seed_sweep_writes_mean_and_std(tmp_path):
     md = (root / "summary.md").read_text()
     assert "| test_accuracy |" in md and " ± " in md
     stamp = (root / "seed-0" / "metrics.json").stat().st_mtime_ns
-    again = run("experiments.sweep", *args)                             # a finished sweep is not run again
+    again = run("experiments.app.sweep", *args)                             # a finished sweep is not run again
     assert again.returncode == 0 and "finished already" in again.stderr
     assert (root / "seed-0" / "metrics.json").stat().st_mtime_ns == stamp
-    table = run("experiments.sweep", "--table", root)
+    table = run("experiments.app.sweep", "--table", root)
     assert table.returncode == 0 and "| tiny |" in table.stdout and "%" in table.stdout
 
 
@@ -273,7 +273,7 @@ def test_sweep_reports_a_failed_seed_and_keeps_the_others(tmp_path):
     (root / "seed-1" / "notes.txt").write_text("mine")                 # someone else's folder: never overwritten
     args = ["--config", "tiny", "--seeds", "2", "--run-dir", root, f"data.dataset={data}", "data.glove=none",
             "train.progress=false", "model.layers=1", "train.tensorboard=false"]
-    proc = run("experiments.sweep", *args)
+    proc = run("experiments.app.sweep", *args)
     assert proc.returncode == 1
     summary = json.loads((root / "summary.json").read_text())
     assert summary["failed"] == [1] and list(summary["runs"]) == ["0"]
@@ -281,12 +281,12 @@ def test_sweep_reports_a_failed_seed_and_keeps_the_others(tmp_path):
     assert sorted(n for n in os.listdir(root / "seed-1") if n != ".lock") == ["notes.txt", "sweep.log"]
     # a malformed metrics.json is refused before anything runs (it is neither a finished run nor one to resume)
     (root / "seed-1" / "metrics.json").write_text("{}")
-    again = run("experiments.sweep", *args)
+    again = run("experiments.app.sweep", *args)
     assert again.returncode == 2 and "metrics.json" in again.stderr and "test_accuracy" in again.stderr
 
 
 def test_sweep_refuses_an_override_of_a_seed_key():
-    proc = run("experiments.sweep", "--config", "tiny", "train.seed=3")
+    proc = run("experiments.app.sweep", "--config", "tiny", "train.seed=3")
     assert proc.returncode == 2 and "seed key" in proc.stderr
 
 
@@ -327,7 +327,7 @@ def test_configs_are_found_by_name_and_shipped_as_package_data(tmp_path):
     globs = cfg["options.package_data"]["experiments"].split()
     for f in os.listdir(CONFIG_DIR):
         assert any(fnmatch.fnmatch(f"configs/{f}", g) for g in globs), f
-    proc = subprocess.run([sys.executable, "-m", "experiments.train", "--config", "nope", "--run-dir", tmp_path / "r"],
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", "nope", "--run-dir", tmp_path / "r"],
                           capture_output=True, text=True, cwd="/", timeout=120)
     assert proc.returncode == 2 and "shipped" in proc.stderr and not (tmp_path / "r").exists()
 
@@ -363,15 +363,15 @@ def test_constraints_pin_every_requirement_within_its_lower_bound():
 
 def test_an_offline_hf_folder_trains_and_its_bundle_keeps_the_classlabel_names(tmp_path):
     fixture = os.path.join(ROOT, "tests", "data", "hf", "reviews_disk")
-    proc = run("experiments.train", "--config", "tiny", "--run-dir", tmp_path / "r", f"data.dataset=hf:{fixture}",
+    proc = run("experiments.app.train", "--config", "tiny", "--run-dir", tmp_path / "r", f"data.dataset=hf:{fixture}",
                "data.glove=none", "data.min_freq=1", "train.progress=false", "model.layers=1",
                "train.tensorboard=false", "data.splits={train: train, val: validation, test: test}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     trained = load_model(tmp_path / "r")
     assert trained.label_names == ["negative", "neutral", "positive"]
-    pred = run("experiments.predict", tmp_path / "r", "--text", "A dull film", "--json")
+    pred = run("experiments.app.predict", tmp_path / "r", "--text", "A dull film", "--json")
     assert pred.returncode == 0 and json.loads(pred.stdout)["label"] in trained.label_names
-    bad = run("experiments.train", "--config", "tiny", "--run-dir", tmp_path / "q", f"data.dataset=hf:{fixture}",
+    bad = run("experiments.app.train", "--config", "tiny", "--run-dir", tmp_path / "q", f"data.dataset=hf:{fixture}",
               "data.splits={train: train, val: dev}")
     assert bad.returncode == 2 and "dev" in bad.stderr and not (tmp_path / "q").exists()
 
@@ -428,7 +428,7 @@ def test_a_malformed_manifest_is_refused(trained, tmp_path, change, message):
 
 def test_training_into_a_saved_bundle_is_refused(trained, tmp_path):
     out = save_model(load_model(trained[0]), tmp_path / "b")
-    proc = run("experiments.train", "--config", "tiny", "--run-dir", out, f"data.dataset={trained[1]}",
+    proc = run("experiments.app.train", "--config", "tiny", "--run-dir", out, f"data.dataset={trained[1]}",
                "data.glove=none")
     assert proc.returncode == 2 and "already holds" in proc.stderr
     load_model(out)                                                     # intact
@@ -437,7 +437,7 @@ def test_training_into_a_saved_bundle_is_refused(trained, tmp_path):
 @pytest.mark.parametrize("args, message", [(["--text", "x", "--device", "gpu"], "--device must be cpu, cuda, cuda:K or auto, got 'gpu'"),
                                            (["--text", "  "], "is empty")])
 def test_predict_refuses_a_bad_device_or_empty_text(trained, args, message):
-    proc = run("experiments.predict", trained[0], *args)
+    proc = run("experiments.app.predict", trained[0], *args)
     assert proc.returncode == 2 and message in proc.stderr
 
 
@@ -446,9 +446,9 @@ def test_a_sweep_never_resumes_a_seed_under_another_config(tmp_path):
     root = tmp_path / "sweep"
     base = ["--config", "tiny", "--seeds", "1", "--run-dir", root, f"data.dataset={data}", "data.glove=none",
             "train.progress=false", "model.layers=1", "train.tensorboard=false"]
-    assert run("experiments.sweep", *base).returncode == 0
+    assert run("experiments.app.sweep", *base).returncode == 0
     stamp = (root / "seed-0" / "config.yaml").read_text()
-    proc = run("experiments.sweep", *base, "train.lr=0.05")
+    proc = run("experiments.app.sweep", *base, "train.lr=0.05")
     assert proc.returncode == 1 and "another config" in proc.stderr
     assert (root / "seed-0" / "config.yaml").read_text() == stamp
     # the finished summary is never replaced by the all-failed one of this run (issue 33, cause 5)
@@ -471,13 +471,13 @@ def test_tfidf_sweep_over_split_seeds_with_a_training_subset(tmp_path):
             for i, w in enumerate(["good", "bad", "great", "awful"] * 40)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     root = tmp_path / "tf"
-    proc = run("experiments.sweep", "--tfidf", "--dataset", data, "--seeds", "2", "--max-train-examples", "50",
+    proc = run("experiments.app.sweep", "--tfidf", "--dataset", data, "--seeds", "2", "--max-train-examples", "50",
                "--run-dir", root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = [json.loads((root / f"seed-{k}" / "metrics.json").read_text()) for k in (0, 1)]
     assert [r["sizes"]["train"] for r in runs] == [50, 50] and [r["seed"] for r in runs] == [0, 1]
     summary = json.loads((root / "summary.json").read_text())
     assert summary["metrics"]["test_accuracy"]["n"] == 2 and summary["seed_keys"] == ["data.seed"]
-    assert "n/a" in run("experiments.sweep", "--table", root).stdout    # no energy columns for TF-IDF
-    bad = run("experiments.sweep", "--config", "tiny", "--max-train-examples", "5")
+    assert "n/a" in run("experiments.app.sweep", "--table", root).stdout    # no energy columns for TF-IDF
+    bad = run("experiments.app.sweep", "--config", "tiny", "--max-train-examples", "5")
     assert bad.returncode == 2 and "goes with --tfidf" in bad.stderr

@@ -169,7 +169,7 @@ def test_graphs_beyond_the_memory_budget_are_refused_before_any_allocation(call,
 @pytest.mark.parametrize("p", [0.01, 0.7])
 def test_random_graph_above_the_pairwise_regime_has_the_right_density(p):
     n = 2050                       # 2,100,225 candidate pairs: just above RANDOM_PAIRWISE_MAX
-    assert n * (n - 1) // 2 > E.graph.RANDOM_PAIRWISE_MAX
+    assert n * (n - 1) // 2 > E.graphs.RANDOM_PAIRWISE_MAX
     g = E.random(n, p, seed=3)
     pairs = n * (n - 1) // 2
     m = int(g.num_edges()[0])

@@ -1,4 +1,4 @@
-"""``python -m experiments.variants``: the quick run end to end, its resumability, its refusals, and the training
+"""``unfold-variants``: the quick run end to end, its resumability, its refusals, and the training
 throughput / peak memory figures the trainer records for its table (:mod:`experiments.app.throughput`)."""
 import json
 import os
@@ -20,7 +20,7 @@ GRAPHS = V.QUICK_GRAPHS.split(",")
 
 
 def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "experiments.variants", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "experiments.studies.variants", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 
 

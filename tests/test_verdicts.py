@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import energies as E
 import unfold as U
 from energies.errors import DescentError, EnergyError, StepError
-from energies.pairwise import expansion_dtype, pairwise_pass
+from energies.kernels import expansion_dtype, pairwise_pass
 from energies.rho import Rho, get_rho
 from precision import energy_mp, rho_mp
 from sweep import AGREE, ALPHAS, RHOS, SCALES, SHAPES, TAUS, run_case

@@ -18,10 +18,10 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from energies.pairwise import kernel_names
+from energies.kernels import kernel_names
 from energies.checks import load_npy
 from energies.errors import UnfoldError
-from energies.graph import graph_from_spec
+from energies.graphs import graph_from_spec
 from energies.memory import check_memory
 from energies.rho import get_rho
 

@@ -25,7 +25,7 @@ Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :d
 
 ``encoder(X, mask)`` returns an :class:`EncoderOutput` (``Y``, ``energies``, ``states``, ``report()``). The
 forward pass does no host read off the CPU with the trace off (``validate=False``, the default): the token graph
-is built on the tokens' device and cached (:class:`~energies.graph.GraphCache`), the energy's terms are built
+is built on the tokens' device and cached (:class:`~energies.graphs.GraphCache`), the energy's terms are built
 without checks (their inputs are the encoder's own tensors), the kernels run without their precision guard (on a
 GPU the guard would mean a host read or both paths); ``validate=True`` checks the inputs (finite real tokens, no
 empty example) and turns the guard on, and the trace turns it on too. On the CPU the guard is always on: its one
@@ -47,8 +47,8 @@ from energies.checks import check_int, check_number
 from energies.memory import check_memory
 from energies.energy import Energy
 from energies.errors import ConfigError, InputError, UnfoldError
-from energies.graph import GraphCache, TokenGraph, check_tokens, graph_from_spec
-from energies.pairwise import KERNELS, check_kernel
+from energies.graphs import GraphCache, TokenGraph, check_tokens, graph_from_spec
+from energies.kernels import KERNELS, check_kernel
 from energies.registry import Registry
 from energies.rho import Rho, get_rho
 from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling,

@@ -31,7 +31,7 @@ import torch
 
 from energies.energy import Energy
 from energies.errors import StepError
-from energies.graph import TokenGraph
+from energies.graphs import TokenGraph
 
 __all__ = ["PRECONDITIONERS", "MMStepResult", "mm_direction", "mm_step"]
 

@@ -2,7 +2,7 @@
 command line reads its options or its config.
 
 A plug-in is an ordinary Python module whose import registers its parts with the library's registries
-(``@energies.rho.register_rho("myrho")``, ``@energies.graph.register_graph("mygraph")``, ...). Two ways load one:
+(``@energies.rho.register_rho("myrho")``, ``@energies.graphs.register_graph("mygraph")``, ...). Two ways load one:
 
 * ``--import MODULE`` on any command line (:func:`add_import_arg`; repeatable), or :func:`import_plugins`
   from Python. The current folder is importable, as under ``python -m``: ``--import myplug`` finds

@@ -26,7 +26,7 @@ import torch
 
 from energies.energy import Energy
 from energies.errors import StepError
-from energies.graph import TokenGraph
+from energies.graphs import TokenGraph
 
 from . import mm as _mm
 from .steps import Step, _check_alpha, _check_energy, register_step

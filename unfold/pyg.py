@@ -19,7 +19,7 @@ the framework takes), with ``gamma^h_uv = rho'(z^h_uv)``:
 
 Both never increase E, for any weights and any 0 < alpha <= 1. The energy terms are the library's own
 (:class:`~energies.terms.PairwiseAttention` per head, :class:`~energies.terms.Residual`,
-:class:`~energies.terms.NonNegativity`) on a :class:`~energies.graph.TokenGraph` of the nodes, and the sums
+:class:`~energies.terms.NonNegativity`) on a :class:`~energies.graphs.TokenGraph` of the nodes, and the sums
 over edges are the registered ``edges`` kernel (gather/scatter over the canonical edge list, as PyG's message
 passing): nothing is derived twice. The energy at the layer's input comes from the same pass
 (``return_energy=True``).
@@ -46,7 +46,7 @@ from torch_geometric.nn import MessagePassing
 from energies.checks import check_int, check_number
 from energies.energy import Energy
 from energies.errors import GraphError, StepError, TokenError
-from energies.graph import TokenGraph, canonical_edges
+from energies.graphs import TokenGraph, canonical_edges
 from energies.rho import get_rho
 from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64, version_cached
 
@@ -75,7 +75,7 @@ def _edge_tensor(edge_index) -> torch.Tensor:
 
 def undirected_edges(edge_index, num_nodes: int) -> torch.Tensor:
     """Both orientations of every undirected edge once, no self loops; checks ids and dtype (the canonical
-    edges of :func:`energies.graph.canonical_edges`, written both ways as PyG's message passing expects)."""
+    edges of :func:`energies.graphs.canonical_edges`, written both ways as PyG's message passing expects)."""
     ei = canonical_edges(_edge_tensor(edge_index), num_nodes, num_nodes, lenient=True)
     return torch.stack([torch.cat([ei[0], ei[1]]), torch.cat([ei[1], ei[0]])])
 

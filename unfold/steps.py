@@ -17,8 +17,8 @@ import torch
 from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.checks import check_number
-from energies.graph import TokenGraph, check_tokens
-from energies.pairwise import check_kernel, edge_z
+from energies.graphs import TokenGraph, check_tokens
+from energies.kernels import check_kernel, edge_z
 from energies.registry import Registry
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
@@ -108,12 +108,12 @@ class AttentionStep(Step):
     with N~(u) = N(u) + {u} and gamma_uu = rho'(0): eq. 38/39 as printed in the supplement. It is
     not the Jacobi step of E~ and can raise E1 (the negative control); B must be None.
 
-    Kernels (:mod:`energies.pairwise`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
+    Kernels (:mod:`energies.kernels`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
     (complete graph, rho=exp: softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self
     included, self contribution removed from the output, so that the exact step is
     ``attn_u + p_uu (b_u - y_u)``), ``fused`` (the same softmax form in one flash-attention kernel
     call with a differentiable log-sum-exp, CPU), ``streamed`` (complete graph, any rho, key tiles),
-    ``auto`` (:func:`energies.pairwise.pick_kernel`).
+    ``auto`` (:func:`energies.kernels.pick_kernel`).
     """
 
     guarantee = "E1 never increases for 0 < alpha <= 1 with update='exact' (Theorem B.2 + Prop. B.1)"

@@ -32,7 +32,7 @@ import torch
 
 from energies.energy import Energy
 from energies.errors import StepError, TokenError
-from energies.graph import TokenGraph, check_tokens
+from energies.graphs import TokenGraph, check_tokens
 from energies.terms import ACCUM_DTYPE
 
 from .steps import Step

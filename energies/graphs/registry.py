@@ -16,7 +16,7 @@ from .edges import MAX_SLOTS, check_int, check_seed
 
 
 # ---------------------------------------------------------------------- builders
-GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graph.GRAPHS")
+GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graphs.GRAPHS")
 
 
 #: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping

@@ -1,4 +1,43 @@
-"""The pairwise kernels, one home each, and their registry (as PyG's ``nn/conv/``).
+"""Pairwise sums over a token graph: the one place where edges meet tensors; every kernel, one home each, and
+their registry (as PyG's ``nn/conv/``).
+
+The kernels compute the same quantities, so that energies and updates share the math and only
+swap the kernel:
+
+* ``edges``: gather/scatter over the canonical edge list (any graph, O(|E| d) memory), z from explicit
+  differences;
+* ``dense``: an ``(B, n, n)`` weight matrix (complete graphs or small n);
+* ``softmax``: complete graph with rho = exp only: softmax over all keys of the logits
+  ``-z_uv = (y_u.y_v - |y_v|^2 / 2 - |y_u|^2 / 2) / tau`` (the key bias ``log beta_v`` of supplement
+  eq. 35, 39 plus a per-query constant, which the softmax ignores), self included, explicit n x n logits;
+* ``fused``: the same softmax in one flash-attention kernel call (:mod:`energies.kernels.fused_ops`): no n x n
+  matrix, the log-sum-exp differentiable, CPU only;
+* ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
+  and backward (a custom autograd function recomputes one tile at a time in the backward pass).
+  ``gamma = rho'(z)`` is bounded for every rho here and the step divides by ``1 + deg``, so plain
+  sums of tiles are safe.
+
+For edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = ||y_u - y_v||^2 / (2 tau)``, one pass returns
+
+    agg_u = sum_{v in N(u)} gamma_uv (y_v - y_u),     deg_u = sum_{v in N(u)} gamma_uv,
+
+and, from the same pass, the pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` per example. ``agg`` is
+minus the gradient of the pairwise energy: it depends on differences only, so a token with no pull
+gets exactly 0 and a fixed point of the step stays exactly fixed (``num_u = agg_u + deg_u y_u`` is
+also available). On the softmax kernels, with ``S_u = sum_v exp(-z_uv) = 1 + deg_u`` (self included)
+and ``P`` the softmax, ``agg_u = S_u (P Y - Y)_u``: the self term contributes ``p_uu (y_u - y_u) = 0``,
+so nothing has to be removed with a separately rounded diagonal logit, ``deg_u = expm1(LSE_u)`` and
+the energy is ``-tau/2 sum_u deg_u`` (../shared/NOTES.md).
+
+Precision at every scale. z depends on differences only, so the kernels that use the expansion
+``|a|^2 + |b|^2 - 2 a.b`` (dense, softmax, fused, streamed) work on tokens centred per example; its
+rounding error is then about ``eps * max_u |y_u - mean|^2 / tau`` in z, which :func:`expansion_dtype`
+keeps below ``EXPANSION_Z_ERROR[dtype]`` by computing in float64, or, where even float64 cannot
+(``max |y|^2 / tau`` beyond ~4e6, or a tiny tau), by the streamed pass with explicit differences:
+a stable formulation of every kernel, chosen per call (one host read of the largest norm; skipped
+under ``torch.compile``, where the kernel runs as asked).
+
+Where things are:
 
 * :mod:`.registry`: :class:`~.registry.PairwisePass`, :class:`~.registry.Kernel`, :data:`~.registry.KERNELS`,
   :func:`~.registry.register_kernel` (a kernel declares its ``auto`` rule and its multi-head pass there);
@@ -14,6 +53,17 @@ May import: the rest of :mod:`energies` below the terms (errors, graph, graphs, 
 A new kernel is one new file that imports :mod:`.registry` and calls ``register_kernel``.
 """
 from . import triton, softmax, fused, streamed, dense, edges, banded  # noqa: F401  (registers them, in this order)
-from . import dispatch  # noqa: F401
+from .dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,
+                       weighted_neighbour_sums)
+from .guard import EXPANSION_Z_ERROR, dense_z, edge_z, expansion_dtype, expansion_ok, explicit_z
+from .registry import (AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, check_kernel,
+                       kernel_names, register_kernel)
+from .streamed import STREAM_MIN_N
+from .triton import triton_unavailable
 
-__all__ = ["banded", "dense", "dispatch", "edges", "fused", "fused_ops", "softmax", "streamed", "triton"]
+#: the public names (the documented import path: ``from energies.kernels import pairwise_pass, register_kernel``);
+#: private helpers are imported from their homes (energies.kernels.softmax, ...)
+__all__ = ["AUTO_RULES", "EXPANSION_Z_ERROR", "HEADS_PASSES", "KERNELS", "Kernel", "PairwisePass", "STREAM_MIN_N",
+           "apply_metric", "check_kernel", "dense_z", "edge_z", "expansion_dtype", "expansion_ok", "explicit_energy",
+           "explicit_z", "kernel_names", "pairwise_energy", "pairwise_pass", "pairwise_pass_heads", "pick_kernel",
+           "register_kernel", "triton_unavailable", "weighted_neighbour_sums"]

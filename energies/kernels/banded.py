@@ -1,11 +1,11 @@
 """The ``banded`` pairwise kernel: shift-invariant graphs (window, dilated, strided) in a block-ordered layout.
 
-A graph with offsets ``O`` (:attr:`~energies.graph.TokenGraph.offsets`: the edges are every pair ``{i, i + o}``,
+A graph with offsets ``O`` (:attr:`~energies.graphs.TokenGraph.offsets`: the edges are every pair ``{i, i + o}``,
 ``o in O``, of real tokens) and reach ``R = max O`` is cut into blocks of ``b`` tokens (``b`` a multiple of
 ``BANDED_ALIGN``, at least R and ``BANDED_MIN_BLOCK``; n padded to a multiple of b with masked slots). Query block
 ``k`` (tokens ``kb .. kb + b - 1``) meets the ``w = b + 2R`` keys ``kb - R .. kb + b + R - 1``, which hold every
 neighbour of its queries. Per tile, batched over examples, heads and blocks, with the expansion on the centred
-features Z that the kernel receives (``expansion=True``, :class:`~energies.pairwise.Kernel`):
+features Z that the kernel receives (``expansion=True``, :class:`~energies.kernels.Kernel`):
 
     z_uv = max(|z_u|^2 + |z_v|^2 - 2 z_u . z_v, 0) / (2 tau),    gamma_uv = rho'(z_uv) [uv in E],
 
@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..graphs.bands import (BANDED_ALIGN, BANDED_MIN_BLOCK, banded_block, banded_plan,  # noqa: F401  (re-exported)
                            class_mask, from_classes, to_classes)
 from ..rho import Rho

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import EnergyError
 from .fused_ops import fused_available
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..rho import ExpRho, Rho, kernel_sensitivity
 from .edges import _edges_pass
 from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtype, _scale_dtype, expansion_dtype,

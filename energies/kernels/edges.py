@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..rho import Rho
 from .guard import _f64
 from .registry import PairwisePass, apply_metric, register_kernel

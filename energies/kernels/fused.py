@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..rho import Rho
 from .fused_ops import fused_ops, fused_unavailable
 from .registry import PairwisePass, register_kernel

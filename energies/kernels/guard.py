@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from .registry import apply_metric
 
 #: largest (B * n * tile * d) element count of one tile of explicit differences

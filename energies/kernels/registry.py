@@ -10,7 +10,7 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 
 from ..errors import EnergyError
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..registry import Registry, claim
 from ..rho import Rho
 

@@ -1,5 +1,5 @@
 """The ``softmax`` kernel: complete graph, rho = exp, softmax over all keys of the logits ``-z_uv`` (self included),
-explicit n x n logits; its log-sum-exp gives the degrees and the energy (:mod:`energies.pairwise`). Also the
+explicit n x n logits; its log-sum-exp gives the degrees and the energy (:mod:`energies.kernels`). Also the
 parts the ``fused`` kernel and the multi-head pass share (:func:`_fused_parts`, :func:`_from_lse`,
 :func:`_softmax_degrees`)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from ..errors import EnergyError
 from .fused_ops import FusedOps, fused_attention, fused_ops, fused_ops_for_head, fused_unavailable
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..rho import ExpRho, Rho
 from .guard import dense_z
 from .registry import PairwisePass, register_kernel

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..graph import TokenGraph
+from ..graphs import TokenGraph
 from ..rho import Rho
 from .guard import _explicit_tile, _f64, dense_z, explicit_z
 from .registry import PairwisePass, register_kernel

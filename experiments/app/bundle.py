@@ -211,14 +211,13 @@ def _card_value(v: Any) -> bool:
 
 
 def trainer_command(argv: Optional[Sequence[str]] = None) -> Optional[str]:
-    """The trainer's command line as typed (``python -m experiments.train ...`` or ``unfold-train ...``) when this
+    """The trainer's command line as typed (``unfold-train ...`` or ``python -m experiments.app.train ...``) when this
     process is the trainer's command; None when it is not (a library call, a test)."""
     argv = list(sys.argv if argv is None else argv)
     if not argv:
         return None
     prog = os.path.normpath(argv[0])
-    for tail, shown in ((os.path.join("experiments", "train.py"), "python -m experiments.train"),
-                        (os.path.join("experiments", "app", "train.py"), "python -m experiments.app.train"),
+    for tail, shown in ((os.path.join("experiments", "app", "train.py"), "python -m experiments.app.train"),
                         ("unfold-train", "unfold-train")):
         if prog == tail or prog.endswith(os.sep + tail):
             return " ".join([shown] + [shlex.quote(a) for a in argv[1:]])
@@ -565,12 +564,12 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
                         layers: Optional[int] = None) -> Iterator[List[Prediction]]:
         """The predictions of each batch of texts in ``batches`` (each a list, empty batches skipped), yielded
         batch by batch as :meth:`predict` computes them (one energy copy of the model for the whole stream). A
-        text with no token in the vocabulary is warned about on the ``experiments.predict`` logger (stderr by
+        text with no token in the vocabulary is warned about on the ``experiments.app.predict`` logger (stderr by
         default): the first :data:`PRIOR_WARNINGS` one by one, then one line counting the others at the end."""
         layers = check_inference_layers(self.model.encoder, layers)
         checker = self._energy_model()
         dtype = next(checker.parameters()).dtype
-        log = logging.getLogger("experiments.predict")
+        log = logging.getLogger("experiments.app.predict")
         seen = prior = 0
         for chunk in batches:
             chunk = list(chunk)
@@ -738,7 +737,7 @@ def _legacy_problem(folder: str, weights: str, state: Any) -> Optional[str]:
             if isinstance(ck, dict) and DIGEST in ck:
                 return (f"{name} is a checksummed checkpoint: the run was written by a trainer that ends every run "
                         f"with {BUNDLE}, so it was removed or the run did not finish (finish it with "
-                        f"python -m experiments.train --resume {folder}, which writes {BUNDLE})")
+                        f"unfold-train --resume {folder}, which writes {BUNDLE})")
     return None
 
 

@@ -134,7 +134,7 @@ def _is_graph_file(spec: str) -> bool:
 def _check_graph(spec: str) -> None:
     """Parse a named spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to
     n). An edge-list file is checked by :func:`_check_cross` against ``data.max_len``."""
-    from energies.graph import graph_from_spec
+    from energies.graphs import graph_from_spec
 
     if not _is_graph_file(spec):
         graph_from_spec(spec, 4)
@@ -193,7 +193,7 @@ def _norms() -> tuple:
 
 
 def _kernels() -> tuple:
-    from energies.pairwise import kernel_names
+    from energies.kernels import kernel_names
 
     return tuple(kernel_names())
 
@@ -279,7 +279,7 @@ SCHEMA: Dict[str, Any] = {
         "norm": Key(None, "free: post (LayerNorm after each block) | none (add-only blocks) (null: post)",
                     Choice(_norms, "unfold.encoders.NORMS"), (str,)),
         "kernel": Key("auto", "guaranteed: the pairwise kernel computing attention (auto: chosen per graph and "
-                      "device)", Choice(_kernels, "energies.pairwise.kernel_names()")),
+                      "device)", Choice(_kernels, "energies.kernels.kernel_names()")),
         # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
         "stop_rel": Key(None, "guaranteed: depth chosen by the energy: an example stops when its relative energy "
                         "decrease at a layer is below this (null or 0: off)", Range(0, 1, hi_open=True),
@@ -305,7 +305,7 @@ SCHEMA: Dict[str, Any] = {
         "max_train_examples": Key(None, "use only the first N training examples (smoke runs; null: all)",
                                   Range(1, MAX_COUNT, integer=True), (int,)),
         "progress": Key(True, "a progress bar per epoch"),
-        "compile": Key(False, "torch.compile the training forward (python -m experiments.bench compile)"),
+        "compile": Key(False, "torch.compile the training forward (python -m experiments.studies.bench compile)"),
         "tensorboard": Key(True, "scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed"),
     },
 }
@@ -429,7 +429,7 @@ def _check_cross(cfg: Dict[str, Any]) -> None:
     tc = cfg["train"]
     spec = cfg["model"]["graph"]
     if _is_graph_file(spec):       # its node ids must fit the longest sequence
-        from energies.graph import graph_from_spec
+        from energies.graphs import graph_from_spec
 
         try:
             graph_from_spec(spec, cfg["data"]["max_len"])

@@ -1,6 +1,6 @@
 """Distributed training under ``torchrun``: DistributedDataParallel, gloo on CPU, nccl on CUDA.
 
-``torchrun --standalone --nproc_per_node N -m experiments.train --config FILE`` starts N processes;
+``torchrun --standalone --nproc_per_node N -m experiments.app.train --config FILE`` starts N processes;
 :func:`setup` sees ``WORLD_SIZE`` and joins the process group. Every rank draws the same shuffled
 order (same seed) and takes its contiguous share of each *global* batch of ``train.batch_size``
 examples (:func:`shard`); its loss is the sum over its share divided by the global batch size,

@@ -2,7 +2,7 @@
 kept, never read again from a path that may since have changed or gone.
 
 * :func:`read_edges`: the file's bytes (one read, from one descriptor), their sha256 and the array they hold;
-* :func:`pin`: a built model's encoder made to build its graphs from that array (:class:`energies.graph.GraphCache`
+* :func:`pin`: a built model's encoder made to build its graphs from that array (:class:`energies.graphs.GraphCache`
   with ``edges``), whatever happens to the file afterwards;
 * :data:`GRAPH_FILE`: the copy a run folder (so a bundle) holds, its sha256 in ``bundle.json``
   (:mod:`experiments.app.bundle`).
@@ -18,7 +18,7 @@ from typing import Optional, Tuple, Type
 import numpy as np
 
 from energies.errors import UnfoldError
-from energies.graph import GraphCache
+from energies.graphs import GraphCache
 
 __all__ = ["GRAPH_FILE", "is_graph_file", "read_edges", "parse_edges", "pin", "write_edges"]
 

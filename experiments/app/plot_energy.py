@@ -1,4 +1,4 @@
-"""Energy-descent and training plots of a run: ``python -m experiments.plot_energy RUN_DIR``.
+"""Energy-descent and training plots of a run: ``python -m experiments.app.plot_energy RUN_DIR``.
 
 Redraws, from the files a training run saved (``energy_trace.pt``, ``history.json``,
 ``metrics.json``):
@@ -306,7 +306,7 @@ def plot_run(run_dir: str):
             plot_training_curves(history, os.path.join(run_dir, "training_curves.png"), _plain(name)))
 
 
-PROG = "python -m experiments.plot_energy"
+PROG = "python -m experiments.app.plot_energy"
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""Use a trained model on new text: ``python -m experiments.predict RUN_DIR --text "..." [--file F] [--json]``.
+"""Use a trained model on new text: ``unfold-predict RUN_DIR --text "..." [--file F] [--json]``.
 
 For each text: the label name, the class probabilities, the energy E(Y_t) at every layer boundary (float64 by
 default, ``train.check_dtype``) with the descent check (increases beyond the tolerance, non-finite steps,
@@ -51,7 +51,7 @@ from .atomic import atomic_open
 from .bundle import BUNDLE, Prediction, load_model
 from .runlock import RUN_FILES, RunFolderError, lock_owner
 
-PROG = "python -m experiments.predict"
+PROG = "unfold-predict"
 #: the most texts ``--plot`` takes (one panel each; the predictions are held until the figure is written)
 PLOT_MAX = 48
 #: seconds a batch waits for more texts after its first (then it is predicted with what has come)
@@ -366,7 +366,7 @@ def _stale(run_dir: str, exc: CheckpointError) -> Optional[RunFolderError]:
         return None
     return RunFolderError(f"{run_dir} holds a run that did not finish: its owner ({owner.describe()}) no longer "
                           f"runs it (the process ended or died before the run wrote its bundle). Resume it with "
-                          f"unfold-train --resume {run_dir} (python -m experiments.train --resume {run_dir}), which "
+                          f"unfold-train --resume {run_dir}, which "
                           f"finishes the run and writes the bundle. ({exc})")
 
 
@@ -467,11 +467,11 @@ def _print(batches: Iterable[List[Prediction]], as_json: bool) -> int:
 
 
 class _warnings_to_stderr:
-    """The ``experiments.predict`` logger (the no-known-token warnings) to stderr as ``PROG: warning: ...`` lines
+    """The ``experiments.app.predict`` logger (the no-known-token warnings) to stderr as ``PROG: warning: ...`` lines
     for the duration of a command."""
 
     def __enter__(self):
-        self.log = logging.getLogger("experiments.predict")
+        self.log = logging.getLogger("experiments.app.predict")
         self.handler = logging.StreamHandler(sys.stderr)
         self.handler.setFormatter(logging.Formatter(f"{PROG}: warning: %(message)s"))
         self.propagate = self.log.propagate

@@ -1,4 +1,4 @@
-"""Seed sweeps: ``python -m experiments.sweep --config FILE --seeds 5 [--run-dir DIR] [k=v ...]``.
+"""Seed sweeps: ``unfold-sweep --config FILE --seeds 5 [--run-dir DIR] [k=v ...]``.
 
 Runs one training run per seed ``K`` (``K = first, ..., first + seeds - 1``) in ``DIR/seed-K`` with the
 overrides ``train.seed=K`` and ``data.seed=K`` (``--seed-keys`` chooses the keys: by default each seed draws
@@ -45,7 +45,7 @@ from .checkpoint import LAST
 from .config import load_config
 from .runlock import RunLock, check_writable
 
-PROG = "python -m experiments.sweep"
+PROG = "unfold-sweep"
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
 SEED_KEYS = ("train.seed", "data.seed")
 

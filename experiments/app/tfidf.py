@@ -1,6 +1,6 @@
 """TF-IDF + logistic regression baseline, without scikit-learn.
 
-``python -m experiments.tfidf --dataset rotten_tomatoes [--seed S] [--json]``
+``python -m experiments.app.tfidf --dataset rotten_tomatoes [--seed S] [--json]``
 
 Features: word n-grams (1-2 by default) of :func:`experiments.data.tokenize`, vocabulary and
 document frequencies from the training split only (``min_df``), weights ``tf * idf`` with the
@@ -191,7 +191,7 @@ def tfidf_logreg(splits: Splits, ngram=(1, 2), min_df: int = 1, Cs=(0.25, 0.5, 1
     return best
 
 
-PROG = "python -m experiments.tfidf"
+PROG = "python -m experiments.app.tfidf"
 
 
 def main(argv=None) -> int:

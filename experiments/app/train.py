@@ -1,4 +1,4 @@
-"""Train an unfolded transformer on a text task: ``python -m experiments.train --config FILE [k=v ...]``.
+"""Train an unfolded transformer on a text task: ``unfold-train --config FILE [k=v ...]``.
 
 Writes to ``--run-dir`` (default ``runs/NAME``): ``config.yaml``, ``vocab.json``, ``best.pt`` (best
 validation epoch), ``history.json``, ``energy_trace.pt`` (float64 per-example, per-layer, per-term
@@ -38,7 +38,7 @@ from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, sav
 from .config import (DEFAULTS, dump_config, dump_config_sources, load_config, load_config_sources, monitor_mode,
                      with_defaults)
 from .fingerprint import compare_fingerprints
-from .runlock import Replacement, RunLock, check_fresh, check_writable, refuse_links
+from .runlock import Replacement, RunLock, check_fresh, check_writable, lock_owner, refuse_links
 from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
 from .throughput import PassMeter, run_metrics
 
@@ -226,7 +226,7 @@ def last_good(run_dir: str) -> str:
     last, best = os.path.join(run_dir, LAST), os.path.join(run_dir, "best.pt")
     if not os.path.exists(last):
         return "No epoch finished: there is no checkpoint."
-    return f"The last good checkpoint is {last} (resume: python -m experiments.train --resume {run_dir}), " \
+    return f"The last good checkpoint is {last} (resume: unfold-train --resume {run_dir}), " \
            f"the best model {best}."
 
 
@@ -668,7 +668,7 @@ def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="unfold-train", description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("--config", default=None, help="YAML config (experiments/configs/NAME.yaml)")
     p.add_argument("--run-dir", default=None, help="where the run writes (default runs/NAME)")
@@ -682,7 +682,7 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. model.layers=6 (anywhere on the "
                                                 "line, before or after the options)")
     args = p.parse_intermixed_args(argv)
-    return run_main("python -m experiments.train", lambda: _main(args), argv)
+    return run_main("unfold-train", lambda: _main(args), argv)
 
 
 def _main(args) -> int:
@@ -755,7 +755,8 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
     metrics_path, config_path = (os.path.join(run_dir, f) for f in ("metrics.json", "config.yaml"))
     if not (os.path.isfile(metrics_path) and os.path.isfile(os.path.join(run_dir, "bundle.json"))):
         return None
-    if os.path.lexists(Replacement(run_dir).stage) or _lock_held(run_dir):
+    owner = lock_owner(run_dir)
+    if os.path.lexists(Replacement(run_dir).stage) or (owner is not None and owner.held):
         return None     # a killed --overwrite to finish, or a run holding the folder: the usual path says which
     try:
         stored, metrics = load_config(config_path), read_json(metrics_path)
@@ -775,27 +776,6 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
           f"unfold-predict {run_dir} --text '...'. Train again: the same command with --run-dir NEW_FOLDER, "
           "or with --overwrite to replace it once the new run is complete.", file=sys.stderr)
     return metrics
-
-
-def _lock_held(run_dir: str) -> bool:
-    """Whether a live process holds ``run_dir``'s run lock (:class:`RunLock`), found without taking it or writing:
-    the lock file opened read-only and a shared lock tried without waiting."""
-    import fcntl
-
-    from .runlock import LOCK
-
-    try:
-        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def _dotted(cfg: Dict[str, Any], key: str):

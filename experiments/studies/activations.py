@@ -1,6 +1,6 @@
 """Softmax, ReLU and softplus attention, standard and MM forms, trained side by side.
 
-``python -m experiments.activations [--out runs/activations] [--epochs N] [--only NAME ...] [--force]
+``python -m experiments.studies.activations [--out runs/activations] [--epochs N] [--only NAME ...] [--force]
 [--set section.key=value ...]``
 
 Trains every variant in :data:`VARIANTS` on the default text task (``experiments/configs/default.yaml``
@@ -147,7 +147,7 @@ def markdown(rows: List[Dict[str, Any]], epochs: int) -> str:
     return (f"{epochs} epochs, seed 0; energies checked in float64 on the test set.\n\n" + head + "\n".join(lines) + "\n")
 
 
-PROG = "python -m experiments.activations"
+PROG = "python -m experiments.studies.activations"
 
 
 def main(argv=None) -> int:

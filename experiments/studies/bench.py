@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m experiments.bench SUITE [--quick] [--json]``.
+"""Benchmarks: ``python -m experiments.studies.bench SUITE [--quick] [--json]``.
 
 Every suite times our code against a reference run side by side in the same process and reports
 ratios (never an absolute time alone). The last line printed is one JSON object:
@@ -40,7 +40,7 @@ from typing import Callable, Dict
 import torch
 
 from energies.errors import ConfigError
-from energies.graph import complete, window
+from energies.graphs import complete, window
 from energies.registry import claim
 from energies.terms import PairwiseAttention
 from unfold.cli import run_main
@@ -293,7 +293,7 @@ def _case(kind: str, n: int, d: int, B: int, device: torch.device, graph: str = 
     * ``torch_layer``: ``nn.TransformerEncoderLayer`` (2 heads, feed-forward 2d, no dropout; complete graph);
     * ``sdpa``: ``scaled_dot_product_attention`` with q = k = v, the same n, d, batch;
     * ``pyg``: PyG ``TransformerConv`` (one head, no root weight) on the same graph's ``edge_index``."""
-    from energies.graph import graph_from_spec
+    from energies.graphs import graph_from_spec
 
     gen = torch.Generator().manual_seed(n)
     Y = torch.randn(B, n, d, generator=gen).to(device).requires_grad_()
@@ -429,7 +429,7 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
                         "window_over_torch_tokens_per_s": "reported (largest n)"}}
 
 
-PROG = "python -m experiments.bench"
+PROG = "python -m experiments.studies.bench"
 
 
 def _cuda_peak_mb(fn) -> float:
@@ -541,7 +541,7 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
     graph variants (:data:`GPU_VARIANTS`) against the complete graph; and the default model's forward (T = 4) with
     the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's interpreter: it checks the code and the
     JSON, not the speed)."""
-    from energies.pairwise import triton_unavailable
+    from energies.kernels import triton_unavailable
 
     why = triton_unavailable(device.type)
     if why is not None:

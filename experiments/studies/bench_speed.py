@@ -1,4 +1,4 @@
-"""The honest speed suite of issue 32: ``python -m experiments.bench speed --device cuda [--json]``.
+"""The honest speed suite of issue 32: ``python -m experiments.studies.bench speed --device cuda [--json]``.
 
 Three tables, each timed side by side with its reference in the same process (interleaved medians) and each
 timing next to the error of our result against the explicit float64 form:
@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import torch
 
-from energies.graph import complete
+from energies.graphs import complete
 from energies.kernels.dispatch import pairwise_pass, pairwise_pass_heads, pick_kernel
 from energies.rho import get_rho
 

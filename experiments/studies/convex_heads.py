@@ -1,6 +1,6 @@
 """Convex heads on frozen token features of the text task, solved to certified optimality.
 
-``python -m experiments.convex_heads [--quick] [--features glove model] [--checkpoint runs/default/best.pt]
+``python -m experiments.studies.convex_heads [--quick] [--features glove model] [--checkpoint runs/default/best.pt]
 [--out runs/convex_heads] [--json]``
 
 Every head of :mod:`convex.heads` is fitted (softmax cross-entropy, ``beta = --beta-frac x beta_max``,
@@ -40,7 +40,7 @@ from ..app.config import load_config
 from ..app.atomic import atomic_write_text
 from ..app.build import build_data
 
-PROG = "python -m experiments.convex_heads"
+PROG = "python -m experiments.studies.convex_heads"
 HEAD_OPTIONS = {"mlp_gated": {"gates": 4}, "sa_gated": {"gates": 2}, "mixer_gated": {"gates": 2},
                 "sa_block": {"groups": 2}, "bfno": {"groups": 2}}
 #: the most float64 entries the blocks Z of one head may have (512 MB), checked before it is fitted
@@ -275,7 +275,7 @@ def _main(argv) -> int:
             trained = load_trained(args.checkpoint)
         else:
             print(f"model features skipped: {args.checkpoint} does not exist (train one with "
-                  "python -m experiments.train --config experiments/configs/default.yaml)", file=sys.stderr)
+                  "unfold-train --config experiments/configs/default.yaml)", file=sys.stderr)
     splits, vocab, tensors, glove = build_data(cfg)
     n_test = 300 if q else None
     train = _subset(tensors["train"], args.train_examples, args.seed, args.tokens)

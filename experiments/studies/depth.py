@@ -1,4 +1,4 @@
-"""Depth chosen by the energy: ``python -m experiments.depth RUN_DIR [--eps 1e-1,1e-2,1e-3,1e-4,0]
+"""Depth chosen by the energy: ``python -m experiments.studies.depth RUN_DIR [--eps 1e-1,1e-2,1e-3,1e-4,0]
 [--depths 1,2,4,8,16] [--json] [--out DIR] [--quick] [--device cpu]``.
 
 Loads a finished run (its bundle, :func:`experiments.app.bundle.load_model`: hashes checked, weights read with
@@ -41,7 +41,7 @@ from ..app.atomic import atomic_open
 
 __all__ = ["evaluate_at", "study", "default_depths", "parse_eps", "parse_depths", "DEFAULT_EPS", "QUICK_EXAMPLES"]
 
-PROG = "python -m experiments.depth"
+PROG = "python -m experiments.studies.depth"
 DEFAULT_EPS = (1e-1, 1e-2, 1e-3, 1e-4, 0.0)
 #: test examples a ``--quick`` study evaluates (the first ones of the split)
 QUICK_EXAMPLES = 128

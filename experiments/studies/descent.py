@@ -1,4 +1,4 @@
-"""Energy-descent sweep: ``python -m experiments.descent [--out DIR] [--quick]``.
+"""Energy-descent sweep: ``python -m experiments.studies.descent [--out DIR] [--quick]``.
 
 For every graph builder x every penalty rho x alpha, unroll exact attention MM steps (and the
 ``printed`` eq. 38 variant as the negative control) on seeded random token matrices in float64,
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from energies.graph import graph_from_spec
+from energies.graphs import graph_from_spec
 from experiments.data import output_folder_arg
 from unfold.cli import positive_int, run_main, seed_int
 from unfold.plugins import add_import_arg
@@ -93,7 +93,7 @@ def write_markdown(records, totals, path: str) -> None:
         fh.write("\n".join(lines) + "\n")
 
 
-PROG = "python -m experiments.descent"
+PROG = "python -m experiments.studies.descent"
 
 
 def main(argv=None) -> int:

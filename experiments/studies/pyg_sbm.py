@@ -1,6 +1,6 @@
 """Node classification on a stochastic block model with ``UnfoldedAttentionConv`` layers.
 
-``python -m experiments.pyg_sbm [--layers T] [--epochs N] [--json]``
+``python -m experiments.studies.pyg_sbm [--layers T] [--epochs N] [--json]``
 
 PyG generates the graph offline (``torch_geometric.utils.stochastic_blockmodel_graph``: ``blocks``
 communities, edge probability ``p_in`` inside and ``p_out`` across); node features are a noisy
@@ -96,7 +96,7 @@ def train(layers: int, epochs: int, data, seed: int = 0, hidden: int = 32):
             "layer_steps": steps, "energies": [] if last is None else last.tolist()}
 
 
-PROG = "python -m experiments.pyg_sbm"
+PROG = "python -m experiments.studies.pyg_sbm"
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Spline probe: is a module a spline along rays through its input, and of which degree?
 
-``python -m experiments.spline_probe (--attention softmax|relu|softplus [--causal] [--cross WHICH]
+``python -m experiments.studies.spline_probe (--attention softmax|relu|softplus [--causal] [--cross WHICH]
 | --config FILE [k=v ...] | --checkpoint runs/NAME/best.pt) [--layers T] [--json]``
 
 Lai, Lim, Liu ("Attention is a smoothed cubic spline") show that ReLU attention is a cubic spline,
@@ -495,7 +495,7 @@ def probe_model(model: SequenceClassifier, n: int = 6, seed: int = 0, layers: Op
     return out
 
 
-PROG = "python -m experiments.spline_probe"
+PROG = "python -m experiments.studies.spline_probe"
 
 
 def _degree_arg(text: str) -> int:

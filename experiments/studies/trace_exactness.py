@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=positive_int, default=10)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    from energies.pairwise import KERNELS as REGISTERED
+    from energies.kernels import KERNELS as REGISTERED
     rows = []
     for kernel, graph in KERNELS.items():
         if kernel not in REGISTERED:

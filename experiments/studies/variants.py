@@ -1,4 +1,4 @@
-"""Graph variants: ``python -m experiments.variants --config NAME --graphs complete,window:8,star --seeds 3 [k=v ...]``.
+"""Graph variants: ``unfold-variants --config NAME --graphs complete,window:8,star --seeds 3 [k=v ...]``.
 
 For one config, trains and evaluates each token graph of ``--graphs`` (specs as ``model.graph`` takes them:
 ``complete | window:K | strided:K | dilated:K[:R] | star | random:P | FILE.npy``) over the seeds ``first, ...,
@@ -53,7 +53,7 @@ from ..app.config import load_config
 from ..app.runlock import RunLock, check_writable
 from ..app.sweep import SEED_KEYS, describe, read_checked, run_sweep, seed_dir
 
-PROG = "python -m experiments.variants"
+PROG = "unfold-variants"
 VARIANTS_JSON, VARIANTS_MD = "variants.json", "variants.md"
 ACCURACY_PNG, ENERGY_PNG = "variants_accuracy.png", "variants_energy.png"
 DEFAULT_GRAPHS = "complete,window:8,strided:16,dilated:4:8,star,random:0.05"

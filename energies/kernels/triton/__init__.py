@@ -6,7 +6,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ...graph import TokenGraph
+from ...graphs import TokenGraph
 from ...graphs.bands import banded_plan, class_mask, from_classes, to_classes
 from ...rho import Rho, kernel_sensitivity
 from ..guard import _centred, _own_dtype

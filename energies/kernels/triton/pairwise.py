@@ -2,7 +2,7 @@
 
 For features ``x_u`` (``Z = W_h^T (y - mean)`` of every head h, ``(B H, n, D)``) and edge weights
 ``gamma_uv = rho'(z_uv)``, ``z_uv = |x_u - x_v|^2 / (2 tau)``, one launch over all examples and heads returns, per
-token, what the MM step and the trace need (:mod:`energies.pairwise`):
+token, what the MM step and the trace need (:mod:`energies.kernels`):
 
     agg_u = sum_{v in N(u)} gamma_uv (x_v - x_u),    deg_u = sum_{v in N(u)} gamma_uv,
     share_u = tau / 2 sum_{v in N(u)} rho(z_uv)      (the token's half of each of its edges),
@@ -15,7 +15,7 @@ without an n x n tensor. Two layouts of the token graph:
   once per shape); inside a tile, a pair is an edge where both tokens are real and ``|i - j|`` is one of the
   graph's offsets (a 0/1 table over offsets). z comes from the expansion ``|a|^2 + |b|^2 - 2 a.b`` (two
   ``tl.dot``) on centred features, or, per example, from explicit differences where the precision guard says
-  the expansion cannot resolve z (the rule of :func:`energies.pairwise.expansion_dtype`:
+  the expansion cannot resolve z (the rule of :func:`energies.kernels.expansion_dtype`:
   ``eps(dtype) * max_u |x_u|^2 / tau * kernel_sensitivity <= EXPANSION_Z_ERROR[dtype]``), decided **on the
   device**, in the kernel, with no host read;
 * **CSR** (any other graph: star, random, edge lists): a program per token and head walks its neighbour list
@@ -491,7 +491,7 @@ _LAYOUTS: Dict[tuple, Layout] = {}
 
 
 def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
-    """The :class:`Layout` of a :class:`~energies.graph.TokenGraph` on its device (tiled for the complete graph and
+    """The :class:`Layout` of a :class:`~energies.graphs.TokenGraph` on its device (tiled for the complete graph and
     shift-invariant graphs, cached per shape; CSR otherwise, cached on the graph's fixed edge list). Built from
     fixed shapes: the mask is applied in the kernels."""
     device = graph.mask.device

@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 PACKAGES = ("energies", "unfold", "convex", "experiments")
 
 #: the application (what a user runs) and the studies (paper reproductions and measurements)
+RUNFOLDER = ("experiments.runfolder",)
 APP = ("experiments.app", "experiments.data")
 STUDIES = ("experiments.studies",)
 
@@ -124,9 +125,10 @@ RULES: List[Tuple[Tuple[str, ...], Tuple[str, ...], str]] = [
     (("energies",), ("energies",), "energies imports nothing of the project"),
     (("unfold",), ("energies", "unfold"), "unfold imports only energies"),
     (("convex",), ("energies", "unfold", "convex"), "convex imports only energies and unfold"),
-    (APP, ("energies", "unfold", "convex") + APP, "the application never imports the studies (nor the aliases)"),
-    (STUDIES, ("energies", "unfold", "convex") + APP + STUDIES, "a study imports the library, the application "
-                                                                "and other studies, not the aliases"),
+    (RUNFOLDER, ("energies", "unfold") + RUNFOLDER, "the run-folder safety modules import only the library"),
+    (APP, ("energies", "unfold", "convex") + RUNFOLDER + APP, "the application never imports the studies"),
+    (STUDIES, ("energies", "unfold", "convex") + RUNFOLDER + APP + STUDIES, "a study imports the library, the "
+                                                                            "application and other studies"),
 ]
 
 

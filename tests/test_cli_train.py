@@ -148,7 +148,7 @@ def test_unwritable_or_full_run_folder_is_refused_before_any_work(tmp_path, toy,
     disk are refused before data are loaded; nothing is written."""
     import tempfile
 
-    import experiments.app.runlock as runlock
+    import experiments.runfolder.runlock as runlock
     import unfold.cli as cli
 
     argv = ["--config", TINY, "--run-dir", "run", f"data.dataset={toy}", "data.glove=none"]
@@ -334,7 +334,7 @@ def test_sigint_prints_a_line_exits_130_and_leaves_a_loadable_checkpoint(tmp_pat
     ck, path = load_checkpoint(str(run))
     assert ck["epoch"] >= 1
     assert not list(run.glob(".*.tmp"))
-    from experiments.app.runlock import RunLock
+    from experiments.runfolder.runlock import RunLock
 
     with RunLock(str(run)):          # the lock went with the process
         pass

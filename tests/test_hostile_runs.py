@@ -20,7 +20,7 @@ from clifuzz import expect_refusal, run_cli, snapshot
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 from experiments.app import runlock as RL
-from experiments.app.atomic import atomic_open
+from experiments.runfolder.atomic import atomic_open
 from experiments.app import atomic
 from experiments.app.bundle import load_model
 
@@ -125,7 +125,7 @@ def die(name):
     if name == stage:
         os.kill(os.getpid(), signal.SIGKILL)
 if hook == "replace":
-    import experiments.app.runlock as R
+    import experiments.runfolder.runlock as R
     R.STAGE_HOOK = die
 else:
     import experiments.app.checkpoint as C
@@ -422,7 +422,7 @@ def test_mkstemp_would_leave_its_file_when_interrupted(tmp_path, monkeypatch):
 STORM = """
 import glob, os, random, signal, sys, threading
 sys.path.insert(0, {root!r})
-from experiments.app.atomic import atomic_write_text
+from experiments.runfolder.atomic import atomic_write_text
 folder, rng, left, interrupts = {folder!r}, random.Random(0), 0, 0
 target = os.path.join(folder, "history.json")
 atomic_write_text("x" * 1000, target)          # the target exists before the first interrupt

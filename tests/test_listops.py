@@ -14,7 +14,7 @@ from energies.errors import ConfigError
 from experiments.app.config import load_config
 from experiments.data import DataError, config_options, load_dataset, tokenize
 from experiments.data.listops import CLOSE, DEFAULTS, OPERATORS, from_lra, generate, lra_length, to_lra
-from experiments.app.fingerprint import data_fingerprint
+from experiments.runfolder.fingerprint import data_fingerprint
 from unfold.classifier import TokenEmbedding, positional_kind, sinusoidal_positions
 
 SMALL = {"min_len": 8, "max_len": 64, "max_depth": 6, "max_args": 5, "train": 300, "val": 30, "test": 30}
@@ -303,7 +303,7 @@ def test_old_runs_are_refused_on_resume():
     differs from what the generator makes now, so resuming it or studying it on regenerated data is refused
     (``experiments/app/train.py``, ``experiments/studies/depth.py`` compare fingerprints); the old spelling of the
     same trees is what :func:`to_lra` gives (the bundle still loads, with its own vocabulary)."""
-    from experiments.app.fingerprint import compare_fingerprints
+    from experiments.runfolder.fingerprint import compare_fingerprints
 
     now = generate(3, SMALL)
     before = [[(to_lra(t), y) for t, y in getattr(now, s)] for s in ("train", "val", "test")]

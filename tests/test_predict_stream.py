@@ -168,7 +168,7 @@ def test_unknown_tokens_are_counted_and_a_text_with_none_known_is_flagged(bundle
 
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from experiments.app.runlock import RunLock
+    from experiments.runfolder.runlock import RunLock
     RunLock(sys.argv[1]).acquire()
     print("held", flush=True)
     time.sleep(300)

@@ -12,7 +12,7 @@ import torch
 
 from energies.errors import CheckpointError
 from experiments.app import checkpoint as C
-from experiments.app.runlock import RunFolderError, RunLock, check_fresh
+from experiments.runfolder.runlock import RunFolderError, RunLock, check_fresh
 from test_train import CONFIGS, ROOT, run_train, synthetic_text_dir
 
 

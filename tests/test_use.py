@@ -17,7 +17,7 @@ from energies.errors import CheckpointError, ConfigError
 from experiments.app import sweep as S
 from experiments.app.bundle import BUNDLE, load_model, save_model
 from experiments.app.config import CONFIG_DIR, config_names, load_config
-from experiments.app.runlog import COLUMNS, MetricsLog, read_metrics_csv
+from experiments.runfolder.runlog import COLUMNS, MetricsLog, read_metrics_csv
 from tests.test_train import synthetic_text_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ import torch
 from energies.errors import CheckpointError
 from experiments.studies import variants as V
 from experiments.app.checkpoint import TRAINER_KEYS, load_checkpoint
-from experiments.app.checkpoint_fields import HISTORY_KEYS, THROUGHPUT_KEYS, _check_history
+from experiments.runfolder.checkpoint_fields import HISTORY_KEYS, THROUGHPUT_KEYS, _check_history
 from experiments.app.config import load_config
 from experiments.app.throughput import run_metrics
 

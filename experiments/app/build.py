@@ -5,7 +5,7 @@ bundles (:mod:`experiments.app.bundle`) build from, so that neither imports the 
   encoder registered as ``model.mode``, a linear head), the library's errors renamed to config keys;
 * :func:`check_buildable`: the same on the meta device, every model-level rule checked before any data is read;
 * :func:`build_data`, :func:`train_examples`: the splits, vocabulary, encoded tensors and GloVe matrix a run
-  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.app.fingerprint`).
+  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.runfolder.fingerprint`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from unfold.cli import resolve_device
 from unfold.encoders import ENCODERS
 
 from .config import DEFAULTS
-from .fingerprint import data_fingerprint
-from .runlog import LOGGER
+from ..runfolder.fingerprint import data_fingerprint
+from ..runfolder.runlog import LOGGER
 
 
 #: model keys that configure one kind of encoder only: set on another kind (away from their default) they are
@@ -123,5 +123,5 @@ def train_examples(cfg: Dict[str, Any], splits) -> list:
 
 
 def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
-    """The data fingerprint of a run (:mod:`experiments.app.fingerprint`): vocabulary, the splits as trained on."""
+    """The data fingerprint of a run (:mod:`experiments.runfolder.fingerprint`): vocabulary, the splits as trained on."""
     return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)

@@ -15,7 +15,7 @@ folder is one) is the layout the Hugging Face ecosystem shares models in:
   fingerprint, the test metrics, the descent verdict with its tolerance rule, the config and the command that
   made the bundle), written from ``bundle.json``'s ``metrics`` and ``command`` (:func:`model_card`);
 * ``bundle.json``: the format version, the label names (class id -> name), the data fingerprint of the training
-  data (:mod:`experiments.app.fingerprint`), the card's metrics and command, and the sha256 of every file above.
+  data (:mod:`experiments.runfolder.fingerprint`), the card's metrics and command, and the sha256 of every file above.
 
 A run folder also holds the trainer's checkpoints (``best.pt``, ``last.pt``, ``prev.pt``: torch files for
 ``--resume``); they are not part of the bundle, which never reads them. :class:`TrainedModel` is a
@@ -98,7 +98,7 @@ from unfold.cli import read_document
 from unfold.strict_json import dumps as json_dumps, load as json_load, loads as json_loads
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
 
-from .atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from .checkpoint import DIGEST, LAST, PREV, check_fingerprint, nonfinite_tensor, safe_load, show
 from .graph_pin import GRAPH_FILE, is_graph_file, parse_edges, pin, read_edges, write_edges
 
@@ -292,7 +292,7 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
         lines.append("Not recorded.")
     lines += ["", "## Data", "", f"Dataset: `{dataset}`" if dataset else "Dataset: not recorded", "",
               "Data fingerprint (sha256 of the vocabulary, of each split and of the label names the model was "
-              "trained on, with their sizes: `experiments.app.fingerprint`):",
+              "trained on, with their sizes: `experiments.runfolder.fingerprint`):",
               "", "```json", json_dumps(fingerprint, indent=1, ensure_ascii=False), "```", "",
               "## The command that made it", "", f"```\n{command}\n```" if command else "Not recorded.", "",
               "## Use", "", "```python", "from experiments.app.bundle import TrainedModel", "",
@@ -960,7 +960,7 @@ def _run_metrics(folder: str) -> Optional[Dict[str, Any]]:
 def _config_graph(path: str) -> Any:
     """``model.graph`` as ``config.yaml`` writes it (None where the file holds no such string: the config's own
     reading then says what is wrong)."""
-    from .strict_yaml import load_yaml
+    from ..runfolder.strict_yaml import load_yaml
 
     try:
         doc = read_document(path, load_yaml, CheckpointError, path, "YAML")
@@ -1003,8 +1003,8 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
     returns; on a difference ``bundle.json`` is removed again. A model with a non-finite weight is refused before anything is
     written (it could not be loaded back). A folder holding anything (a bundle, a run, someone else's files) is
     refused unless ``overwrite``; then the new bundle is written beside it and swapped in whole once it reads back
-    (:class:`~experiments.app.runlock.Replacement`), files a bundle does not write kept. Returns the folder."""
-    from .runlock import Replacement, RunLock, folder_content, refuse_links
+    (:class:`~experiments.runfolder.runlock.Replacement`), files a bundle does not write kept. Returns the folder."""
+    from ..runfolder.runlock import Replacement, RunLock, folder_content, refuse_links
 
     folder = os.fspath(folder)
     if not isinstance(trained, TrainedModel):

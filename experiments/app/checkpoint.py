@@ -70,8 +70,8 @@ import torch
 
 from energies.errors import CheckpointError
 
-from .atomic import atomic_save, clean_temporaries, fsync_dir
-from .checkpoint_fields import (DIGEST, REQUIRED, TRAINER_KEYS, check_fingerprint, check_resume_state,
+from ..runfolder.atomic import atomic_save, clean_temporaries, fsync_dir
+from ..runfolder.checkpoint_fields import (DIGEST, REQUIRED, TRAINER_KEYS, check_fingerprint, check_resume_state,
                                 nonfinite_tensor, seal, show, state_digest, validate_checkpoint)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "clean_temporaries", "state_digest", "seal",

@@ -6,8 +6,8 @@ Every key is declared once in :data:`SCHEMA` (:class:`Key`: default, rule, types
 :data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid keys at that level) and every value
 must have the default's type (``None`` defaults accept the types listed in :data:`NULLABLE`).
 
-Every YAML text the project reads goes through :func:`~experiments.app.strict_yaml.load_yaml` (re-exported
-here), the strict safe loader of :mod:`experiments.app.strict_yaml`.
+Every YAML text the project reads goes through :func:`~experiments.runfolder.strict_yaml.load_yaml` (re-exported
+here), the strict safe loader of :mod:`experiments.runfolder.strict_yaml`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from energies.checks import parse_float
 from energies.errors import ConfigError, UnfoldError
 from unfold.cli import read_document
 
-from .strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
+from ..runfolder.strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
 
 __all__ = ["SCHEMA", "KEYS", "Key", "Choice", "Checked", "reference", "DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
            "ConfigError", "load_yaml", "load_config_sources", "dump_config_sources", "config_chain", "EXTENDS", "StrictYAMLError", "MAX_YAML_DEPTH"]

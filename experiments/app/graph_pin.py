@@ -64,7 +64,7 @@ def read_edges(path: str, error: Type[UnfoldError]) -> Tuple[np.ndarray, bytes, 
 
 def write_edges(data: bytes, folder: str) -> str:
     """Write the graph file's bytes as ``folder/graph.npy`` (atomic); returns its path."""
-    from .atomic import atomic_open
+    from ..runfolder.atomic import atomic_open
 
     path = os.path.join(folder, GRAPH_FILE)
     with atomic_open(path, "wb") as fh:

@@ -25,7 +25,7 @@ half an answer), so it keeps at most :data:`PLOT_MAX` texts and refuses more (ex
 written): plot a selection. Exit status 0, or 2 for bad input (no such run, a run still training, no text, a
 changed bundle, a ``--plot`` path that cannot be written) with nothing written and nothing printed on stdout:
 ``--plot``'s folder is checked (a real write probe) before the model is loaded. A run folder still being
-trained (its run lock held, :mod:`experiments.app.runlock`) is named as such with its owner (pid, user, host,
+trained (its run lock held, :mod:`experiments.runfolder.runlock`) is named as such with its owner (pid, user, host,
 start); one whose owner died before the run finished says so and how to resume it. ``--legacy`` reads a run
 folder from before bundles (no ``bundle.json``; unverified: see :mod:`experiments.app.bundle`).
 """
@@ -47,9 +47,9 @@ from unfold.encoders import check_batch_size, check_inference_layers
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from .atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from .bundle import BUNDLE, Prediction, load_model
-from .runlock import RUN_FILES, RunFolderError, lock_owner
+from ..runfolder.runlock import RUN_FILES, RunFolderError, lock_owner
 
 PROG = "unfold-predict"
 #: the most texts ``--plot`` takes (one panel each; the predictions are held until the figure is written)

@@ -11,7 +11,7 @@ run), minimum, maximum and count.
 instead (``--dataset NAME``); ``--table DIR [DIR ...]`` prints the README's comparison table (mean +- std)
 from finished sweeps.
 
-Work is never lost or mixed: the sweep folder has one owner (:class:`~experiments.app.runlock.RunLock`); each
+Work is never lost or mixed: the sweep folder has one owner (:class:`~experiments.runfolder.runlock.RunLock`); each
 seed is a separate process writing its own run folder; a seed whose ``metrics.json`` exists with the same
 config is kept as it is, one interrupted after an epoch is resumed from its checkpoint (``--resume`` of the
 trainer), so running the same command again finishes an interrupted sweep. A seed that fails is reported
@@ -40,10 +40,10 @@ from unfold.cli import positive_int, run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from .atomic import atomic_open, open_append
+from ..runfolder.atomic import atomic_open, open_append
 from .checkpoint import LAST
 from .config import load_config
-from .runlock import RunLock, check_writable
+from ..runfolder.runlock import RunLock, check_writable
 
 PROG = "unfold-sweep"
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .checkpoint_fields import THROUGHPUT_KEYS
+from ..runfolder.checkpoint_fields import THROUGHPUT_KEYS
 
 #: the fields a :class:`PassMeter` adds to each epoch's history record (checked when a checkpoint is read)
 HISTORY_FIELDS = THROUGHPUT_KEYS

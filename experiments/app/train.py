@@ -30,16 +30,16 @@ from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 from unfold.trace import EnergyTrace, report_from_values, settle
 
-from .atomic import atomic_save, atomic_write_text
+from ..runfolder.atomic import atomic_save, atomic_write_text
 from .build import build_data, build_model, check_buildable, fingerprint
 from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
 from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
 from .config import (DEFAULTS, dump_config, dump_config_sources, load_config, load_config_sources, monitor_mode,
                      with_defaults)
-from .fingerprint import compare_fingerprints
-from .runlock import Replacement, RunLock, check_fresh, check_writable, lock_owner, refuse_links
-from .runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
+from ..runfolder.fingerprint import compare_fingerprints
+from ..runfolder.runlock import Replacement, RunLock, check_fresh, check_writable, lock_owner, refuse_links
+from ..runfolder.runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
 from .throughput import PassMeter, run_metrics
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -113,7 +113,7 @@ def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace:
     """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``. A logit or a
     loss that is not finite is never a metric: :class:`TrainingError` naming the split, how many examples and
     the first one (an accuracy of argmax over NaN would be a number that means nothing). ``bar``: a progress bar
-    (:func:`experiments.app.runlog.progress`) advanced by one per batch."""
+    (:func:`experiments.runfolder.runlog.progress`) advanced by one per batch."""
     model.eval()
     correct = total = 0
     loss_sum = 0.0
@@ -242,7 +242,7 @@ def make_scheduler(opt, lr: float, total_steps: int):
 def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bool = False) -> Dict[str, Any]:
     """Train and evaluate (module docstring). ``resume``: continue from the run's last checkpoint
     (:mod:`experiments.app.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
-    the whole run (:mod:`experiments.app.runlock`): a second run into it is refused; a folder that holds a run
+    the whole run (:mod:`experiments.runfolder.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
     device = check_device(cfg["train"]["device"])
     check_precision(cfg["train"]["precision"], device)
@@ -305,7 +305,7 @@ class Run:
     resume: bool
     device: torch.device
     dd: Any = None                      # distributed.Dist
-    log: Any = None                     # the run's logger (experiments.app.runlog)
+    log: Any = None                     # the run's logger (experiments.runfolder.runlog)
     splits: Any = None
     vocab: Any = None
     tensors: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -750,7 +750,7 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
     another config is a :class:`RunFolderError` naming the keys that differ. Reads only: no lock taken, nothing
     written, so the finished run stays byte-identical."""
     from .plot_energy import RunFileError, read_json
-    from .runlock import RunFolderError
+    from ..runfolder.runlock import RunFolderError
 
     metrics_path, config_path = (os.path.join(run_dir, f) for f in ("metrics.json", "config.yaml"))
     if not (os.path.isfile(metrics_path) and os.path.isfile(os.path.join(run_dir, "bundle.json"))):

@@ -31,7 +31,7 @@ alike: :func:`experiments.data.core.check_label_names`), its ids are kept, and r
 label") are dropped; any other label column is mapped by :func:`experiments.data.core.label_table` over the
 splits used (values that collide, such as ``1`` in one split's file and ``"1"`` in another's, are refused).
 A split that holds no row, or none left once the rows labelled -1 are dropped, is refused naming it and its
-files. The README's YAML front matter is read by :func:`experiments.app.strict_yaml.load_yaml` (repeated keys and deep
+files. The README's YAML front matter is read by :func:`experiments.runfolder.strict_yaml.load_yaml` (repeated keys and deep
 nesting refused).
 
 Splits: the trainer's ``train``, ``val`` and ``test`` are the dataset's ``train``; ``validation``, ``val`` or
@@ -526,7 +526,7 @@ def _front_matter(path: pathlib.Path, label) -> dict:
     end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
     if end is None:
         raise DataError(f"{label}: {path}: the YAML front matter has no closing '---' line")
-    from ..app.strict_yaml import load_yaml      # the project's one strict YAML reader (repeated keys, deep nesting)
+    from ..runfolder.strict_yaml import load_yaml      # the project's one strict YAML reader (repeated keys, deep nesting)
 
     try:
         meta = load_yaml("\n" + "\n".join(lines[1:end]))     # "\n" for the "---": line numbers as in the README

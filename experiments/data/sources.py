@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..app.atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from .core import DataError
 from .corpora import CF_FILE, RT_FILE
 from .glove import GLOVE_EMB, GLOVE_VOCAB, glove_vocab_text

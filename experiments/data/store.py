@@ -14,7 +14,7 @@ import pathlib
 from unfold.cli import folder_problem
 from unfold.strict_json import dumps as json_dumps
 
-from ..app.atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from .core import DataError
 
 DATA_DIR_ENV = "UNFOLD_DATA"

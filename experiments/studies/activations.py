@@ -36,9 +36,9 @@ from .. import data as D
 from ..app.config import load_config
 from ..data import output_folder_arg
 from ..app.plot_energy import RunFileError, number_of, read_json
-from ..app.runlock import RunFolderError
+from ..runfolder.runlock import RunFolderError
 from .spline_probe import degree_analysis, load_model, probe_model
-from ..app.atomic import atomic_write_text
+from ..runfolder.atomic import atomic_write_text
 from ..app.train import train
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

@@ -35,9 +35,9 @@ from unfold.cli import nonnegative_float, nonnegative_int, positive_int, run_mai
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from ..app.atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from ..app.config import load_config
-from ..app.atomic import atomic_write_text
+from ..runfolder.atomic import atomic_write_text
 from ..app.build import build_data
 
 PROG = "python -m experiments.studies.convex_heads"

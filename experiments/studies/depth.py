@@ -14,7 +14,7 @@ fingerprint), in float64 with the energy trace on, two ways:
   layer of a weight-shared MM step descends) and the mean final energy.
 
 Writes ``depth.json``, ``depth.md`` and ``depth.png`` (two panels: accuracy and mean layers used against EPS;
-accuracy against inference depth), each atomically (:mod:`experiments.app.atomic`), into ``--out`` (default
+accuracy against inference depth), each atomically (:mod:`experiments.runfolder.atomic`), into ``--out`` (default
 ``RUN_DIR/depth``); ``--json`` prints the JSON document, else the markdown. ``--quick``: the first
 :data:`QUICK_EXAMPLES` test examples only (the documents say so). Only for weight-shared encoders that take
 ``stop_rel`` (guaranteed): an untied free/baseline run is refused. Every error is one line, exit 2
@@ -37,7 +37,7 @@ from unfold.encoders import MAX_INFERENCE_LAYERS, check_batch_size, check_infere
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from ..app.atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 
 __all__ = ["evaluate_at", "study", "default_depths", "parse_eps", "parse_depths", "DEFAULT_EPS", "QUICK_EXAMPLES"]
 
@@ -185,7 +185,7 @@ def _test_split(trained, quick: bool):
     """``(ids, mask, labels)`` of the run's test split, encoded with the run's vocabulary and ``data.max_len``,
     refused when the split is not the one the run was tested on (the bundle's data fingerprint)."""
     from ..data import encode, load_configured
-    from ..app.fingerprint import data_fingerprint
+    from ..runfolder.fingerprint import data_fingerprint
 
     dc = trained.config["data"]
     splits = load_configured(dc)

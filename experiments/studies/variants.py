@@ -18,7 +18,7 @@ first + K - 1``, then writes the comparison into ``--run-dir DIR`` (default ``ru
 Each variant is a seed sweep (:func:`experiments.app.sweep.run_sweep`) in ``DIR/<slug>`` (``window:8`` ->
 ``window-8``) with the override ``model.graph=SPEC``: so it resumes as the sweeps do -- running the same
 command again keeps the finished seeds, resumes interrupted ones from their checkpoints and trains nothing
-else. ``DIR`` has one owner (:class:`~experiments.app.runlock.RunLock`); every file is written atomically.
+else. ``DIR`` has one owner (:class:`~experiments.runfolder.runlock.RunLock`); every file is written atomically.
 
 Everything is checked before anything runs or is written: every spec of ``--graphs`` by the config's own
 rules for ``model.graph`` (and the model built on the meta device), a refusal naming ``--graphs`` and the spec
@@ -48,9 +48,9 @@ from unfold.cli import run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from ..app.atomic import atomic_open
+from ..runfolder.atomic import atomic_open
 from ..app.config import load_config
-from ..app.runlock import RunLock, check_writable
+from ..runfolder.runlock import RunLock, check_writable
 from ..app.sweep import SEED_KEYS, describe, read_checked, run_sweep, seed_dir
 
 PROG = "unfold-variants"

@@ -50,7 +50,7 @@ def run_logger(level: int = logging.INFO) -> logging.Logger:
 
 
 class _NoFollowFileHandler(logging.FileHandler):
-    """A FileHandler that opens its file by :func:`~experiments.app.atomic.open_append`: never through a link."""
+    """A FileHandler that opens its file by :func:`~experiments.runfolder.atomic.open_append`: never through a link."""
 
     def _open(self):
         return open_append(self.baseFilename)

@@ -4,7 +4,7 @@
 the run ends; the operating system releases it on any exit, SIGKILL included, so a stale lock cannot
 outlive its process. A second run into the same folder (training, resume) is refused at once with a
 :class:`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
-a link (:func:`~experiments.app.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
+a link (:func:`~experiments.runfolder.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
 The holder writes its owner into the file, one JSON line ``{"pid", "host", "user", "started"}`` (``started``: UTC,
 ISO 8601, when it took the lock; a lock written before this holds the pid alone), and the file stays when the
 run ends: :func:`lock_owner` reads it without taking or writing anything, and says whether that owner still

@@ -334,8 +334,20 @@ def kernel_sensitivity(rho: Rho) -> float:
 
 
 def get_rho(spec) -> Rho:
-    """A penalty from a :class:`Rho`, or a spec ``name[:arg[:arg]]`` such as ``"lp:1"``; ``name`` may also be an
-    alias of :data:`RHO_ALIASES` (``"softmax"`` builds ``exp``, whose spec stays ``"exp"``)."""
+    """A penalty rho (concave, non-decreasing: the attention energy's ``tau rho(z)`` per edge, supplement eq. 33) from
+    a :class:`Rho` or a spec.
+
+    Args:
+        spec: a :class:`Rho` (checked), or ``name[:arg[:arg]]`` such as ``"lp:1"`` or ``"softplus:2:0.5"``; ``name``
+            is registered in :data:`RHOS` or an alias of :data:`RHO_ALIASES` (``"softmax"`` builds ``exp``, whose
+            spec stays ``"exp"``).
+
+    Returns:
+        The penalty, its value and derivative validated and its kernel sensitivity computed once.
+
+    Raises:
+        EnergyError: an unknown name (the registered ones listed), arguments that are not numbers or too many.
+    """
     if isinstance(spec, Rho):
         check_rho(spec)
         kernel_sensitivity(spec)

@@ -19,9 +19,9 @@ import torch
 from clifuzz import expect_refusal, run_cli, snapshot
 from test_train import CONFIGS, ROOT, synthetic_text_dir
 
-from experiments.app import runlock as RL
+from experiments.runfolder import runlock as RL
 from experiments.runfolder.atomic import atomic_open
-from experiments.app import atomic
+from experiments.runfolder import atomic
 from experiments.app.bundle import load_model
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")

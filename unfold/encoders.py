@@ -426,10 +426,8 @@ def kernel_problem(kernel: str, graph: str, rho, device) -> Optional[str]:
 
 @register_encoder("guaranteed")
 class GuaranteedEncoder(Encoder):
-    """The shared MM step of the module docstring. ``d`` width, ``heads``, ``d_head`` (default d // heads),
-    ``layers`` T, ``rho``, ``tau`` (default sqrt(d_head)), ``graph`` spec, ``alpha`` in (0, 1], ``ffn`` (the S
-    term), ``relu`` (the indicator), ``layernorm`` (F.3 terms), ``curvature`` (``adaptive`` | ``constant``),
-    ``kernel`` (a registered pairwise kernel or ``auto``), ``stop_rel`` (the energy-chosen depth, below).
+    """The shared MM step of the module docstring, T layers of it: every layer descends the one energy for any
+    weights (paper, Thm. 4.1).
 
     **Depth chosen by the energy** (``stop_rel`` = EPS in (0, 1); None or 0: off): ``layers`` (or the forward's
     ``layers=``) is then a maximum T. With E_k the total energy at Y_k (float64, per example: the values the trace
@@ -457,7 +455,25 @@ class GuaranteedEncoder(Encoder):
     ``E(Y_t+1) <= E(Y_t) + tol``; bfloat16 rounding that breaks the descent is counted as an increase, never hidden
     in a bfloat16 tolerance (64 eps(bfloat16) would be half the energy). The price: with the trace on, one float32
     energy-only pass per layer on top of the step (without autocast the energy is read off the step's own pass).
-    float64 tokens are left alone by autocast, and so is their trace."""
+    float64 tokens are left alone by autocast, and so is their trace.
+
+    Args:
+        d: the token width.
+        heads: attention heads, each a pairwise term of the energy on its own metric W_h.
+        d_head: each head's width (default ``d // heads``).
+        layers: T, the layers (the shared step applied T times; with ``stop_rel``, the most).
+        rho: the penalty (:func:`energies.get_rho` spec or object).
+        tau: the temperature (default ``sqrt(d_head)``).
+        graph: the token graph spec (:func:`energies.graph_from_spec`).
+        alpha: the step size in (0, 1].
+        ffn: include the symmetric feed-forward term S.
+        relu: include the non-negativity indicator (its prox is the ReLU).
+        layernorm: include the LayerNorm terms (supplement F.3).
+        curvature: ``adaptive`` or ``constant`` (the surrogate's curvature bound).
+        kernel: a registered pairwise kernel or ``auto``.
+        validate: check tokens and masks at every forward (host reads: a debugging switch).
+        stop_rel: EPS of the energy-chosen depth above, or None.
+    """
 
     guaranteed = True
     weight_shared = True

@@ -114,6 +114,14 @@ class AttentionStep(Step):
     ``attn_u + p_uu (b_u - y_u)``), ``fused`` (the same softmax form in one flash-attention kernel
     call with a differentiable log-sum-exp, CPU), ``streamed`` (complete graph, any rho, key tiles),
     ``auto`` (:func:`energies.kernels.pick_kernel`).
+
+    Args:
+        rho: the penalty, a :class:`~energies.rho.Rho` or a spec (:func:`energies.get_rho`).
+        tau: the temperature, > 0.
+        alpha: the step size, in (0, 1] for the descent guarantee.
+        B: the initial residual ``(B, n, d)`` of ``|Y - B|^2 / 2`` (supplement F.4), or None for ``B = 0``.
+        update: ``exact`` (the Jacobi MM step above) or ``printed`` (eq. 38/39, the negative control).
+        kernel: the pairwise kernel, a registered name or ``auto``.
     """
 
     guarantee = "E1 never increases for 0 < alpha <= 1 with update='exact' (Theorem B.2 + Prop. B.1)"

@@ -80,7 +80,18 @@ def _layers(steps: Steps, layers: Optional[int]) -> List[Step]:
 
 def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None
            ) -> Iterator[Tuple[int, torch.Tensor]]:
-    """Yield ``(t, Y_t)`` for t = 0..T: a shared step repeated ``layers`` times, or untied steps."""
+    """Yield ``(t, Y_t)`` for t = 0..T, ``Y_{t+1} = step_t(Y_t)``: a shared step repeated ``layers`` times, or
+    untied steps (the unrolled MM iteration of the paper's eq. 3).
+
+    Args:
+        steps: one :class:`Step` shared over the layers, or a list of untied steps.
+        Y: the tokens ``(B, n, d)``.
+        graph: the token graph of the batch (its mask marks the real tokens).
+        layers: how many times a shared step runs (ignored for a list).
+
+    Yields:
+        ``(t, Y_t)``, ``Y_0`` the checked input.
+    """
     Y = check_tokens(Y, graph)
     yield 0, Y
     for t, step in enumerate(_layers(steps, layers), start=1):
@@ -460,13 +471,22 @@ def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
 def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None,
                   tol_factor: float = DEFAULT_TOL_FACTOR, substeps: bool = True
                   ) -> Tuple[torch.Tensor, DescentReport]:
-    """Run the unrolled steps from ``Y`` and trace every layer's energy.
+    """Run the unrolled steps from ``Y`` and trace every layer's energy: each step must satisfy
+    ``E(Y_{t+1}) <= E(Y_t) + tol``, the MM descent property (paper, Thm. 4.1), with ``tol`` the rounding rule of
+    :func:`tolerance`. A diagnostic: it runs without autograd (use :func:`unroll` to train).
 
-    ``steps``: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
-    ``substeps``: also evaluate the layer's energy after each sub-step of a Sequence, so that a
-    violation names the sub-step that raised it (layer-level counts are unaffected).
-    Returns ``(Y_T, report)`` (examples whose tokens went non-finite hold zeros in Y_T and fail every
-    step from there). A diagnostic: it runs without autograd (use :func:`unroll` to train).
+    Args:
+        steps: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
+        Y: the tokens ``(B, n, d)``.
+        graph: the token graph of the batch.
+        layers: how many times a shared step runs (ignored for a list).
+        tol_factor: the tolerance's multiple of the dtype's eps times the energy's scale (:func:`tolerance`).
+        substeps: also evaluate the layer's energy after each sub-step of a Sequence, so that a violation names
+            the sub-step that raised it (layer-level counts are unaffected).
+
+    Returns:
+        ``(Y_T, report)``: the last tokens (examples whose tokens went non-finite hold zeros and fail every step
+        from there) and the :class:`DescentReport` of every example at every layer.
     """
     tol_factor = check_tol_factor(tol_factor)
     Y = check_tokens(Y, graph)

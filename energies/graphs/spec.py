@@ -87,8 +87,22 @@ def canonical_spec(spec: str) -> str:
 
 
 def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
-    """Build a graph from a short spec: ``complete | window:K | strided:K | dilated:K[:R] | star |
-    random:P`` or a path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``)."""
+    """Build a token graph from a short spec.
+
+    Args:
+        spec: ``complete | window:K | strided:K | dilated:K[:R] | star | random:P`` (any registered graph), or a
+            path to a ``.npy`` file holding a ``2 x m`` edge list (ids in ``[0, n)``).
+        n: token slots per example.
+        batch_size: examples in the batch (PyG's batching: slot i of example b is node ``b * n + i``).
+        mask: ``(B, n)`` bool, True where a token is real; padded slots are in no edge.
+        seed: the seed of a random graph.
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph`, each undirected edge held once.
+
+    Raises:
+        GraphError: an unknown name (the registered ones listed), bad arguments or sizes, an invalid edge list.
+    """
     if not isinstance(spec, (str, os.PathLike)):
         raise GraphError(f"graph spec must be a string or a path, got {type(spec).__name__}")
     spec = os.fspath(spec)

@@ -58,15 +58,29 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
                   energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None,
                   guard: bool = True) -> PairwisePass:
-    """One pass over the graph: ``(agg, deg)`` in Y's dtype and, if asked, the pairwise energy.
-    ``num=False`` skips the weighted sums over neighbours (``agg`` is then None): an energy-only pass.
-    ``metric`` W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then ``(B, n, d_h)``),
-    formed from differences or centred tokens, never from ``Y W`` of tokens far from the origin.
+    """One pass over the graph with edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = |y_u - y_v|^2 / (2 tau)``:
+    ``agg_u = sum_{v in N(u)} gamma_uv (y_v - y_u)``, ``deg_u = sum_{v in N(u)} gamma_uv`` and, if asked, the
+    pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33), all from one pass.
 
-    ``guard``: for an expansion kernel, read the tokens' scale (one host read) and widen the dtype, or fall
-    back to explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With
-    ``guard=False`` (a forward pass with the trace off) there is no host read: the expansion runs in the
-    tokens' own dtype on centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``."""
+    Args:
+        Y: the tokens ``(B, n, d)``.
+        graph: the token graph of the batch.
+        rho: the concave penalty (:func:`energies.get_rho`).
+        tau: the temperature, > 0.
+        kernel: a registered kernel or ``auto`` (:func:`pick_kernel`).
+        energy: also return the pairwise energy per example (float64).
+        num: compute the neighbour sums (``agg``); False gives an energy-only pass (``agg`` None).
+        metric: W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then
+            ``(B, n, d_h)``), formed from differences or centred tokens, never from ``Y W`` of tokens far from the
+            origin.
+        guard: for an expansion kernel, read the tokens' scale (one host read) and widen the dtype, or fall back to
+            explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With False (a
+            forward pass with the trace off) there is no host read: the expansion runs in the tokens' own dtype on
+            centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``.
+
+    Returns:
+        A :class:`~energies.kernels.registry.PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
+    """
     kernel = KERNELS[pick_kernel(graph, rho, kernel)]
     Y = graph.zero_padded(Y)
     if not kernel.expansion:

@@ -2,7 +2,7 @@
 
 * :mod:`experiments.app`: the application (config, data through :mod:`experiments.data`, model building,
   training, checkpoints, run folders and logs, bundles, prediction, seed sweeps, the TF-IDF baseline);
-* :mod:`experiments.data`: the data package of the application (``python -m experiments.data``);
+* :mod:`experiments.data`: the data package of the application (``unfold-data``);
 * :mod:`experiments.studies`: paper reproductions and measurements of the project (descent sweep, spline probe,
   activations, convex heads, PyG example, benchmarks, graph variants, depth);
 * ``configs/``: the shipped configs (package data, found by name);

@@ -26,6 +26,7 @@ PACKAGES = ("energies", "unfold", "convex", "experiments")
 
 #: the application (what a user runs) and the studies (paper reproductions and measurements)
 RUNFOLDER = ("experiments.runfolder",)
+DATA = ("experiments.data",)
 APP = ("experiments.app", "experiments.data")
 STUDIES = ("experiments.studies",)
 
@@ -126,6 +127,7 @@ RULES: List[Tuple[Tuple[str, ...], Tuple[str, ...], str]] = [
     (("unfold",), ("energies", "unfold"), "unfold imports only energies"),
     (("convex",), ("energies", "unfold", "convex"), "convex imports only energies and unfold"),
     (RUNFOLDER, ("energies", "unfold") + RUNFOLDER, "the run-folder safety modules import only the library"),
+    (DATA, ("energies", "unfold", "convex") + RUNFOLDER + DATA, "the data package never imports the application"),
     (APP, ("energies", "unfold", "convex") + RUNFOLDER + APP, "the application never imports the studies"),
     (STUDIES, ("energies", "unfold", "convex") + RUNFOLDER + APP + STUDIES, "a study imports the library, the "
                                                                             "application and other studies"),

@@ -100,7 +100,7 @@ def test_command_line_numbers_refuse_non_ascii(convert):
 
 
 def test_dataset_options_refuse_non_ascii():
-    from experiments.data.cli import _option_arg
+    from experiments.app.data_cli import _option_arg
 
     with pytest.raises(argparse.ArgumentTypeError):
         _option_arg(f"max_len={ARABIC_3}")

@@ -187,7 +187,7 @@ def ws(tmp_path_factory):
     return w
 
 
-DATA, TFIDF, PLOT = "experiments.data", "experiments.app.tfidf", "experiments.app.plot_energy"
+DATA, TFIDF, PLOT = "experiments.app.data_cli", "experiments.app.tfidf", "experiments.app.plot_energy"
 SPLINE = "experiments.studies.spline_probe"
 DESCENT, ACT, SBM, BENCH = "experiments.studies.descent", "experiments.studies.activations", "experiments.studies.pyg_sbm", "experiments.studies.bench"
 

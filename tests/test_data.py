@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from experiments import data as D
+from experiments.app.data_cli import main as data_main
 from experiments.data import glove as G
 from experiments.data import hf as H
 from experiments.data import sources as S
@@ -38,7 +39,7 @@ from experiments.data import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FETCH_HINT = "python -m experiments.data fetch --dataset"
+FETCH_HINT = "unfold-data fetch --dataset"
 
 GLOVE_INDEX_PARQUET = (  # pyarrow 26.0.1, snappy: ["the", ",", "of", "héllo", "n't", "zsombor"]
     "UEFSMRUEFVwVXkwVDBUAEgAALmwDAAAAdGhlAQAAACwCAAAAb2YGAAAAaMOpbGxvARw0bid0BwAAAHpzb21ib3IVABUWFRos"
@@ -232,7 +233,7 @@ def test_missing_column_lists_columns(tmp_path):
 def test_export_roundtrip_exact(tmp_path, capsys):
     write_rt(tmp_path)
     out = tmp_path / "exported"
-    rc = D.main(["export", "--dataset", "rotten_tomatoes", "--out", str(out), "--seed", "3",
+    rc = data_main(["export", "--dataset", "rotten_tomatoes", "--out", str(out), "--seed", "3",
                  "--data-dir", str(tmp_path)])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -630,7 +631,7 @@ def test_real_sources_are_pinned():
 # --------------------------------------------------------------------------------------------
 
 def test_cli_export_unknown_dataset_exit_2(tmp_path, capsys):
-    rc = D.main(["export", "--dataset", "nope", "--out", str(tmp_path / "o")])
+    rc = data_main(["export", "--dataset", "nope", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1
     assert "unknown dataset 'nope'" in err and "rotten_tomatoes" in err and "crowdflower" in err
@@ -639,7 +640,7 @@ def test_cli_export_unknown_dataset_exit_2(tmp_path, capsys):
 
 def test_cli_subprocess_no_traceback(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "experiments.data", "export", "--dataset", "rotten_tomatoes",
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.data_cli", "export", "--dataset", "rotten_tomatoes",
                            "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path)],
                           check=False, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -4,7 +4,7 @@ in an empty folder of its own, one test each), with the exit status it is marked
 that the ``unfold-data inspect`` before it printed; and every run folder it names holds its ``metrics.json``.
 
 The guide's commands are the console scripts of this installation (``unfold-data``, ``unfold-train``; from the
-interpreter's folder, or shims that run ``python -m experiments.data`` / ``experiments.app.train`` where the scripts
+interpreter's folder, or shims that run ``unfold-data`` / ``experiments.app.train`` where the scripts
 are not installed). They use ``--config tiny`` and a dozen lines of data: about 30 s of CPU in all.
 """
 import os
@@ -66,7 +66,7 @@ def _env(tmp_path) -> dict:
     bindir = os.path.dirname(sys.executable)
     shims = tmp_path / ".bin"
     shims.mkdir()
-    for script, module in (("unfold-data", "experiments.data"), ("unfold-train", "experiments.app.train")):
+    for script, module in (("unfold-data", "experiments.app.data_cli"), ("unfold-train", "experiments.app.train")):
         if shutil.which(script, path=bindir) is None:
             (shims / script).write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
             (shims / script).chmod(0o755)

@@ -193,7 +193,7 @@ def test_missing_folder_without_datasets_names_the_places_looked(tmp_path):
     data.mkdir()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    line = expect_refusal("experiments.data", ["export", "--dataset", "hf:nosuch/thing", "--out", str(cwd / "out"),
+    line = expect_refusal("experiments.app.data_cli", ["export", "--dataset", "hf:nosuch/thing", "--out", str(cwd / "out"),
                                                "--data-dir", str(data)], str(cwd),
                           names=["hf:nosuch/thing", str(cwd / "nosuch" / "thing"),
                                  str(data / "hf" / "nosuch" / "thing"), "`datasets` package", "not installed",
@@ -274,7 +274,7 @@ def test_readme_problems(tmp_path):
 def test_cli_export_hf_folder_writes_class_label_names(tmp_path):
     out = tmp_path / "exported"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "experiments.data", "export", "--dataset", f"hf:{HUB}:topic",
+    proc = subprocess.run([sys.executable, "-m", "experiments.app.data_cli", "export", "--dataset", f"hf:{HUB}:topic",
                            "--out", str(out)], check=False, capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -288,17 +288,17 @@ def test_cli_export_hf_folder_writes_class_label_names(tmp_path):
 
 def test_cli_export_split_option(tmp_path):
     out = tmp_path / "o"
-    code, stdout, err = run_cli("experiments.data", ["export", "--dataset", f"hf:{DISK}", "--out", str(out),
+    code, stdout, err = run_cli("experiments.app.data_cli", ["export", "--dataset", f"hf:{DISK}", "--out", str(out),
                                                      "--split", "val=test", "--split", "test=validation"],
                                 str(tmp_path))
     assert code == 0, err
     auto = load_dataset(f"hf:{DISK}")
     back = load_dataset(out)
     assert (back.val, back.test) == (auto.test, auto.val)
-    expect_refusal("experiments.data", ["export", "--dataset", f"hf:{DISK}", "--out", str(tmp_path / "x"),
+    expect_refusal("experiments.app.data_cli", ["export", "--dataset", f"hf:{DISK}", "--out", str(tmp_path / "x"),
                                         "--split", "dev=validation"], str(tmp_path),
                    names=["--split", "'dev=validation'"])
-    expect_refusal("experiments.data", ["export", "--dataset", f"hf:{DISK}", "--out", str(tmp_path / "x"),
+    expect_refusal("experiments.app.data_cli", ["export", "--dataset", f"hf:{DISK}", "--out", str(tmp_path / "x"),
                                         "--split", "val=test", "--split", "val=validation"], str(tmp_path),
                    names=["--split val", "given twice"])
 

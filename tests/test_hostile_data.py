@@ -40,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.yaml")
 DISK = os.path.join(ROOT, "tests", "data", "hf", "reviews_disk")
 DOCS_SWEEPS = os.path.join(ROOT, "docs", "sweeps")
-TRAIN, DATA, TFIDF, SWEEP = "experiments.app.train", "experiments.data", "experiments.app.tfidf", "experiments.app.sweep"
+TRAIN, DATA, TFIDF, SWEEP = "experiments.app.train", "experiments.app.data_cli", "experiments.app.tfidf", "experiments.app.sweep"
 
 WORDS = ["good", "bad", "great", "awful", "fine", "dull", "lovely", "boring", "superb", "poor", "nice", "weak"]
 TEXTS = [f"a {w} film number {i}" for i, w in enumerate(WORDS * 2)]      # 24 distinct texts

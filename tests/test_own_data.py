@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from experiments.app.config import load_config
-from experiments.data import DataError, main as data_main
+from experiments.data import DataError
+from experiments.app.data_cli import main as data_main
 from experiments.data.core import split_examples
 from experiments.data.load import load_configured
 

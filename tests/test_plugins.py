@@ -27,7 +27,7 @@ from test_train import ROOT, synthetic_text_dir
 from unfold.cli import run_main
 
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.yaml")
-CLIS = ["experiments.studies.activations", "experiments.studies.bench", "experiments.studies.convex_heads", "experiments.data",
+CLIS = ["experiments.studies.activations", "experiments.studies.bench", "experiments.studies.convex_heads", "experiments.app.data_cli",
         "experiments.studies.depth", "experiments.studies.descent", "experiments.app.plot_energy", "experiments.app.predict",
         "experiments.studies.pyg_sbm", "experiments.studies.spline_probe", "experiments.app.sweep", "experiments.app.tfidf",
         "experiments.app.train", "experiments.studies.variants", "unfold.check"]
@@ -218,7 +218,7 @@ def test_import_in_an_explicit_argv_is_loaded(ws, inproc):
 # ----------------------------------------------------------------- refusals
 @pytest.mark.parametrize("module, extra", [("experiments.app.train", ["--config", TINY]), ("unfold.check", CHECK),
                                            ("experiments.studies.descent", ["--quick"]),
-                                           ("experiments.data", ["export", "--dataset", "x", "--out", "o"])])
+                                           ("experiments.app.data_cli", ["export", "--dataset", "x", "--out", "o"])])
 @pytest.mark.parametrize("name, names", [
     ("nosuchmod", ["--import nosuchmod", "No module named 'nosuchmod'"]),
     ("badplug", ["--import badplug", "RuntimeError", "failed on purpose"]),
@@ -311,11 +311,11 @@ def test_data_takes_import_before_and_after_its_subcommand(ws, inproc, tmp_path)
         plugins._imported.clear()                        # taken once; registering it again is refused)
         RHOS.pop("inrho", None)
         GRAPHS.pop("ingraph", None)
-        code, out, err = run_cli("experiments.data", [*argv, "--dataset", str(ws / "toy"), "--out",
+        code, out, err = run_cli("experiments.app.data_cli", [*argv, "--dataset", str(ws / "toy"), "--out",
                                                       str(tmp_path / f"out{k}")], str(ws / "plug"))
         assert code == 0, err
         assert "inplug" in sys.modules and (tmp_path / f"out{k}" / "train.jsonl").exists()
-    expect_refusal("experiments.data", ["export", "--import", "nosuchmod", "--dataset", "x", "--out", "o"],
+    expect_refusal("experiments.app.data_cli", ["export", "--import", "nosuchmod", "--dataset", "x", "--out", "o"],
                    str(tmp_path), names=["nosuchmod"])
 
 
@@ -353,8 +353,8 @@ def test_a_failing_entry_point_is_one_error_line_and_help_still_shows(ws, inproc
 
 
 # ----------------------------------------------------------------- every command line has the option
-@pytest.mark.parametrize("module, sub", [(m, None) for m in CLIS] + [("experiments.data", "fetch"),
-                                                                   ("experiments.data", "export")])
+@pytest.mark.parametrize("module, sub", [(m, None) for m in CLIS] + [("experiments.app.data_cli", "fetch"),
+                                                                   ("experiments.app.data_cli", "export")])
 def test_every_cli_help_lists_import(tmp_path, module, sub):
     code, out, err = run_cli(module, ([sub] if sub else []) + ["--help"], str(tmp_path))
     assert code == 0, err

@@ -119,7 +119,7 @@ def test_missing_data_says_how_to_fetch_and_writes_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", os.path.join(CONFIGS, "tiny.yaml"),
                            "--run-dir", str(run)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 2
-    assert "python -m experiments.data fetch --dataset rotten_tomatoes" in proc.stderr
+    assert "unfold-data fetch --dataset rotten_tomatoes" in proc.stderr
     assert "Traceback" not in proc.stderr and not run.exists()
 
 

@@ -22,9 +22,9 @@ Submodules, one concern each (the names the rest of the code uses are re-exporte
 * :mod:`~experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
 * :mod:`~experiments.data.text`: :func:`tokenize`, :class:`Vocab`, :func:`encode` (padding) and :func:`batches`.
 * :mod:`~experiments.data.glove`: :func:`load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
-* :mod:`~experiments.data.inspect_data`: ``inspect``, what ``unfold-train`` would read from a dataset (its config
-  and reader), and the command that trains on it.
-* :mod:`~experiments.data.cli`: ``python -m experiments.data fetch|export|inspect`` (:func:`main`).
+The command line over this package, ``unfold-data fetch|export|inspect``, is the application's
+(:mod:`experiments.app.data_cli`; ``inspect``, what ``unfold-train`` would read, reads configs:
+:mod:`experiments.app.inspect_data`), so that this package imports nothing of the application.
 
 Files live in the data directory::
 
@@ -37,9 +37,9 @@ Files live in the data directory::
 
 Command line::
 
-    python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
-    python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
-    python -m experiments.data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
+    unfold-data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
+    unfold-data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+    unfold-data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
 Every loaded dataset (:func:`load_dataset`, which the trainer, ``export``, the TF-IDF baseline and the bundle
 loader all go through) has three non-empty splits, label names that do not collide, and at least two classes,
@@ -47,13 +47,13 @@ in its training split too (:func:`check_classes`); the loaders refuse a collidin
 naming the file, the field or split and the values, before anything is written; every such refusal ends with the
 config keys that fix it, as overrides to paste (``; fix: set data.label_field=topic``; :func:`core.fix`).
 
-Part of the application (:mod:`experiments.app`), kept at its documented path (``python -m experiments.data``).
-May import: the library and :mod:`experiments.app`; never :mod:`experiments.studies`.
+Part of the application, below :mod:`experiments.app` (which imports it). May import: the library and
+:mod:`experiments.runfolder`; never :mod:`experiments.app` nor :mod:`experiments.studies`.
 """
 from unfold.cli import folder_arg, output_folder_arg
 
 from .arrow import read_parquet_strings
-from .cli import PROG, main, split_seed_arg
+from .core import split_seed_arg
 from .core import SPLIT_NAMES, DataError, Splits, check_classes, check_label_names, label_key, split_examples
 from .corpora import CF_FILE, CF_LABELS, DATASETS, RT_FILE, RT_LABELS
 from .files import export
@@ -66,8 +66,8 @@ from .text import URL_TOKEN, Vocab, batches, encode, tokenize
 
 __all__ = [
     "CF_FILE", "CF_LABELS", "DATASETS", "DATA_DIR_ENV", "DEFAULT_DATA_DIR", "DataError", "GLOVE_DIM", "GLOVE_EMB",
-    "GLOVE_VOCAB", "MANIFEST", "PROG", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
+    "GLOVE_VOCAB", "MANIFEST", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
     "Vocab", "batches", "check_classes", "check_folder", "config_options", "load_configured", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
-    "folder_arg", "load_dataset", "load_glove", "main", "output_folder_arg", "read_parquet_strings", "split_examples",
+    "folder_arg", "load_dataset", "load_glove", "output_folder_arg", "read_parquet_strings", "split_examples",
     "split_seed_arg", "tokenize",
 ]

@@ -366,3 +366,15 @@ def check_classes(splits: Splits, label_field: str = "label") -> Splits:
         raise DataError(f"dataset {splits.name}: its training split holds one class only ({train}): a classifier "
                         "needs at least two" + again)
     return splits
+
+
+def split_seed_arg(text: str) -> int:
+    """argparse ``type=``: a split seed, an integer in ``[0, 2**32)`` (what ``RandomState`` accepts)."""
+    import argparse
+
+    from unfold.cli import seed_int
+
+    seed = seed_int(text)
+    if seed >= 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, 2**32) (a split seed)")
+    return seed

@@ -68,7 +68,7 @@ def read_manifest(root: pathlib.Path) -> dict:
             raise ValueError("no 'files' table")  # noqa: TRY004 - reported as corrupt below
     except (OSError, ValueError, RecursionError) as e:
         raise DataError(f"the manifest {p} is corrupt ({e}); re-run "
-                        f"`python -m experiments.data fetch --force --data-dir {root}`") from None
+                        f"`unfold-data fetch --force --data-dir {root}`") from None
     return m
 
 
@@ -85,7 +85,7 @@ def write_manifest(root: pathlib.Path, manifest: dict) -> None:
 
 def fetch_command(dataset: str, root: pathlib.Path, force: bool = False) -> str:
     """The exact command that (re)creates the files of ``dataset`` in ``root``."""
-    return (f"python -m experiments.data fetch --dataset {dataset} --data-dir {root}"
+    return (f"unfold-data fetch --dataset {dataset} --data-dir {root}"
             + (" --force" if force else ""))
 
 

@@ -40,14 +40,14 @@ from collections import Counter
 
 from energies.errors import ConfigError
 
-from ..app.config import load_config_sources
-from .core import SPLIT_NAMES, DataError
-from .corpora import DATASETS
-from .glove import GLOVE_EMB, GLOVE_VOCAB, _read_glove
-from .load import load_configured
-from .store import data_dir as _data_dir
-from .store import require_file
-from .text import Vocab, tokenize
+from .config import load_config_sources
+from ..data.core import SPLIT_NAMES, DataError
+from ..data.corpora import DATASETS
+from ..data.glove import GLOVE_EMB, GLOVE_VOCAB, _read_glove
+from ..data.load import load_configured
+from ..data.store import data_dir as _data_dir
+from ..data.store import require_file
+from ..data.text import Vocab, tokenize
 
 #: the suffixes of the files a dataset may be, in words
 FORMATS = {".csv": "CSV file", ".jsonl": "JSON lines file", ".json": "JSON file", ".parquet": "parquet file"}
@@ -190,7 +190,7 @@ def _notes(r: dict) -> list[str]:
     glove = r["glove"]
     if not glove["available"] and glove["used"] != "none":
         notes.append(f"data.glove={glove['used']} needs the GloVe files, which are not available here: fetch them "
-                     "(python -m experiments.data fetch --dataset glove) or set data.glove=none")
+                     "(unfold-data fetch --dataset glove) or set data.glove=none")
     if glove["available"] and glove["used"] != "none" and glove["vocabulary_found"] < 0.5:
         notes.append(f"only {glove['vocabulary_found']:.0%} of the vocabulary is in GloVe (English words): "
                      "data.glove=none may do as well")

@@ -1,16 +1,16 @@
-"""The command line, ``python -m experiments.data``::
+"""The command line, ``unfold-data``::
 
-    python -m experiments.data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
-    python -m experiments.data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+    unfold-data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
+    unfold-data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
                                       [--option KEY=INT ...]
-    python -m experiments.data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
+    unfold-data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
 ``--option`` sets an option of a generated dataset (``listops``: ``min_len``, ``max_len``, ``max_depth``,
 ``max_args``, ``train``, ``val``, ``test``; :mod:`experiments.data.listops`), the generated splits are written.
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
 the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
 directory back unchanged. ``inspect`` shows what ``unfold-train`` would read from PATH (the trainer's reader, config
-and overrides; :mod:`experiments.data.inspect_data`) and the command that trains on it; it writes nothing. The
+and overrides; :mod:`experiments.app.inspect_data`) and the command that trains on it; it writes nothing. The
 commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
 a file where a folder is expected, ...) exits with status 2 and one line.
 """
@@ -24,22 +24,14 @@ from unfold.cli import folder_arg, output_folder_arg, run_main, seed_int
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
-from .core import SPLIT_NAMES, DataError
-from .files import export
+from ..data.core import SPLIT_NAMES, DataError, split_seed_arg
+from ..data.files import export
 from .inspect_data import inspect_argv_parser, inspect_dataset, render, split_items
-from .load import load_dataset, valid_names
-from .sources import SOURCES, fetch
-from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
+from ..data.load import load_dataset, valid_names
+from ..data.sources import SOURCES, fetch
+from ..data.store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
 
-PROG = "python -m experiments.data"
-
-
-def split_seed_arg(text: str) -> int:
-    """argparse ``type=``: a split seed, an integer in ``[0, 2**32)`` (what ``RandomState`` accepts)."""
-    seed = seed_int(text)
-    if seed >= 2 ** 32:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, 2**32) (a split seed)")
-    return seed
+PROG = "unfold-data"
 
 
 def _nonempty_arg(text: str) -> str:
@@ -150,3 +142,7 @@ def main(argv=None) -> int:
 
     return run_main(PROG, body, argv)
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -63,43 +63,55 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
         axes = axes.reshape(-1)
         for ax in axes[1 + len(drawn):]:
             ax.set_visible(False)
-        ax = axes[0]
-        ax.set_xlabel("layer t")
-        ax.set_xticks(range(T1))
-        ax.set_ylabel("E(Y^t) - E_min  (log scale)")
-        ax.set_title(f"TOTAL energy: must fall at every layer\n{N} test examples; E_min: {how}", fontsize=9,
-                     fontweight="bold")
-        for side in ax.spines.values():
-            side.set_linewidth(2.0)
-        if _drawable(gap_plot):
-            cols = [gap_plot[:, t][np.isfinite(gap_plot[:, t])] for t in range(T1)]
-            ax.boxplot(cols, positions=list(range(T1)), widths=0.5, showfliers=True,
-                       flierprops={"markersize": 2, "alpha": 0.4})
-            ax.plot(range(T1), np.nanmean(gap_plot, 0), color="tab:red", marker="o", ms=3, label="mean")
-            ax.set_yscale("log")
-            ax.legend(loc="best", fontsize=8)
-        else:
-            _nothing_to_draw(ax)
+        _draw_total(axes[0], gap_plot, f"{N} test examples; E_min: {how}")
         for j, name in enumerate(drawn, start=1):
-            v = values[name]
-            ax = axes[j]
-            ax.set_xlabel("layer t")
-            ax.set_xticks(range(T1))
-            ax.set_title(_plain(f"term: {name}") + "\n(one part of the total: may rise)", fontsize=9)
-            if not _drawable(v):
-                _nothing_to_draw(ax)
-                continue
-            q1, med, q3 = np.nanpercentile(v, [25, 50, 75], axis=0)
-            ax.fill_between(range(T1), q1, q3, alpha=0.3, label="25-75%")
-            ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
-            ax.plot(range(T1), med, ls="--", lw=1, label="median")
-            ax.legend(loc="best", fontsize=8)
+            _draw_term(axes[j], values[name], name)
         import textwrap
 
         height = 3.8 * nrows + 0.6
         fig.text(0.5, 0.01, _plain(textwrap.fill(energy_caption(constant), 60 + 45 * ncols)), ha="center",
                  va="bottom", fontsize=8.5)
         return save_figure(fig, path, title, dpi=100, bottom=0.5 / height)
+
+
+def _draw_total(ax, gap, subtitle: str) -> None:
+    """The first panel: box plots of ``E(Y^t) - E_min`` per layer with the mean curve, log scale, framed and titled
+    as the quantity that must fall."""
+    import numpy as np
+
+    T1 = gap.shape[1]
+    ax.set_xlabel("layer t")
+    ax.set_xticks(range(T1))
+    ax.set_ylabel("E(Y^t) - E_min  (log scale)")
+    ax.set_title(f"TOTAL energy: must fall at every layer\n{subtitle}", fontsize=9, fontweight="bold")
+    for side in ax.spines.values():
+        side.set_linewidth(2.0)
+    if not _drawable(gap):
+        _nothing_to_draw(ax)
+        return
+    cols = [gap[:, t][np.isfinite(gap[:, t])] for t in range(T1)]
+    ax.boxplot(cols, positions=list(range(T1)), widths=0.5, showfliers=True, flierprops={"markersize": 2, "alpha": 0.4})
+    ax.plot(range(T1), np.nanmean(gap, 0), color="tab:red", marker="o", ms=3, label="mean")
+    ax.set_yscale("log")
+    ax.legend(loc="best", fontsize=8)
+
+
+def _draw_term(ax, v, name: str) -> None:
+    """One term's panel: its mean, median and inter-quartile band per layer, marked as a part of the total."""
+    import numpy as np
+
+    T1 = v.shape[1]
+    ax.set_xlabel("layer t")
+    ax.set_xticks(range(T1))
+    ax.set_title(_plain(f"term: {name}") + "\n(one part of the total: may rise)", fontsize=9)
+    if not _drawable(v):
+        _nothing_to_draw(ax)
+        return
+    q1, med, q3 = np.nanpercentile(v, [25, 50, 75], axis=0)
+    ax.fill_between(range(T1), q1, q3, alpha=0.3, label="25-75%")
+    ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
+    ax.plot(range(T1), med, ls="--", lw=1, label="median")
+    ax.legend(loc="best", fontsize=8)
 
 
 def _constant(v) -> bool:

@@ -464,12 +464,7 @@ def _epochs(run: Run) -> float:
     :class:`TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time of
     earlier sessions of a resumed run included."""
     tc, dd = run.cfg["train"], run.dd
-    net = run.model
-    if dd.enabled:
-        net = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[run.device.index]
-                                                        if run.device.type == "cuda" else None)
-    if tc["compile"]:   # the training forward only: the same parameters, saved and evaluated through model itself
-        net = torch.compile(net)
+    net = _training_net(run)
     t_start = time.perf_counter() - run.elapsed
     csv_log = MetricsLog(run.run_dir, tc["tensorboard"], resume_after=run.start_epoch - 1 if run.resume else None,
                          logger=run.log) if dd.is_main else None
@@ -511,11 +506,26 @@ def _epochs(run: Run) -> float:
         # (rank 0 hung after writing metrics.json; seen once in the suite).
         net = None
         gc.collect()
+    _reduce_counts(run)
+    return train_seconds
+
+
+def _training_net(run: Run):
+    """What the training forward runs: the model, wrapped for distributed training, compiled with
+    ``train.compile`` (the same parameters, saved and evaluated through the model itself)."""
+    net = run.model
+    if run.dd.enabled:
+        net = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[run.device.index]
+                                                        if run.device.type == "cuda" else None)
+    return torch.compile(net) if run.cfg["train"]["compile"] else net
+
+
+def _reduce_counts(run: Run) -> None:
+    """The trace's counts and the descent monitor's summed over the ranks (a collective: every rank calls it)."""
+    dd, m = run.dd, run.monitor
     run.train_inc, run.train_steps = (int(distributed.all_sum(v, dd)) for v in (run.train_inc, run.train_steps))
-    m = run.monitor
     m.steps, m.flagged, m.confirmed, m.cleared = (int(distributed.all_sum(v, dd))
                                                   for v in (m.steps, m.flagged, m.confirmed, m.cleared))
-    return train_seconds
 
 
 def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: float) -> Dict[str, Any]:
@@ -536,12 +546,7 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         ids, mask, labels = ids.to(run.device), mask.to(run.device), labels.to(run.device)
         with training_precision(tc["precision"], run.device):
             out = net(ids, mask, trace=tc["trace"])
-        logits = out.logits.float()     # the loss in float32 (a no-op at train.precision=float32)
-        if dd.enabled:   # sum over this rank's share / global batch x world: DDP's average is the global mean
-            loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (
-                weight * dd.world / global_size)
-        else:
-            loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss = _loss(out, labels, dd, weight, global_size)
         if not torch.isfinite(loss):
             raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
                                 + last_good(run.run_dir) + " Lower train.lr or set train.grad_clip.")
@@ -572,6 +577,16 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         run.train_inc, run.train_steps, run.train_inc - inc0, run.train_steps - steps0))    # collectives: every rank
     return {"loss_sum": loss_sum, "correct": correct, "seen": seen, "passes": passes, "g_inc": g_inc,
             "g_steps": g_steps, "e_inc": e_inc, "e_steps": e_steps}
+
+
+def _loss(out, labels, dd, weight, global_size: int) -> torch.Tensor:
+    """The batch's cross-entropy in float32 (a no-op at ``train.precision=float32``). Distributed: the sum over
+    this rank's share divided by the global batch, times the world size, so that DDP's average of the ranks'
+    gradients is the global mean's; a filler rank (weight 0) contributes nothing."""
+    logits = out.logits.float()
+    if dd.enabled:
+        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (weight * dd.world / global_size)
+    return torch.nn.functional.cross_entropy(logits, labels)
 
 
 def _count_energy(run: Run, out, where: str) -> Dict[str, Any]:

@@ -8,7 +8,6 @@
    arrives while stdin is still open).
 4. The same training command pasted again: exit 0, and the finished run byte-identical.
 """
-import hashlib
 import json
 import os
 import random
@@ -19,6 +18,7 @@ import time
 
 import pytest
 import yaml
+from test_rerun_and_progress import snapshot as _snapshot
 
 BIN = os.path.dirname(sys.executable)
 
@@ -45,16 +45,6 @@ def _write_csv(path, rows=600, seed=0):
             words = rng.sample(filler, 6) + rng.sample(good if i % 2 == 0 else bad, 2)
             rng.shuffle(words)
             fh.write(f"{' '.join(words)},{'positive' if i % 2 == 0 else 'negative'}\n")
-
-
-def _snapshot(folder):
-    out = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as fh:
-                out[os.path.relpath(path, folder)] = (hashlib.sha256(fh.read()).hexdigest(), os.stat(path).st_mtime_ns)
-    return out
 
 
 def _uncommented(text):

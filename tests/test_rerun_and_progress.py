@@ -14,7 +14,7 @@ def _args(run, data, *extra):
             "data.glove=none", "train.progress=false", "train.epochs=1", "train.device=cpu", *extra]
 
 
-def _snapshot(folder):
+def snapshot(folder):
     """Every file under ``folder`` (the lock included) with its bytes' sha256 and its mtime."""
     out = {}
     for root, _, files in os.walk(folder):
@@ -50,23 +50,23 @@ def test_progress_is_said_from_the_start(finished):
 
 def test_the_same_command_again_leaves_the_finished_run_untouched(finished):
     run, data, first = finished
-    before = _snapshot(run)
+    before = snapshot(run)
     again = run_train(_args(run, data))
     assert again.returncode == 0, again.stderr[-2000:]
     assert "already holds this finished run (same config" in again.stderr
     assert "--run-dir NEW_FOLDER" in again.stderr and "--overwrite" in again.stderr
     assert "error" not in again.stderr.lower() and "Traceback" not in again.stderr
     assert json.loads(again.stdout.splitlines()[-1]) == json.loads(first.stdout.splitlines()[-1])
-    assert _snapshot(run) == before                      # bytes and times: nothing read-write was opened
+    assert snapshot(run) == before                      # bytes and times: nothing read-write was opened
 
 
 def test_another_config_over_a_finished_run_is_refused_naming_keys(finished):
     run, data, _ = finished
-    before = _snapshot(run)
+    before = snapshot(run)
     other = run_train(_args(run, data, "model.layers=3", "train.lr=0.5"))
     assert other.returncode == 2
     assert "holds a finished run of another config: model.layers (2 there, 3 now), train.lr" in other.stderr
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_overwrite_still_retrains(finished, tmp_path):

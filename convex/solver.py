@@ -491,7 +491,27 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
     still descend measurably there and reach gaps of about 1e-9 to 1e-14 on the problems measured (it stops
     where no step can be seen to descend any more, see :func:`_newton`). ``fixed_lipschitz``: a constant L, no backtracking (for
     experiments and negative controls: an L below the true constant breaks the majorization, and the
-    trace shows it)."""
+    trace shows it).
+
+    Args:
+        head: the convex head (:func:`convex.make_head`): the linear map A of the block variables Z.
+        data: the dict that ``head.prepare(X, mask)`` returns.
+        Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
+        beta: the nuclear-norm weight, > 0.
+        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+        method: ``fista``, ``pg`` or ``newton`` (above).
+        max_iter: the iteration budget.
+        tol: the relative duality gap at which it stops (its certificate).
+        Z0: a starting point (default zeros).
+        check_every: how often the gap is computed, in first-order steps.
+        fixed_lipschitz: a constant step's L instead of backtracking (negative controls).
+        warmup: FISTA steps before Newton's.
+        cg_iters: Hessian-vector products per Newton-CG step.
+
+    Returns:
+        A :class:`ConvexSolution`: Z, whether the gap reached ``tol``, the certificate (the duality gap and its
+        parts), the ranks, and the loss and penalty traced per iteration.
+    """
     if not isinstance(method, str) or method not in METHODS:
         raise ConfigError(f"unknown solver method {method!r}; valid: {list(METHODS)}")
     beta = check_number(beta, "beta", "positive", ConfigError)

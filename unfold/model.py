@@ -26,16 +26,40 @@ __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES", "CURVATURES", "NORMS"]
 MODES = ENCODERS
 
 class UnfoldedTransformer(SequenceClassifier):
-    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring).
+    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring). An argument that
+    does not apply to the mode is refused unless left at its default.
 
-    Parameters: ``vocab_size``, ``num_classes``; ``d`` width, ``heads``, ``d_head`` (guaranteed; default d //
-    heads), ``layers`` T, ``mode``; attention energy ``rho``, ``tau`` (default sqrt(d_head) for guaranteed,
-    sqrt(d) for the traced E1 of the others), ``graph`` spec, ``alpha``, ``ffn``, ``relu``, ``layernorm``,
-    ``curvature``, ``kernel``, ``stop_rel`` (guaranteed: the energy-chosen depth, None/0 off, else EPS in (0, 1),
-    :class:`~unfold.encoders.GuaranteedEncoder`); ``attention``, ``attention_temperature``, ``ffn_mult``, ``norm``
-    (free / baseline); ``embed_dim``, ``pretrained``, ``freeze_embed``, ``positional`` (learned | sinusoidal | none;
-    ``True``/``False``: learned/none), ``max_len``, ``dropout``,
-    ``pad_idx`` (embedding). An argument that does not apply to the mode is refused unless left at its default.
+    Args:
+        vocab_size: the embedding's rows.
+        num_classes: the head's outputs.
+        d: the token width.
+        heads: attention heads.
+        d_head: each head's width (guaranteed; default ``d // heads``).
+        layers: T.
+        mode: a registered encoder (``guaranteed``, ``free``, ``baseline`` or a plug-in's).
+        rho: the attention energy's penalty (:func:`energies.get_rho`).
+        tau: the temperature (default sqrt(d_head) for guaranteed, sqrt(d) for the traced E1 of the others).
+        graph: the token graph spec.
+        alpha: the step size (guaranteed), in (0, 1].
+        ffn: include the feed-forward term.
+        relu: include the ReLU (non-negativity) term.
+        layernorm: include the LayerNorm terms.
+        embed_dim: the embedding width when it differs from d (a projection follows).
+        pretrained: an embedding matrix to start from (GloVe).
+        freeze_embed: keep the embedding fixed.
+        positional: ``learned``, ``sinusoidal`` or ``none`` (True/False: learned/none).
+        max_len: the longest sequence the positions cover.
+        ffn_mult: the feed-forward width multiple (free / baseline).
+        dropout: dropout (free / baseline).
+        pad_idx: the padding token id.
+        curvature: ``adaptive`` or ``constant`` (guaranteed).
+        attention: the attention activation (free / baseline).
+        attention_temperature: its temperature (free / baseline).
+        norm: the normalisation (free / baseline).
+        kernel: the pairwise kernel or ``auto``.
+        validate: check inputs at every forward (host reads: a debugging switch).
+        stop_rel: the energy-chosen depth's EPS (guaranteed; None or 0: off;
+            :class:`~unfold.encoders.GuaranteedEncoder`).
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d: int = 64, heads: int = 2, d_head: Optional[int] = None,

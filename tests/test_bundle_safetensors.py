@@ -12,15 +12,13 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from clifuzz import expect_refusal, run_cli, snapshot
 from energies.errors import CheckpointError
-from test_train import CONFIGS, ROOT, synthetic_text_dir
+from test_train import CONFIGS, run_train, synthetic_text_dir
 
 TINY = os.path.join(CONFIGS, "tiny.yaml")
 TEXTS = ["good great w1 w2 w5", "bad awful w2 w3", "", "zzz unknown words only"]
@@ -34,10 +32,8 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("safetensors_bundle")
     data = synthetic_text_dir(tmp / "toy", n_train=120, n_eval=40)
     folder = tmp / "run"
-    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", TINY, "--run-dir", str(folder),
-                           f"data.dataset={data}", "data.glove=none", "train.epochs=2", "train.progress=false",
-                           "model.layers=1", "train.tensorboard=false"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    proc = run_train(["--config", TINY, "--run-dir", str(folder), f"data.dataset={data}", "data.glove=none",
+                      "train.epochs=2", "train.progress=false", "model.layers=1", "train.tensorboard=false"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return str(folder)
 

@@ -82,9 +82,9 @@ CLI_CASES = [
     (CHECK, ["--kernel", "dense", "--n", "100000"], ["--kernel dense", "--n 100000", "GiB"]),
     (CHECK, ["--kernel", "dense", "--n", "20000", "--samples", "1", "--d", "1"], ["--kernel dense", "20000"]),
     (CHECK, ["--kernel", "edges", "--n", "100000", "--samples", "1", "--d", "1"], ["--kernel edges", "--n 100000", "GiB"]),
-    ("experiments.data", ["export", "--dataset", "listops", "--option", "train=10000000000", "--out", "out"],
+    ("experiments.app.data_cli", ["export", "--dataset", "listops", "--option", "train=10000000000", "--out", "out"],
      ["train=10000000000", "GiB"]),
-    ("experiments.data", ["export", "--dataset", "listops", "--option", "test=99999999999999", "--out", "out"],
+    ("experiments.app.data_cli", ["export", "--dataset", "listops", "--option", "test=99999999999999", "--out", "out"],
      ["test=99999999999999", "GiB"]),
 ]
 

@@ -222,21 +222,21 @@ def test_config_path_to_loader():
 def test_export_round_trip(tmp_path):
     opts = ["--option", "min_len=8", "--option", "max_len=40", "--option", "train=20", "--option", "val=4",
             "--option", "test=4"]
-    code, out, err = run_cli("experiments.data", ["export", "--dataset", "listops", "--out", str(tmp_path / "a"),
+    code, out, err = run_cli("experiments.app.data_cli", ["export", "--dataset", "listops", "--out", str(tmp_path / "a"),
                                                   "--seed", "5", *opts], str(tmp_path))
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["train"] == 20
     back = load_dataset(str(tmp_path / "a"))
     want = generate(5, {"min_len": 8, "max_len": 40, "train": 20, "val": 4, "test": 4})
     assert (back.train, back.val, back.test, back.label_names) == (want.train, want.val, want.test, want.label_names)
-    code, _, err = run_cli("experiments.data", ["export", "--dataset", "listops", "--out", str(tmp_path / "b"),
+    code, _, err = run_cli("experiments.app.data_cli", ["export", "--dataset", "listops", "--out", str(tmp_path / "b"),
                                                 "--seed", "5", *opts], str(tmp_path))
     assert code == 0, err
     for name in ("train.jsonl", "val.jsonl", "test.jsonl", "labels.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    expect_refusal("experiments.data", ["export", "--dataset", "listops", "--out", str(tmp_path / "c"),
+    expect_refusal("experiments.app.data_cli", ["export", "--dataset", "listops", "--out", str(tmp_path / "c"),
                                         "--option", "max_depth=1"], str(tmp_path), names=["max_depth", "1"])
-    expect_refusal("experiments.data", ["export", "--dataset", "rotten_tomatoes", "--out", str(tmp_path / "c"),
+    expect_refusal("experiments.app.data_cli", ["export", "--dataset", "rotten_tomatoes", "--out", str(tmp_path / "c"),
                                         "--option", "max_len=9"], str(tmp_path), names=["rotten_tomatoes"])
 
 

@@ -214,8 +214,22 @@ def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=Non
 
 def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float = DEFAULT_TOL_FACTOR,
               res: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``f * eps(dtype) * (sum_k |E_k| + eps(dtype) * res)`` per example (non-finite terms left out of the
-    scale; they fail the check on their own). ``res``: :func:`resolution` (0 when not given)."""
+    """The descent check's tolerance per example: a step is an increase when ``E(Y_t+1) > E(Y_t) + tol`` with
+
+        tol = f * eps(dtype) * (sum_k |E_k| + eps(dtype) * res),
+
+    the rounding of a float sum of the terms (non-finite terms left out of the scale; they fail the check on their
+    own).
+
+    Args:
+        values: the terms' values ``{name: tensor}`` at the step's start, one shape for all (``(S,)`` per example).
+        dtype: the states' dtype (its eps).
+        factor: f, the multiple (:data:`DEFAULT_TOL_FACTOR`).
+        res: :func:`resolution` at the step's start (0 when not given).
+
+    Returns:
+        The tolerances, in the values' shape.
+    """
     factor = check_tol_factor(factor)
     eps = torch.finfo(dtype).eps
     scale = torch.zeros_like(next(iter(values.values())))

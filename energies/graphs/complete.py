@@ -7,6 +7,16 @@ from .registry import _sizes, register_graph
 
 @register_graph("complete", mask_free=True)
 def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
-    """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9)."""
+    """All pairs ``u < v`` of real tokens (plain self-attention, main paper eq. 9), kept implicit (no edge list).
+
+    Args:
+        n: token slots per example.
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real.
+        seed: unused (every builder takes it).
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph` with ``edge_index`` None.
+    """
     n, batch_size, _ = _sizes(n, batch_size, seed)
     return TokenGraph(batch_size, n, mask, None, name="complete")

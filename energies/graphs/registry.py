@@ -26,8 +26,16 @@ _register = GRAPHS.register
 
 
 def register_graph(name: str, mask_free: bool = False):
-    """``@register_graph("name")`` registers a builder ``f(n, *args, batch_size=1, mask=None, seed=0)``;
-    ``mask_free=True`` declares that its edges do not depend on the mask (see :data:`MASK_FREE`)."""
+    """``@register_graph("name")`` registers a builder, selectable by name in every graph spec (``name:ARG``).
+
+    Args:
+        name: the graph's name (refused when taken: the registry's wording).
+        mask_free: declare that its edges do not depend on the mask (see :data:`MASK_FREE`), so that
+            :class:`~energies.graphs.cache.GraphCache` builds it once per shape.
+
+    Returns:
+        The decorator, for ``f(n, *args, batch_size=1, mask=None, seed=0) -> TokenGraph``.
+    """
     def deco(builder):
         _register(name)(builder)
         (MASK_FREE.add if mask_free else MASK_FREE.discard)(name)

@@ -112,7 +112,17 @@ class Energy(torch.nn.Module):
 
 def attention_energy(rho="exp", tau: float = 1.0, B: Optional[torch.Tensor] = None,
                      kernel: str = "auto") -> Energy:
-    """E1(Y) = sum_{{u,v} in E} tau rho(||y_u - y_v||^2 / (2 tau)) + 1/2 ||Y - B||^2 (supplement eq. 33, F.4)."""
+    """E1(Y) = sum_{{u,v} in E} tau rho(||y_u - y_v||^2 / (2 tau)) + 1/2 ||Y - B||^2 (supplement eq. 33, F.4).
+
+    Args:
+        rho: the concave penalty (:func:`energies.get_rho` spec or object).
+        tau: the temperature, > 0.
+        B: the residual's anchor ``(B, n, d)``; None for ``B = 0``.
+        kernel: the pairwise kernel or ``auto``.
+
+    Returns:
+        The :class:`Energy` with the terms ``attention`` and ``residual``.
+    """
     return Energy(attention=PairwiseAttention(rho, tau, kernel), residual=Residual(B))
 
 

@@ -89,7 +89,21 @@ def _term_parts(energy: Energy, Y: torch.Tensor, graph: TokenGraph, values: bool
 
 def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",
             values: bool = False) -> MMStepResult:
-    """One MM step ``Y -> prox(Y + alpha * direction)`` (module docstring); padded slots keep their input."""
+    """One MM step ``y_u <- prox(y_u - alpha * grad_u E(Y) / P_u)`` (module docstring); padded slots keep their input.
+
+    Args:
+        energy: E, a sum of terms with at most one indicator (its prox closes the step).
+        Y: the tokens ``(B, n, d)``.
+        graph: the token graph of the batch.
+        alpha: the step size; E never increases for 0 < alpha <= 1.
+        preconditioner: ``bound`` (P_u = sum_k c^k_u, any parameters) or ``jacobi`` (the attention surrogate's
+            diagonal, supplement eq. 36-37).
+        values: also return each term's value at Y, from the same passes.
+
+    Returns:
+        An :class:`MMStepResult`: the new tokens, the terms' values at Y (float64; empty unless asked) and the
+        curvature sum ``(B, n)`` at Y.
+    """
     direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values)
     out = Y + alpha * direction
     for term in energy.terms.values():

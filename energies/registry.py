@@ -82,11 +82,11 @@ class Registry(dict):
         """The registered names, in registration order."""
         return list(self)
 
-    def check(self, name, extra: str = "") -> str:
-        """``name`` if it is registered, else the kind's error: ``unknown {kind} 'name'; valid: [...]`` (sorted),
-        followed by ``extra`` (e.g. what else is accepted)."""
+    def check(self, name, extra: str = "", error: Optional[Type[UnfoldError]] = None) -> str:
+        """``name`` if it is registered, else ``error`` (default: the kind's): ``unknown {kind} 'name'; valid:
+        [...]`` (sorted), followed by ``extra`` (e.g. what else is accepted)."""
         if not isinstance(name, str) or name not in self:
-            raise self.error(f"unknown {self.kind} {name!r}; valid: {sorted(self)}{extra}")
+            raise (error or self.error)(f"unknown {self.kind} {name!r}; valid: {sorted(self)}{extra}")
         return name
 
     def lookup(self, name):

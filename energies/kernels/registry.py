@@ -106,11 +106,8 @@ def check_kernel(kernel, error=EnergyError) -> str:
     """The one rule for a ``kernel`` argument, applied where it enters (a term's, step's or encoder's constructor):
     ``auto`` or a registered kernel, else ``error`` (the caller's layer's typed error) in the registries' wording,
     ``unknown pairwise kernel 'x'; valid: [...]``."""
-    if kernel != "auto" or not isinstance(kernel, str):
-        try:
-            KERNELS.check(kernel, " or 'auto'")
-        except EnergyError as exc:
-            raise error(str(exc)) from None
+    if not (isinstance(kernel, str) and kernel == "auto"):
+        KERNELS.check(kernel, " or 'auto'", error)
     return kernel
 
 

@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from energies.checks import parse_int
-from unfold.cli import folder_arg, output_folder_arg, run_main, seed_int
+from unfold.cli import folder_arg, output_folder_arg, run_main
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 

@@ -747,14 +747,15 @@ def summary_line(metrics: Dict[str, Any]) -> str:
 
 
 def config_differences(a: Dict[str, Any], b: Dict[str, Any], prefix: str = "") -> list:
-    """The dotted keys whose values differ between two configs (a key missing on one side counts)."""
+    """``(dotted key, a's value, b's value)`` for every leaf where two configs differ (a key missing on one side
+    counts, its value None)."""
     out = []
     for key in sorted(set(a) | set(b), key=str):
         x, y = a.get(key), b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):
             out += config_differences(x, y, f"{prefix}{key}.")
         elif x != y or type(x) is not type(y):
-            out.append(f"{prefix}{key}")
+            out.append((f"{prefix}{key}", x, y))
     return out
 
 
@@ -779,7 +780,7 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
         return None         # not a readable finished run: the folder check says what it holds
     differ = config_differences(stored, cfg)
     if differ:
-        shown = ", ".join(f"{k} ({_dotted(stored, k)!r} there, {_dotted(cfg, k)!r} now)" for k in differ[:5])
+        shown = ", ".join(f"{k} ({there!r} there, {now!r} now)" for k, there, now in differ[:5])
         raise RunFolderError(f"run folder {run_dir!r} holds a finished run of another config: {shown}"
                              f"{f' and {len(differ) - 5} more' if len(differ) > 5 else ''}; train into a new "
                              "folder with --run-dir, or replace it with --overwrite")
@@ -791,14 +792,6 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
           f"unfold-predict {run_dir} --text '...'. Train again: the same command with --run-dir NEW_FOLDER, "
           "or with --overwrite to replace it once the new run is complete.", file=sys.stderr)
     return metrics
-
-
-def _dotted(cfg: Dict[str, Any], key: str):
-    for part in key.split("."):
-        if not isinstance(cfg, dict) or part not in cfg:
-            return None
-        cfg = cfg[part]
-    return cfg
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ are disjoint and depend on the seed only.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import re
@@ -32,6 +33,7 @@ from decimal import Decimal
 import numpy as np
 
 from energies.errors import UnfoldError
+from unfold.cli import seed_int
 
 SPLIT_NAMES = ("train", "val", "test")
 #: the splits in words, for messages
@@ -370,10 +372,6 @@ def check_classes(splits: Splits, label_field: str = "label") -> Splits:
 
 def split_seed_arg(text: str) -> int:
     """argparse ``type=``: a split seed, an integer in ``[0, 2**32)`` (what ``RandomState`` accepts)."""
-    import argparse
-
-    from unfold.cli import seed_int
-
     seed = seed_int(text)
     if seed >= 2 ** 32:
         raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [0, 2**32) (a split seed)")

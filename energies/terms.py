@@ -316,17 +316,32 @@ class PairwiseAttention(EnergyTerm):
     CURVATURES = ("adaptive", "constant")
 
     def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None,
-                 curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True):
+                 curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True,
+                 validate: bool = True):
         super().__init__()
         self.rho: Rho = get_rho(rho)
-        if curvature not in self.CURVATURES:
-            raise EnergyError(f"unknown curvature bound {curvature!r}; valid: {list(self.CURVATURES)}")
         self.curvature_kind = curvature
         if curvature == "constant":
             self.max_weight = self.rho.max_derivative()
-            if not (math.isfinite(self.max_weight) and self.max_weight >= 0):
-                raise EnergyError(f"curvature='constant' needs a finite rho'(0), got {self.max_weight} for "
-                                  f"rho={self.rho.spec()}")
+        if validate:   # a model building this term per forward from arguments it checked itself passes False
+            tau = self._check(tau, kernel, metric, curvature)
+        self.tau = tau
+        self.kernel = kernel
+        self.metric = metric
+        #: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once), else from W
+        self._given_norm2 = metric_norm2
+        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.kernels.pairwise_pass`)
+        self.guard = bool(guard)
+
+    def _check(self, tau, kernel, metric, curvature) -> float:
+        """The arguments' checks (EnergyError naming each): the curvature bound's name (and a finite rho'(0) for
+        ``constant``), tau finite and > 0 (returned as a float), the kernel's name (the one place a term checks
+        it: its passes do not), and the metric's shape and dtype (not its values: they are not read here)."""
+        if curvature not in self.CURVATURES:
+            raise EnergyError(f"unknown curvature bound {curvature!r}; valid: {list(self.CURVATURES)}")
+        if curvature == "constant" and not (math.isfinite(self.max_weight) and self.max_weight >= 0):
+            raise EnergyError(f"curvature='constant' needs a finite rho'(0), got {self.max_weight} for "
+                              f"rho={self.rho.spec()}")
         try:
             tau = check_number(tau, "tau", "positive", EnergyError)
         except EnergyError:
@@ -336,15 +351,9 @@ class PairwiseAttention(EnergyTerm):
             if not isinstance(metric, torch.Tensor) or metric.ndim != 2 or min(metric.shape) < 1:
                 raise EnergyError(f"attention metric W must be a (d, d_h) tensor with d, d_h >= 1, got "
                                   f"{tuple(metric.shape) if isinstance(metric, torch.Tensor) else type(metric).__name__}")
-            if not metric.dtype.is_floating_point:   # (its values are not read here: models build this term per forward)
+            if not metric.dtype.is_floating_point:
                 raise EnergyError(f"attention metric W must be a floating tensor, got dtype {metric.dtype}")
-        self.tau = tau
-        self.kernel = kernel
-        self.metric = metric
-        #: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once), else from W
-        self._given_norm2 = metric_norm2
-        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.kernels.pairwise_pass`)
-        self.guard = bool(guard)
+        return tau
 
     def features(self, Y: torch.Tensor) -> torch.Tensor:
         """``Z = Y W`` (queries = keys), or Y itself without a metric."""
@@ -362,7 +371,8 @@ class PairwiseAttention(EnergyTerm):
         """The independent float64 evaluation: explicit differences ``W^T (y_u - y_v)`` of every pair."""
         Y = Y.to(ACCUM_DTYPE)
         W = self._metric(Y)
-        return pairwise_energy(Y, graph, self.rho, self.tau, self.kernel, None if W is None else W.to(ACCUM_DTYPE))
+        return pairwise_energy(Y, graph, self.rho, self.tau, self.kernel, None if W is None else W.to(ACCUM_DTYPE),
+                               validate=False)
 
     def explicit_value(self, Y, graph):
         """The value from explicit differences of centred features ``W^T (y - mean)`` in Y's dtype (the precision
@@ -374,14 +384,14 @@ class PairwiseAttention(EnergyTerm):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast
         in its dtype, :func:`_kernel_call`)."""
         return _kernel_call(Y, lambda Yk: weighted_neighbour_sums(self.features(Yk), graph, self.rho, self.tau,
-                                                                  self.kernel))
+                                                                  self.kernel, validate=False))
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
         """The layers' kernel pass on the features W^T y (:func:`~energies.kernels.pairwise_pass`); under
         ``torch.autocast`` on the tokens in its dtype (:func:`_kernel_call`)."""
         W = self._metric(Y)
         return _kernel_call(Y, lambda Yk: pairwise_pass(Yk, graph, self.rho, self.tau, self.kernel, energy=energy,
-                                                        num=num, metric=W, guard=self.guard))
+                                                        num=num, metric=W, guard=self.guard, validate=False))
 
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
@@ -413,7 +423,7 @@ class PairwiseAttention(EnergyTerm):
             return None
         metrics = [t._metric(Y) for t in terms]
         return _kernel_call(Y, lambda Yk: pairwise_pass_heads(Yk, graph, t0.rho, t0.tau, t0.kernel, metrics,
-                                                              energy=energy, num=num, guard=t0.guard))
+                                                              energy=energy, num=num, guard=t0.guard, validate=False))
 
     @staticmethod
     def joint_mm(terms, Y, graph, value: bool = True):

@@ -552,7 +552,8 @@ class GuaranteedEncoder(Encoder):
         """The energy every layer descends, anchored at B; ``guard``: the kernels' precision guard."""
         norm2, lam = self.spectral_bounds()
         terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, kernel=self.kernel, metric=self.W[h],
-                                                curvature=self.curvature, metric_norm2=norm2[h], guard=guard))
+                                                curvature=self.curvature, metric_norm2=norm2[h], guard=guard,
+                                                validate=False))   # (checked once, by the constructor)
                  for h in range(self.heads)]
         terms.append(("residual", Residual(B, validate=False)))
         if self.A is not None:
@@ -629,7 +630,7 @@ class _TracedStack(Encoder):
         self.tau = check_number(tau, "tau", "positive", ConfigError) if tau is not None else math.sqrt(self.d)
 
     def energy(self, B: torch.Tensor) -> Energy:
-        return Energy(attention=PairwiseAttention(self.rho, self.tau), residual=Residual(B, validate=False))
+        return Energy(attention=PairwiseAttention(self.rho, self.tau, validate=False), residual=Residual(B, validate=False))
 
     def blocks_for(self):
         raise NotImplementedError

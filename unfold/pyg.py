@@ -200,13 +200,13 @@ class UnfoldedAttentionConv(MessagePassing):
     def energy_of(self, x0_tokens: Optional[torch.Tensor]) -> Energy:
         """E of the module docstring on the layout's tokens, anchored at ``x0_tokens`` (None: B = 0)."""
         if self.W is None:
-            terms = [("attention", PairwiseAttention(self.rho, self.tau, kernel="edges"))]
+            terms = [("attention", PairwiseAttention(self.rho, self.tau, kernel="edges", validate=False))]
         else:
             norm2 = version_cached(self, "_norm2_cache", self.W,                            # (H,), float64, once
                                    lambda W: torch.linalg.matrix_norm(finite_f64(W), ord=2) ** 2)   # per weights
             names = ["attention"] if self.heads == 1 else [f"head{h}" for h in range(self.heads)]
             terms = [(names[h], PairwiseAttention(self.rho, self.tau, kernel="edges", metric=self.W[h],
-                                                  metric_norm2=norm2[h])) for h in range(self.heads)]
+                                                  metric_norm2=norm2[h], validate=False)) for h in range(self.heads)]
         terms.append(("residual", Residual(x0_tokens, validate=False)))
         if self.nonneg is not None:
             terms.append(("relu", self.nonneg))

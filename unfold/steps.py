@@ -18,7 +18,7 @@ from energies.energy import Energy, attention_energy, feedforward_energy
 from energies.errors import StepError
 from energies.checks import check_number
 from energies.graphs import TokenGraph, check_tokens
-from energies.kernels import check_kernel, edge_z
+from energies.kernels import edge_z
 from energies.registry import Registry
 from energies.terms import ACCUM_DTYPE, Centering, NonNegativity, Rescaling
 
@@ -133,7 +133,6 @@ class AttentionStep(Step):
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        check_kernel(kernel, StepError)
         self.alpha = _check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel

@@ -22,7 +22,7 @@ from .streamed import STREAM_MIN_N, _streamed_pass
 from .triton import _triton_heads
 
 
-def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
+def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto", validate: bool = True) -> str:
     """``auto``: off the CPU (a GPU, or the ``meta`` device that stands in for one) on the complete graph with
     rho = exp the ``fused`` kernel (torch's own fused attention on CUDA), else the ``triton`` kernel where
     Triton is installed and the penalty has Triton functions; on the CPU, and elsewhere without Triton: on the
@@ -30,7 +30,10 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
     ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
     graph that is not complete, on the CPU: the first registered kernel whose auto rule says it pays
     (:data:`~energies.kernels.registry.AUTO_RULES`: banded, where a shift-invariant graph's tiles pay,
-    :func:`~energies.banded.banded_pays`); any other graph: edges. A kernel that does not apply is an error."""
+    :func:`~energies.banded.banded_pays`); any other graph: edges. A kernel that does not apply is an error.
+
+    The name is checked (:func:`~energies.kernels.registry.check_kernel`) unless ``validate`` is False: the
+    caller checked it where it entered (a term's constructor), so the layers' passes check nothing by name."""
     if kernel == "auto":
         off_cpu = graph.mask.device.type != "cpu"
         if off_cpu and graph.is_complete and isinstance(rho, ExpRho) and fused_available(graph.mask.device.type):
@@ -48,7 +51,8 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
                 return "fused"
             return "streamed" if graph.num_nodes > STREAM_MIN_N else "softmax"
         return "streamed" if graph.num_nodes > STREAM_MIN_N else "dense"
-    check_kernel(kernel)
+    if validate:
+        check_kernel(kernel)
     why = KERNELS[kernel].supports(graph, rho)
     if why is not None:
         raise EnergyError(f"the {kernel} kernel {why}")
@@ -57,7 +61,7 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto") -> str:
 
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
                   energy: bool = False, num: bool = True, metric: Optional[torch.Tensor] = None,
-                  guard: bool = True) -> PairwisePass:
+                  guard: bool = True, validate: bool = True) -> PairwisePass:
     """One pass over the graph with edge weights ``gamma_uv = rho'(z_uv)``, ``z_uv = |y_u - y_v|^2 / (2 tau)``:
     ``agg_u = sum_{v in N(u)} gamma_uv (y_v - y_u)``, ``deg_u = sum_{v in N(u)} gamma_uv`` and, if asked, the
     pairwise energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33), all from one pass.
@@ -77,11 +81,13 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
             explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With False (a
             forward pass with the trace off) there is no host read: the expansion runs in the tokens' own dtype on
             centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``.
+        validate: check the kernel's name; False where the caller checked it where it entered (a term's
+            constructor): the layers' passes then check nothing by name.
 
     Returns:
         A :class:`~energies.kernels.registry.PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
     """
-    kernel = KERNELS[pick_kernel(graph, rho, kernel)]
+    kernel = KERNELS[pick_kernel(graph, rho, kernel, validate)]
     Y = graph.zero_padded(Y)
     if not kernel.expansion:
         return kernel.run(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
@@ -166,7 +172,7 @@ def _safe_pass(kernel: Kernel, Y, Zc, ok, graph, rho, tau, energy, num, metric) 
 
 
 def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
-                        energy: bool = False, num: bool = True, guard: bool = True):
+                        energy: bool = False, num: bool = True, guard: bool = True, validate: bool = True):
     """:func:`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
     kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
     features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
@@ -174,10 +180,11 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     over B H examples); the banded kernel over ``(B, H)`` at once. Each head gets exactly the quantities of its own pass (the same formulas; tested).
     Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
     dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
-    read for all heads in one host read): then call :func:`pairwise_pass` per head."""
+    read for all heads in one host read): then call :func:`pairwise_pass` per head. ``validate``: as for
+    :func:`pairwise_pass`."""
     if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1:
         return None
-    name = pick_kernel(graph, rho, kernel)
+    name = pick_kernel(graph, rho, kernel, validate)
     if name == "triton":
         return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
     native = not guard and name == "fused" and _native_half(KERNELS[name], Y)
@@ -209,14 +216,16 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
                          metric=metrics[h]) for h in range(H)]
 
 
-def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto"):
-    """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``."""
-    out = pairwise_pass(Y, graph, rho, tau, kernel)
+def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
+                            validate: bool = True):
+    """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``
+    (``validate``: as for :func:`pairwise_pass`)."""
+    out = pairwise_pass(Y, graph, rho, tau, kernel, validate=validate)
     return out.num, out.deg
 
 
 def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
-                    metric: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    metric: Optional[torch.Tensor] = None, validate: bool = True) -> torch.Tensor:
     """``sum_{{u,v} in E} tau * rho(z_uv)`` per example, ``(B,)`` float64, each undirected edge once.
 
     The independent evaluation every check uses: directly from the pairs, never from a log-sum-exp, and always
@@ -224,8 +233,9 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     differences), so z, and so each ``rho(z)``, is exact to rounding at every scale: an expansion
     ``|a|^2 + |b|^2 - 2 a.b`` would err by about ``eps |y|^2`` per pair, which can exceed a tolerance relative
     to a small energy. With a metric W the differences are taken in token space, then mapped:
-    ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked but not used."""
-    kernel = pick_kernel(graph, rho, kernel)
+    ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked (its name unless ``validate``
+    is False, as for :func:`pairwise_pass`, and that it applies to the graph) but not used."""
+    kernel = pick_kernel(graph, rho, kernel, validate)
     Y = graph.zero_padded(Y)
     if not graph.is_complete:
         return _edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy

@@ -337,12 +337,8 @@ def check_fingerprint(path: str, fp: Any) -> None:
                     "counts >= 0")
 
 
-def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
-                        require: Sequence[str] = REQUIRED) -> Dict[str, Any]:
-    """``state`` if it is a checkpoint that can be trusted (module docstring: checksum, then every field);
-    otherwise :class:`CheckpointError` naming ``path``, the field and its value. ``epochs``: the run's
-    ``train.epochs`` (default: the checkpoint's own config's); ``require``: the keys that must be present
-    (:data:`REQUIRED`, or :data:`TRAINER_KEYS` to resume). Every key present is validated."""
+def _check_envelope(state: Any, path: str, require: Sequence[str]) -> None:
+    """Check that ``state`` is a mapping, not nested too deep, with the required keys only, and its checksum."""
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint (a mapping)")
     problem = _nesting_problem(state)
@@ -363,6 +359,10 @@ def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
     if state_digest(state) != stored:
         raise CheckpointError(f"{path}: checksum ({DIGEST}) differs from its content: the checkpoint was changed "
                               "after it was written (a weight or field edited, or bits flipped)")
+
+
+def _check_training_state(path: str, state: Dict[str, Any]) -> None:
+    """Check the model, optimizer, scheduler and generator states of ``state``."""
     _check_model(path, state["model"])
     _check_optimizer(path, state["optimizer"])
     if not isinstance(state["scheduler"], dict):
@@ -376,6 +376,10 @@ def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
             raise _fail(path, "cuda_rng", cuda, "must be None or a list of generator states")
         for i, t in enumerate(cuda):
             _check_rng(path, f"cuda_rng[{i}]", t)
+
+
+def _check_epoch(path: str, state: Dict[str, Any], epochs: Optional[int]) -> int:
+    """Check the config's shape and the last finished epoch against ``epochs`` (default: the config's); return it."""
     cfg = state["config"]
     if not isinstance(cfg, dict) or not all(isinstance(k, str) for k in cfg):
         raise _fail(path, "config", cfg, "must be a mapping of config sections")
@@ -389,35 +393,45 @@ def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
     if not _is_int(epoch) or epoch < 1 or (epochs is not None and epoch > epochs):
         span = f"[1, {epochs}] (train.epochs)" if epochs is not None else ">= 1"
         raise _fail(path, "epoch", epoch, f"must be an integer in {span}: the last finished epoch")
-    history = _check_history(path, state["history"], epoch) if "history" in state else None
-    if "best_val" in state or "best_epoch" in state:
-        best_val, best_epoch = state.get("best_val"), state.get("best_epoch")
-        if not _is_num(best_val) or not (best_val == -1 or 0 <= best_val <= 1) or math.isnan(best_val):
-            raise _fail(path, "best_val", best_val, "must be a validation accuracy in [0, 1] (or -1: none yet)")
-        if not _is_int(best_epoch) or not (best_epoch == -1 or 1 <= best_epoch <= epoch):
-            raise _fail(path, "best_epoch", best_epoch, f"must be an epoch in [1, {epoch}] (or -1: none yet)")
-        if history is not None:
-            if history:
-                top = max(r["val_accuracy"] for r in history)
-                first = next(r["epoch"] for r in history if r["val_accuracy"] == top)
-                if best_val != top:
-                    raise _fail(path, "best_val", best_val, f"must be the history's best validation accuracy ({top})")
-                if best_epoch != first:
-                    raise _fail(path, "best_epoch", best_epoch, f"must be the first epoch that reached best_val "
-                                f"({first})")
-        if (best_val == -1) != (best_epoch == -1) or (best_val == -1 and history):
-            raise _fail(path, "best_epoch", best_epoch, f"does not fit best_val = {show(best_val)} (-1 and -1 mean "
-                        "no epoch evaluated yet)")
-    if "train_inc" in state or "train_steps" in state:
-        inc = _count(path, "train_inc", state.get("train_inc"))
-        steps = _count(path, "train_steps", state.get("train_steps"))
-        if inc > steps:
-            raise _fail(path, "train_inc", inc, f"must be <= train_steps ({steps})")
+    return epoch
+
+
+def _check_best(path: str, state: Dict[str, Any], epoch: int, history: Optional[List[Dict[str, Any]]]) -> None:
+    """Check ``best_val`` and ``best_epoch`` against each other, the epoch and the history."""
+    best_val, best_epoch = state.get("best_val"), state.get("best_epoch")
+    if not _is_num(best_val) or not (best_val == -1 or 0 <= best_val <= 1) or math.isnan(best_val):
+        raise _fail(path, "best_val", best_val, "must be a validation accuracy in [0, 1] (or -1: none yet)")
+    if not _is_int(best_epoch) or not (best_epoch == -1 or 1 <= best_epoch <= epoch):
+        raise _fail(path, "best_epoch", best_epoch, f"must be an epoch in [1, {epoch}] (or -1: none yet)")
+    if history is not None:
         if history:
-            last = history[-1]
-            if steps > last["train_energy_steps"] or inc > last["train_energy_increases"]:
-                raise _fail(path, "train_steps", steps, f"(train_inc {inc}) must not exceed the last epoch's record "
-                            f"({last['train_energy_steps']}, {last['train_energy_increases']})")
+            top = max(r["val_accuracy"] for r in history)
+            first = next(r["epoch"] for r in history if r["val_accuracy"] == top)
+            if best_val != top:
+                raise _fail(path, "best_val", best_val, f"must be the history's best validation accuracy ({top})")
+            if best_epoch != first:
+                raise _fail(path, "best_epoch", best_epoch, f"must be the first epoch that reached best_val "
+                            f"({first})")
+    if (best_val == -1) != (best_epoch == -1) or (best_val == -1 and history):
+        raise _fail(path, "best_epoch", best_epoch, f"does not fit best_val = {show(best_val)} (-1 and -1 mean "
+                    "no epoch evaluated yet)")
+
+
+def _check_train_counts(path: str, state: Dict[str, Any], history: Optional[List[Dict[str, Any]]]) -> None:
+    """Check ``train_inc`` <= ``train_steps``, neither beyond the last epoch's record."""
+    inc = _count(path, "train_inc", state.get("train_inc"))
+    steps = _count(path, "train_steps", state.get("train_steps"))
+    if inc > steps:
+        raise _fail(path, "train_inc", inc, f"must be <= train_steps ({steps})")
+    if history:
+        last = history[-1]
+        if steps > last["train_energy_steps"] or inc > last["train_energy_increases"]:
+            raise _fail(path, "train_steps", steps, f"(train_inc {inc}) must not exceed the last epoch's record "
+                        f"({last['train_energy_steps']}, {last['train_energy_increases']})")
+
+
+def _check_extras(path: str, state: Dict[str, Any]) -> None:
+    """Check the optional fields present: the untrained report, monitor, elapsed time, vocabulary, fingerprint."""
     if "untrained" in state:
         _check_report(path, "untrained", state["untrained"])
     if "monitor" in state:
@@ -430,6 +444,23 @@ def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
             raise _fail(path, "vocab", vocab, "must be a list of distinct token strings")
     if "data_fingerprint" in state:
         check_fingerprint(path, state["data_fingerprint"])
+
+
+def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
+                        require: Sequence[str] = REQUIRED) -> Dict[str, Any]:
+    """``state`` if it is a checkpoint that can be trusted (module docstring: checksum, then every field);
+    otherwise :class:`CheckpointError` naming ``path``, the field and its value. ``epochs``: the run's
+    ``train.epochs`` (default: the checkpoint's own config's); ``require``: the keys that must be present
+    (:data:`REQUIRED`, or :data:`TRAINER_KEYS` to resume). Every key present is validated."""
+    _check_envelope(state, path, require)
+    _check_training_state(path, state)
+    epoch = _check_epoch(path, state, epochs)
+    history = _check_history(path, state["history"], epoch) if "history" in state else None
+    if "best_val" in state or "best_epoch" in state:
+        _check_best(path, state, epoch, history)
+    if "train_inc" in state or "train_steps" in state:
+        _check_train_counts(path, state, history)
+    _check_extras(path, state)
     return state
 
 

@@ -73,10 +73,22 @@ def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
 
 
 class Attention(nn.Module):
-    """Multi-head attention with activation ``softmax | relu | softplus`` (module docstring).
+    """Multi-head attention ``out = concat_h(A V) W_o`` with ``A`` the ``softmax | relu | softplus`` activation of
+    ``S = Q K^T / sqrt(d_h)`` (module docstring; Lai, Lim, Liu eq. 5, section 1.9, section 4).
 
     ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0. ``dropout``
-    acts on the attention weights in training mode."""
+    acts on the attention weights in training mode.
+
+    Args:
+        d: the token width, >= 1.
+        heads: the number of heads, >= 1.
+        activation: ``softmax``, ``relu`` or ``softplus`` (:data:`ACTIVATIONS`).
+        causal: the masked attention of eq. 8-9 (query j sees keys i <= j only).
+        temperature: t of the softplus activation ``t Softplus(S / t)``, > 0 (unused by the others).
+        bias: give the query, key, value and output maps a bias.
+        d_head: each head's width d_h (None or 0: ``max(d // heads, 1)``).
+        dropout: the dropout probability on the attention weights.
+    """
 
     def __init__(self, d: int, heads: int = 1, activation: str = "softmax", causal: bool = False,
                  temperature: float = 1.0, bias: bool = False, d_head: Optional[int] = None,

@@ -47,20 +47,29 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
 
 @dataclass
 class ModelOutput:
+    """What :class:`SequenceClassifier` returns: the logits and the encoder's energy trace E(Y_0) .. E(Y_T), whose
+    verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` (:mod:`unfold.trace`) :meth:`report` gives.
+
+    Attributes:
+        logits: ``(B, classes)``, the head's output.
+        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`: also
+            the tolerance's resolution at each Y_t and the indicator terms' names; None when not traced).
+        states: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``, else None.
+        guaranteed: whether every layer is guaranteed to descend the traced energy (the encoder's claim).
+        states_dtype: dtype in which the trace evaluated the energies of the states, which sets the tolerance of
+            :meth:`report`: the states' dtype, float32 for half-type states (:func:`~unfold.encoders.trace_dtype`).
+        inputs: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks).
+        layers_used: ``(B,)`` int64 on the device: the layers each example ran (fewer than T where the encoder's
+            ``stop_rel`` stopped it; :class:`~unfold.encoders.GuaranteedEncoder`), or None when the encoder does not
+            say.
+    """
+
     logits: torch.Tensor
-    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`: also the
-    #: tolerance's resolution at each Y_t and the indicator terms' names; None when not traced)
     energies: Optional[Dict[str, torch.Tensor]] = None
-    #: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``
     states: Optional[List[torch.Tensor]] = None
     guaranteed: bool = False
-    #: dtype in which the trace evaluated the energies of the states, which sets the tolerance of :meth:`report`: the
-    #: states' dtype, float32 for half-type states (:func:`~unfold.encoders.trace_dtype`)
     states_dtype: torch.dtype = torch.float32
-    #: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks)
     inputs: Optional[tuple] = None
-    #: ``(B,)`` int64 on the device: the layers each example ran (fewer than T where the encoder's ``stop_rel``
-    #: stopped it; :class:`~unfold.encoders.GuaranteedEncoder`), or None when the encoder does not say
     layers_used: Optional[torch.Tensor] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
@@ -102,7 +111,19 @@ class TokenEmbedding(nn.Module):
     dropout: ``X = drop(proj(embed(ids)) + P[:n])``, ``P`` learned (``"learned"`` or ``True``: a parameter
     table, ``pos.weight``), :func:`sinusoidal_positions` (``"sinusoidal"``: fixed, computed in the forward pass,
     nothing in the state dict) or zero (``"none"`` or ``False``). ``P`` acts before the encoder: the energy the
-    layers descend stays a function of their states ``Y`` alone."""
+    layers descend stays a function of their states ``Y`` alone.
+
+    Args:
+        vocab_size: the table's rows, an integer >= 1.
+        d: the token width, an integer >= 1.
+        embed_dim: the table's width (default d; taken from ``pretrained`` when given).
+        pretrained: a floating ``(vocab_size, dim)`` table to start from (GloVe), or None.
+        freeze: keep the table fixed (no gradient).
+        positional: ``learned`` (or True), ``sinusoidal`` or ``none`` (or False).
+        max_len: the longest sequence the positions cover, an integer >= 1.
+        dropout: the dropout probability, in [0, 1].
+        pad_idx: the padding id, in ``[0, vocab_size)`` (its row gets no gradient).
+    """
 
     def __init__(self, vocab_size: int, d: int, embed_dim: Optional[int] = None,
                  pretrained: Optional[torch.Tensor] = None, freeze: bool = False, positional: bool | str = True,
@@ -178,7 +199,16 @@ def check_ids(ids, vocab_size: int, validate: bool = False) -> torch.Tensor:
 
 
 def masked_mean(Y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the real tokens of each example ``(B, d)`` (an example with none pools to 0)."""
+    """Mean of the real tokens of each example, ``sum_u m_u y_u / max(sum_u m_u, 1)`` (an example with none pools
+    to 0).
+
+    Args:
+        Y: the tokens ``(B, n, d)``.
+        mask: ``(B, n)`` bool, True where a token is real.
+
+    Returns:
+        ``(B, d)`` in Y's dtype.
+    """
     return (Y * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1).to(Y.dtype)
 
 
@@ -188,7 +218,15 @@ class SequenceClassifier(nn.Module):
     (:class:`~energies.errors.InputError` / :class:`~energies.errors.TokenError` naming ids or the mask); their
     values (ids in the vocabulary, no example without a real token) on the CPU, and with ``validate=True`` on any
     device but meta (a host read; off the CPU the default leaves it to the data loader, and the trace marks an
-    example with no real token as failed). The encoder's layer loop reads nothing."""
+    example with no real token as failed). The encoder's layer loop reads nothing.
+
+    Args:
+        embedding: a module mapping ids ``(B, n)`` to tokens ``(B, n, d)`` (:class:`TokenEmbedding`).
+        encoder: a registered :class:`~unfold.encoders.Encoder` (or any module with the same call).
+        head: a module ``(B, d) -> (B, classes)``.
+        dropout: the dropout probability on the pooled tokens, in [0, 1].
+        validate: check the inputs' values on any device but meta (host reads: a debugging switch).
+    """
 
     def __init__(self, embedding: nn.Module, encoder: Encoder, head: nn.Module, dropout: float = 0.0,
                  validate: bool = False):

@@ -103,16 +103,23 @@ def check_device(t: torch.Tensor, module: nn.Module, what: str) -> None:
 
 @dataclass
 class EncoderOutput:
-    #: ``(B, n, d)`` tokens after the last layer
+    """What an :class:`Encoder` returns: ``Y_T`` and the energy trace E(Y_0) .. E(Y_T), whose verdict
+    ``E(Y_t+1) <= E(Y_t) + tol_t`` (:mod:`unfold.trace`) :meth:`report` gives.
+
+    Attributes:
+        Y: ``(B, n, d)`` tokens after the last layer.
+        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`), or
+            None (not traced).
+        states: ``[Y_0, ..., Y_T]`` with ``keep_states=True``, else None.
+        guaranteed: whether every layer is guaranteed to descend the traced energy.
+        layers_used: ``(B,)`` int64 on the tokens' device: the layers each example ran (its depth; < T where
+            ``stop_rel`` stopped it, :class:`GuaranteedEncoder`).
+    """
+
     Y: torch.Tensor
-    #: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`), or None
     energies: Optional[EnergyTrace] = None
-    #: ``[Y_0, ..., Y_T]`` with ``keep_states=True``
     states: Optional[List[torch.Tensor]] = None
-    #: whether every layer is guaranteed to descend the traced energy
     guaranteed: bool = False
-    #: ``(B,)`` int64 on the tokens' device: the layers each example ran (its depth; < T where ``stop_rel`` stopped
-    #: it, :class:`GuaranteedEncoder`)
     layers_used: Optional[torch.Tensor] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
@@ -250,7 +257,15 @@ def check_input_tokens(X, d: int) -> None:
 class Encoder(nn.Module):
     """Base of the registered encoders: ``forward(X, mask=None, graph=None, trace=False, keep_states=False,
     layers=None) -> EncoderOutput``. Subclasses implement :meth:`layers_of` (the stack) and :meth:`energy`
-    (what is traced); the bookkeeping of the trace is shared here."""
+    (what is traced); the bookkeeping of the trace (E(Y_t) at every layer boundary, :mod:`unfold.trace`) is shared
+    here.
+
+    Args:
+        d: the token width, an integer >= 1.
+        layers: T, the number of layers, an integer >= 1.
+        graph: the token graph spec (``complete``, ``window:8``, ...; :func:`energies.graph_from_spec`).
+        validate: check tokens and masks at every forward (host reads: a debugging switch).
+    """
 
     kind = "encoder"
     #: every layer descends the traced energy, for any parameters
@@ -691,10 +706,23 @@ def _common(heads, ffn_mult, dropout, attention, norm=None):
 
 @register_encoder("free")
 class FreeEncoder(_TracedStack):
-    """Untied standard layers restricted to the token graph (module docstring). ``d``, ``heads`` (must divide
-    d), ``layers``, ``ffn_mult``, ``dropout``, ``attention`` (softmax | relu | softplus) with
-    ``attention_temperature``, ``norm`` (post | none), ``graph``; ``rho`` and ``tau`` (default sqrt(d)) of the
-    traced E1."""
+    """Untied standard layers restricted to the token graph (module docstring), traced against
+    E1(Y) = sum_G tau rho(||y_u - y_v||^2 / 2tau) + 1/2 ||Y - B||^2 (supplement eq. 33), which they need not descend.
+
+    Args:
+        d: the token width.
+        heads: attention heads (must divide d).
+        layers: T, the untied layers.
+        ffn_mult: the feed-forward width multiple (an integer >= 1).
+        dropout: the dropout probability, in [0, 1).
+        attention: the attention activation, ``softmax``, ``relu`` or ``softplus``.
+        attention_temperature: the softplus activation's temperature.
+        norm: ``post`` (post-LN) or ``none`` (the add-only block).
+        graph: the token graph spec.
+        rho: the penalty of the traced E1 (:func:`energies.get_rho`).
+        tau: the temperature of the traced E1 (default sqrt(d)).
+        validate: check tokens and masks at every forward (host reads: a debugging switch).
+    """
 
     def __init__(self, d: int = 64, heads: int = 2, layers: int = 4, ffn_mult: int = 2, dropout: float = 0.1,
                  attention: str = "softmax", attention_temperature: float = 1.0, norm: str = "post",
@@ -746,7 +774,22 @@ class _AsMultiheadAttention(nn.Module):
 
 @register_encoder("baseline")
 class TorchEncoder(_TracedStack):
-    """``torch.nn.TransformerEncoder`` (post-LN, complete graph) traced with E1 (module docstring)."""
+    """``torch.nn.TransformerEncoder`` (post-LN, complete graph) traced with
+    E1(Y) = sum_G tau rho(||y_u - y_v||^2 / 2tau) + 1/2 ||Y - B||^2 (module docstring; supplement eq. 33).
+
+    Args:
+        d: the token width.
+        heads: attention heads (must divide d).
+        layers: T, the untied layers.
+        ffn_mult: the feed-forward width multiple (an integer >= 1).
+        dropout: the dropout probability, in [0, 1).
+        attention: ``softmax`` (torch's own attention), or ``relu`` / ``softplus`` in its place.
+        attention_temperature: the softplus activation's temperature.
+        graph: ``complete`` only (torch's encoder attends to every token).
+        rho: the penalty of the traced E1 (:func:`energies.get_rho`).
+        tau: the temperature of the traced E1 (default sqrt(d)).
+        validate: check tokens and masks at every forward (host reads: a debugging switch).
+    """
 
     def __init__(self, d: int = 64, heads: int = 2, layers: int = 4, ffn_mult: int = 2, dropout: float = 0.1,
                  attention: str = "softmax", attention_temperature: float = 1.0, graph: str = "complete", rho="exp",
@@ -778,5 +821,16 @@ class TorchEncoder(_TracedStack):
 
 
 def build_encoder(kind: str, **kwargs) -> Encoder:
-    """``ENCODERS[kind](**kwargs)``, an unknown kind refused with the registered names."""
+    """``ENCODERS[kind](**kwargs)``, an unknown kind refused with the registered names.
+
+    Args:
+        kind: a registered encoder name (``guaranteed``, ``free``, ``baseline`` or a plug-in's).
+        **kwargs: the encoder's constructor arguments.
+
+    Returns:
+        The :class:`Encoder`.
+
+    Raises:
+        ConfigError: an unknown ``kind`` (the registered names listed).
+    """
     return ENCODERS.lookup(kind)(**kwargs)

@@ -39,15 +39,39 @@ PRECONDITIONERS = ("bound", "jacobi")
 
 
 class MMStepResult(NamedTuple):
-    Y: torch.Tensor                         # the step's output (padded slots as in the input)
-    values: "OrderedDict[str, torch.Tensor]"  # each term's value at the input, float64 (empty unless asked)
-    curvature: torch.Tensor                 # (B, n): sum_k c^k_u at the input (the tolerance's resolution uses it)
+    """What :func:`mm_step` returns: the step ``y_u <- prox(y_u - alpha * grad_u E(Y) / P_u)`` and, from the same
+    passes, the energy and curvature at its input.
+
+    Attributes:
+        Y: the step's output ``(B, n, d)`` (padded slots as in the input).
+        values: each term's value at the input, float64 (empty unless asked).
+        curvature: ``(B, n)``: sum_k c^k_u at the input (the tolerance's resolution uses it).
+    """
+
+    Y: torch.Tensor
+    values: "OrderedDict[str, torch.Tensor]"
+    curvature: torch.Tensor
 
 
 def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditioner: str = "bound",
                  values: bool = False) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
-    """``(-grad E(Y) / P, values, c)``: the preconditioned descent direction of the module docstring (before the
-    step size alpha and the prox), the terms' values at Y (when asked) and the summed curvature bound c."""
+    """The preconditioned descent direction ``-grad E(Y) / P`` of the module docstring (before the step size alpha
+    and the prox), P_u = sum_k c^k_u (``bound``) or sum_k j^k_u (``jacobi``, supplement eq. 36-37).
+
+    Args:
+        energy: E, a sum of terms (indicator terms give no direction; their values are still read when asked).
+        Y: the tokens ``(B, n, d)``.
+        graph: the token graph of the batch.
+        preconditioner: ``bound`` or ``jacobi`` (:data:`PRECONDITIONERS`).
+        values: also return each term's value at Y, from the same passes.
+
+    Returns:
+        ``(direction, values, c)``: the direction ``(B, n, d)``, the terms' values at Y (float64; empty unless
+        asked) and the summed curvature bound c ``(B, n)``.
+
+    Raises:
+        StepError: with ``jacobi``, a smooth term that has no Jacobi diagonal (a learned metric), named.
+    """
     grad = None
     curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)

@@ -41,6 +41,11 @@ class ProxMMStep(Step):
 
     Guarantee: E never increases, for any parameter values, when 0 < alpha <= 1 (module docstring).
     The energy's value at Y is read off the same pass that computes the step (:meth:`step_with_energy`).
+
+    Args:
+        energy: E, an :class:`~energies.Energy` with at most one indicator term, whose smooth terms' curvature
+            bounds sum to a positive bound on every token (a Residual, Centering or Rescaling term).
+        alpha: the step size, in (0, 1].
     """
 
     guarantee = "E never increases for any parameters when 0 < alpha <= 1 (majorized proximal step)"

@@ -61,7 +61,16 @@ def _check_energy(energy, owner: str) -> Energy:
 
 
 class Step(torch.nn.Module):
-    """One update ``Y -> Y'`` descending ``self.energy`` under ``self.guarantee``."""
+    """One update ``Y -> Y' = update(Y)`` (padded slots kept) descending ``self.energy`` under ``self.guarantee``:
+    one layer of the unrolled MM iteration (paper eq. 3), whose descent :func:`~unfold.trace.trace_descent` checks.
+
+    Subclasses set ``energy`` and implement :meth:`update` (and :meth:`guaranteed` where a theorem applies); the
+    base takes no constructor arguments.
+
+    Args:
+        *args: none accepted (``torch.nn.Module``'s signature; any is a TypeError).
+        **kwargs: none accepted (any is a TypeError).
+    """
 
     kind = "step"
     energy: Energy
@@ -209,6 +218,11 @@ class GradientStep(Step):
 
     Guarantee: E does not increase when ``a * L <= 2`` and decreases by at least
     ``a / 2 ||grad||^2`` when ``a * L <= 1`` (Prop. A.1), L a Lipschitz bound of grad E, if given.
+
+    Args:
+        energy: E, a smooth :class:`~energies.Energy`.
+        step_size: a, > 0 (finite).
+        lipschitz: L, a Lipschitz bound of grad E (> 0), or None (then :meth:`guaranteed` is False).
     """
 
     guarantee = "E never increases when step_size * L <= 1 (L: Lipschitz constant of grad E)"
@@ -237,6 +251,11 @@ class FeedForwardStep(GradientStep):
         Y <- Y - a2 (Y W + Y - B) = Y (I - a2 (I + W)) + a2 B,
 
     a linear layer with a symmetric weight plus residual. L = max |eig(I + W)|; guarantee a2 L <= 1.
+
+    Args:
+        W: the symmetric weight ``(d, d)``, floating.
+        step_size: a2, > 0 (finite).
+        B: the initial residual ``(B, n, d)`` of ``||Y - B||^2 / 2``, or None for ``B = 0``.
     """
 
     def __init__(self, W: torch.Tensor, step_size: float = 1.0, B: Optional[torch.Tensor] = None):
@@ -302,7 +321,11 @@ class RescaleStep(TermMinimisingStep):
 
         y_u <- r y_u / ||y_u||,
 
-    the term's minimiser on every non-zero token (zero tokens stay put)."""
+    the term's minimiser on every non-zero token (zero tokens stay put).
+
+    Args:
+        radius: r, > 0, or None for r = sqrt(d) (:class:`~energies.terms.Rescaling`).
+    """
 
     def __init__(self, radius: Optional[float] = None):
         super().__init__()
@@ -310,9 +333,23 @@ class RescaleStep(TermMinimisingStep):
 
 
 def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
-    """Largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g
+    """Theorem 4.1's bound 1 / b, b = 1 - alpha1 / alpha2 + alpha1 L_g (supplement eq. 46).
+
+    The largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g
     under the alternating steps y' = y - alpha1 grad f(y), y'' = y' - alpha2 grad g(y'), given
-    alpha2 L_h <= 1 (supplement eq. 46): 1 / b with b = 1 - alpha1 / alpha2 + alpha1 L_g."""
+    alpha2 L_h <= 1.
+
+    Args:
+        alpha1: the step size of the step on f, > 0.
+        alpha2: the step size of the step on g, > 0.
+        L_g: a Lipschitz bound of grad g, >= 0.
+
+    Returns:
+        The bound 1 / b as a float; ``inf`` where b <= 0 (descent for every delta).
+
+    Raises:
+        StepError: an argument that is not a finite number in its range (named).
+    """
     alpha1 = check_number(alpha1, "alpha1", "positive", StepError)
     alpha2 = check_number(alpha2, "alpha2", "positive", StepError)
     L_g = check_number(L_g, "L_g", "nonnegative", StepError)
@@ -335,6 +372,10 @@ class Sequence(Step):
       rescaling keeps the mean at zero.
 
     Two gradient steps (Thm 4.1) are guaranteed per input only: see :meth:`theorem41`.
+
+    Args:
+        steps: the steps, an iterable of at least one :class:`Step` (a Sequence among them is flattened into
+            :meth:`substeps`).
     """
 
     guarantee = "see the class docstring: only the listed combinations are claimed"
@@ -400,5 +441,14 @@ class Sequence(Step):
 
 
 def layernorm_step(radius: Optional[float] = None) -> Sequence:
-    """LayerNorm without affine parameters as two energy steps (supplement F.3)."""
+    """LayerNorm without affine parameters as two energy steps (supplement F.3): centring
+    ``y_u <- y_u - mean(y_u) 1``, then rescaling ``y_u <- r y_u / ||y_u||``.
+
+    Args:
+        radius: r, > 0, or None for r = sqrt(d).
+
+    Returns:
+        The :class:`Sequence` ``[CenterStep(), RescaleStep(radius)]`` (guaranteed: each step reaches its term's
+        minimum).
+    """
     return Sequence([CenterStep(), RescaleStep(radius)])

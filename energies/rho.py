@@ -27,12 +27,21 @@ __all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", 
 
 
 class Rho(torch.nn.Module):
-    """A penalty: ``value(z)`` is rho, ``derivative(z)`` is rho' (the kernel gamma), for z >= 0.
+    """A penalty rho of the attention energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33): ``value(z)`` is
+    rho, ``derivative(z)`` is rho' (the kernel gamma, Algorithm 3 step 1), for z >= 0; concave and non-decreasing
+    (``rho' >= 0``, rho' non-increasing, so ``rho'' <= 0``), which :func:`check_rho` verifies on every penalty built.
 
     A module without parameters, so that the modules holding it (terms, encoders, convs) carry it and hooks
     reach its kinks: a piecewise rho evaluates its ReLU through an ``nn.ReLU`` submodule (``ReluRho.kink``),
     which forward hooks see (the spline probe records and freezes sign patterns this way). ``rho(z)`` is
-    ``rho.value(z)``."""
+    ``rho.value(z)``. A subclass implements :meth:`value` and :meth:`derivative` (and, where it knows them,
+    :meth:`kernel_sensitivity`, :meth:`spec`, :meth:`triton`) and is registered with :func:`register_rho`.
+
+    Args:
+        *args: a subclass's constructor arguments, the spec's ``:`` arguments in order (accepted here by
+            ``__new__`` so that any subclass constructor works; ``Rho`` itself takes none).
+        **kwargs: a subclass's constructor arguments by name (``Rho`` itself takes none).
+    """
 
     name = "rho"
 
@@ -88,7 +97,16 @@ RHOS: Registry = Registry("rho", EnergyError, "name", "energies.rho.RHOS")
 
 
 register_rho = RHOS.register
-"""``@register_rho("name")`` registers a penalty class; its constructor takes the spec's ``:`` arguments."""
+"""``@register_rho("name")`` registers a penalty class (a :class:`Rho`), so that :func:`get_rho` builds it from
+``name[:arg[:arg]]``; its constructor takes the spec's ``:`` arguments.
+
+Args:
+    name: the penalty's name, a non-empty string not taken (a taken name is refused with an :class:`EnergyError`
+        naming the registry and the name).
+
+Returns:
+    The class decorator; it sets the class's ``name`` to ``name`` and returns the class.
+"""
 
 #: other names of a registered penalty, mapped by :func:`get_rho` when the spec is parsed (not registrations: the
 #: penalty built is the registered one, and its ``spec()`` stays the canonical name, so saved configs and bundles
@@ -98,7 +116,14 @@ RHO_ALIASES: Dict[str, str] = {"softmax": "exp"}
 
 @register_rho("exp")
 class ExpRho(Rho):
-    """rho(z) = -exp(-z), rho'(z) = exp(-z): softmax attention (supplement eq. 35)."""
+    """rho(z) = -exp(-z), rho'(z) = exp(-z), rho''(z) = -exp(-z): softmax attention (supplement eq. 35).
+
+    Its edge weight ``gamma_uv = exp(-z_uv)`` is at most rho'(0) = 1 and ``|rho''| <= 1`` on z >= 0 (kernel
+    sensitivity 1). Spec ``exp`` (alias ``softmax``); no parameters.
+    """
+
+    def __init__(self):
+        super().__init__()
 
     def value(self, z):
         return -torch.exp(-z)
@@ -115,10 +140,18 @@ class ExpRho(Rho):
 
 @register_rho("relu")
 class ReluRho(Rho):
-    """Truncated quadratic: rho(z) = c min(z, c) - min(z, c)^2 / 2, rho'(z) = max(c - z, 0).
+    """Truncated quadratic: rho(z) = c min(z, c) - min(z, c)^2 / 2, rho'(z) = max(c - z, 0), rho''(z) = -1 for
+    z < c and 0 beyond.
 
     The kernel is ReLU of ``c - z``: on tokens of equal norm, ReLU of a shifted dot product
-    (ReLU attention). Concave and non-decreasing for any ``c > 0``.
+    (ReLU attention; no equation number in the papers). Concave and non-decreasing for any ``c > 0``: the edge
+    weight is at most rho'(0) = c and ``|rho''| <= 1`` (kernel sensitivity 1 / c). Spec ``relu:C``.
+
+    Args:
+        c: the cut-off C, finite and > 0 (default 1): pairs with z >= c get weight 0.
+
+    Raises:
+        EnergyError: c not a finite number > 0.
     """
 
     def __init__(self, c: float = 1.0):
@@ -194,7 +227,9 @@ _GL_X, _GL_W = (0.5 * (_GL_X + 1.0)).to(torch.float64), (0.5 * _GL_W).to(torch.f
 class SoftplusRho(Rho):
     """Softplus kernel: rho'(z) = t softplus((c - z) / t), rho(z) = int_0^z rho'(s) ds, so rho(0) = 0.
 
-    Concave (rho'' = -sigmoid((c - z) / t) < 0) and increasing for any c, t > 0. On tokens of equal
+    Concave (rho'' = -sigmoid((c - z) / t) < 0, so ``|rho''| <= sigmoid(c / t) < 1`` on z >= 0) and increasing
+    for any c, t > 0; the edge weight is at most rho'(0) = t softplus(c / t). No equation number in the papers.
+    Spec ``softplus:C:T``. On tokens of equal
     norm the kernel is softplus of a shifted dot product (softplus attention); as t -> 0 it tends to
     the ReLU kernel max(c - z, 0) of ``relu:c``, uniformly, with error at most t log 2.
 
@@ -206,6 +241,13 @@ class SoftplusRho(Rho):
     * 2t <= z <= c: ``z (c - z / 2) + t^2 (F((z - c) / t) - F(-c / t))`` (both parts >= 0; the difference of F
       has ratio >= e^2 / 1.2, so it loses under 1 bit);
     * z > c, z >= 2t: ``c^2 / 2 + t^2 (pi^2 / 6 - F(-c / t) - F((c - z) / t))`` (both parts >= 0).
+
+    Args:
+        c: the shift C, finite and > 0 (default 1).
+        t: the softness T, finite and > 0 (default 1); T -> 0 gives ``relu:C``.
+
+    Raises:
+        EnergyError: c or t not a finite number > 0.
     """
 
     def __init__(self, c: float = 1.0, t: float = 1.0):
@@ -256,7 +298,16 @@ class SoftplusRho(Rho):
 
 @register_rho("cauchy")
 class CauchyRho(Rho):
-    """Cauchy / log penalty: rho(z) = log(1 + z) (``log1p``: full relative precision), rho'(z) = 1 / (1 + z)."""
+    """Cauchy / log penalty: rho(z) = log(1 + z) (``log1p``: full relative precision), rho'(z) = 1 / (1 + z),
+    rho''(z) = -1 / (1 + z)^2.
+
+    The edge weight is at most rho'(0) = 1 and ``|rho''| <= 1`` on z >= 0 (kernel sensitivity 1); it decays like
+    1 / z, so far pairs keep some pull (a heavy-tailed kernel). No equation number in the papers. Spec ``cauchy``;
+    no parameters.
+    """
+
+    def __init__(self):
+        super().__init__()
 
     def value(self, z):
         return torch.log1p(z)
@@ -279,6 +330,16 @@ class LpRho(Rho):
     ``rho(z) = eps^(p/2) + (p/2) eps^(p/2 - 1) (z - eps) = (1 - p/2) eps^(p/2) + (p/2) eps^(p/2 - 1) z``
     (evaluated in the second form: two non-negative parts, full relative precision), so
     rho' = (p/2) max(z, eps)^(p/2 - 1) stays finite; the extension keeps rho concave, non-decreasing and C^1.
+    Curvature: rho'' = (p/2)(p/2 - 1) z^(p/2 - 2) above eps, 0 below, so the edge weight is at most
+    rho'(0) = (p/2) eps^(p/2 - 1) and ``|rho''| <= (p/2)(1 - p/2) eps^(p/2 - 2)`` (kernel sensitivity
+    (1 - p/2) / eps). No equation number in the papers (TWIRLS). Spec ``lp:P[:EPS]``.
+
+    Args:
+        p: the exponent P, 0 < p <= 2 (default 1); p = 2 is the linear rho(z) = z.
+        eps: the floor, finite and > 0 (default 1e-3), such that its slope (p/2) eps^(p/2 - 1) is finite.
+
+    Raises:
+        EnergyError: p outside (0, 2], eps not a finite number > 0, or a floor slope that overflows float64.
     """
 
     def __init__(self, p: float = 1.0, eps: float = 1e-3):
@@ -381,15 +442,26 @@ _VALUE_SLACK = 1e-9
 
 
 def check_rho(rho: Rho) -> None:
-    """Validate a penalty once per spec on a grid of z in [0, 1e12]; an :class:`EnergyError` names the
-    first z where a property fails:
+    """Validate a penalty once per spec on a grid of z in [0, 1e12] (the conditions of a valid MM step, supplement
+    eq. 33 with Algorithm 3: rho' >= 0 and rho' non-increasing); an :class:`EnergyError` names the first z where a
+    property fails:
 
     * ``rho(z)`` and ``rho'(z)`` finite, on the grid and at z = 1e20 ... 1e300 (a rho whose value is NaN or
       inf would make every energy, and so every descent verdict, meaningless);
     * ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave);
     * value and derivative agree: for grid points z1 < z2 a concave, differentiable rho satisfies
       ``rho'(z2) (z2 - z1) <= rho(z2) - rho(z1) <= rho'(z1) (z2 - z1)`` (checked with a slack of
-      1e-9 times the values compared, for float64 rounding); this also shows rho is non-decreasing."""
+      1e-9 times the values compared, for float64 rounding); this also shows rho is non-decreasing.
+
+    A spec that passed once (by class and :meth:`Rho.spec`) is not checked again.
+
+    Args:
+        rho: the penalty (a :class:`Rho`).
+
+    Raises:
+        EnergyError: a value or derivative not finite, rho' negative or increasing, or value and derivative
+            that disagree; the message names the spec and z.
+    """
     key = f"{type(rho).__name__}:{rho.spec()}"
     if _CHECKED.get(key):
         return

@@ -39,6 +39,25 @@ def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: st
     refused with ``error`` naming ``registry`` and the name."""
 
     def register(name: str):
+        """``@register("name")``: stores the decorated part under ``name`` in this registry (``register_rho``,
+        ``register_step``, ``register_encoder``, ``register_head``, ``register_loss``, ... are each one registry's
+        ``register``), after which every spec, config and CLI that takes a part of this kind accepts ``name``.
+
+        A name is taken once (:func:`claim`): a second part under a taken name, or one part under a second name,
+        is refused; the same part registered again under its own name is a no-op.
+
+        Args:
+            name: the part's name, a non-empty string not already taken in this registry.
+
+        Returns:
+            The decorator: it stores the part, sets the part's name attribute (``name`` for penalties, ``kind``
+            for steps, ...) to ``name`` where the registry has one, and returns the part unchanged.
+
+        Raises:
+            UnfoldError: the registry's own typed subclass (``EnergyError``, ``StepError``, ``ConfigError``, ...),
+                naming the registry and the name, for an empty or non-string name, a taken name, or a part
+                already registered under another name.
+        """
         claim({}, name, None, registry, error)              # a valid name, checked before the body runs
 
         def deco(obj):

@@ -35,7 +35,17 @@ class Kernel(NamedTuple):
     zero-padded tokens Y and the metric W (or None) and must form z from them itself; one with
     ``expansion=True`` gets the centred features ``Z = W^T (y - mean)`` already in the dtype that resolves the
     expansion ``|a|^2 + |b|^2 - 2 a.b`` (:func:`expansion_dtype`), ``metric=None`` and the keyword ``sq``
-    (``|z_u|^2`` when already computed, else None), so it may use the expansion freely."""
+    (``|z_u|^2`` when already computed, else None), so it may use the expansion freely.
+
+    Attributes:
+        name: the kernel's registered name.
+        run: ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the pass itself.
+        supports: ``supports(graph, rho)``: None where the kernel applies, else why not, worded to follow
+            "the NAME kernel ..." (e.g. "needs the complete graph").
+        expansion: whether it takes the centred features and may use the expansion ``|a|^2 + |b|^2 - 2 a.b``.
+        native_half: an expansion kernel that takes bfloat16 / float16 features as they are off the CPU when the
+            precision guard is off (others get them in float32).
+    """
     name: str
     run: Callable[..., PairwisePass]
     #: ``supports(graph, rho)``: None where the kernel applies, else why not, worded to follow
@@ -80,6 +90,14 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
             says True (rules consulted in registration order; else ``edges``).
         heads: ``heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)`` over ``(B, H, n, d_h)`` centred
             features: every head of a multi-head energy in one call.
+
+    Returns:
+        The decorator: it registers ``run`` as a :class:`Kernel` in :data:`KERNELS` (with its ``auto`` rule and
+        ``heads`` pass, where given) and returns ``run`` unchanged.
+
+    Raises:
+        EnergyError: a name that is empty, ``auto`` or holds ``:`` (when called), or one already taken (when
+            applied).
     """
     if not isinstance(name, str) or not name or name == "auto" or ":" in name:
         raise EnergyError(f"a kernel name must be a non-empty string other than 'auto' without ':', got {name!r}")
@@ -98,7 +116,11 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
 
 
 def kernel_names():
-    """``['auto', *registered kernels]``: the values a ``kernel`` argument takes."""
+    """The values a ``kernel`` argument takes: ``auto`` and every registered kernel.
+
+    Returns:
+        ``['auto', *KERNELS]``: a new list of names, registered kernels in registration order.
+    """
     return ["auto"] + list(KERNELS)
 
 

@@ -15,11 +15,20 @@ __all__ = ["Energy", "attention_energy", "feedforward_energy", "layernorm_energy
 
 
 class Energy(torch.nn.Module):
-    """E(Y) = sum_k E_k(Y): named terms, evaluated per example in float64.
+    """E(Y) = sum_k E_k(Y): named terms, evaluated per example in float64 (the energies of supplement eq. 33 and
+    main paper eq. 13 are such sums; each layer of an unfolded model is one MM step on one).
 
     ``Energy(attention=PairwiseAttention(), residual=Residual())`` or ``Energy([(name, term), ...])``.
     ``a + b`` merges two energies; a term object present in both is counted once, two different
-    terms with the same name are kept apart as ``name`` and ``name@2``.
+    terms with the same name are kept apart as ``name`` and ``name@2``. The curvature bound of its MM
+    surrogate is the sum of its smooth terms' bounds, ``c_u = sum_k c^k_u`` (:meth:`curvature`).
+
+    Args:
+        terms: the terms as ``(name, term)`` pairs or a ``{name: term}`` dict, in order; None for none.
+        **named: more terms by keyword, ``name=term``, after ``terms``.
+
+    Raises:
+        EnergyError: a term that is not an :class:`~energies.terms.EnergyTerm` (the message names it).
     """
 
     def __init__(self, terms: Union[None, Iterable[Tuple[str, EnergyTerm]], Dict[str, EnergyTerm]] = None,
@@ -127,17 +136,39 @@ def attention_energy(rho="exp", tau: float = 1.0, B: Optional[torch.Tensor] = No
 
 
 def feedforward_energy(W: torch.Tensor, B: Optional[torch.Tensor] = None) -> Energy:
-    """E2(Y) = 1/2 tr(Y W Y^T) + 1/2 ||Y - B||^2, W symmetric (main paper eq. 13, F.4)."""
+    """E2(Y) = 1/2 tr(Y W Y^T) + 1/2 ||Y - B||^2, W symmetric (main paper eq. 13, F.4); its curvature bound is
+    ``max(lambda_max(W), 0) + 1`` per token.
+
+    Args:
+        W: the symmetric weight ``(d, d)`` (checked: finite and symmetric, :class:`~energies.terms.FeedForward`).
+        B: the residual's anchor ``(n, d)`` or ``(B, n, d)``; None for ``B = 0``.
+
+    Returns:
+        The :class:`Energy` with the terms ``ffn`` and ``residual``.
+    """
     return Energy(ffn=FeedForward(W), residual=Residual(B))
 
 
 def layernorm_energy(radius: Optional[float] = None) -> Energy:
-    """The two LayerNorm terms of supplement F.3: centring and rescaling."""
+    """The two LayerNorm terms of supplement F.3: centring ``sum_u (1^T y_u)^2 / (2 d)`` and rescaling
+    ``sum_u (1/2 ||y_u||^2 - r ||y_u||)``, each with curvature bound 1.
+
+    Args:
+        radius: r, > 0; None for r = sqrt(d), the norm of a LayerNorm output.
+
+    Returns:
+        The :class:`Energy` with the terms ``center`` and ``rescale``.
+    """
     return Energy(center=Centering(), rescale=Rescaling(radius))
 
 
 def nonnegativity_energy() -> Energy:
-    """The ReLU term: indicator of Y >= 0 (main paper Thm 5.1)."""
+    """The ReLU term: the indicator of Y >= 0 (0 where every real entry is >= 0, else +inf), whose proximal map is
+    ReLU (main paper Thm 5.1; supplement eq. 49).
+
+    Returns:
+        The :class:`Energy` with the one term ``relu`` (:class:`~energies.terms.NonNegativity`).
+    """
     return Energy(relu=NonNegativity())
 
 

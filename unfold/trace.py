@@ -50,7 +50,18 @@ Steps = Union[Step, Seq[Step]]
 
 
 def check_tol_factor(factor) -> float:
-    """``factor`` as a float in ``[MIN_TOL_FACTOR, MAX_TOL_FACTOR]``, else a :class:`StepError` naming it."""
+    """``factor`` as a float in ``[MIN_TOL_FACTOR, MAX_TOL_FACTOR]``: f of the tolerance
+    ``tol_t = f * eps * (sum_k |E_k(Y_t)| + eps * sum_u c_u ||y_u||^2)`` (module docstring).
+
+    Args:
+        factor: the candidate f, a real number (a bool, a string or bytes is refused).
+
+    Returns:
+        f as a float, finite and in ``[MIN_TOL_FACTOR, MAX_TOL_FACTOR]`` = [1, 4096].
+
+    Raises:
+        StepError: when ``factor`` is not a number, or not finite and within the bounds; the message names it.
+    """
     if isinstance(factor, (bool, str, bytes)):
         raise StepError(f"tol_factor must be a number, got {factor!r}")
     try:
@@ -116,12 +127,21 @@ def keeps_going(before: torch.Tensor, after: torch.Tensor, stop_rel: float) -> t
 
 
 class EnergyTrace(OrderedDict):
-    """``{term: (S, T+1)}`` energy values at Y_0..Y_T (an ordinary ordered dict of the terms), carrying what a
-    report needs besides: ``resolution`` ``(S, T+1)`` (:func:`resolution` at each Y_t, or None), ``indicators``
-    (names of indicator terms) and ``ran`` ``(S, T)`` bool (None: every layer ran for every example): with an
-    energy-chosen depth (``stop_rel``), ``ran[s, t]`` is False for the layers t an example skipped after it stopped
-    -- its tokens stay those it stopped at, so its energy at Y_t+1 repeats E(Y_t) -- and a verdict leaves those
-    frozen layers out: they are no steps, neither counted nor judged."""
+    """``{term: (S, T+1)}`` energy values E_k(Y_0) .. E_k(Y_T) (an ordinary ordered dict of the terms), carrying
+    what a report of the descent check ``E(Y_t+1) <= E(Y_t) + tol_t`` (module docstring) needs besides.
+
+    With an energy-chosen depth (``stop_rel``), ``ran[s, t]`` is False for the layers t an example skipped after it
+    stopped -- its tokens stay those it stopped at, so its energy at Y_t+1 repeats E(Y_t) -- and a verdict leaves
+    those frozen layers out: they are no steps, neither counted nor judged.
+
+    Args:
+        *args: the dict's items, as for :class:`~collections.OrderedDict` (``[(term, (S, T+1) tensor), ...]``).
+        resolution: ``(S, T+1)`` :func:`resolution` at each Y_t, or None (the tolerance's resolution part is 0).
+        indicators: names of the indicator terms (+inf legitimate on them).
+        ran: ``(S, T)`` bool, the layers that ran for each example, or None (every layer ran for every example).
+        exact: ``exact(t) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), or None.
+        **kw: the dict's items by keyword, as for :class:`~collections.OrderedDict`.
+    """
 
     def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
                  ran: Optional[torch.Tensor] = None, exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
@@ -299,19 +319,34 @@ def _verdict(vb: Dict[str, torch.Tensor], va: Dict[str, torch.Tensor], tol: torc
 
 @dataclass
 class DescentReport:
-    """What the energy did at every step. Tensors are float64 with a leading example axis S.
+    """What the energy did at every step: the verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` of the MM descent property
+    (paper, Thm. 4.1) for every example and layer, under the tolerance rule of the module docstring.
 
-    ``terms[name]``: ``(S, T+1)`` term values at every layer boundary (for untied steps with
-    different energies, the value of each layer's energy before it and, last, after the final layer);
-    ``before``/``after``: ``(S, T)`` total energy of layer t's own energy before and after it;
-    ``tol``: ``(S, T)``; ``increases``: ``(S, T)`` bool, the steps that *failed* the check (rose above tol,
-    or non-finite); ``nonfinite``: ``(S, T)`` bool, those with a non-finite value or difference;
-    ``term_increases[name]`` / ``term_nonfinite[name]``: the same per term;
-    ``violations``: one dict per failed layer or sub-step, saying where, what kind and by how much;
-    ``ran``: ``(S, T)`` bool, the layers that ran for each example (None: all), with an energy-chosen depth
-    (:class:`EnergyTrace`): a frozen layer (``ran`` False) is no step -- not counted in :attr:`steps`, never an
-    increase nor non-finite, 0 in :meth:`rel_increase` -- while every layer that ran, the one an example stopped
-    at included, is judged.
+    Tensors are float64 with a leading example axis S. With an energy-chosen depth (:class:`EnergyTrace`), a
+    frozen layer (``ran`` False) is no step -- not counted in :attr:`steps`, never an increase nor non-finite, 0 in
+    :meth:`rel_increase` -- while every layer that ran, the one an example stopped at included, is judged.
+
+    Attributes:
+        terms: ``{name: (S, T+1)}`` term values at every layer boundary (for untied steps with different energies,
+            the value of each layer's energy before it and, last, after the final layer).
+        before: ``(S, T)`` total energy of layer t's own energy before it.
+        after: ``(S, T)`` the same after it.
+        tol: ``(S, T)`` the tolerance tol_t of every step (:func:`tolerance`).
+        increases: ``(S, T)`` bool, the steps that *failed* the check (rose above tol, or non-finite).
+        term_increases: ``{name: (S, T)}`` bool, the same per term.
+        term_delta: ``{name: (S, T)}`` each term's change over the step (+inf -> +inf counted as 0).
+        tol_rule: the tolerance rule in words, with its numbers (:func:`tol_rule`).
+        guaranteed: per layer, whether its step states a descent guarantee that holds for its parameters.
+        violations: one dict per failed layer or sub-step, saying where, what kind and by how much.
+        substep_increases: failed sub-steps of :class:`~unfold.steps.Sequence` layers (:func:`trace_descent`).
+        tol_unit: ``tol_factor * eps(dtype)``: the relative part of tol is ``tol_unit * sum_k |E_k(Y_t)|``.
+        nonfinite: ``(S, T)`` bool, the steps with a non-finite value or difference (None: none, set to all
+            False).
+        term_nonfinite: ``{name: (S, T)}`` bool, the same per term.
+        ran: ``(S, T)`` bool, the layers that ran for each example (None: all).
+        rechecked: steps the kernels' own values flagged that an exact re-evaluation decided
+            (:attr:`EnergyTrace.exact`).
+        cleared: how many of those the exact values cleared (rounding of the kernel pass, not an increase).
     """
 
     terms: Dict[str, torch.Tensor]
@@ -325,13 +360,10 @@ class DescentReport:
     guaranteed: List[bool]
     violations: List[dict] = field(default_factory=list)
     substep_increases: int = 0
-    #: the relative part of tol is tol_unit * sum_k |E_k(Y_t)|, tol_unit = tol_factor * eps(dtype)
     tol_unit: float = 1.0
     nonfinite: Optional[torch.Tensor] = None
     term_nonfinite: Dict[str, torch.Tensor] = field(default_factory=dict)
     ran: Optional[torch.Tensor] = None
-    #: steps the kernels' own values flagged that an exact re-evaluation decided (:attr:`EnergyTrace.exact`): the
-    #: flagged count, and how many of those the exact values cleared (rounding of the kernel pass, not an increase)
     rechecked: int = 0
     cleared: int = 0
 

@@ -600,16 +600,57 @@ def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, befo
 def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_factor: float = DEFAULT_TOL_FACTOR,
                        guaranteed: bool = False, indicators: Iterable[str] = (),
                        resolution: Optional[torch.Tensor] = None, ran: Optional[torch.Tensor] = None) -> DescentReport:
-    """A :class:`DescentReport` from stored term values ``{name: (S, T+1)}`` of one energy at Y_0..Y_T
-    (as returned by :class:`~unfold.model.UnfoldedTransformer`), with the same tolerance rule and verdicts.
-    ``indicators``: names of indicator terms (+inf legitimate); ``resolution``: ``(S, T+1)``
-    :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given). Both default to
-    the attributes of an :class:`EnergyTrace`, and so does ``ran`` ``(S, T)`` bool: the layers that ran (an
-    energy-chosen depth; frozen layers are no steps, :class:`DescentReport`). Refused (:class:`StepError`, naming
-    what): no or ragged values, integer values, no example (S = 0), fewer than two layer boundaries, values on
-    ``meta`` or on several devices, a resolution that is not a non-negative float (S, T+1) tensor, a ``ran`` that
-    is not a bool (S, T) tensor on the values' device."""
+    """The verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` of every stored step (tolerance rule of the module docstring).
+
+    Values are those of one energy at Y_0..Y_T (as returned by :class:`~unfold.model.UnfoldedTransformer`); the
+    tolerance rule and the verdicts are those of :func:`trace_descent`. Where ``values`` is an :class:`EnergyTrace`
+    with ``exact``, a step the kernels' values flag counts only if the exact evaluation confirms it.
+
+    Args:
+        values: ``{name: (S, T+1)}`` floating term values, one shape, on one device (an :class:`EnergyTrace`).
+        dtype: the floating dtype of the states (its eps sets the tolerance).
+        tol_factor: f of the tolerance (:func:`check_tol_factor`).
+        guaranteed: whether the layers claim a descent guarantee (stated per layer in the report).
+        indicators: names of indicator terms (+inf legitimate); default: ``values.indicators``.
+        resolution: ``(S, T+1)`` :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given);
+            default: ``values.resolution``.
+        ran: ``(S, T)`` bool, the layers that ran (an energy-chosen depth; frozen layers are no steps,
+            :class:`DescentReport`); default: ``values.ran``.
+
+    Returns:
+        The :class:`DescentReport` of the S examples' T steps.
+
+    Raises:
+        StepError: naming what: no or ragged values, integer values, no example (S = 0), fewer than two layer
+            boundaries, values on ``meta`` or on several devices, a resolution that is not a non-negative float
+            (S, T+1) tensor, a ``ran`` that is not a bool (S, T) tensor on the values' device.
+    """
     tol_factor = check_tol_factor(tol_factor)
+    S, T1, device = _check_values(values, dtype, resolution)
+    resolution = getattr(values, "resolution", None) if resolution is None else resolution
+    indicators = tuple(indicators) or getattr(values, "indicators", ())
+    ran = getattr(values, "ran", None) if ran is None else ran
+    exact, values_in = getattr(values, "exact", None), values
+    values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()}
+    res = _resolution_columns(resolution, S, T1)
+    _check_ran(ran, S, T1, device)
+
+    def judge(vals):
+        cols = [{k: v[:, t] for k, v in vals.items()} for t in range(T1)]
+        return _assemble(list(zip(cols[:-1], cols[1:])), dtype, tol_factor, [guaranteed] * (T1 - 1), S, device,
+                         ["layer"] * (T1 - 1), indicators=indicators, res=res, ran=ran)
+    prior = (getattr(values_in, "rechecked", 0), getattr(values_in, "cleared", 0))    # settled already
+    report = judge(values)
+    flagged = report.increases.any(1)                           # (S,): every example with a failed step
+    if exact is None or not bool(flagged.any()):
+        report.rechecked, report.cleared = prior
+        return report
+    return _confirm(report, flagged, exact, values, judge, prior, T1, device)
+
+
+def _check_values(values, dtype, resolution) -> Tuple[int, int, torch.device]:
+    """``(S, T+1, device)`` of stored term values, after the refusals of :func:`report_from_values` on them, the
+    dtype and a given resolution's type and device."""
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
     if not isinstance(values, dict) or not values:
@@ -633,37 +674,35 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
         raise StepError(f"values hold no example (S = 0, shapes {shapes}): a verdict over nothing is no descent")
     if T1 < 2:
         raise StepError(f"values need at least two layer boundaries (T+1 >= 2) to judge a step, got T+1 = {T1}")
-    if resolution is None:
-        resolution = getattr(values, "resolution", None)
-    indicators = tuple(indicators) or getattr(values, "indicators", ())
-    if ran is None:
-        ran = getattr(values, "ran", None)
-    exact, values_in = getattr(values, "exact", None), values
-    values = {k: v.to(ACCUM_DTYPE) for k, v in values.items()}
+    return S, T1, first.device
+
+
+def _resolution_columns(resolution: Optional[torch.Tensor], S: int, T1: int) -> Optional[List[torch.Tensor]]:
+    """The resolution at the start of each step, ``[(S,)] * T`` (None without one), refused unless ``(S, T+1)``,
+    non-negative and without NaN."""
     if resolution is not None and (tuple(resolution.shape) != (S, T1) or not bool(
             (~torch.isnan(resolution) & (resolution >= 0)).all())):
         raise StepError(f"resolution must be a non-negative (S, T+1) = ({S}, {T1}) tensor without NaN")
-    res = None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
+    return None if resolution is None else [resolution[:, t] for t in range(T1 - 1)]
+
+
+def _check_ran(ran: Optional[torch.Tensor], S: int, T1: int, device: torch.device) -> None:
+    """``ran`` None or a bool ``(S, T)`` tensor on ``device``, else a :class:`StepError` naming what it is."""
     if ran is not None and not (isinstance(ran, torch.Tensor) and ran.dtype == torch.bool
-                                and tuple(ran.shape) == (S, T1 - 1) and ran.device == first.device):
-        raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {first.device}, got "
+                                and tuple(ran.shape) == (S, T1 - 1) and ran.device == device):
+        raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {device}, got "
                         f"{getattr(ran, 'dtype', type(ran).__name__)} {tuple(getattr(ran, 'shape', ()))}")
 
-    def judge(vals):
-        cols = [{k: v[:, t] for k, v in vals.items()} for t in range(T1)]
-        return _assemble(list(zip(cols[:-1], cols[1:])), dtype, tol_factor, [guaranteed] * (T1 - 1), S, first.device,
-                         ["layer"] * (T1 - 1), indicators=indicators, res=res, ran=ran)
-    prior = (getattr(values_in, "rechecked", 0), getattr(values_in, "cleared", 0))    # settled already
-    report = judge(values)
-    flagged = report.increases.any(1)                           # (S,): every example with a failed step
-    if exact is None or not bool(flagged.any()):
-        report.rechecked, report.cleared = prior
-        return report
+
+def _confirm(report: DescentReport, flagged: torch.Tensor, exact, values: Dict[str, torch.Tensor], judge,
+             prior: Tuple[int, int], T1: int, device: torch.device) -> DescentReport:
+    """The verdict again with the ``flagged`` examples' rows taken from the exact evaluation, counting what it
+    rechecked and cleared (on top of ``prior``, a settled trace's counts)."""
     # a step the kernels' values flag counts only if the exact evaluation confirms it: the flagged examples' whole
     # rows are re-evaluated (both sides of every step from one evaluation), the others keep the kernels' values
     redo = [exact(t) for t in range(T1)]
-    rows = flagged.to(first.device)[:, None]
-    values = {k: torch.where(rows, torch.stack([r[k].to(device=first.device, dtype=ACCUM_DTYPE) for r in redo], 1), v)
+    rows = flagged.to(device)[:, None]
+    values = {k: torch.where(rows, torch.stack([r[k].to(device=device, dtype=ACCUM_DTYPE) for r in redo], 1), v)
               for k, v in values.items()}
     confirmed = judge(values)
     confirmed.rechecked = prior[0] + int(report.increases.sum())

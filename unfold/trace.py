@@ -553,25 +553,8 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         before = after if (after is not None and energy is prev_energy) else _eval(energy, Y, graph, tracer.dead)
         r = resolution(energy, Y, graph)
         subs = step.substeps() if substeps else [step]
-        layer_bad = torch.zeros(graph.batch_size, dtype=torch.bool, device=Y.device)
-        with torch.no_grad():
-            if len(subs) > 1:
-                tol = tolerance(before, Y.dtype, tol_factor, r)
-                vals_cur = before
-                for k, sub in enumerate(subs):
-                    Y_next = tracer.run(lambda X: graph.keep_padded(sub.update(X, graph), X), Y, t, k, type(sub).__name__)
-                    vals_next = _eval(energy, Y_next, graph, tracer.dead)
-                    inc, nonfin, bad = _verdict(vals_cur, vals_next, tol, energy.indicators)
-                    sub_incs += int(inc.sum())
-                    layer_bad = layer_bad | nonfin
-                    for s in inc.nonzero().reshape(-1).tolist():
-                        violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep",
-                                                     bool(nonfin[s]), bad))
-                    Y, vals_cur = Y_next, vals_next
-                after = vals_cur
-            else:
-                Y = tracer.run(lambda X: step(X, graph), Y, t, None, type(step).__name__)
-                after = _eval(energy, Y, graph, tracer.dead)
+        Y, after, layer_bad, incs = _trace_layer(tracer, step, subs, Y, graph, t, before, r, tol_factor, violations)
+        sub_incs += incs
         pairs.append((before, after))
         res.append(r)
         sub_bad.append(layer_bad)
@@ -580,6 +563,37 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
                        [type(s).__name__ for s in plan], tracer.violations + violations, sub_incs, indicators, res,
                        sub_bad)
     return Y, report
+
+
+def _trace_layer(tracer: "_Tracer", step: Step, subs: List[Step], Y: torch.Tensor, graph: TokenGraph, t: int,
+                 before: Dict[str, torch.Tensor], r: torch.Tensor, tol_factor: float, violations: List[dict]
+                 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor, int]:
+    """Layer ``t`` of :func:`trace_descent`, from energies ``before`` and resolution ``r`` at Y: run whole, or
+    sub-step by sub-step (``subs``) with each sub-step judged against the layer's tolerance and its violations
+    appended to ``violations``. Returns ``(Y', energies at Y', (B,) a sub-step went non-finite, sub-step
+    increases)``."""
+    energy = step.energy
+    sub_incs = 0
+    layer_bad = torch.zeros(graph.batch_size, dtype=torch.bool, device=Y.device)
+    with torch.no_grad():
+        if len(subs) > 1:
+            tol = tolerance(before, Y.dtype, tol_factor, r)
+            vals_cur = before
+            for k, sub in enumerate(subs):
+                Y_next = tracer.run(lambda X: graph.keep_padded(sub.update(X, graph), X), Y, t, k, type(sub).__name__)
+                vals_next = _eval(energy, Y_next, graph, tracer.dead)
+                inc, nonfin, bad = _verdict(vals_cur, vals_next, tol, energy.indicators)
+                sub_incs += int(inc.sum())
+                layer_bad = layer_bad | nonfin
+                for s in inc.nonzero().reshape(-1).tolist():
+                    violations.append(_violation(s, t, k, type(sub).__name__, vals_cur, vals_next, tol, "substep",
+                                                 bool(nonfin[s]), bad))
+                Y, vals_cur = Y_next, vals_next
+            after = vals_cur
+        else:
+            Y = tracer.run(lambda X: step(X, graph), Y, t, None, type(step).__name__)
+            after = _eval(energy, Y, graph, tracer.dead)
+    return Y, after, layer_bad, sub_incs
 
 
 def _violation(sample: int, layer: int, sub: Optional[int], step_name: str, before: Dict[str, torch.Tensor],

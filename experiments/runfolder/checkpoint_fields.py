@@ -464,13 +464,8 @@ def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
     return state
 
 
-def check_resume_state(ck: Dict[str, Any], path: str, optimizer: torch.optim.Optimizer, scheduler: Any,
-                       steps_per_epoch: int) -> None:
-    """Check the optimiser and scheduler state of the checkpoint ``ck`` (already :func:`validate_checkpoint`-ed)
-    against the ``optimizer`` and ``scheduler`` a resumed run has just built, before they are loaded: the same
-    parameter groups and hyper-parameters (the learning rate and Adam's first beta move with the schedule), one
-    moment per parameter with the parameter's shape, and the scheduler's own keys and settings with its step at
-    ``epoch * steps_per_epoch`` (the checkpoint is written after an epoch's last step)."""
+def _check_resume_optimizer(ck: Dict[str, Any], path: str, optimizer: torch.optim.Optimizer) -> None:
+    """Check the checkpoint's optimizer groups, hyper-parameters and moment shapes against ``optimizer``'s."""
     fresh = optimizer.state_dict()
     osd = ck["optimizer"]
     moving = {"lr", "betas", "params"}
@@ -497,6 +492,10 @@ def check_resume_state(ck: Dict[str, Any], path: str, optimizer: torch.optim.Opt
         for key, t in entry.items():
             if isinstance(t, torch.Tensor) and t.dim() and tuple(t.shape) != shape:
                 raise _fail(path, f"optimizer.state[{pid}][{key!r}]", t, f"must have the parameter's shape {shape}")
+
+
+def _check_resume_scheduler(ck: Dict[str, Any], path: str, scheduler: Any, steps_per_epoch: int) -> None:
+    """Check the checkpoint's scheduler keys, settings and counters against ``scheduler`` at the saved epoch."""
     fresh_s, ssd = scheduler.state_dict(), ck["scheduler"]
     if set(ssd) != set(fresh_s):
         raise _fail(path, "scheduler", sorted(map(str, ssd)), f"must have the keys {sorted(fresh_s)}")
@@ -517,6 +516,17 @@ def check_resume_state(ck: Dict[str, Any], path: str, optimizer: torch.optim.Opt
     for key in ("_is_initial", "_get_lr_called_within_step"):
         if key in ssd and not isinstance(ssd[key], bool):
             raise _fail(path, f"scheduler.{key}", ssd[key], "must be true or false")
+
+
+def check_resume_state(ck: Dict[str, Any], path: str, optimizer: torch.optim.Optimizer, scheduler: Any,
+                       steps_per_epoch: int) -> None:
+    """Check the optimiser and scheduler state of the checkpoint ``ck`` (already :func:`validate_checkpoint`-ed)
+    against the ``optimizer`` and ``scheduler`` a resumed run has just built, before they are loaded: the same
+    parameter groups and hyper-parameters (the learning rate and Adam's first beta move with the schedule), one
+    moment per parameter with the parameter's shape, and the scheduler's own keys and settings with its step at
+    ``epoch * steps_per_epoch`` (the checkpoint is written after an epoch's last step)."""
+    _check_resume_optimizer(ck, path, optimizer)
+    _check_resume_scheduler(ck, path, scheduler, steps_per_epoch)
 
 
 # --------------------------------------------------------------------------------------------- save and load

@@ -49,7 +49,16 @@ class MMParts(NamedTuple):
     per-token bound c_u on the Hessian of the term's MM surrogate, so that
     ``E(Y + D) <= E(Y) + <grad, D> + sum_u c_u |D_u|^2 / 2``; ``value`` ``(B,)`` float64 at Y, or None;
     ``jacobi`` (scalar or ``(B, n)``): the surrogate Hessian's diagonal per token where it is a multiple of the
-    identity on each token (the Jacobi preconditioner of supplement eq. 37), else None."""
+    identity on each token (the Jacobi preconditioner of supplement eq. 37), else None.
+
+    Attributes:
+        grad: the gradient at Y ``(B, n, d)``, zero on padded slots.
+        curvature: the per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate:
+            ``E(Y + D) <= E(Y) + <grad, D> + sum_u c_u |D_u|^2 / 2``.
+        value: the term's value at Y per example ``(B,)`` float64, or None when not asked for.
+        jacobi: the surrogate Hessian's diagonal per token (scalar or ``(B, n)``; supplement eq. 37) where it is a
+            multiple of the identity on each token, else None.
+    """
     grad: torch.Tensor
     curvature: Union[float, torch.Tensor]
     value: Optional[torch.Tensor]
@@ -214,7 +223,16 @@ def _check_methods(cls) -> None:
 class EnergyTerm(torch.nn.Module):
     """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`. Every public method that
     takes ``(Y, graph)`` (value, grad, curvature, mm, pass_value, prox, ... in this class and every subclass,
-    plug-ins included) checks Y against the graph first (:func:`check_Y_graph`: shapes and device, metadata only)."""
+    plug-ins included) checks Y against the graph first (:func:`check_Y_graph`: shapes and device, metadata only).
+
+    A term E_k(Y) maps tokens ``(B, n, d)`` to one float64 value per example ``(B,)``; a smooth term also gives
+    a per-token curvature bound c^k_u of its MM surrogate (:meth:`curvature`), an indicator its proximal map
+    (:meth:`prox`) instead.
+
+    Args:
+        *args: none: the constructor is ``torch.nn.Module``'s, which refuses arguments (a subclass defines its own).
+        **kwargs: none, likewise.
+    """
 
     name = "term"
     #: True when the term can take the value +inf (indicators); its gradient is then a subgradient.
@@ -308,7 +326,27 @@ class PairwiseAttention(EnergyTerm):
     2 rho'(0) deg(u) ||W||_2^2 (gamma <= rho'(0) for a concave rho), which does not depend on Y: the
     step is then Y minus a fixed multiple of the gradient, a polynomial in Y wherever the kernel is
     (rho = relu:C: a cubic spline, as ReLU attention in Lai, Lim, Liu, Lemma 3.2), at the price of
-    shorter steps.
+    shorter steps. Without a metric the surrogate's Jacobi diagonal is ``D_gamma`` (supplement eq. 37).
+
+    Args:
+        rho: the concave, non-decreasing penalty: a :class:`~energies.rho.Rho` or a spec for
+            :func:`~energies.rho.get_rho` (default ``"exp"``: softmax attention, supplement eq. 35).
+        tau: the temperature, finite and > 0 (default 1).
+        kernel: the pairwise kernel, a registered name (:func:`~energies.kernels.kernel_names`) or ``"auto"``.
+        metric: W ``(d, d_h)``, a floating tensor (queries = keys = W^T y); None for the identity.
+        curvature: the curvature bound, ``"adaptive"`` (``2 D_gamma ||W||_2^2``) or ``"constant"``
+            (``2 rho'(0) deg(u) ||W||_2^2``; needs a finite rho'(0)).
+        metric_norm2: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once);
+            None to compute it from W (cached while W is unchanged).
+        guard: the expansion kernels' precision guard (one host read per pass): widen the dtype or fall back to
+            explicit differences where the expansion cannot resolve z (:func:`~energies.kernels.pairwise_pass`).
+        validate: check the arguments here (curvature's name, tau, the kernel's name, the metric's shape and
+            dtype); False for a model that builds this term per forward from arguments it checked itself.
+
+    Raises:
+        EnergyError: (``validate=True``) an unknown curvature bound, ``constant`` with a non-finite rho'(0), tau not
+            finite and > 0, an unknown kernel, or a metric that is not a floating ``(d, d_h)`` tensor; and an
+            invalid ``rho`` spec (always).
     """
 
     name = "attention"
@@ -488,7 +526,16 @@ class Residual(EnergyTerm):
     """R(Y) = 1/2 ||Y - B||_F^2 (supplement eq. 33 with R of eq. 9; initial residual of F.4).
 
     ``B = None`` is the plain regulariser 1/2 ||Y||^2; a given ``B`` (``(n, d)`` or ``(B, n, d)``,
-    e.g. f(X) of the input) is the initial residual. Gradient ``Y - B``.
+    e.g. f(X) of the input) is the initial residual. Gradient ``Y - B``; curvature bound 1 per token, exact (the
+    Hessian is I), so it is also the Jacobi diagonal.
+
+    Args:
+        B: the anchor, a floating ``(n, d)`` or ``(B, n, d)`` tensor with every size >= 1; None for ``B = 0``.
+        validate: check that B is finite (a host read); False for a model that builds B itself.
+
+    Raises:
+        EnergyError: B not a floating tensor, of another rank or with an empty size, or (``validate``) holding
+            NaN or Inf.
     """
 
     name = "residual"
@@ -548,7 +595,20 @@ class FeedForward(EnergyTerm):
     """Feed-forward part of E2 (main paper eq. 13): 1/2 tr(Y W Y^T), W symmetric (d x d).
 
     Gradient ``Y W``; with the residual term, a gradient step of size a2 is the linear layer
-    ``Y (I - a2 (W + I)) + a2 B``.
+    ``Y (I - a2 (W + I)) + a2 B``. Curvature bound ``max(lambda_max(W), 0)`` per token (the Hessian of each
+    token's ``1/2 y^T W y`` is W).
+
+    Args:
+        W: the weight, a floating square ``(d, d)`` tensor, d >= 1, symmetric (use ``(W + W.T) / 2``; supplement
+            F.1).
+        sym_tol: the symmetry tolerance, >= 0: ``max |W - W^T| <= sym_tol * max(max |W|, 1)``; inf skips the check.
+        validate: check that W is finite and symmetric (host reads); False for a W symmetric by construction.
+        curvature: ``max(lambda_max(W), 0)`` when the caller knows it; None to compute it from W (cached while W
+            is unchanged).
+
+    Raises:
+        EnergyError: W not a floating square tensor, sym_tol negative or NaN, or (``validate``) W holding NaN or
+            Inf or not symmetric within sym_tol.
     """
 
     name = "ffn"
@@ -634,7 +694,12 @@ class NonNegativity(EnergyTerm):
 class Centering(EnergyTerm):
     """LayerNorm centring as an energy (supplement F.3, step 1): sum_u (1^T y_u)^2 / (2 d).
 
-    Gradient ``(mean_i y_u,i) 1``; a gradient step of size 1 subtracts the token mean exactly.
+    Gradient ``(mean_i y_u,i) 1``; a gradient step of size 1 subtracts the token mean exactly. Curvature bound 1
+    per token (the Hessian ``1 1^T / d`` has largest eigenvalue 1).
+
+    Args:
+        *args: none: the constructor is ``torch.nn.Module``'s, which refuses arguments.
+        **kwargs: none, likewise.
     """
 
     name = "center"
@@ -660,7 +725,15 @@ class Rescaling(EnergyTerm):
         sum_u ( 1/2 ||y_u||^2 - r ||y_u|| ),
 
     minimised on the sphere ||y_u|| = r. ``radius=None`` uses r = sqrt(d), the norm of a
-    LayerNorm output (unit variance); r = 1 is F.3 as printed. Gradient ``y_u - r y_u / ||y_u||``.
+    LayerNorm output (unit variance); r = 1 is F.3 as printed. Gradient ``y_u - r y_u / ||y_u||``. Curvature
+    bound 1 per token: the concave part ``-r ||y||`` is majorized by its tangent, leaving the Hessian I of
+    ``||y||^2 / 2``.
+
+    Args:
+        radius: r, finite and > 0; None for r = sqrt(d).
+
+    Raises:
+        EnergyError: radius not a finite number > 0.
     """
 
     name = "rescale"

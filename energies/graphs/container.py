@@ -119,22 +119,29 @@ def mask_bits(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
 
 
 class TokenGraph:
-    """Undirected graph over ``batch_size`` examples of ``num_nodes`` token slots each.
+    """Undirected graph over ``batch_size`` examples of ``num_nodes`` token slots each: the edge set E of the
+    attention energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33; the complete graph is main paper
+    eq. 9's plain self-attention, kept implicit).
 
-    Parameters
-    ----------
-    batch_size, num_nodes:
-        ``B`` and ``n``; token tensors are ``(B, n, d)``.
-    mask:
-        ``(B, n)`` bool, ``True`` where the slot holds a real token; ``None`` means all real.
-    edge_index:
-        ``None`` for the complete graph, else a ``(2, m)`` integer tensor of *flat* ids in
-        ``[0, B * n)`` (see :func:`from_edge_index` for per-example ids). Each undirected edge
-        once in either orientation, or in both: the same graph either way.
-    name:
-        a label for reports (``"complete"``, ``"window:2"``, ...).
+    Edges touching a padded slot are dropped: padded tokens are in no edge. The edge list is validated and
+    canonicalised once (:func:`~energies.graphs.edges.canonical_edges`: each undirected edge once, ``u < v``).
 
-    Edges touching a padded slot are dropped: padded tokens are in no edge.
+    Args:
+        batch_size: ``B``, an integer >= 1; token tensors are ``(B, n, d)``.
+        num_nodes: ``n``, the token slots per example, an integer >= 1 (``B * n`` at most ``MAX_SLOTS`` = 2^31).
+        mask: ``(B, n)`` bool (or ``(n,)`` for one example; a numpy array is copied), ``True`` where the slot holds
+            a real token; ``None`` means all real.
+        edge_index: ``None`` for the complete graph, else a ``(2, m)`` integer tensor of *flat* ids in
+            ``[0, B * n)`` (see :func:`from_edge_index` for per-example ids). Each undirected edge
+            once in either orientation, or in both: the same graph either way; no self loop, no edge between
+            examples.
+        name: a label for reports (``"complete"``, ``"window:2"``, ...).
+        offsets: for a shift-invariant graph (window, strided, dilated), its offsets o >= 1, the edges being every
+            pair ``{i, i + o}`` of real tokens of each example (kept sorted, once each, those < n); else None.
+
+    Raises:
+        GraphError: a size that is not an integer >= 1, more than 2^31 slots, a name that is not a string, a mask
+            of the wrong dtype or shape, or an edge list that fails its checks (the message names the edge).
     """
 
     def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom",
@@ -329,6 +336,18 @@ def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torc
     Accepts ``(n, d)`` (one example) or ``(B, n, d)``. Requires a floating dtype, a shape that
     matches ``graph``, and finite values on every real token (padded slots are not checked; a meta tensor has no
     values, and only its shape, dtype and device are checked).
+
+    Args:
+        Y: the tokens, a floating ``(n, d)`` or ``(B, n, d)`` tensor with d >= 1.
+        graph: the token graph Y must match (its ``(B, n)``, device and mask); None checks every token.
+        name: what the messages call the tensor.
+
+    Returns:
+        Y as ``(B, n, d)`` (a view with a leading batch dimension for ``(n, d)``; else Y itself).
+
+    Raises:
+        TokenError: Y not a tensor, not floating, of the wrong rank, shape or device, or holding NaN / Inf on a
+            real token (the message names the example and token).
     """
     if not isinstance(Y, torch.Tensor):
         raise TokenError(f"{name} must be a torch.Tensor, got {type(Y).__name__}")

@@ -8,7 +8,23 @@ from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, r
 @register_graph("dilated", mask_free=True)
 def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Dilated window: ``{i, i + m k}`` for ``m = 1..radius``. Offsets of n or more join no pair, so the
-    radius is clamped to ``(n - 1) // k`` (O(n + |E|) for any k and radius; no edge when k >= n)."""
+    radius is clamped to ``(n - 1) // k`` (O(n + |E|) for any k and radius; no edge when k >= n).
+
+    Args:
+        n: token slots per example.
+        k: the dilation, an integer >= 1.
+        radius: how many multiples of k, an integer >= 1 (default 1).
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real; padded slots are in no edge.
+        seed: unused (every builder takes it).
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph` named ``dilated:K:R``, with its offsets
+        (shift-invariant: the ``banded`` kernel's case).
+
+    Raises:
+        GraphError: a size, k or radius that is not an integer >= 1, or more edges than a builder materialises.
+    """
     n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "dilation k")
     radius = _positive_int(radius, "dilated radius")

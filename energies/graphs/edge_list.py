@@ -19,6 +19,22 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
 
     ``shared=True``: ids in ``[0, n)``, the same graph for every example of the batch.
     ``shared=False``: flat ids in ``[0, batch_size * n)`` (PyG batching), one graph per example.
+
+    Args:
+        edge_index: a ``(2, m)`` integer tensor (or array) of ids, each undirected edge once in either orientation
+            or in both; no self loop, no edge repeated in one orientation.
+        n: token slots per example.
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real; edges touching a padded slot are dropped.
+        shared: True for per-example ids shared by every example, False for flat ids.
+        name: a label for reports.
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph`.
+
+    Raises:
+        GraphError: a size that is not an integer >= 1, ``shared`` not a bool, or an edge list that fails its
+            checks (shape, dtype, ids out of range, self loops, repeats, edges between examples).
     """
     n, batch_size, _ = _sizes(n, batch_size)
     if not isinstance(shared, (bool, np.bool_)):
@@ -32,8 +48,19 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
 def from_pyg(data) -> Tuple[TokenGraph, Optional[torch.Tensor]]:
     """Graph (and dense tokens) from a ``torch_geometric.data.Data`` or ``Batch``.
 
-    Returns ``(graph, Y)`` where ``Y = data.x`` laid out as ``(B, n_max, d)`` with padding
-    (``torch_geometric.utils.to_dense_batch``), or ``None`` when ``data.x`` is absent.
+    Each graph of the batch is one example of ``n_max`` slots (the largest graph's node count), its nodes the
+    first real slots; PyG's convention of both orientations per edge is accepted.
+
+    Args:
+        data: a ``Data`` or ``Batch`` with ``edge_index`` (ids in ``[0, num_nodes)``), optionally ``batch`` and
+            ``x``.
+
+    Returns:
+        ``(graph, Y)`` where ``Y = data.x`` laid out as ``(B, n_max, d)`` with padding
+        (``torch_geometric.utils.to_dense_batch``), or ``None`` when ``data.x`` is absent.
+
+    Raises:
+        GraphError: no ``edge_index``, ids outside ``[0, num_nodes)``, or an edge list that fails its checks.
     """
     from torch_geometric.utils import to_dense_batch
 

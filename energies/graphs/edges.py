@@ -13,7 +13,18 @@ from ..errors import GraphError
 
 
 def mask_from_lengths(lengths, n: int) -> torch.Tensor:
-    """Padding mask ``(B, n)``, ``True`` on the first ``lengths[b]`` slots of example ``b``."""
+    """Padding mask ``(B, n)``, ``True`` on the first ``lengths[b]`` slots of example ``b``.
+
+    Args:
+        lengths: the real tokens per example, a 1-D sequence (or tensor) of integers in ``[0, n]``.
+        n: token slots per example, an integer >= 1.
+
+    Returns:
+        The ``(B, n)`` bool mask, ``B = len(lengths)``.
+
+    Raises:
+        GraphError: lengths that are not a 1-D sequence of integers in ``[0, n]``, or n not an integer >= 1.
+    """
     n = check_int(n, "n (slots per example)", 1)
     try:
         raw = torch.as_tensor(lengths)

@@ -44,7 +44,23 @@ def _upper_pairs(k: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
 def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``, independently.
 
-    O(n + |E|) time and memory above :data:`RANDOM_PAIRWISE_MAX` candidate pairs per example."""
+    O(n + |E|) time and memory above :data:`RANDOM_PAIRWISE_MAX` candidate pairs per example. The edges are drawn
+    over all n slots whatever the mask (so the graph is ``mask_free``); those touching a padded slot are dropped.
+
+    Args:
+        n: token slots per example.
+        p: the edge probability, in [0, 1].
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real; padded slots are in no edge.
+        seed: the generator's seed, an integer in [0, 2^63): the same seed gives the same edges.
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph` named ``random:P``.
+
+    Raises:
+        GraphError: a size that is not an integer >= 1, p outside [0, 1], a seed out of range, or more expected
+            edges than a builder materialises.
+    """
     n, batch_size, seed = _sizes(n, batch_size, seed)
     p = check_number(p, "edge probability p", "probability")
     pairs = n * (n - 1) // 2

@@ -15,7 +15,21 @@ def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Star-Transformer graph (Guo et al. 2019): a relay joined to all tokens, plus a ring.
 
     The relay is the first real token of each example (a [CLS]-like slot); the other real
-    tokens form a ring in sequence order (closed when there are at least three of them).
+    tokens form a ring in sequence order (closed when there are at least three of them). The edges depend on
+    the mask, so the graph is built per mask (not ``mask_free``).
+
+    Args:
+        n: token slots per example.
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real; padded slots are in no edge.
+        seed: unused (every builder takes it).
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph` named ``star`` (an example with fewer than two real
+        tokens has no edge).
+
+    Raises:
+        GraphError: a size that is not an integer >= 1, or a mask of the wrong dtype or shape.
     """
     n, batch_size, _ = _sizes(n, batch_size, seed)
     mask_t = _check_mask(mask, batch_size, n)

@@ -14,6 +14,21 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
     The union of its two heads: the local head ``0 < |i - j| < k`` and the strided head
     ``|i - j| = 0 (mod k)``. A stride of n or more leaves the local head alone, all pairs (offsets are
     clamped to n - 1: O(n + |E|) for any k).
+
+    Args:
+        n: token slots per example.
+        k: the stride, an integer >= 2.
+        batch_size: examples in the batch.
+        mask: ``(B, n)`` bool, True where a token is real; padded slots are in no edge.
+        seed: unused (every builder takes it).
+
+    Returns:
+        The :class:`~energies.graphs.container.TokenGraph` named ``strided:K``, with its offsets (shift-invariant:
+        the ``banded`` kernel's case).
+
+    Raises:
+        GraphError: a size that is not an integer >= 1, k not an integer >= 2, or more edges than a builder
+            materialises.
     """
     n, batch_size, _ = _sizes(n, batch_size, seed)
     k = _positive_int(k, "stride k")

@@ -356,47 +356,24 @@ def _newton(run: _Run, budget: int, tol: float, cg_iters: int):
     candidate refused by rounding still carries the singular directions the proximal step found); it is kept
     only if its objective does not exceed the kept one. Returns ``(converged, work, certificate, Newton steps
     kept)``."""
-    beta, loss, Y = run.beta, run.loss, run.Y
     work, kept, cert, radius = 0, 0, None, None
     while work < budget:
-        # (i) a proximal-gradient step from the kept iterate: finds the rank
-        Zc, Rc, lc, nc, parts = run.prox(run.Z, run.R, run.gradient())
+        (Zc, Rc, lc, parts), prox_descends, resolution, cert = _prox_round(run)     # (i): finds the rank
         work += 1
-        Pc = lc + beta * nc
-        run.cands.append(Pc)
-        run.lips.append(run.L)
-        resolution = ROUNDING * max(abs(run.P), 1e-300)
-        prox_descends = Pc < run.P - resolution
-        if Pc <= run.P:
-            run.keep(Zc, Rc, lc, nc)
-        run.record()
-        cert = run.certificate()
         if cert["duality_gap_rel"] <= tol:
             return True, work, cert, kept
         if work >= budget:
             break
         # (ii) a Newton step on f(U, V) at the balanced factors of the proximal candidate
-        G = run.gradient() if run.Z is Zc else run.adj(loss.grad(Rc, Y))
-        Us = [U * S.sqrt() for U, S, _ in parts]
-        Vs = [Vh.T * S.sqrt() for _, S, Vh in parts]
-        nb = len(Us)
-        g = [gg @ v + beta * u for gg, u, v in zip(G, Us, Vs)] + [gg.T @ u + beta * v for gg, u, v in zip(G, Us, Vs)]
-        gn = math.sqrt(_dot(g, g))
-        f = lc + 0.5 * beta * (_dot(Us, Us) + _dot(Vs, Vs))
+        Us, Vs, G, g, gn, f = _factor_model(run, Zc, Rc, lc, parts)
         if not gn > 0:                                     # rank 0 everywhere (or a stationary point of f)
             if not prox_descends:
                 break
             continue
         if radius is None:
             radius = 0.1 * math.sqrt(_dot(Us, Us) + _dot(Vs, Vs)) or 1.0
-
-        def hvp(d):
-            dZ = [du @ v.T + u @ dv.T for du, dv, u, v in zip(d[:nb], d[nb:], Us, Vs)]
-            dG = run.adj(loss.hess(Rc, run.fwd(dZ), Y))
-            return ([dg @ v + gg @ dv + beta * du for dg, gg, du, dv, v in zip(dG, G, d[:nb], d[nb:], Vs)]
-                    + [dg.T @ u + gg.T @ du + beta * dv for dg, gg, du, dv, u in zip(dG, G, d[:nb], d[nb:], Us)])
-
-        step, Hstep, used, hit = _steihaug(g, hvp, radius, min(FORCING, math.sqrt(gn / max(abs(f), 1e-300))),
+        step, Hstep, used, hit = _steihaug(g, _hvp(run, Rc, G, Us, Vs), radius,
+                                           min(FORCING, math.sqrt(gn / max(abs(f), 1e-300))),
                                            min(cg_iters, budget - work - 1))
         work += used
         if step is None:
@@ -404,36 +381,89 @@ def _newton(run: _Run, budget: int, tol: float, cg_iters: int):
         pred = -(_dot(g, step) + 0.5 * _dot(step, Hstep))
         if not hit and not pred > resolution and not prox_descends:
             break                                          # optimal to the resolution of P (docstring)
-        U2 = [u + d for u, d in zip(Us, step[:nb])]
-        V2 = [v + d for v, d in zip(Vs, step[nb:])]
-        Z2 = [u @ v.T for u, v in zip(U2, V2)]
-        R2 = run.fwd(Z2)
+        radius, better = _newton_candidate(run, Us, Vs, step, f, pred, hit, radius)
         work += 1
-        l2 = float(loss.value(R2, Y))
-        f2 = l2 + 0.5 * beta * (_dot(U2, U2) + _dot(V2, V2))
-        ratio = (f - f2) / pred if pred > 0 else -math.inf
-        size = math.sqrt(_dot(step, step))
-        if not ratio >= 0.25:                              # NaN included
-            radius = 0.25 * size if math.isfinite(size) else 0.25 * radius
-        elif ratio > 0.75 and hit:
-            radius *= 2.0
-        if not (math.isfinite(f2) and f2 < f and ratio >= RHO_MIN):
-            continue
-        n2 = sum(float(S.sum()) for _, _, S in (_balanced(u, v) for u, v in zip(U2, V2)))
-        P2 = l2 + beta * n2
-        run.cands.append(P2)
-        run.lips.append(run.L)
-        better = P2 <= run.P
         if better:
-            run.keep(Z2, R2, l2, n2)
             kept += 1
-        run.record()
-        if better:
             cert = run.certificate()                       # G at the Newton iterate: the next round needs it too
             if cert["duality_gap_rel"] <= tol:
                 return True, work, cert, kept
     cert = run.certificate()
     return cert["duality_gap_rel"] <= tol, work, cert, kept
+
+
+def _prox_round(run: _Run):
+    """Part (i) of a Newton round: one proximal-gradient step from the kept iterate, kept if it does not raise P,
+    recorded and certified. Returns ``((Z', A(Z'), l(A Z'), its SVT factors), whether it lowers P by more than
+    the rounding of P, that rounding, the certificate at the kept iterate)``."""
+    Zc, Rc, lc, nc, parts = run.prox(run.Z, run.R, run.gradient())
+    Pc = lc + run.beta * nc
+    run.cands.append(Pc)
+    run.lips.append(run.L)
+    resolution = ROUNDING * max(abs(run.P), 1e-300)
+    prox_descends = Pc < run.P - resolution
+    if Pc <= run.P:
+        run.keep(Zc, Rc, lc, nc)
+    run.record()
+    return (Zc, Rc, lc, parts), prox_descends, resolution, run.certificate()
+
+
+def _factor_model(run: _Run, Zc, Rc, lc: float, parts):
+    """The balanced factors ``U_g = U sqrt(S)``, ``V_g = V sqrt(S)`` of the proximal candidate ``Zc`` (factors
+    ``parts``, ``Rc = A(Zc)``, ``lc = l(Rc)``) and f there: ``(Us, Vs, G, grad f, ||grad f||, f)`` with
+    ``G = A*(grad l(Rc))`` (module docstring)."""
+    beta = run.beta
+    G = run.gradient() if run.Z is Zc else run.adj(run.loss.grad(Rc, run.Y))
+    Us = [U * S.sqrt() for U, S, _ in parts]
+    Vs = [Vh.T * S.sqrt() for _, S, Vh in parts]
+    g = [gg @ v + beta * u for gg, u, v in zip(G, Us, Vs)] + [gg.T @ u + beta * v for gg, u, v in zip(G, Us, Vs)]
+    gn = math.sqrt(_dot(g, g))
+    f = lc + 0.5 * beta * (_dot(Us, Us) + _dot(Vs, Vs))
+    return Us, Vs, G, g, gn, f
+
+
+def _hvp(run: _Run, Rc, G, Us, Vs):
+    """The product ``d -> H[dU, dV]`` with the Hessian of f(U, V) at the factors ``Us, Vs`` (module docstring;
+    ``Rc = A(U V^T)``, ``G = A*(grad l(Rc))``): one application of A and one of A* per product."""
+    beta, loss, Y, nb = run.beta, run.loss, run.Y, len(Us)
+
+    def hvp(d):
+        dZ = [du @ v.T + u @ dv.T for du, dv, u, v in zip(d[:nb], d[nb:], Us, Vs)]
+        dG = run.adj(loss.hess(Rc, run.fwd(dZ), Y))
+        return ([dg @ v + gg @ dv + beta * du for dg, gg, du, dv, v in zip(dG, G, d[:nb], d[nb:], Vs)]
+                + [dg.T @ u + gg.T @ du + beta * dv for dg, gg, du, dv, u in zip(dG, G, d[:nb], d[nb:], Us)])
+    return hvp
+
+
+def _newton_candidate(run: _Run, Us, Vs, step, f: float, pred: float, hit: bool, radius: float):
+    """Part (ii) of a Newton round after the CG: the candidate ``(U + dU, V + dV)`` for ``step`` (predicted
+    decrease ``pred`` of f, ``hit``: on the trust-region boundary). Its ratio of actual to predicted decrease
+    updates the radius; it is recorded when it lowers f by at least ``RHO_MIN`` of ``pred``, and kept when its
+    objective P does not exceed the kept one. Returns ``(new radius, kept)``."""
+    beta, nb = run.beta, len(Us)
+    U2 = [u + d for u, d in zip(Us, step[:nb])]
+    V2 = [v + d for v, d in zip(Vs, step[nb:])]
+    Z2 = [u @ v.T for u, v in zip(U2, V2)]
+    R2 = run.fwd(Z2)
+    l2 = float(run.loss.value(R2, run.Y))
+    f2 = l2 + 0.5 * beta * (_dot(U2, U2) + _dot(V2, V2))
+    ratio = (f - f2) / pred if pred > 0 else -math.inf
+    size = math.sqrt(_dot(step, step))
+    if not ratio >= 0.25:                                  # NaN included
+        radius = 0.25 * size if math.isfinite(size) else 0.25 * radius
+    elif ratio > 0.75 and hit:
+        radius *= 2.0
+    if not (math.isfinite(f2) and f2 < f and ratio >= RHO_MIN):
+        return radius, False
+    n2 = sum(float(S.sum()) for _, _, S in (_balanced(u, v) for u, v in zip(U2, V2)))
+    P2 = l2 + beta * n2
+    run.cands.append(P2)
+    run.lips.append(run.L)
+    better = P2 <= run.P
+    if better:
+        run.keep(Z2, R2, l2, n2)
+    run.record()
+    return radius, better
 
 
 def _steihaug(g, hvp, radius: float, forcing: float, max_products: int):

@@ -196,6 +196,55 @@ def _softmax_route(rho: Rho, Z: torch.Tensor) -> bool:
             and fused_available(Z.device.type, Z.dtype))
 
 
+def _add(a, x):
+    """``a + x``, where None is no sum yet (``a``) or a part not computed (``x``: the result is then None)."""
+    return x if a is None else (None if x is None else a + x)
+
+
+def _band_sums(Z, sq, band, band_pm, rho, tau: float, energy: bool, num: bool):
+    """``(agg or None, deg, energy or None)`` of the band layout: query blocks of b tokens against their key windows
+    of ``b + 2R`` (module docstring)."""
+    B, H, n, c = Z.shape
+    reach = max(band)
+    b = banded_block(reach, n)
+    nb, w = -(-n // b), b + 2 * reach
+    pad = (reach, nb * b + reach - n)
+    Zp = torch.nn.functional.pad(Z, (0, 0) + pad)                             # zeros outside [0, n)
+    keys = Zp.unfold(2, w, b).transpose(-1, -2).contiguous()                  # (B, H, nb, w, c)
+    queries = torch.nn.functional.pad(Z, (0, 0, 0, nb * b - n)).reshape(B, H, nb, b, c)
+    sqp = torch.nn.functional.pad(sq, pad)
+    a, d, e = _tile_sums(queries, keys, sqp[:, :, reach:reach + nb * b].reshape(B, H, nb, b),
+                         sqp.unfold(2, w, b), band_pm, rho, tau, energy, num)
+    deg = d.reshape(B, H, nb * b)[:, :, :n]
+    agg = None if a is None else a.reshape(B, H, nb * b, c)[:, :, :n]
+    return agg, deg, e
+
+
+def _softmax_class_sums(Z, sq, mask, k: int, tau: float, energy: bool):
+    """``(agg, deg, energy or None)`` of the residue classes for rho = exp, each class through the flash op."""
+    B, H, n, _ = Z.shape
+    # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
+    # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
+    from .softmax import _degree_energy, _from_lse, _fused_parts
+    mr = class_mask(mask, k)
+    diff, lse = _fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
+    a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
+    er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
+    return from_classes(a, k, n), from_classes(d, k, n), er
+
+
+def _class_sums(Z, sq, k: int, res_pm, rho, tau: float, energy: bool, num: bool):
+    """``(agg or None, deg, energy or None)`` of the residue classes on ``(B, H, k, m, c)`` tiles (any rho)."""
+    B, H, n, c = Z.shape
+    m = -(-n // k)
+    Zr = to_classes(Z, k).reshape(B, k, H, m, c).transpose(1, 2)                 # (B, H, k, m, c)
+    sqr = to_classes(sq, k).reshape(B, k, H, m).transpose(1, 2)
+    a, d, er = _tile_sums(Zr, Zr, sqr, sqr, res_pm, rho, tau, energy, num)
+    d = from_classes(d.transpose(1, 2).reshape(B * k, H, m), k, n)
+    a = None if a is None else from_classes(a.transpose(1, 2).reshape(B * k, H, m, c), k, n)
+    return a, d, er
+
+
 def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
                 sq: Optional[torch.Tensor] = None):
     """``(agg or None, deg, energy or None)`` of the module docstring for features Z ``(B, H, n, c)`` (centred,
@@ -210,43 +259,15 @@ def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
     band_pm, res_pm = _masks(graph, plan, H, classes=not soft)
     sq = (Z * Z).sum(-1) if sq is None else sq
     agg = deg = e = None
-
-    def add(a, x):
-        return x if a is None else (None if x is None else a + x)
     if band:
-        reach = max(band)
-        b = banded_block(reach, n)
-        nb, w = -(-n // b), b + 2 * reach
-        pad = (reach, nb * b + reach - n)
-        Zp = torch.nn.functional.pad(Z, (0, 0) + pad)                             # zeros outside [0, n)
-        keys = Zp.unfold(2, w, b).transpose(-1, -2).contiguous()                  # (B, H, nb, w, c)
-        queries = torch.nn.functional.pad(Z, (0, 0, 0, nb * b - n)).reshape(B, H, nb, b, c)
-        sqp = torch.nn.functional.pad(sq, pad)
-        a, d, e = _tile_sums(queries, keys, sqp[:, :, reach:reach + nb * b].reshape(B, H, nb, b),
-                             sqp.unfold(2, w, b), band_pm, rho, tau, energy, num)
-        deg = d.reshape(B, H, nb * b)[:, :, :n]
-        agg = None if a is None else a.reshape(B, H, nb * b, c)[:, :, :n]
+        agg, deg, e = _band_sums(Z, sq, band, band_pm, rho, tau, energy, num)
     if k is not None:
-        m = -(-n // k)
-        if soft:
-            # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
-            # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
-            from .softmax import _degree_energy, _from_lse, _fused_parts
-            mr = class_mask(graph.mask, k)
-            diff, lse = _fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
-            a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
-            er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
-            a, d = from_classes(a, k, n), from_classes(d, k, n)
-        else:
-            Zr = to_classes(Z, k).reshape(B, k, H, m, c).transpose(1, 2)                 # (B, H, k, m, c)
-            sqr = to_classes(sq, k).reshape(B, k, H, m).transpose(1, 2)
-            a, d, er = _tile_sums(Zr, Zr, sqr, sqr, res_pm, rho, tau, energy, num)
-            d = from_classes(d.transpose(1, 2).reshape(B * k, H, m), k, n)
-            a = None if a is None else from_classes(a.transpose(1, 2).reshape(B * k, H, m, c), k, n)
-        deg = add(deg, d)
+        a, d, er = (_softmax_class_sums(Z, sq, graph.mask, k, tau, energy) if soft
+                    else _class_sums(Z, sq, k, res_pm, rho, tau, energy, num))
+        deg = _add(deg, d)
         if num:
-            agg = add(agg, a)
-        e = add(e, er) if energy else None
+            agg = _add(agg, a)
+        e = _add(e, er) if energy else None
     if deg is None:                                     # no offsets: no edge
         deg = Z.new_zeros(B, H, n)
         agg = Z.new_zeros(B, H, n, c) if num else None

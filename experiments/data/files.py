@@ -231,16 +231,8 @@ def _no_split_files(path: pathlib.Path, found: list[str]) -> DataError:
                      f".parquet), beside val and test files (optional); found {found}" + hint)
 
 
-def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -> Splits:
-    """A folder of splits: ``train``, ``val`` (or ``validation``, ``dev``) and ``test`` files (:func:`split_files`,
-    any of :data:`FILE_SUFFIXES`), used as-is (no cleaning, no resplitting); a missing ``val`` or ``test`` file is
-    carved out of ``train`` by the seeded 80/10/10 rule (:func:`complete_splits`), ``train`` is required.
-
-    With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it, its names unique
-    (:func:`check_label_names`); without one, label values are mapped jointly over the splits by
-    :func:`label_table` (colliding values refused). Every split file must hold at least one record.
-    """
-    files = split_files(path)
+def _check_split_names(path: pathlib.Path, files: dict[str, pathlib.Path]) -> None:
+    """Refuse a folder without a training file, or with a data file that is no split file while a split lacks one."""
     if "train" not in files:
         raise _no_split_files(path, sorted(p.name for p in path.iterdir()))
     stray = sorted(f.name for f in path.iterdir() if f.is_file() and f.suffix.lower() in FILE_SUFFIXES
@@ -252,6 +244,25 @@ def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -
         raise DataError(f"{path}: no {named} file, and {stray} is no split file: rename {stray[0]} {rename}, or "
                         "move it out (a missing val or test split is then carved out of the training file by "
                         "data.seed)")
+
+
+def _empty_split(path: pathlib.Path, files: dict[str, pathlib.Path], s: str, file: pathlib.Path) -> DataError:
+    """The refusal of the split file ``file`` of split ``s`` holding no record."""
+    blank = " (every line is blank)" if file.stat().st_size else ""
+    return DataError(f"{file}: the {SPLIT_WORDS[s]} split is empty: {file.name} holds no record{blank}; "
+                     "every split needs examples (an empty one would report a made-up accuracy): add "
+                     f"examples, or remove {file.name} (the split is then carved out of the training file)"
+                     + fix(f"data.dataset={files['train']}", why="the training file alone, split 80/10/10 "
+                                                                 "by data.seed")
+                     if s != "train" else
+                     f"{file}: the training split is empty: {file.name} holds no record{blank}"
+                     + fix(f"data.dataset={path}/FILE", why="one file with all the examples, split "
+                                                           "80/10/10 by data.seed"))
+
+
+def _read_split_files(path: pathlib.Path, files: dict[str, pathlib.Path], text_field, label_field
+                      ) -> tuple[dict[str, list], dict]:
+    """``({split: (text, label) pairs}, {column: None})`` of the split files, each required to hold a record."""
     raw, columns = {}, {}
     for s, file in files.items():
         if file.suffix.lower() == ".jsonl":
@@ -261,48 +272,67 @@ def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -
             records, found = _read_records(file, text_field, label_field)
             columns.update(dict.fromkeys(found))
         if not records:
-            blank = " (every line is blank)" if file.stat().st_size else ""
-            raise DataError(f"{file}: the {SPLIT_WORDS[s]} split is empty: {file.name} holds no record{blank}; "
-                            "every split needs examples (an empty one would report a made-up accuracy): add "
-                            f"examples, or remove {file.name} (the split is then carved out of the training file)"
-                            + fix(f"data.dataset={files['train']}", why="the training file alone, split 80/10/10 "
-                                                                        "by data.seed")
-                            if s != "train" else
-                            f"{file}: the training split is empty: {file.name} holds no record{blank}"
-                            + fix(f"data.dataset={path}/FILE", why="one file with all the examples, split "
-                                                                  "80/10/10 by data.seed"))
+            raise _empty_split(path, files, s, file)
         raw[s] = records_to_examples(records, text_field, label_field, file)
+    return raw, columns
+
+
+def _labels_from_file(labels_file: pathlib.Path, raw: dict[str, list], files: dict[str, pathlib.Path],
+                      label_field) -> tuple[dict[str, list], list]:
+    """``(split lists, names)`` with the names of ``labels.json`` and every label an id into them."""
+    try:
+        names = json.loads(labels_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)}); correct it, or remove it to take the "
+                        "label names from the values") from None
+    if not isinstance(names, list) or not names:
+        raise DataError(f"{labels_file}: expected a non-empty list of label names; correct it, or remove it "
+                        "to take the label names from the values")
+    names = check_label_names(names, labels_file, label_field)
+    split_lists = {}
+    for s, pairs in raw.items():
+        out = []
+        for i, (text, lab) in enumerate(pairs):
+            if isinstance(lab, bool) or not isinstance(lab, int) or not 0 <= lab < len(names):
+                raise DataError(f"{files[s]}: record {i} has label {lab!r}, expected an integer in "
+                                f"[0, {len(names)}) (labels.json); remove {labels_file.name} to take the label "
+                                "names from the values" + label_column_fix(label_field))
+            out.append((text, lab))
+        split_lists[s] = out
+    return split_lists, names
+
+
+def _labels_from_values(path: pathlib.Path, raw: dict[str, list], files: dict[str, pathlib.Path],
+                        label_field) -> tuple[dict[str, list], list]:
+    """``(split lists, names)`` with the label values mapped jointly over the splits by :func:`label_table`."""
+    def origin(i: int) -> str:             # the i-th label over the splits, in file order
+        for s, pairs in raw.items():
+            if i < len(pairs):
+                return f"{files[s].name} record {i}"
+            i -= len(pairs)
+        return "?"
+
+    table, names = label_table((lab for pairs in raw.values() for _, lab in pairs), path, label_field, origin)
+    return {s: [(t, table[lab]) for t, lab in pairs] for s, pairs in raw.items()}, names
+
+
+def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -> Splits:
+    """A folder of splits: ``train``, ``val`` (or ``validation``, ``dev``) and ``test`` files (:func:`split_files`,
+    any of :data:`FILE_SUFFIXES`), used as-is (no cleaning, no resplitting); a missing ``val`` or ``test`` file is
+    carved out of ``train`` by the seeded 80/10/10 rule (:func:`complete_splits`), ``train`` is required.
+
+    With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it, its names unique
+    (:func:`check_label_names`); without one, label values are mapped jointly over the splits by
+    :func:`label_table` (colliding values refused). Every split file must hold at least one record.
+    """
+    files = split_files(path)
+    _check_split_names(path, files)
+    raw, columns = _read_split_files(path, files, text_field, label_field)
     labels_file = path / "labels.json"
     if labels_file.is_file():
-        try:
-            names = json.loads(labels_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as e:
-            raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)}); correct it, or remove it to take the "
-                            "label names from the values") from None
-        if not isinstance(names, list) or not names:
-            raise DataError(f"{labels_file}: expected a non-empty list of label names; correct it, or remove it "
-                            "to take the label names from the values")
-        names = check_label_names(names, labels_file, label_field)
-        split_lists = {}
-        for s, pairs in raw.items():
-            out = []
-            for i, (text, lab) in enumerate(pairs):
-                if isinstance(lab, bool) or not isinstance(lab, int) or not 0 <= lab < len(names):
-                    raise DataError(f"{files[s]}: record {i} has label {lab!r}, expected an integer in "
-                                    f"[0, {len(names)}) (labels.json); remove {labels_file.name} to take the label "
-                                    "names from the values" + label_column_fix(label_field))
-                out.append((text, lab))
-            split_lists[s] = out
+        split_lists, names = _labels_from_file(labels_file, raw, files, label_field)
     else:
-        def origin(i: int) -> str:             # the i-th label over the splits, in file order
-            for s, pairs in raw.items():
-                if i < len(pairs):
-                    return f"{files[s].name} record {i}"
-                i -= len(pairs)
-            return "?"
-
-        table, names = label_table((lab for pairs in raw.values() for _, lab in pairs), path, label_field, origin)
-        split_lists = {s: [(t, table[lab]) for t, lab in pairs] for s, pairs in raw.items()}
+        split_lists, names = _labels_from_values(path, raw, files, label_field)
     split_lists, derived = complete_splits(split_lists, seed, str(files["train"]))
     origins = {s: (files[s].name if s not in derived else
                    f"drawn from {files['train'].name} (80/10/10, data.seed={seed})") for s in SPLIT_NAMES}

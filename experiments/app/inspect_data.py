@@ -99,6 +99,63 @@ def _glove_words(root: pathlib.Path) -> set:
     return set(_read_glove(root, emb_path, vocab_path)[1])
 
 
+def _used_splits(cfg: dict, splits) -> dict:
+    """The examples the trainer uses per split: the training split cut to ``train.max_train_examples``; a
+    :class:`ConfigError` when those hold one class only (the trainer's refusal,
+    :func:`experiments.app.build.train_examples`)."""
+    limit = cfg["train"]["max_train_examples"]
+    used = {"train": splits.train if limit is None else splits.train[:limit], "val": splits.val, "test": splits.test}
+    if len({y for _, y in used["train"]}) < 2:        # the trainer's refusal (experiments.app.build.train_examples)
+        raise ConfigError(f"train.max_train_examples={limit}: the first {len(used['train'])} training examples of "
+                          f"{splits.name} hold one class only; use more examples")
+    return used
+
+
+def _unknown(token_lists: list, known) -> float:
+    """The share of the tokens of ``token_lists`` not in ``known`` (0.0 when there are none)."""
+    n = sum(len(t) for t in token_lists)
+    return sum(tok not in known for t in token_lists for tok in t) / n if n else 0.0
+
+
+def _columns(dataset: str, splits, dc: dict, sources: dict) -> dict:
+    """The ``columns`` entry: the columns found, those read as text and label and what chose each."""
+    if dataset in DATASETS:                                 # a corpus reads its own columns
+        return {"found": [], "text": None, "label": None, "text_set_by": "the corpus", "label_set_by": "the corpus"}
+    return {
+        "found": list(splits.columns),
+        "text": dc["text_field"], "text_set_by": f"data.text_field ({sources['data.text_field']})",
+        "label": dc["label_field"], "label_set_by": f"data.label_field ({sources['data.label_field']})",
+    }
+
+
+def _classes(names, used: dict) -> dict:
+    """The ``classes`` entry: the label names, the count of each per split, the test split's majority share."""
+    counts = {s: Counter(y for _, y in used[s]) for s in SPLIT_NAMES}
+    return {
+        "names": list(names),
+        "counts": {s: {names[k]: counts[s].get(k, 0) for k in range(len(names))} for s in SPLIT_NAMES},
+        "test_majority_share": max(counts["test"].values()) / len(used["test"]),
+    }
+
+
+def _glove(dc: dict, vocab, tokens: dict) -> dict:
+    """The ``glove`` entry: the share of the vocabulary in GloVe and of each split's tokens unknown to it, or
+    ``available: false`` and the reason when the files are not in the data folder."""
+    glove = {"used": dc["glove"]}
+    root = _data_dir(dc["data_dir"])
+    try:
+        words = _glove_words(root)
+    except DataError as e:
+        glove.update({"available": False, "reason": str(e)})
+    else:
+        ordinary = vocab.itos[len(Vocab.SPECIALS):]
+        glove.update({
+            "available": True,
+            "vocabulary_found": sum(w in words for w in ordinary) / len(ordinary) if ordinary else 0.0,
+            "unknown_tokens": {s: _unknown(tokens[s], words) for s in SPLIT_NAMES}})
+    return glove
+
+
 def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> dict:
     """The report of ``dataset`` read as ``unfold-train --config CONFIG data.dataset=DATASET OVERRIDES`` reads it
     (module docstring). A refused dataset is the loader's :class:`DataError`, a bad override a
@@ -110,58 +167,26 @@ def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> di
     cfg, sources = load_config_sources(config, [*overrides, f"data.dataset={dataset}"])
     dc = cfg["data"]
     splits = load_configured(dc)
-    limit = cfg["train"]["max_train_examples"]
-    used = {"train": splits.train if limit is None else splits.train[:limit], "val": splits.val, "test": splits.test}
-    if len({y for _, y in used["train"]}) < 2:        # the trainer's refusal (experiments.app.build.train_examples)
-        raise ConfigError(f"train.max_train_examples={limit}: the first {len(used['train'])} training examples of "
-                          f"{splits.name} hold one class only; use more examples")
+    used = _used_splits(cfg, splits)
     tokens = {s: [tokenize(t) for t, _ in used[s]] for s in SPLIT_NAMES}
     vocab = Vocab.build(tokens["train"], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
-    names = splits.label_names
-    counts = {s: Counter(y for _, y in used[s]) for s in SPLIT_NAMES}
-    test_majority = max(counts["test"].values()) / len(used["test"])
-
-    def unknown(s: str, known) -> float:
-        n = sum(len(t) for t in tokens[s])
-        return sum(tok not in known for t in tokens[s] for tok in t) / n if n else 0.0
-
     report = {
         "dataset": dataset,
         "name": splits.name,
         "format": dataset_format(dataset),
         "config": config,
-        "columns": ({"found": [], "text": None, "label": None,      # a corpus reads its own columns
-                     "text_set_by": "the corpus", "label_set_by": "the corpus"} if dataset in DATASETS else {
-            "found": list(splits.columns),
-            "text": dc["text_field"], "text_set_by": f"data.text_field ({sources['data.text_field']})",
-            "label": dc["label_field"], "label_set_by": f"data.label_field ({sources['data.label_field']})",
-        }),
-        "classes": {
-            "names": list(names),
-            "counts": {s: {names[k]: counts[s].get(k, 0) for k in range(len(names))} for s in SPLIT_NAMES},
-            "test_majority_share": test_majority,
-        },
+        "columns": _columns(dataset, splits, dc, sources),
+        "classes": _classes(splits.label_names, used),
         "splits": {s: {"size": len(used[s]), "derived": s in splits.derived,
                        "from": splits.origin.get(s, splits.name)} for s in SPLIT_NAMES},
-        "max_train_examples": limit,
+        "max_train_examples": cfg["train"]["max_train_examples"],
         "train_available": len(splits.train),
         "lengths": {"unit": "tokens", "max_len": dc["max_len"],
                     **{s: _lengths(tokens[s], dc["max_len"]) for s in SPLIT_NAMES}},
         "vocabulary": {"size": len(vocab), "min_freq": dc["min_freq"], "max_vocab": dc["max_vocab"],
-                       "unknown_tokens": {s: unknown(s, vocab.stoi) for s in ("val", "test")}},
-        "glove": {"used": dc["glove"]},
+                       "unknown_tokens": {s: _unknown(tokens[s], vocab.stoi) for s in ("val", "test")}},
+        "glove": _glove(dc, vocab, tokens),
     }
-    root = _data_dir(dc["data_dir"])
-    try:
-        words = _glove_words(root)
-    except DataError as e:
-        report["glove"].update({"available": False, "reason": str(e)})
-    else:
-        ordinary = vocab.itos[len(Vocab.SPECIALS):]
-        report["glove"].update({
-            "available": True,
-            "vocabulary_found": sum(w in words for w in ordinary) / len(ordinary) if ordinary else 0.0,
-            "unknown_tokens": {s: unknown(s, words) for s in SPLIT_NAMES}})
     argv = train_command(dataset, config, overrides)
     report["command"] = shlex.join(argv)
     report["argv"] = argv

@@ -229,16 +229,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def render(r: dict) -> str:
-    """The report as text, one topic a block (what ``unfold-data inspect`` prints without ``--json``)."""
-    out = []
-
-    def line(key: str, text: str = "") -> None:
-        out.append(f"{key:<12}{text}".rstrip())
-
-    line("dataset", f"{r['dataset']} ({r['format']})")
-    if r["config"] is not None:
-        line("config", r["config"])
+def _render_columns(r: dict, line) -> None:
+    """The ``columns`` block of :func:`render`, each line through ``line(key, text)``."""
     c = r["columns"]
     if c["text"] is None:
         line("columns", "the corpus's own (data.text_field and data.label_field do not apply)")
@@ -246,6 +238,10 @@ def render(r: dict) -> str:
         line("columns", f"found {', '.join(c['found'])}")
         line("", f"text:  {c['text']!r}, chosen by {c['text_set_by']}")
         line("", f"label: {c['label']!r}, chosen by {c['label_set_by']}")
+
+
+def _render_classes(r: dict, line) -> None:
+    """The ``classes`` block of :func:`render`: a table of examples per class and split, the majority share."""
     names = r["classes"]["names"]
     width = max([len(n) for n in names] + [5])
     line("classes", f"{len(names)}; examples per split:")
@@ -254,6 +250,10 @@ def render(r: dict) -> str:
         line("", f"{n:<{width}}  " + "  ".join(f"{r['classes']['counts'][s][n]:>6}" for s in SPLIT_NAMES))
     line("", f"the most frequent class is {_pct(r['classes']['test_majority_share'])} of the test split (the "
              "accuracy of always predicting it)")
+
+
+def _render_splits(r: dict, line) -> None:
+    """The ``splits`` and ``lengths`` blocks of :func:`render`: sizes and origins, then lengths in tokens."""
     line("splits", "")
     for s in SPLIT_NAMES:
         sp = r["splits"][s]
@@ -266,6 +266,11 @@ def render(r: dict) -> str:
     for s in SPLIT_NAMES:
         x = L[s]
         line("", f"{s:<6}{x['min']:>6} / {x['median']:g} / {x['max']}  {_pct(x['truncated'])} truncated")
+
+
+def _render_words(r: dict, line) -> None:
+    """The ``vocabulary`` and ``glove`` blocks of :func:`render`: the vocabulary and the words unknown to it and
+    to GloVe."""
     v = r["vocabulary"]
     line("vocabulary", f"{v['size']} entries: <pad>, <unk> and the training split's words seen data.min_freq="
                        f"{v['min_freq']} times or more" + (f" (the data.max_vocab={v['max_vocab']} most frequent)"
@@ -280,6 +285,20 @@ def render(r: dict) -> str:
                       f"{_pct(u['test'])} of test tokens")
     else:
         line("glove", f"GloVe not available (data.glove={g['used']}): {g['reason']}")
+
+
+def render(r: dict) -> str:
+    """The report as text, one topic a block (what ``unfold-data inspect`` prints without ``--json``)."""
+    out = []
+
+    def line(key: str, text: str = "") -> None:
+        out.append(f"{key:<12}{text}".rstrip())
+
+    line("dataset", f"{r['dataset']} ({r['format']})")
+    if r["config"] is not None:
+        line("config", r["config"])
+    for block in (_render_columns, _render_classes, _render_splits, _render_words):
+        block(r, line)
     for i, n in enumerate(r["notes"]):
         line("note" if i == 0 else "", n)
     line("train with", r["command"])

@@ -55,15 +55,8 @@ def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
     return mask
 
 
-def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
-    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``, sorted:
-    the one canonicalisation of every edge list in the framework (token graphs and the PyG conv).
-
-    Accepts each edge once (either orientation) or in both orientations (PyG convention).
-    Rejects: wrong shape/dtype, ids out of ``[0, total)``, an edge joining two different examples and, unless
-    ``lenient`` (PyG inputs: ``add_self_loops`` / multigraph conventions), self loops and an edge repeated in the
-    same orientation, which ``lenient`` drops instead. The ids stay on their device; the checks read them once.
-    """
+def _integer_ids(edge_index, total: int) -> torch.Tensor:
+    """The edge list as a ``(2, m)`` int64 tensor on its device, refused unless of that shape, integer and readable."""
     if isinstance(edge_index, torch.Tensor) and type(edge_index) is not torch.Tensor:
         edge_index = edge_index.as_subclass(torch.Tensor)   # torch_geometric.EdgeIndex and other subclasses
     ei = torch.as_tensor(edge_index)
@@ -80,9 +73,12 @@ def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> to
             k = int(top.any(0).nonzero()[0, 0])
             u, v = (int(x) % 2 ** 64 for x in ei[:, k].view(torch.int64).tolist())
             raise GraphError(f"edge {k} = ({u}, {v}) is out of range: node ids must lie in [0, {total})")
-    ei = ei.to(torch.long)
-    if ei.numel() == 0:
-        return ei.reshape(2, 0)
+    return ei.to(torch.long)
+
+
+def _checked_pairs(ei: torch.Tensor, total: int, n: int, lenient: bool) -> torch.Tensor:
+    """``ei`` (non-empty, int64) refused for ids out of ``[0, total)``, self loops (dropped when ``lenient``) and
+    edges joining two examples of ``n`` slots; returned without the dropped loops."""
     lo, hi = int(ei.min()), int(ei.max())
     if lo < 0 or hi >= total:
         bad = ((ei < 0) | (ei >= total)).any(0).nonzero()[0, 0].item()
@@ -102,6 +98,22 @@ def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> to
         k = cross[0, 0].item()
         raise GraphError(f"edge {k} = ({ei[0, k].item()}, {ei[1, k].item()}) joins examples "
                          f"{ei[0, k].item() // n} and {ei[1, k].item() // n}")
+    return ei
+
+
+def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> torch.Tensor:
+    """Validate a directed edge list over flat ids and return each undirected edge once, ``u < v``, sorted:
+    the one canonicalisation of every edge list in the framework (token graphs and the PyG conv).
+
+    Accepts each edge once (either orientation) or in both orientations (PyG convention).
+    Rejects: wrong shape/dtype, ids out of ``[0, total)``, an edge joining two different examples and, unless
+    ``lenient`` (PyG inputs: ``add_self_loops`` / multigraph conventions), self loops and an edge repeated in the
+    same orientation, which ``lenient`` drops instead. The ids stay on their device; the checks read them once.
+    """
+    ei = _integer_ids(edge_index, total)
+    if ei.numel() == 0:
+        return ei.reshape(2, 0)
+    ei = _checked_pairs(ei, total, n, lenient)
     key = ei[0] * total + ei[1]
     uniq, counts = torch.unique(key, return_counts=True)
     if not lenient and (counts > 1).any():

@@ -228,10 +228,6 @@ class EnergyTerm(torch.nn.Module):
     A term E_k(Y) maps tokens ``(B, n, d)`` to one float64 value per example ``(B,)``; a smooth term also gives
     a per-token curvature bound c^k_u of its MM surrogate (:meth:`curvature`), an indicator its proximal map
     (:meth:`prox`) instead.
-
-    Args:
-        *args: none: the constructor is ``torch.nn.Module``'s, which refuses arguments (a subclass defines its own).
-        **kwargs: none, likewise.
     """
 
     name = "term"
@@ -696,10 +692,6 @@ class Centering(EnergyTerm):
 
     Gradient ``(mean_i y_u,i) 1``; a gradient step of size 1 subtracts the token mean exactly. Curvature bound 1
     per token (the Hessian ``1 1^T / d`` has largest eigenvalue 1).
-
-    Args:
-        *args: none: the constructor is ``torch.nn.Module``'s, which refuses arguments.
-        **kwargs: none, likewise.
     """
 
     name = "center"

@@ -18,6 +18,7 @@ import logging
 import textwrap
 
 import pytest
+import torch
 
 griffe = pytest.importorskip("griffe")
 
@@ -42,8 +43,19 @@ def _fields(obj):
     return ([f.name for f in dataclasses.fields(obj)] if dataclasses.is_dataclass(obj) else list(obj._fields))
 
 
+def _inherited_constructor(cls) -> bool:
+    """Whether ``cls`` takes its constructor unchanged from outside the project (``torch.nn.Module``'s, which
+    refuses arguments): nothing of the project's to document."""
+    for base in cls.__mro__:
+        if "__init__" in vars(base) or "__new__" in vars(base):
+            return base.__module__.split(".")[0] not in PACKAGES
+    return True
+
+
 def _parameters(obj):
     """The parameter names a caller passes (``self``/``cls`` excluded), or None where there is no signature."""
+    if inspect.isclass(obj) and _inherited_constructor(obj):
+        return []
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
@@ -118,7 +130,7 @@ def problems(obj) -> list:
         out += [f"Attributes: {n!r} has no description" for n, d in documented if not d]
         return out
     params = _parameters(obj)
-    if params:
+    if params is not None:
         documented = _named(sections, "parameters")
         names = [n for n, _ in documented]
         out += [f"parameter {p!r} not under Args:" for p in params if p not in names]
@@ -206,6 +218,14 @@ def _f_none(x) -> None:
     print(x)
 
 
+class _Module(torch.nn.Module):
+    """A module with torch's constructor: no arguments of its own to document.
+
+    Args:
+        *args: none (a surplus entry).
+    """
+
+
 @dataclasses.dataclass
 class _Record:
     """A record.
@@ -224,6 +244,7 @@ def test_the_checker_names_each_defect():
     assert "Args: 'x' has no description" in problems(_f_empty_description)
     assert problems(_Record) == ["field 'b' not under Attributes:"]
     assert problems(lambda q: q) == ["no docstring"]
+    assert problems(_Module) == ["Args: names 'args', which is not a parameter"]
 
 
 def test_the_checker_passes_complete_docstrings():

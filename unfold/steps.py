@@ -66,10 +66,6 @@ class Step(torch.nn.Module):
 
     Subclasses set ``energy`` and implement :meth:`update` (and :meth:`guaranteed` where a theorem applies); the
     base takes no constructor arguments.
-
-    Args:
-        *args: none accepted (``torch.nn.Module``'s signature; any is a TypeError).
-        **kwargs: none accepted (any is a TypeError).
     """
 
     kind = "step"

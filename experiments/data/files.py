@@ -122,6 +122,61 @@ def record_columns(records) -> tuple:
     return tuple(seen)
 
 
+def _read_parquet(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
+    """``(records, columns)`` of a .parquet file, refusing a missing text or label column."""
+    unreadable = fix("data.dataset=PATH", why="a readable parquet file, or the data as .csv or .jsonl")
+    try:
+        names = read_schema(path).names
+    except DataError as e:
+        raise DataError(f"{e}{unreadable}") from None
+    missing = [c for c in (text_field, label_field) if c not in names]
+    if missing:
+        raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
+                        + column_fix(missing, names, text_field, label_field))
+    try:
+        cols = read_columns(path, [text_field, label_field])
+    except DataError as e:
+        raise DataError(f"{e}{unreadable}") from None
+    return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])], tuple(names)
+
+
+def _read_csv(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
+    """``(records, columns)`` of a .csv file (UTF-8, latin-1 as fallback), refusing a missing column."""
+    for encoding in ("utf-8-sig", "latin-1"):
+        try:
+            with open(path, encoding=encoding, newline="") as f:
+                reader = csv.DictReader(f)
+                columns = reader.fieldnames or []
+                missing = [c for c in (text_field, label_field) if c not in columns]
+                if missing:
+                    raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
+                                    + column_fix(missing, columns, text_field, label_field))
+                return list(reader), tuple(columns)
+        except UnicodeDecodeError:
+            continue                   # not UTF-8: read again as latin-1, which decodes any bytes
+        except (OSError, csv.Error) as e:
+            raise DataError(f"{path}: cannot read as CSV ({e})"
+                            + fix("data.dataset=PATH", why="a readable file")) from None
+    raise DataError(f"{path}: cannot decode as UTF-8 or latin-1")
+
+
+def _read_json(path: pathlib.Path) -> tuple[list, tuple]:
+    """``(records, columns)`` of a .json file: a list of objects (or one), or JSON lines if not one document."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError):
+        return _read_jsonl(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a list of objects, got {type(data).__name__}"
+                        + fix(f"data.dataset={path.with_suffix('.jsonl')}",
+                              why="one {\"text\": ..., \"label\": ...} object a line"))
+    return data, record_columns(data)
+
+
 def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
     """Records of a .csv (header row; UTF-8, latin-1 as fallback), .jsonl, .json or .parquet file.
 
@@ -131,51 +186,11 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tupl
     """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        unreadable = fix("data.dataset=PATH", why="a readable parquet file, or the data as .csv or .jsonl")
-        try:
-            names = read_schema(path).names
-        except DataError as e:
-            raise DataError(f"{e}{unreadable}") from None
-        missing = [c for c in (text_field, label_field) if c not in names]
-        if missing:
-            raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
-                            + column_fix(missing, names, text_field, label_field))
-        try:
-            cols = read_columns(path, [text_field, label_field])
-        except DataError as e:
-            raise DataError(f"{e}{unreadable}") from None
-        return [{text_field: t, label_field: lab} for t, lab in zip(cols[text_field], cols[label_field])], tuple(names)
+        return _read_parquet(path, text_field, label_field)
     if suffix == ".csv":
-        for encoding in ("utf-8-sig", "latin-1"):
-            try:
-                with open(path, encoding=encoding, newline="") as f:
-                    reader = csv.DictReader(f)
-                    columns = reader.fieldnames or []
-                    missing = [c for c in (text_field, label_field) if c not in columns]
-                    if missing:
-                        raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
-                                        + column_fix(missing, columns, text_field, label_field))
-                    return list(reader), tuple(columns)
-            except UnicodeDecodeError:
-                continue                   # not UTF-8: read again as latin-1, which decodes any bytes
-            except (OSError, csv.Error) as e:
-                raise DataError(f"{path}: cannot read as CSV ({e})"
-                                + fix("data.dataset=PATH", why="a readable file")) from None
-        raise DataError(f"{path}: cannot decode as UTF-8 or latin-1")
+        return _read_csv(path, text_field, label_field)
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError):
-            return _read_jsonl(path)
-        except OSError as e:
-            raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
-        if isinstance(data, dict):
-            data = [data]
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a list of objects, got {type(data).__name__}"
-                            + fix(f"data.dataset={path.with_suffix('.jsonl')}",
-                                  why="one {\"text\": ..., \"label\": ...} object a line"))
-        return data, record_columns(data)
+        return _read_json(path)
     data = _read_jsonl(path)
     return data, record_columns(data)
 

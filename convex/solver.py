@@ -505,43 +505,10 @@ def _steihaug(g, hvp, radius: float, forcing: float, max_products: int):
     return x, Hx, used, False
 
 
-def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entropy", method: str = "fista",
-          max_iter: int = 500, tol: float = 1e-7, Z0: Optional[Sequence[torch.Tensor]] = None,
-          check_every: int = 10, fixed_lipschitz: Optional[float] = None, warmup: int = WARMUP,
-          cg_iters: int = CG_ITERS) -> ConvexSolution:
-    """Minimise ``l(A(Z)) + beta sum_g ||Z_g||_*`` (module docstring); stops when the relative duality
-    gap is below ``tol`` (checked every ``check_every`` FISTA/pg steps, after every Newton round) or after
-    ``max_iter`` iterations (for ``newton``: units of work, see :attr:`ConvexSolution.iterations`).
-
-    ``method``: ``fista`` (monotone FISTA), ``pg`` (plain proximal gradient) or ``newton`` (``warmup``
-    FISTA steps, then proximal steps alternating with trust-region Newton-CG steps of at most ``cg_iters``
-    Hessian-vector products on the Burer-Monteiro factors; needs a loss with :meth:`Loss.hess`). The gap of
-    the first-order methods stalls in flat directions of ill-conditioned problems (once a step's decrease of
-    P is below float64's resolution of P, no candidate is seen to descend); the Newton steps of ``newton``
-    still descend measurably there and reach gaps of about 1e-9 to 1e-14 on the problems measured (it stops
-    where no step can be seen to descend any more, see :func:`_newton`). ``fixed_lipschitz``: a constant L, no backtracking (for
-    experiments and negative controls: an L below the true constant breaks the majorization, and the
-    trace shows it).
-
-    Args:
-        head: the convex head (:func:`convex.make_head`): the linear map A of the block variables Z.
-        data: the dict that ``head.prepare(X, mask)`` returns.
-        Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
-        beta: the nuclear-norm weight, > 0.
-        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
-        method: ``fista``, ``pg`` or ``newton`` (above).
-        max_iter: the iteration budget.
-        tol: the relative duality gap at which it stops (its certificate).
-        Z0: a starting point (default zeros).
-        check_every: how often the gap is computed, in first-order steps.
-        fixed_lipschitz: a constant step's L instead of backtracking (negative controls).
-        warmup: FISTA steps before Newton's.
-        cg_iters: Hessian-vector products per Newton-CG step.
-
-    Returns:
-        A :class:`ConvexSolution`: Z, whether the gap reached ``tol``, the certificate (the duality gap and its
-        parts), the ranks, and the loss and penalty traced per iteration.
-    """
+def _checked(head, data, Y, beta, loss, method, max_iter, tol, check_every, warmup, cg_iters, fixed_lipschitz):
+    """:func:`solve`'s arguments checked (the first refused in this order: method, beta, loss and targets, the
+    budgets, newton's need of a Hessian): ``(beta, loss, targets, max_iter, tol, check_every, warmup, cg_iters,
+    fixed_lipschitz)``."""
     if not isinstance(method, str) or method not in METHODS:
         raise ConfigError(f"unknown solver method {method!r}; valid: {list(METHODS)}")
     beta = check_number(beta, "beta", "positive", ConfigError)
@@ -556,8 +523,13 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
     if method == "newton" and type(loss).hess is Loss.hess:
         raise ConfigError(f"method 'newton' needs the Hessian of the loss ({type(loss).__name__}.hess); "
                           f"loss {loss.name!r} has none: use method 'fista' or 'pg'")
+    return beta, loss, Y, max_iter, tol, check_every, warmup, cg_iters, fixed_lipschitz
+
+
+def _start(head: Head, data: dict, Y, beta: float, loss: Loss, Z0, fixed_lipschitz) -> _Run:
+    """The run at ``Z0`` (default zeros) with its first step size: ``fixed_lipschitz``, else
+    ``curvature ||A||^2 / N`` from the power iteration (its 60 applications of A and A* counted)."""
     X = data["X"]
-    t0 = time.perf_counter()
     Z = ([z.clone() for z in _blocks(head, Z0, "Z0", X)] if Z0 is not None
          else [torch.zeros(r, q).to(X) for r, q in head.blocks()])
     run = _Run(head, data, Y, beta, loss, Z, fixed_lipschitz)
@@ -570,6 +542,12 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
             raise TokenError(f"head {head.name}: ||A||^2 overflows float64 (largest |feature| "
                              f"{float(X.abs().max()):.3g}): rescale the features")
         run.L = max(loss.curvature * norm2 / X.shape[0], 1e-12)
+    return run
+
+
+def _iterate(run: _Run, method: str, max_iter: int, tol: float, check_every: int, warmup: int, cg_iters: int):
+    """The steps of ``method`` on ``run`` until the certificate is within ``tol`` or ``max_iter`` is spent, and
+    the certificate of the final iterate: ``(converged, iterations, certificate, Newton steps kept)``."""
     kept = 0
     if method == "newton":
         first = min(warmup, max_iter)
@@ -582,13 +560,69 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
     if not converged:                      # the certificate of the final iterate (already made when converged)
         cert = run.certificate()
         converged = cert["duality_gap_rel"] <= tol
+    return converged, it, cert, kept
+
+
+def _solution(run: _Run, method: str, it: int, converged: bool, cert: Dict[str, float], kept: int,
+              t0: float) -> ConvexSolution:
+    """The :class:`ConvexSolution` of a finished run (trace, ``beta_max``, ranks, seconds since ``t0``)."""
     trace = {"loss": torch.tensor([run.losses], dtype=torch.float64),
              "penalty": torch.tensor([run.pens], dtype=torch.float64)}
-    bmax = beta_max(head, data, Y, loss)
-    return ConvexSolution(Z=run.Z, beta=float(beta), method=method, iterations=it, converged=converged,
+    bmax = beta_max(run.head, run.data, run.Y, run.loss)
+    return ConvexSolution(Z=run.Z, beta=float(run.beta), method=method, iterations=it, converged=converged,
                           certificate=cert, beta_max=bmax, ranks=rank(run.Z), seconds=time.perf_counter() - t0,
                           trace=trace, candidates=run.cands, lipschitz=run.lips, operator_calls=run.calls + 1,
                           newton_steps=kept)
+
+
+def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entropy", method: str = "fista",
+          max_iter: int = 500, tol: float = 1e-7, Z0: Optional[Sequence[torch.Tensor]] = None,
+          check_every: int = 10, fixed_lipschitz: Optional[float] = None, warmup: int = WARMUP,
+          cg_iters: int = CG_ITERS) -> ConvexSolution:
+    """Minimise the head's convex program ``l(A(Z)) + beta sum_g ||Z_g||_*`` (its equation: ``head.equation``,
+    e.g. eq. 13 for ``sa_linear``; module docstring); stops when the relative duality gap is below ``tol``
+    (checked every ``check_every`` FISTA/pg steps, after every Newton round) or after ``max_iter`` iterations
+    (for ``newton``: units of work, see :attr:`ConvexSolution.iterations`).
+
+    ``method``: ``fista`` (monotone FISTA), ``pg`` (plain proximal gradient) or ``newton`` (``warmup``
+    FISTA steps, then proximal steps alternating with trust-region Newton-CG steps of at most ``cg_iters``
+    Hessian-vector products on the Burer-Monteiro factors; needs a loss with :meth:`Loss.hess`). The gap of
+    the first-order methods stalls in flat directions of ill-conditioned problems (once a step's decrease of
+    P is below float64's resolution of P, no candidate is seen to descend); the Newton steps of ``newton``
+    still descend measurably there and reach gaps of about 1e-9 to 1e-14 on the problems measured (it stops
+    where no step can be seen to descend any more, see :func:`_newton`). ``fixed_lipschitz``: a constant L,
+    no backtracking (for experiments and negative controls: an L below the true constant breaks the
+    majorization, and the trace shows it).
+
+    Args:
+        head: the convex head (:func:`convex.make_head`): the linear map A of the block variables Z.
+        data: the dict that ``head.prepare(X, mask)`` returns.
+        Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
+        beta: the nuclear-norm weight, > 0.
+        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+        method: ``fista``, ``pg`` or ``newton`` (above).
+        max_iter: the iteration budget, >= 1.
+        tol: the relative duality gap at which it stops (its certificate), >= 0.
+        Z0: a starting point (default zeros): finite floating blocks of the shapes ``head.blocks()``.
+        check_every: how often the gap is computed, in first-order steps, >= 1.
+        fixed_lipschitz: a constant step's L instead of backtracking (negative controls), > 0.
+        warmup: FISTA steps before Newton's, >= 0.
+        cg_iters: Hessian-vector products per Newton-CG step, >= 1.
+
+    Returns:
+        A :class:`ConvexSolution`: Z, whether the gap reached ``tol``, the certificate (the duality gap and its
+        parts), the ranks, and the loss and penalty traced per iteration.
+
+    Raises:
+        ConfigError: an argument refused (named with its value), or ``newton`` with a loss without a Hessian.
+        TokenError: no examples, or features whose ``||A||^2`` or objective overflows float64.
+    """
+    beta, loss, Y, max_iter, tol, check_every, warmup, cg_iters, fixed_lipschitz = _checked(
+        head, data, Y, beta, loss, method, max_iter, tol, check_every, warmup, cg_iters, fixed_lipschitz)
+    t0 = time.perf_counter()
+    run = _start(head, data, Y, beta, loss, Z0, fixed_lipschitz)
+    converged, it, cert, kept = _iterate(run, method, max_iter, tol, check_every, warmup, cg_iters)
+    return _solution(run, method, it, converged, cert, kept, t0)
 
 
 def map_back(head: Head, Z: Sequence[torch.Tensor], rtol: float = 1e-9):

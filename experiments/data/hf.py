@@ -193,6 +193,55 @@ def _other(found: list, chosen: dict, key: str) -> str | None:
                 free[0] if free else None)
 
 
+def _nonempty(label: str, sources: dict, key: str, split: str, rows: list, dropped: int = 0) -> list:
+    """``rows``, or the refusal of the trainer split ``key`` (dataset split ``split``) having no row left."""
+    if not rows:
+        after = f" once its {dropped} row(s) labelled -1 (no label) are dropped" if dropped else ""
+        files = f" ({sources[key]})" if key in sources else ""
+        raise DataError(f"{label}: the {SPLIT_WORDS[key]} split is empty: split {split!r}{files} holds no "
+                        f"row{after}; every split needs examples (an empty one would report a made-up accuracy)"
+                        + fix(f"data.splits.{key}=NAME", why="another split of the dataset"))
+    return rows
+
+
+def _map_class_ids(label: str, raw: dict, class_names: list[str], label_field: str,
+                   sources: dict) -> tuple[dict[str, list], list[str]]:
+    """``(split lists, names)`` of ClassLabel ids in ``[0, K)``, rows labelled -1 dropped, other labels refused."""
+    mapped: dict[str, list] = {}
+    k = len(class_names)
+    for key, (split, texts, labels) in raw.items():
+        out = []
+        for i, (text, lab) in enumerate(zip(texts, labels)):
+            if isinstance(lab, bool) or not isinstance(lab, int) or not -1 <= lab < k:
+                raise DataError(f"{label}: split {split!r}, record {i} has label {show(lab)} ({label_field!r}), "
+                                f"expected an integer in [0, {k}) (ClassLabel {show(class_names)}) or -1 (no "
+                                "label)" + label_column_fix(label_field))
+            if lab >= 0:
+                out.append(("" if text is None else str(text), lab))
+        mapped[key] = _nonempty(label, sources, key, split, out, len(labels) - len(out))
+    return mapped, list(class_names)
+
+
+def _map_label_values(label: str, raw: dict, text_field: str, label_field: str,
+                      sources: dict) -> tuple[dict[str, list], list]:
+    """``(split lists, names)`` with rows checked like a file's records, labels mapped by :func:`label_table`."""
+    pairs = {key: _nonempty(label, sources, key, split, records_to_examples(
+                 ({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
+                 text_field, label_field, f"{label}: split {split!r}"))
+             for key, (split, texts, labels) in raw.items()}
+    spans = [(raw[key][0], len(p)) for key, p in pairs.items()]
+
+    def origin(i: int) -> str:             # the i-th label over the splits, in order
+        for split, n in spans:
+            if i < n:
+                return f"split {split!r} record {i}"
+            i -= n
+        return "?"
+
+    table, names = label_table((lab for p in pairs.values() for _, lab in p), label, label_field, origin)
+    return {key: [(t, table[lab]) for t, lab in p] for key, p in pairs.items()}, names
+
+
 def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
             label_field: str, sources: dict | None = None, columns=()) -> Splits:
     """A :class:`Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
@@ -202,47 +251,11 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
     refused). A split with no row left is a :class:`DataError` naming it and its files (``sources``: ``{trainer
     split: text}``). A missing val or test split is carved out of train (80/10/10, ``seed``). ``columns``: those
     found in the dataset (of its training split), recorded in the result."""
-    mapped: dict[str, list] = {}
     sources = sources or {}
-
-    def nonempty(key: str, split: str, rows: list, dropped: int = 0) -> list:
-        if not rows:
-            after = f" once its {dropped} row(s) labelled -1 (no label) are dropped" if dropped else ""
-            files = f" ({sources[key]})" if key in sources else ""
-            raise DataError(f"{label}: the {SPLIT_WORDS[key]} split is empty: split {split!r}{files} holds no "
-                            f"row{after}; every split needs examples (an empty one would report a made-up accuracy)"
-                            + fix(f"data.splits.{key}=NAME", why="another split of the dataset"))
-        return rows
-
     if class_names is not None:
-        k = len(class_names)
-        for key, (split, texts, labels) in raw.items():
-            out = []
-            for i, (text, lab) in enumerate(zip(texts, labels)):
-                if isinstance(lab, bool) or not isinstance(lab, int) or not -1 <= lab < k:
-                    raise DataError(f"{label}: split {split!r}, record {i} has label {show(lab)} ({label_field!r}), "
-                                    f"expected an integer in [0, {k}) (ClassLabel {show(class_names)}) or -1 (no "
-                                    "label)" + label_column_fix(label_field))
-                if lab >= 0:
-                    out.append(("" if text is None else str(text), lab))
-            mapped[key] = nonempty(key, split, out, len(labels) - len(out))
-        names = list(class_names)
+        mapped, names = _map_class_ids(label, raw, class_names, label_field, sources)
     else:
-        pairs = {key: nonempty(key, split, records_to_examples(
-                     ({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
-                     text_field, label_field, f"{label}: split {split!r}"))
-                 for key, (split, texts, labels) in raw.items()}
-        spans = [(raw[key][0], len(p)) for key, p in pairs.items()]
-
-        def origin(i: int) -> str:             # the i-th label over the splits, in order
-            for split, n in spans:
-                if i < n:
-                    return f"split {split!r} record {i}"
-                i -= n
-            return "?"
-
-        table, names = label_table((lab for p in pairs.values() for _, lab in p), label, label_field, origin)
-        mapped = {key: [(t, table[lab]) for t, lab in p] for key, p in pairs.items()}
+        mapped, names = _map_label_values(label, raw, text_field, label_field, sources)
     given = {key: f"split {raw[key][0]!r}" + (f" ({sources[key]})" if key in sources else "") for key in mapped}
     mapped, derived = complete_splits(mapped, seed, f"{label}: split {raw['train'][0]!r}")
     origins = {key: given[key] if key not in derived else

@@ -79,8 +79,24 @@ def _svt_factors(Z: torch.Tensor, tau: float):
 
 def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
     """Singular-value thresholding, the prox of ``tau ||.||_*``: ``U diag((sigma - tau)_+) V^T`` from the full
-    SVD ``Z = U diag(sigma) V^T`` (and, with ``with_norm``, the nuclear norm of the result, sum of the
-    thresholded singular values, at no extra cost)."""
+    SVD ``Z = U diag(sigma) V^T`` (the solver's proximal step on each block, module docstring; no equation of the
+    paper, which states the programs, not a solver).
+
+    With ``with_norm``, the nuclear norm of the result, the sum of the thresholded singular values, comes at no
+    extra cost.
+
+    Args:
+        Z: the matrix ``(r, q)``, floating.
+        tau: the threshold, a finite number >= 0 (0 returns Z up to rounding).
+        with_norm: also return the result's nuclear norm.
+
+    Returns:
+        The thresholded matrix, Z's shape, dtype and device; with ``with_norm``, the pair ``(matrix, nuclear
+        norm as a float)``.
+
+    Raises:
+        ConfigError: Z is not a 2-D tensor, or tau is not a finite number >= 0.
+    """
     if not isinstance(Z, torch.Tensor) or Z.ndim != 2:
         raise ConfigError(f"svt needs a matrix, got {tuple(getattr(Z, 'shape', ()))}")
     tau = check_number(tau, "svt threshold tau", "nonnegative", ConfigError)
@@ -94,7 +110,22 @@ def nuclear(Z: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
-    """Singular values above ``rtol`` times the largest over all blocks, per block."""
+    """The numerical rank of each block: its singular values above ``rtol`` times the largest over all blocks.
+
+    At the optimum this is the number of non-convex heads the solution needs per block: ``r = rank(Z*)`` heads
+    reach the optimum of the non-convex problem (eq. 12; the map of Appendix A.2 after eq. 52), and
+    :func:`map_back` keeps the singular pairs by the same rule.
+
+    Args:
+        Z: the blocks ``[Z_1, ..., Z_G]``, 2-D tensors.
+        rtol: the relative threshold, a finite number >= 0.
+
+    Returns:
+        One int per block (all 0 when every block is zero).
+
+    Raises:
+        ConfigError: rtol is not a finite number >= 0.
+    """
     rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
     svals = [torch.linalg.svdvals(z) for z in Z]
     top = max([float(s.max()) if s.numel() else 0.0 for s in svals] + [0.0])
@@ -143,7 +174,24 @@ def _finite(values: Dict[str, float], what: str) -> Dict[str, float]:
 
 
 def beta_max(head: Head, data: dict, Y: torch.Tensor, loss="cross_entropy") -> float:
-    """``max_g ||A_g*(grad l(0))||_2``: Z = 0 solves the problem iff beta >= beta_max."""
+    """``max_g ||A_g*(grad l(0))||_2``: Z = 0 solves the problem iff beta >= beta_max.
+
+    The dual constraint of the convex program (eq. 38, Lemma A.2; its nuclear-norm form eq. 46) is
+    ``max_g ||A_g*(V)||_2 <= beta``; Z = 0 is optimal iff the dual point ``V = grad l(0)`` satisfies it.
+
+    Args:
+        head: the convex head (:func:`convex.make_head`).
+        data: the dict that ``head.prepare(X, mask)`` returns.
+        Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
+        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+
+    Returns:
+        beta_max as a float (the largest singular value over the blocks, from a full SVD).
+
+    Raises:
+        ConfigError: the head, data, loss or targets are refused.
+        TokenError: no examples, or the value is not finite (the features overflow float64).
+    """
     loss, Y = _problem(head, data, Y, loss)
     R0 = torch.zeros_like(Y)
     return _finite({"beta_max": _dual_norm(head.adjoint(loss.grad(R0, Y), data))}, "beta_max")["beta_max"]
@@ -152,8 +200,31 @@ def beta_max(head: Head, data: dict, Y: torch.Tensor, loss="cross_entropy") -> f
 def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tensor], beta: float,
                 loss="cross_entropy") -> Dict[str, float]:
     """Primal value, dual value at the scaled gradient, duality gap (absolute and relative), the
-    optimality ratio ``max_g ||A_g*(grad l)||_2 / beta`` (<= 1 at the optimum). A certificate is never
-    made of non-finite values: a :class:`TokenError` says what overflowed."""
+    optimality ratio ``max_g ||A_g*(grad l)||_2 / beta`` (<= 1 at the optimum).
+
+    Fenchel duality (eq. 38, Lemma A.2): at the dual point ``V = t grad l(A(Z))``,
+    ``t = min(1, beta / max_g ||A_g*(grad l)||_2)`` (feasible: the dual constraint holds), the gap
+    ``P(Z) + l*(V) >= 0`` bounds ``P(Z) - P*`` (module docstring). A certificate is never made of non-finite
+    values: a :class:`TokenError` says what overflowed.
+
+    Args:
+        head: the convex head (:func:`convex.make_head`).
+        data: the dict that ``head.prepare(X, mask)`` returns.
+        Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
+        Z: the blocks, a list of finite floating tensors of the shapes ``head.blocks()`` (moved to the
+            features' dtype and device).
+        beta: the nuclear-norm weight, a finite number > 0.
+        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+
+    Returns:
+        A dict of floats: ``objective`` (P), ``loss``, ``penalty`` (``beta sum_g ||Z_g||_*``), ``dual``
+        (``-l*(V)``), ``duality_gap`` (``max(P - dual, 0)``), ``duality_gap_rel`` (the gap over ``|P|``) and
+        ``optimality_ratio``.
+
+    Raises:
+        ConfigError: the head, data, loss, targets, blocks or beta are refused.
+        TokenError: no examples, or a part of the certificate is not finite.
+    """
     loss, Y = _problem(head, data, Y, loss)
     beta = check_number(beta, "beta", "positive", ConfigError)
     return _certificate(head, data, Y, _blocks(head, Z, "Z", data["X"]), beta, loss)
@@ -196,30 +267,48 @@ def _blocks(head: Head, Z, what: str, like: Optional[torch.Tensor] = None) -> Li
 
 @dataclass
 class ConvexSolution:
+    """What :func:`solve` returns: the solution of the convex program ``min l(A(Z)) + beta sum_g ||Z_g||_*``
+    (the head's equation, e.g. eq. 13) with its certificate (eq. 38) and the traced objective.
+
+    Attributes:
+        Z: the solution's blocks ``[Z_1, ..., Z_G]`` (the last kept iterate), of the shapes ``head.blocks()`` and
+            the features' dtype and device.
+        beta: the nuclear-norm weight it was solved for.
+        method: ``fista``, ``pg`` or ``newton``.
+        iterations: steps of fista/pg; for newton the same unit of work: FISTA and proximal steps, Hessian-vector
+            products and Newton candidates, each one application of A and one of A* (what ``max_iter`` bounds).
+        converged: whether the relative duality gap reached ``tol``.
+        certificate: :func:`certificate` at Z (objective, dual, duality gap absolute and relative, optimality
+            ratio).
+        beta_max: :func:`beta_max` of the problem (Z = 0 iff beta >= beta_max).
+        ranks: :func:`rank` of each block (rtol 1e-9).
+        seconds: wall-clock seconds of the solve, from after the argument checks to the end.
+        trace: per-iteration float64 ``{"loss": (1, K+1), "penalty": (1, K+1)}`` of the kept iterates (one
+            column per FISTA / proximal step and per Newton step).
+        candidates: objective of every candidate (what plain FISTA would have kept; Newton candidates included).
+        lipschitz: the step's L (step size 1/L, after backtracking) at every candidate.
+        operator_calls: applications of A and of A* in all (certificates included).
+        newton_steps: Newton steps kept (method="newton").
+    """
+
     Z: List[torch.Tensor]
     beta: float
     method: str
-    #: steps of fista/pg; for newton the same unit of work: FISTA and proximal steps, Hessian-vector products
-    #: and Newton candidates, each one application of A and one of A* (what ``max_iter`` bounds)
     iterations: int
     converged: bool
     certificate: Dict[str, float]
     beta_max: float
     ranks: List[int]
     seconds: float
-    #: per-iteration float64 ``{"loss": (1, K+1), "penalty": (1, K+1)}`` of the kept iterates (one column per
-    #: FISTA / proximal step and per Newton step)
     trace: Dict[str, torch.Tensor] = field(default_factory=dict)
-    #: objective of every candidate (what plain FISTA would have kept; Newton candidates included)
     candidates: List[float] = field(default_factory=list)
     lipschitz: List[float] = field(default_factory=list)
-    #: applications of A and of A* in all (certificates included)
     operator_calls: int = 0
-    #: Newton steps kept (method="newton")
     newton_steps: int = 0
 
     @property
     def rank(self) -> int:
+        """The total rank, the sum of :attr:`ranks`: the number of non-convex heads :func:`map_back` gives."""
         return sum(self.ranks)
 
     def report(self) -> DescentReport:
@@ -227,6 +316,7 @@ class ConvexSolution:
         return report_from_values(self.trace, torch.float64, guaranteed=True)
 
     def objective_curve(self) -> torch.Tensor:
+        """The objective P of every kept iterate, ``(K+1,)`` float64 (loss + penalty of :attr:`trace`)."""
         return sum(self.trace.values())[0]
 
 
@@ -628,7 +718,24 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
 def map_back(head: Head, Z: Sequence[torch.Tensor], rtol: float = 1e-9):
     """The equivalent non-convex heads: per block, one head per singular pair above ``rtol`` (relative),
     split evenly, ``u = sqrt(sigma) U_k``, ``v = sqrt(sigma) V_k``, so that the weight decay
-    ``beta/2 (||W1||^2 + ||W2||^2)`` equals ``beta sigma``, the nuclear norm's share."""
+    ``beta/2 (||W1||^2 + ||W2||^2)`` equals ``beta sigma``, the nuclear norm's share.
+
+    This is the map from a solution of the convex program (eq. 13) to one of the non-convex problem (eq. 12)
+    in the proof of Theorem 3.1 (Appendix A.2, after eq. 52: ``W1_j = sqrt(sigma_j) vec^-1(u_j)``,
+    ``W2_j = sqrt(sigma_j) vec^-1(v_j)^T``); each head's :meth:`Head.unfactor` does the reshaping.
+
+    Args:
+        head: the convex head Z belongs to (:func:`convex.make_head`).
+        Z: the blocks, a list of finite floating tensors of the shapes ``head.blocks()``.
+        rtol: the relative threshold on the singular values (as :func:`rank`), a finite number >= 0.
+
+    Returns:
+        A list of ``(g, W1_j, W2_j)``: the block and the non-convex head's weights, in the shapes
+        :meth:`Head.unfactor` gives (what :meth:`Head.nonconvex` and :meth:`Head.lift` read).
+
+    Raises:
+        ConfigError: rtol, or the blocks, are refused.
+    """
     rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
     Z = _blocks(head, Z, "Z")
     heads = []

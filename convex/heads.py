@@ -65,8 +65,25 @@ def circ_features(X: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
 
 
 class Head:
-    """A convex head (module docstring). ``prepare(X, mask)`` turns data into what ``forward`` and
-    ``adjoint`` read; everything is linear in the blocks ``Z = [Z_1, ..., Z_G]``."""
+    """A convex head (module docstring): the linear map A of the convex program
+    ``min_Z l(A(Z)) + beta sum_g ||Z_g||_*`` equivalent to a non-convex head trained with weight decay (eq. 32,
+    Lemma A.1's general form; eq. 12 for self-attention). Each subclass's ``equation`` names its program (e.g.
+    ``"13"`` for ``sa_linear``). ``prepare(X, mask)`` turns data into what ``forward`` and ``adjoint`` read;
+    everything is linear in the blocks ``Z = [Z_1, ..., Z_G]``.
+
+    Subclasses are registered with :func:`register_head` and built by :func:`make_head`; their own options
+    (``gates``, ``groups``) are keyword arguments of their constructors.
+
+    Args:
+        d: the feature dimension, an int >= 1.
+        s: the token slots per example (the padded length), an int >= 1.
+        c: the number of classes (the pooled outputs), an int >= 1.
+        seed: the seed of the gated heads' fixed Gaussian gates, an int in [0, 2**63 - 1].
+        **options: a subclass's own options; the base class takes none.
+
+    Raises:
+        ConfigError: d, s, c or seed out of range, or an option the head does not take (named).
+    """
 
     name = "head"
     equation = ""
@@ -489,5 +506,26 @@ class MixerGated(MixerLinear):
 
 
 def make_head(name: str, d: int, s: int, c: int, **options) -> Head:
-    """A head by name (``HEADS``); options: ``gates`` (gated heads), ``groups`` (sa_block, bfno), ``seed``."""
+    """A head by name (``HEADS``); options: ``gates`` (gated heads), ``groups`` (sa_block, bfno), ``seed``.
+
+    Each head is the linear map A of one convex program of the paper, named by its ``equation`` (the module
+    docstring's table): mlp_linear eq. 6, mlp_gated 8, sa_linear 13, sa_block 14, sa_gated 123, mixer_linear 19,
+    mixer_gated 133, fno_linear 25, bfno 30.
+
+    Args:
+        name: a registered head's name (``sorted(HEADS)``).
+        d: the feature dimension, an int >= 1.
+        s: the token slots per example (the padded length), an int >= 1.
+        c: the number of classes, an int >= 1.
+        **options: ``gates``, the number of fixed gates (mlp_gated: default 4; sa_gated, mixer_gated: default
+            2); ``groups``, the feature groups (sa_block: dividing d; bfno: dividing d and c; default 2);
+            ``seed``, the gates' seed (default 0). A head refuses an option it does not take.
+
+    Returns:
+        The :class:`Head`, ready for ``prepare(X, mask)``.
+
+    Raises:
+        ConfigError: an unknown name (the valid ones listed), an option the head does not take, or a value out
+            of range.
+    """
     return HEADS.lookup(name)(d, s, c, **options)

@@ -127,6 +127,18 @@ class CrossEntropyLoss(Loss):
 
 
 def get_loss(name) -> Loss:
+    """The loss of the convex program ``l(A(Z))`` by name (``LOSSES``): the mean over examples of ``ell``, with
+    its conjugate for the duality gap (module docstring; the dual of eq. 38 reads ``l*``).
+
+    Args:
+        name: ``squared`` or ``cross_entropy`` (any name in ``LOSSES``), or a :class:`Loss`, returned as it is.
+
+    Returns:
+        A :class:`Loss`: a new instance of the registered class, or ``name`` itself when it is one.
+
+    Raises:
+        ConfigError: an unknown name (the valid ones listed).
+    """
     if isinstance(name, Loss):
         return name
     return LOSSES.lookup(name)()

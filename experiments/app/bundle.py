@@ -643,6 +643,17 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
     if not os.path.lexists(path):
         return None
     manifest = _read_json(path)
+    version = _check_manifest_keys(path, manifest)
+    if version == 2:
+        _check_card_fields(path, manifest)
+    _check_manifest_data(path, manifest)
+    _check_manifest_files(path, manifest, version)
+    return manifest
+
+
+def _check_manifest_keys(path: str, manifest: Any) -> int:
+    """Refuse a manifest that is not an object with its keys, this format, a version read here and its weights
+    file; returns the version."""
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{path} is not a model bundle manifest: it must hold a JSON object (a mapping of "
                               f"keys), got a JSON {_json_type(manifest)}")
@@ -664,14 +675,22 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
     if not isinstance(manifest["weights"], str) or manifest["weights"] not in weights:
         raise _key_error(path, "weights", manifest["weights"], f"must be one of {list(weights)} in a bundle of "
                                                                f"version {version}")
-    if version == 2:
-        metrics, command = manifest.get("metrics"), manifest.get("command")
-        if metrics is not None and not (isinstance(metrics, dict) and all(
-                isinstance(k, str) and _card_value(v) for k, v in metrics.items())):
-            raise _key_error(path, "metrics", metrics, "must be null or an object of numbers, booleans, strings or "
-                                                       "nulls (the model card's metrics)")
-        if command is not None and not isinstance(command, str):
-            raise _key_error(path, "command", command, "must be null or a string (the command that made the bundle)")
+    return version
+
+
+def _check_card_fields(path: str, manifest: Dict[str, Any]) -> None:
+    """Refuse a format-2 manifest whose ``metrics`` or ``command`` (what the model card says) is malformed."""
+    metrics, command = manifest.get("metrics"), manifest.get("command")
+    if metrics is not None and not (isinstance(metrics, dict) and all(
+            isinstance(k, str) and _card_value(v) for k, v in metrics.items())):
+        raise _key_error(path, "metrics", metrics, "must be null or an object of numbers, booleans, strings or "
+                                                   "nulls (the model card's metrics)")
+    if command is not None and not isinstance(command, str):
+        raise _key_error(path, "command", command, "must be null or a string (the command that made the bundle)")
+
+
+def _check_manifest_data(path: str, manifest: Dict[str, Any]) -> None:
+    """Refuse a manifest whose ``label_names``, ``dataset`` or ``data_fingerprint`` is malformed."""
     names = manifest["label_names"]
     if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
             or len(set(names)) != len(names):
@@ -684,6 +703,11 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
         except CheckpointError as exc:
             raise CheckpointError(str(exc).replace(f"{path}: data_fingerprint", f"{path}: key 'data_fingerprint'",
                                                    1)) from None
+
+
+def _check_manifest_files(path: str, manifest: Dict[str, Any], version: int) -> None:
+    """Refuse a manifest whose ``graph`` is malformed or whose ``sha256`` does not map exactly the bundle's files
+    to 64-digit hex digests."""
     graph = manifest.get("graph")
     if graph is not None and not (isinstance(graph, dict) and set(graph) == {"spec", "file"}
                                   and graph["file"] == GRAPH_FILE and is_graph_file(graph["spec"])):
@@ -696,7 +720,6 @@ def _read_manifest(folder: str) -> Optional[Dict[str, Any]]:
             isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()):
         raise CheckpointError(f"{path}: key 'sha256' is wrong: sha256 must map exactly {sorted(files)} to 64-digit "
                               f"hex digests, got {show(hashes)}")
-    return manifest
 
 
 def _json_type(x: Any) -> str:

@@ -856,9 +856,6 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     malformed or changed since the bundle was written, a non-finite weight, weights that do not fit the config)
     raises :class:`~energies.errors.CheckpointError` naming the file. ``legacy``: read a folder without
     ``bundle.json`` (a run from before bundles), under the module docstring's rule."""
-    from .config import load_config, with_defaults
-    from .build import build_model
-
     folder = os.fspath(folder)
     if not os.path.isdir(folder):
         raise CheckpointError(f"{folder!r}: no such model folder (a finished run folder or a saved bundle)")
@@ -866,6 +863,26 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     version = manifest["version"] if manifest is not None else 1
     config_name = CONFIG_JSON if version == 2 else CONFIG_YAML
     config_path = os.path.join(folder, config_name)
+    weights, config_bytes = _check_bundle_files(folder, manifest, version, config_path)
+    wpath = os.path.join(folder, weights)
+    state = _read_weights(wpath, manifest, version, weights)
+    if manifest is None:
+        _refuse_unbundled(folder, weights, state, legacy)
+    for name in (config_name, "vocab.json"):
+        if not os.path.lexists(os.path.join(folder, name)):
+            raise CheckpointError(f"{os.path.join(folder, name)}: missing")
+    cfg, build_cfg, graph_bytes, edges = _bundle_config(folder, manifest, version, config_path, config_bytes)
+    vocab = _read_vocab(os.path.join(folder, "vocab.json"))
+    sd = _checked_state(wpath, state, cfg, config_path)
+    label_names, fingerprint, dataset, metrics, command = _bundle_labels(folder, manifest, version, cfg)
+    model = _built_model(wpath, config_path, sd, cfg, build_cfg, len(vocab), label_names, edges)
+    model = model.to(map_location).eval()
+    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes, metrics, command)
+
+
+def _check_bundle_files(folder: str, manifest: Optional[Dict[str, Any]], version: int, config_path: str):
+    """``(weights file name, config.json's checked bytes or None)``: with a manifest, every file but the weights
+    (and graph.npy) checked against its sha256; without one, the format-1 weights file that is there."""
     config_bytes = None
     if manifest is not None:
         weights = manifest["weights"]
@@ -885,26 +902,38 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
         weights = next((w for w in WEIGHTS if os.path.lexists(os.path.join(folder, w))), None)
         if weights is None:
             raise CheckpointError(f"{folder}: no {BUNDLE} and no weights ({' or '.join(WEIGHTS)}): not a model bundle")
-    wpath = os.path.join(folder, weights)
+    return weights, config_bytes
+
+
+def _read_weights(wpath: str, manifest: Optional[Dict[str, Any]], version: int, weights: str) -> Any:
+    """The weights file's content (format 2: ``{"model": state dict}``), read from the very bytes (format 1: the
+    very file descriptor) whose sha256 was checked against the manifest's."""
     if version == 2:                  # hashed and parsed from one read: what was checked is what is read
-        state = {"model": _read_safetensors(_read_checked(wpath, manifest, weights), wpath)}
-    else:
-        with _open_regular(wpath) as fh:   # hashed and loaded from one descriptor: what was checked is what is read
-            if manifest is not None and _sha256_of(fh) != manifest["sha256"][weights]:
-                raise CheckpointError(f"{wpath} changed since {BUNDLE} was written (sha256 differs): the weights, "
-                                      "config and vocabulary would no longer belong together")
-            fh.seek(0)
-            state = safe_load(fh, map_location="cpu", name=wpath)
-    if manifest is None:
-        why = _legacy_problem(folder, weights, state)
-        if why or not legacy:
-            raise CheckpointError(f"{folder} has no {BUNDLE}, so nothing ties its weights to its config and vocabulary"
-                                  + (f"; and it is not a folder from before bundles: {why}" if why else
-                                     "; a run folder from before bundles is read with legacy=True "
-                                     "(unfold-predict --legacy), unverified"))
-    for name in (config_name, "vocab.json"):
-        if not os.path.lexists(os.path.join(folder, name)):
-            raise CheckpointError(f"{os.path.join(folder, name)}: missing")
+        return {"model": _read_safetensors(_read_checked(wpath, manifest, weights), wpath)}
+    with _open_regular(wpath) as fh:   # hashed and loaded from one descriptor: what was checked is what is read
+        if manifest is not None and _sha256_of(fh) != manifest["sha256"][weights]:
+            raise CheckpointError(f"{wpath} changed since {BUNDLE} was written (sha256 differs): the weights, "
+                                  "config and vocabulary would no longer belong together")
+        fh.seek(0)
+        return safe_load(fh, map_location="cpu", name=wpath)
+
+
+def _refuse_unbundled(folder: str, weights: str, state: Any, legacy: bool) -> None:
+    """Refuse a folder without bundle.json unless ``legacy`` and it holds nothing only a bundle writes."""
+    why = _legacy_problem(folder, weights, state)
+    if why or not legacy:
+        raise CheckpointError(f"{folder} has no {BUNDLE}, so nothing ties its weights to its config and vocabulary"
+                              + (f"; and it is not a folder from before bundles: {why}" if why else
+                                 "; a run folder from before bundles is read with legacy=True "
+                                 "(unfold-predict --legacy), unverified"))
+
+
+def _bundle_config(folder: str, manifest: Optional[Dict[str, Any]], version: int, config_path: str,
+                   config_bytes: Optional[bytes]):
+    """``(config, config to build on, graph bytes, edges)``: the validated config as written, and the one whose
+    ``model.graph`` is the pinned graph's path (the same where no edge-list graph is pinned)."""
+    from .config import load_config
+
     if version == 2:
         spec = _config_json_graph(config_bytes)
     else:
@@ -922,7 +951,14 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     if graph_path:
         build_cfg, cfg = cfg, copy.deepcopy(cfg)
         cfg["model"]["graph"] = spec          # the config as written; the model is built on the pinned copy
-    vocab = _read_vocab(os.path.join(folder, "vocab.json"))
+    return cfg, build_cfg, graph_bytes, edges
+
+
+def _checked_state(wpath: str, state: Any, cfg: Dict[str, Any], config_path: str) -> Dict[str, torch.Tensor]:
+    """The state dict of a weights file's content, refused unless tensors under names, all finite, and (its own
+    ``config``, where it stores one) trained under ``cfg``."""
+    from .config import with_defaults
+
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise CheckpointError(f"{wpath} holds no model state (a mapping under 'model')")
     _check_weights_fields(wpath, state)
@@ -940,6 +976,12 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
         if not isinstance(own, dict) or with_defaults(own) != cfg:
             raise CheckpointError(f"{wpath}: its own config (key 'config') is not {config_path}"
                                   "'s: the weights were trained under another config")
+    return sd
+
+
+def _bundle_labels(folder: str, manifest: Optional[Dict[str, Any]], version: int, cfg: Dict[str, Any]):
+    """``(label names, data fingerprint, dataset, card metrics, command)`` from the manifest; a legacy folder's
+    label names from its dataset, loaded again."""
     metrics = command = None
     if manifest is not None:
         label_names, fingerprint, dataset = list(manifest["label_names"]), manifest.get("data_fingerprint"), \
@@ -952,20 +994,28 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
         dc = cfg["data"]
         splits = load_configured(dc)
         label_names, fingerprint, dataset = list(splits.label_names), None, splits.name
+    return label_names, fingerprint, dataset, metrics, command
+
+
+def _built_model(wpath: str, config_path: str, sd: Dict[str, torch.Tensor], cfg: Dict[str, Any],
+                 build_cfg: Dict[str, Any], vocab_size: int, label_names: List[str], edges) -> SequenceClassifier:
+    """The model built from ``build_cfg`` on the pinned graph with ``sd`` loaded, refused where the head's classes
+    are not the label names or the weights do not fit the config."""
+    from .build import build_model
+
     head = sd.get("head.weight")
     if head is None or head.dim() != 2 or head.shape[0] != len(label_names):
         raise CheckpointError(f"{wpath}: the head has {None if head is None else tuple(head.shape)[:1]} classes, the "
                               f"bundle names {len(label_names)}")
     embed = sd.get("embedding.embed.weight")
     glove = torch.zeros(tuple(embed.shape)) if embed is not None and cfg["data"]["glove"] != "none" else None
-    model = pin(build_model(build_cfg, len(vocab), len(label_names), glove), edges)
+    model = pin(build_model(build_cfg, vocab_size, len(label_names), glove), edges)
     try:
         model.load_state_dict(sd)
     except RuntimeError as exc:
         raise CheckpointError(f"{wpath} does not fit {config_path} "
                               f"({' '.join(str(exc).split())[:300]})") from None
-    model = model.to(map_location).eval()
-    return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes, metrics, command)
+    return model
 
 
 def _run_metrics(folder: str) -> Optional[Dict[str, Any]]:

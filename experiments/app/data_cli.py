@@ -89,28 +89,8 @@ def _inspect_main(argv: list) -> int:
     return run_main(PROG, body, argv)
 
 
-def main(argv=None) -> int:
-    """``fetch``, ``export`` and ``inspect`` subcommands under :func:`unfold.cli.run_main` (bad input: one line,
-    exit 2)."""
-    rest = list(sys.argv[1:] if argv is None else argv)
-    i = 0
-    while i < len(rest) and rest[i].startswith("--import"):   # the main parser's only option before a command
-        i += 1 if "=" in rest[i] else 2
-    if i < len(rest) and rest[i] == "inspect":               # its own parser: overrides anywhere on the line
-        return _inspect_main(rest[:i] + rest[i + 1:])
-    p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
-    add_import_arg(p)
-    sub = p.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fetch", help="download the data files (default: all of them)")
-    add_import_arg(f, subcommand=True)
-    f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME", choices=list(SOURCES),
-                   help=f"one or more of {', '.join(SOURCES)} (default: all)")
-    f.add_argument("--data-dir", type=output_folder_arg, default=None,
-                   help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
-    f.add_argument("--force", action="store_true", help="download again even if present and valid")
-    f.add_argument("--quiet", action="store_true")
-    sub.add_parser("inspect", add_help=False, help="show what unfold-train would read from a dataset: "
-                                                   "inspect PATH [section.key=value ...] [--config C] [--json]")
+def _add_export_parser(sub) -> None:
+    """The ``export`` subcommand's parser and its options, added to the subparsers ``sub``."""
     e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
     add_import_arg(e, subcommand=True)
     e.add_argument("--dataset", required=True, type=_nonempty_arg, help=valid_names())
@@ -124,24 +104,62 @@ def main(argv=None) -> int:
                         "val=validation (repeatable; default: train; validation|val|dev; test)")
     e.add_argument("--option", type=_option_arg, action="append", metavar="KEY=INT",
                    help="generated datasets (listops): a generator option, e.g. max_len=512 (repeatable)")
-    args = p.parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser of ``fetch`` and ``export`` (``inspect`` is listed; :func:`_inspect_main` parses it)."""
+    p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
+    add_import_arg(p)
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download the data files (default: all of them)")
+    add_import_arg(f, subcommand=True)
+    f.add_argument("--dataset", nargs="+", action="extend", metavar="NAME", choices=list(SOURCES),
+                   help=f"one or more of {', '.join(SOURCES)} (default: all)")
+    f.add_argument("--data-dir", type=output_folder_arg, default=None,
+                   help=f"default ${DATA_DIR_ENV} or {DEFAULT_DATA_DIR}")
+    f.add_argument("--force", action="store_true", help="download again even if present and valid")
+    f.add_argument("--quiet", action="store_true")
+    sub.add_parser("inspect", add_help=False, help="show what unfold-train would read from a dataset: "
+                                                   "inspect PATH [section.key=value ...] [--config C] [--json]")
+    _add_export_parser(sub)
+    return p
+
+
+def _fetch(args) -> int:
+    """``fetch``: download the files asked for and print the report as one JSON line."""
+    report = fetch(args.dataset or list(SOURCES), data_dir=args.data_dir, quiet=args.quiet,
+                   force=args.force)
+    print(json_dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
+    return 0
+
+
+def _export(args) -> int:
+    """``export``: read the dataset as asked, write its splits (:func:`experiments.data.files.export`) and print
+    what was written as one JSON line."""
+    splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
+                          text_field=args.text_field, label_field=args.label_field,
+                          splits=_pair_map(args.split, "--split"), options=_pair_map(args.option, "--option"))
+    out = export(splits, args.out)
+    print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
+                      "label_names": splits.label_names, **splits.sizes()}))
+    return 0
+
+
+def main(argv=None) -> int:
+    """``fetch``, ``export`` and ``inspect`` subcommands under :func:`unfold.cli.run_main` (bad input: one line,
+    exit 2)."""
+    rest = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(rest) and rest[i].startswith("--import"):   # the main parser's only option before a command
+        i += 1 if "=" in rest[i] else 2
+    if i < len(rest) and rest[i] == "inspect":               # its own parser: overrides anywhere on the line
+        return _inspect_main(rest[:i] + rest[i + 1:])
+    args = _parser().parse_args(argv)
 
     def body() -> int:
-        if args.command == "fetch":
-            report = fetch(args.dataset or list(SOURCES), data_dir=args.data_dir, quiet=args.quiet,
-                           force=args.force)
-            print(json_dumps({"data_dir": str(data_dir(args.data_dir)), **report}, sort_keys=True))
-            return 0
-        splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
-                              text_field=args.text_field, label_field=args.label_field,
-                              splits=_pair_map(args.split, "--split"), options=_pair_map(args.option, "--option"))
-        out = export(splits, args.out)
-        print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
-                          "label_names": splits.label_names, **splits.sizes()}))
-        return 0
+        return _fetch(args) if args.command == "fetch" else _export(args)
 
     return run_main(PROG, body, argv)
-
 
 
 if __name__ == "__main__":

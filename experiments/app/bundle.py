@@ -1080,19 +1080,8 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
     from ..runfolder.runlock import Replacement, RunLock, folder_content, refuse_links
 
     folder = os.fspath(folder)
-    if not isinstance(trained, TrainedModel):
-        raise CheckpointError(f"save_model takes a TrainedModel (load_model's result), got {type(trained).__name__}")
-    state = {k: v.detach().cpu() for k, v in trained.model.state_dict().items()}
-    bad = nonfinite_tensor(state)
-    if bad:
-        raise CheckpointError(f"{folder}: not saved: model weight {bad[0]!r} is not finite ({bad[1]})")
-    names = folder_content(folder)
-    if names and not overwrite:
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        held = [n for n in names if n in (BUNDLE, SAFETENSORS, *WEIGHTS, "last.pt", "metrics.json")]
-        raise CheckpointError(f"{folder} holds {'a model already' if held else 'files that are not a bundle'} "
-                              f"({shown}); pass overwrite=True to replace it (the new bundle is written beside it "
-                              "and swapped in once it reads back; files a bundle does not write are kept)")
+    state = _state_to_save(trained, folder)
+    _refuse_occupied(folder, overwrite)
     with RunLock(folder):
         refuse_links(folder)
         replacement = Replacement(folder)
@@ -1101,20 +1090,9 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
         target = replacement.begin() if replacing else folder
         manifest = None
         try:
-            spec = trained.config["model"]["graph"]
-            graph = trained.graph_file
-            if is_graph_file(spec) and graph is None:   # a model built by hand: the file's graph now
-                graph = read_edges(spec, CheckpointError)[1]
+            graph = _graph_to_save(trained)
             manifest = os.path.join(target, BUNDLE)
-            write_bundle(target, state, trained.config, trained.vocab, trained.label_names,
-                         trained.data_fingerprint, trained.dataset, graph if is_graph_file(spec) else None,
-                         trained.metrics, trained.command)
-            back = load_model(target, map_location=trained.device)
-            sd, saved = back.model.state_dict(), trained.model.state_dict()
-            same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) for k in sd) \
-                and back.graph_file == (graph if is_graph_file(spec) else None)
-            if not same:
-                raise CheckpointError(f"{folder}: the bundle read back holds other weights than the model saved")
+            _write_read_back(trained, state, graph, target, folder)
             if replacing:
                 replacement.commit()    # the old folder is the old bundle, whole, until this swap
         except BaseException:
@@ -1126,6 +1104,54 @@ def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> s
         finally:
             replacement.release()
     return folder
+
+
+def _state_to_save(trained: TrainedModel, folder: str) -> Dict[str, torch.Tensor]:
+    """``trained``'s weights on the CPU, refused unless it is a :class:`TrainedModel` with finite weights."""
+    if not isinstance(trained, TrainedModel):
+        raise CheckpointError(f"save_model takes a TrainedModel (load_model's result), got {type(trained).__name__}")
+    state = {k: v.detach().cpu() for k, v in trained.model.state_dict().items()}
+    bad = nonfinite_tensor(state)
+    if bad:
+        raise CheckpointError(f"{folder}: not saved: model weight {bad[0]!r} is not finite ({bad[1]})")
+    return state
+
+
+def _refuse_occupied(folder: str, overwrite: bool) -> None:
+    """Refuse a folder that holds anything, unless ``overwrite``."""
+    from ..runfolder.runlock import folder_content
+
+    names = folder_content(folder)
+    if names and not overwrite:
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        held = [n for n in names if n in (BUNDLE, SAFETENSORS, *WEIGHTS, "last.pt", "metrics.json")]
+        raise CheckpointError(f"{folder} holds {'a model already' if held else 'files that are not a bundle'} "
+                              f"({shown}); pass overwrite=True to replace it (the new bundle is written beside it "
+                              "and swapped in once it reads back; files a bundle does not write are kept)")
+
+
+def _graph_to_save(trained: TrainedModel) -> Optional[bytes]:
+    """The bytes of ``trained``'s edge-list graph (a model built by hand: the file's graph now), None where
+    ``model.graph`` is not an edge-list file."""
+    spec = trained.config["model"]["graph"]
+    graph = trained.graph_file
+    if is_graph_file(spec) and graph is None:   # a model built by hand: the file's graph now
+        graph = read_edges(spec, CheckpointError)[1]
+    return graph if is_graph_file(spec) else None
+
+
+def _write_read_back(trained: TrainedModel, state: Dict[str, torch.Tensor], graph: Optional[bytes], target: str,
+                     folder: str) -> None:
+    """Write the bundle into ``target`` (:func:`write_bundle`) and refuse it unless it reads back with the same
+    weights bit for bit and the same graph."""
+    write_bundle(target, state, trained.config, trained.vocab, trained.label_names,
+                 trained.data_fingerprint, trained.dataset, graph, trained.metrics, trained.command)
+    back = load_model(target, map_location=trained.device)
+    sd, saved = back.model.state_dict(), trained.model.state_dict()
+    same = sd.keys() == saved.keys() and all(torch.equal(sd[k].cpu(), saved[k].cpu()) for k in sd) \
+        and back.graph_file == graph
+    if not same:
+        raise CheckpointError(f"{folder}: the bundle read back holds other weights than the model saved")
 
 
 #: texts every conversion is checked on (besides the vocabulary's first words): the predictions and energies of

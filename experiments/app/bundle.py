@@ -579,41 +579,47 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
                                       f"{type(chunk[bad[0]]).__name__}")
             if not chunk:
                 continue
-            kept: list = []
-            ids, mask, truncated = self._encode(chunk, tokens=kept)
-            probs = torch.softmax(self._logits(ids, mask, layers).double(), dim=-1).cpu()
-            res = checker(ids, mask, trace=True, layers=layers)
-            rep = report_from_values(res.energies, dtype, tol_factor=tol_factor, guaranteed=checker.encoder.guaranteed)
-            totals = rep.totals.cpu()
-            terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
-            inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
-            lengths = mask.sum(1).cpu()
-            unknown = ((ids == self.vocab.UNK) & mask).sum(1).cpu()
-            out: List[Prediction] = []
-            for i, text in enumerate(chunk):
-                k = int(probs[i].argmax())
-                n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
-                ok = n_inc == 0 and n_bad == 0
-                words = list(dict.fromkeys(w for w in kept[i] if w not in self.vocab))[:UNKNOWN_WORDS_SHOWN]
-                pred = Prediction(
-                    text=text, label=self.label_names[k], label_id=k,
-                    probabilities={name: float(p) for name, p in zip(self.label_names, probs[i])},
-                    energies=[float(v) for v in totals[i]],
-                    energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
-                    increases=n_inc, nonfinite=n_bad, descent=ok,
-                    verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-                    tokens=int(lengths[i]), truncated=bool(truncated[i]),
-                    unknown_tokens=int(unknown[i]), unknown_words=words)
+            out = self._predict_chunk(chunk, checker, dtype, tol_factor, layers)
+            for i, pred in enumerate(out):
                 if pred.prior_only:
                     prior += 1
                     if prior <= PRIOR_WARNINGS:
                         log.warning(_prior_warning(seen + i + 1, pred))
-                out.append(pred)
             seen += len(chunk)
             yield out
         if prior > PRIOR_WARNINGS:
             log.warning(f"{prior - PRIOR_WARNINGS} more text(s) of the {seen} had no token the model knows (their "
                         f"predictions are the model's prior; {prior} in all)")
+
+    def _predict_chunk(self, chunk: List[str], checker: SequenceClassifier, dtype: torch.dtype, tol_factor: float,
+                       layers: Optional[int]) -> List[Prediction]:
+        """The :class:`Prediction` of each text of one non-empty batch (``checker``: the energy copy, in ``dtype``)."""
+        kept: list = []
+        ids, mask, truncated = self._encode(chunk, tokens=kept)
+        probs = torch.softmax(self._logits(ids, mask, layers).double(), dim=-1).cpu()
+        res = checker(ids, mask, trace=True, layers=layers)
+        rep = report_from_values(res.energies, dtype, tol_factor=tol_factor, guaranteed=checker.encoder.guaranteed)
+        totals = rep.totals.cpu()
+        terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
+        inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
+        lengths = mask.sum(1).cpu()
+        unknown = ((ids == self.vocab.UNK) & mask).sum(1).cpu()
+        out: List[Prediction] = []
+        for i, text in enumerate(chunk):
+            k = int(probs[i].argmax())
+            n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
+            ok = n_inc == 0 and n_bad == 0
+            words = list(dict.fromkeys(w for w in kept[i] if w not in self.vocab))[:UNKNOWN_WORDS_SHOWN]
+            out.append(Prediction(
+                text=text, label=self.label_names[k], label_id=k,
+                probabilities={name: float(p) for name, p in zip(self.label_names, probs[i])},
+                energies=[float(v) for v in totals[i]],
+                energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
+                increases=n_inc, nonfinite=n_bad, descent=ok,
+                verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
+                tokens=int(lengths[i]), truncated=bool(truncated[i]),
+                unknown_tokens=int(unknown[i]), unknown_words=words))
+        return out
 
 
 def _prior_warning(number: int, pred: Prediction) -> str:

@@ -263,13 +263,21 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
     if dataset and not any(c in dataset for c in "/\\:") and not dataset.startswith("."):
         front["datasets"] = [dataset]
     front["metrics"] = ["accuracy"]
-    verdict = m.get("energy_verdict")
     lines = [f"# {config.get('name', 'model')}: an energy-based unfolded transformer ({mode})", "",
              f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))}) whose layers "
              "are steps that lower an energy (unfolded optimisation). Files: `model.safetensors` (weights), "
              "`config.json` (resolved config), `vocab.json`, `bundle.json` (format, label names, sha256 of every "
              "file)" + (", `graph.npy` (the token graph trained on)" if is_graph_file(config["model"]["graph"])
                          else "") + ".", "", "## Descent verdict", ""]
+    lines += _card_verdict(m, config)
+    lines += _card_tail(config, dataset, fingerprint, command)
+    return _front_matter(front) + "\n" + "\n".join(lines)
+
+
+def _card_verdict(m: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
+    """The card's lines from the descent verdict to the test metrics' table (``m``: the card's metrics)."""
+    lines: List[str] = []
+    verdict = m.get("energy_verdict")
     if verdict is None:
         lines.append("Not recorded (this bundle was not written at the end of a training run).")
     else:
@@ -290,17 +298,22 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
         lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {m[k]} |" for k in shown]
     else:
         lines.append("Not recorded.")
-    lines += ["", "## Data", "", f"Dataset: `{dataset}`" if dataset else "Dataset: not recorded", "",
-              "Data fingerprint (sha256 of the vocabulary, of each split and of the label names the model was "
-              "trained on, with their sizes: `experiments.runfolder.fingerprint`):",
-              "", "```json", json_dumps(fingerprint, indent=1, ensure_ascii=False), "```", "",
-              "## The command that made it", "", f"```\n{command}\n```" if command else "Not recorded.", "",
-              "## Use", "", "```python", "from experiments.app.bundle import TrainedModel", "",
-              'model = TrainedModel.from_pretrained("PATH_OR_HUB_ID")   # no pickle, no code: safetensors + JSON',
-              'for p in model.predict(["a text to classify"]):', "    print(p.label, p.probabilities, p.verdict)",
-              "```", "", "or `unfold-predict PATH --text \"...\"`.", "", "## Config", "", "```json",
-              json_dumps(config, indent=1, ensure_ascii=False), "```", ""]
-    return _front_matter(front) + "\n" + "\n".join(lines)
+    return lines
+
+
+def _card_tail(config: Dict[str, Any], dataset: Optional[str], fingerprint: Optional[Dict[str, Any]],
+               command: Optional[str]) -> List[str]:
+    """The card's lines from the data section to the end: data, command, use, config."""
+    return ["", "## Data", "", f"Dataset: `{dataset}`" if dataset else "Dataset: not recorded", "",
+            "Data fingerprint (sha256 of the vocabulary, of each split and of the label names the model was "
+            "trained on, with their sizes: `experiments.runfolder.fingerprint`):",
+            "", "```json", json_dumps(fingerprint, indent=1, ensure_ascii=False), "```", "",
+            "## The command that made it", "", f"```\n{command}\n```" if command else "Not recorded.", "",
+            "## Use", "", "```python", "from experiments.app.bundle import TrainedModel", "",
+            'model = TrainedModel.from_pretrained("PATH_OR_HUB_ID")   # no pickle, no code: safetensors + JSON',
+            'for p in model.predict(["a text to classify"]):', "    print(p.label, p.probabilities, p.verdict)",
+            "```", "", "or `unfold-predict PATH --text \"...\"`.", "", "## Config", "", "```json",
+            json_dumps(config, indent=1, ensure_ascii=False), "```", ""]
 
 
 def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, Any], vocab: Any,
@@ -591,9 +604,10 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
             log.warning(f"{prior - PRIOR_WARNINGS} more text(s) of the {seen} had no token the model knows (their "
                         f"predictions are the model's prior; {prior} in all)")
 
+    @torch.no_grad()
     def _predict_chunk(self, chunk: List[str], checker: SequenceClassifier, dtype: torch.dtype, tol_factor: float,
                        layers: Optional[int]) -> List[Prediction]:
-        """The :class:`Prediction` of each text of one non-empty batch (``checker``: the energy copy, in ``dtype``)."""
+        """The :class:`Prediction` of each text of one non-empty batch (``checker``: the energy copy, ``dtype``)."""
         kept: list = []
         ids, mask, truncated = self._encode(chunk, tokens=kept)
         probs = torch.softmax(self._logits(ids, mask, layers).double(), dim=-1).cpu()

@@ -371,6 +371,40 @@ def _stale(run_dir: str, exc: CheckpointError) -> Optional[RunFolderError]:
 
 
 def main(argv=None) -> int:
+    """``unfold-predict``: the module docstring's command; exit 0, or 2 with one ``error:`` line."""
+    args = _parser().parse_args(argv)
+
+    def body() -> int:
+        if args.plot is not None:
+            check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
+        check_batch_size(args.batch_size, "--batch-size")
+        feed = TextFeed(iter_texts(args.text, args.file), args.batch_size)
+        try:
+            first = feed.get()
+            if first is feed.END:
+                raise ConfigError(NO_TEXT)
+            plotted: Optional[List[str]] = None
+            if args.plot:                       # the figure needs every text: at most PLOT_MAX, held
+                plotted = _plot_texts(feed, first)
+            _check_run(args.run_dir)
+            trained = _load(args)
+            layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
+            if plotted is not None:
+                batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
+                                                for s in range(0, len(plotted), args.batch_size))
+                predictions = [q for b in trained.predict_batches(batches, layers=layers) for q in b]
+                plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
+                return _print([predictions], args.json)
+            return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json)
+        finally:
+            feed.close()
+
+    with _warnings_to_stderr():
+        return run_main(PROG, body, argv)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("run_dir", type=folder_arg, metavar="RUN_DIR", help="a finished run folder or a saved bundle")
@@ -396,51 +430,34 @@ def main(argv=None) -> int:
     p.add_argument("--legacy", action="store_true",
                    help="read a run folder from before bundles (no bundle.json): nothing ties its weights to its "
                         "config and vocabulary")
-    args = p.parse_args(argv)
+    return p
 
-    def body() -> int:
-        if args.plot is not None:
-            check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
-        check_batch_size(args.batch_size, "--batch-size")
-        feed = TextFeed(iter_texts(args.text, args.file), args.batch_size)
-        try:
-            first = feed.get()
-            if first is feed.END:
-                raise ConfigError(NO_TEXT)
-            plotted: Optional[List[str]] = None
-            if args.plot:                       # the figure needs every text: at most PLOT_MAX, held
-                plotted = [first]
-                while len(plotted) <= PLOT_MAX:
-                    item = feed.get()
-                    if item is feed.END:
-                        break
-                    plotted.append(item)
-                if len(plotted) > PLOT_MAX:
-                    raise ConfigError(f"--plot draws one panel per text and takes at most {PLOT_MAX} texts; this "
-                                      f"input has more: plot a selection (head -n {PLOT_MAX} FILE | unfold-predict RUN_DIR "
-                                      "--file - --plot OUT.png) and predict the rest without --plot")
-            _check_run(args.run_dir)
-            try:
-                trained = load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
-                                     legacy=args.legacy)
-            except CheckpointError as exc:
-                stale = _stale(args.run_dir, exc)
-                if stale is not None:
-                    raise stale from None
-                raise
-            layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
-            if plotted is not None:
-                batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
-                                                for s in range(0, len(plotted), args.batch_size))
-                predictions = [q for b in trained.predict_batches(batches, layers=layers) for q in b]
-                plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
-                return _print([predictions], args.json)
-            return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json)
-        finally:
-            feed.close()
 
-    with _warnings_to_stderr():
-        return run_main(PROG, body, argv)
+def _plot_texts(feed: TextFeed, first: str) -> List[str]:
+    """Every text of the input for ``--plot`` (held: the figure needs them all), refused past :data:`PLOT_MAX`."""
+    plotted = [first]
+    while len(plotted) <= PLOT_MAX:
+        item = feed.get()
+        if item is feed.END:
+            break
+        plotted.append(item)
+    if len(plotted) > PLOT_MAX:
+        raise ConfigError(f"--plot draws one panel per text and takes at most {PLOT_MAX} texts; this "
+                          f"input has more: plot a selection (head -n {PLOT_MAX} FILE | unfold-predict RUN_DIR "
+                          "--file - --plot OUT.png) and predict the rest without --plot")
+    return plotted
+
+
+def _load(args: argparse.Namespace):
+    """The model of ``args.run_dir`` (:func:`load_model`); a run stopped before it finished named as such."""
+    try:
+        return load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
+                          legacy=args.legacy)
+    except CheckpointError as exc:
+        stale = _stale(args.run_dir, exc)
+        if stale is not None:
+            raise stale from None
+        raise
 
 
 def _print(batches: Iterable[List[Prediction]], as_json: bool) -> int:

@@ -240,11 +240,10 @@ def _tfidf_command(dataset: str, seed: int, imports: List[str], max_train: Optio
         f"--import={m}" for m in imports]
 
 
-def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, overrides: Sequence[str] = (),
-              seed_keys: Sequence[str] = SEED_KEYS, jobs: int = 1, tfidf: Optional[str] = None,
-              imports: Sequence[str] = (), say=print, max_train: Optional[int] = None) -> Dict[str, Any]:
-    """Run (or finish) the sweep in ``root`` and write its summary (module docstring); returns the summary."""
-    imports, overrides = list(imports), list(overrides)
+def _seed_configs(seeds: Sequence[int], config: Optional[str], overrides: List[str], seed_keys: Sequence[str],
+                  tfidf: Optional[str]) -> tuple:
+    """``(configs, name)``: each seed's config, validated before anything runs or is written (none for a TF-IDF
+    sweep), and the sweep's name."""
     configs = {}
     if tfidf is None:
         for seed in seeds:          # every seed's config validated before anything runs or is written
@@ -252,107 +251,145 @@ def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, ove
         name = configs[seeds[0]]["name"]
     else:
         name = f"tfidf-{tfidf}"
-    check_writable(root)
-    t0 = time.perf_counter()
-    runs: Dict[int, Dict[str, Any]] = {}
-    failed: List[int] = []
-    seconds: Dict[int, float] = {}
-    with RunLock(root):
+    return configs, name
+
+
+class _Seeds:
+    """The seeds of one sweep in ``root``: which are finished already, and the others run as processes of their
+    own, at most ``jobs`` at once; ``runs``, ``failed`` and ``seconds`` collect what they gave."""
+
+    def __init__(self, root: str, config: Optional[str], overrides: List[str], seed_keys: Sequence[str],
+                 configs: Dict[int, Any], tfidf: Optional[str], imports: List[str], say, max_train: Optional[int]):
+        self.root, self.config, self.overrides, self.seed_keys = root, config, overrides, seed_keys
+        self.configs, self.tfidf, self.imports, self.say, self.max_train = configs, tfidf, imports, say, max_train
+        self.runs: Dict[int, Dict[str, Any]] = {}
+        self.failed: List[int] = []
+        self.seconds: Dict[int, float] = {}
+        self.procs: Dict[int, Any] = {}
+
+    def pending(self, seeds: Sequence[int]) -> List[int]:
+        """The seeds still to run: a finished one (same config) is kept, one holding another config failed."""
         pending = []
         for seed in seeds:
-            folder = seed_dir(root, seed)
+            folder = seed_dir(self.root, seed)
             done = _read_metrics(os.path.join(folder, "metrics.json"))   # malformed: refused, nothing run
-            if tfidf is None:
-                same = _holds_config(folder, configs[seed])
+            if self.tfidf is None:
+                same = _holds_config(folder, self.configs[seed])
                 done = done if same else None
             else:
                 same = None
-                done = done if done and done.get("seed") == seed and done.get("dataset_spec") == tfidf and \
-                    done.get("max_train_examples") == max_train else None
+                done = done if done and done.get("seed") == seed and done.get("dataset_spec") == self.tfidf and \
+                    done.get("max_train_examples") == self.max_train else None
             if done is not None:
-                say(f"seed {seed}: finished already ({folder})")
-                runs[seed] = done
+                self.say(f"seed {seed}: finished already ({folder})")
+                self.runs[seed] = done
             elif same is False:
-                failed.append(seed)         # never resumed, overwritten or counted under another config
-                say(f"seed {seed}: FAILED: {folder} holds a run of another config (move it away, or use another "
-                    "--run-dir)")
+                self.failed.append(seed)         # never resumed, overwritten or counted under another config
+                self.say(f"seed {seed}: FAILED: {folder} holds a run of another config (move it away, or use another "
+                         "--run-dir)")
             else:
                 pending.append(seed)
-        procs: Dict[int, Any] = {}
+        return pending
 
-        def start(seed: int) -> None:
-            folder = seed_dir(root, seed)
-            os.makedirs(folder, exist_ok=True)
-            log = open_append(os.path.join(folder, "sweep.log"), binary=True)   # never through a link
-            if tfidf is None:
-                cmd = _train_command(config, overrides + [f"{k}={seed}" for k in seed_keys], folder, imports,
-                                     own=_holds_config(folder, configs[seed]) is True)
-                out = log
-            else:
-                cmd = _tfidf_command(tfidf, seed, imports, max_train)
-                out = subprocess.PIPE
-            say(f"seed {seed}: {' '.join(cmd[1:])}")
-            procs[seed] = (subprocess.Popen(cmd, stdout=out, stderr=log), log, time.perf_counter())
+    def start(self, seed: int) -> None:
+        """Start the seed's process (training, or the TF-IDF baseline), its stderr to its ``sweep.log``."""
+        folder = seed_dir(self.root, seed)
+        os.makedirs(folder, exist_ok=True)
+        log = open_append(os.path.join(folder, "sweep.log"), binary=True)   # never through a link
+        if self.tfidf is None:
+            cmd = _train_command(self.config, self.overrides + [f"{k}={seed}" for k in self.seed_keys], folder,
+                                 self.imports, own=_holds_config(folder, self.configs[seed]) is True)
+            out = log
+        else:
+            cmd = _tfidf_command(self.tfidf, seed, self.imports, self.max_train)
+            out = subprocess.PIPE
+        self.say(f"seed {seed}: {' '.join(cmd[1:])}")
+        self.procs[seed] = (subprocess.Popen(cmd, stdout=out, stderr=log), log, time.perf_counter())
 
-        def finish(seed: int) -> None:
-            proc, log, started = procs.pop(seed)
-            stdout = proc.communicate()[0]
-            log.close()
-            seconds[seed] = time.perf_counter() - started
-            folder = seed_dir(root, seed)
-            why = None
-            if proc.returncode == 0 and tfidf is not None:
-                try:
-                    result = json.loads((stdout.decode(errors="replace").strip().splitlines() or [""])[-1])
-                    result.update(dataset_spec=tfidf, train_seconds=result["seconds"], max_train_examples=max_train)
-                except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
-                    why = "its output ends in no JSON result line"
-                else:
-                    with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
-                        fh.write(json_dumps(result, indent=1) + "\n")
-            metrics = None
-            if proc.returncode == 0 and why is None:
-                metrics, why = _load_json(os.path.join(folder, "metrics.json"))
-                why = why or metrics_problem(metrics)
-                metrics = None if why else metrics
-            if metrics is None:
-                failed.append(seed)
-                detail = f": metrics.json {why}" if why else ""
-                say(f"seed {seed}: FAILED (exit {proc.returncode}{detail}; log {os.path.join(folder, 'sweep.log')})")
-            else:
-                runs[seed] = metrics
-                say(f"seed {seed}: test_accuracy {metrics.get('test_accuracy')} ({seconds[seed]:.0f} s)")
-
+    def _tfidf_metrics(self, folder: str, stdout: bytes) -> Optional[str]:
+        """Write the TF-IDF run's ``metrics.json`` from the JSON line ending its ``stdout``; why not, or ``None``."""
         try:
-            while pending or procs:
-                while pending and len(procs) < jobs:
-                    start(pending.pop(0))
-                for seed in list(procs):
-                    if procs[seed][0].poll() is not None:
-                        finish(seed)
+            result = json.loads((stdout.decode(errors="replace").strip().splitlines() or [""])[-1])
+            result.update(dataset_spec=self.tfidf, train_seconds=result["seconds"], max_train_examples=self.max_train)
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            return "its output ends in no JSON result line"
+        with atomic_open(os.path.join(folder, "metrics.json"), "w") as fh:
+            fh.write(json_dumps(result, indent=1) + "\n")
+        return None
+
+    def finish(self, seed: int) -> None:
+        """Collect the seed's ended process: its checked metrics in ``runs``, or the seed in ``failed``."""
+        proc, log, started = self.procs.pop(seed)
+        stdout = proc.communicate()[0]
+        log.close()
+        self.seconds[seed] = time.perf_counter() - started
+        folder = seed_dir(self.root, seed)
+        why = None
+        if proc.returncode == 0 and self.tfidf is not None:
+            why = self._tfidf_metrics(folder, stdout)
+        metrics = None
+        if proc.returncode == 0 and why is None:
+            metrics, why = _load_json(os.path.join(folder, "metrics.json"))
+            why = why or metrics_problem(metrics)
+            metrics = None if why else metrics
+        if metrics is None:
+            self.failed.append(seed)
+            detail = f": metrics.json {why}" if why else ""
+            self.say(f"seed {seed}: FAILED (exit {proc.returncode}{detail}; log {os.path.join(folder, 'sweep.log')})")
+        else:
+            self.runs[seed] = metrics
+            self.say(f"seed {seed}: test_accuracy {metrics.get('test_accuracy')} ({self.seconds[seed]:.0f} s)")
+
+    def run(self, pending: List[int], jobs: int) -> None:
+        """Run the ``pending`` seeds, ``jobs`` at once, until all have ended; interrupted, each is let stop."""
+        try:
+            while pending or self.procs:
+                while pending and len(self.procs) < jobs:
+                    self.start(pending.pop(0))
+                for seed in list(self.procs):
+                    if self.procs[seed][0].poll() is not None:
+                        self.finish(seed)
                 time.sleep(0.2)
         finally:
-            for proc, log, _ in procs.values():   # interrupted: each seed got the Ctrl-C too; let it stop cleanly
+            for proc, log, _ in self.procs.values():   # interrupted: each seed got the Ctrl-C too; let it stop cleanly
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.terminate()
                     proc.wait()
                 log.close()
-        ordered = {seed: runs[seed] for seed in seeds if seed in runs}
+
+
+def _write_unless_worse(root: str, summary: Dict[str, Any], say) -> None:
+    """Write ``summary`` unless the one already written holds finished seeds it lacks (then ``kept`` says so)."""
+    lost = lost_results(_load_json(os.path.join(root, SUMMARY_JSON))[0], summary)
+    if lost:                 # kept as it is: this run finished less than the one it would replace
+        summary["kept"] = (f"{os.path.join(root, SUMMARY_JSON)} kept as it was: it holds finished seeds "
+                           f"{', '.join(lost)}, which this run did not finish")
+        say(summary["kept"])
+    else:
+        write_summary(root, summary)
+
+
+def run_sweep(root: str, seeds: Sequence[int], config: Optional[str] = None, overrides: Sequence[str] = (),
+              seed_keys: Sequence[str] = SEED_KEYS, jobs: int = 1, tfidf: Optional[str] = None,
+              imports: Sequence[str] = (), say=print, max_train: Optional[int] = None) -> Dict[str, Any]:
+    """Run (or finish) the sweep in ``root`` and write its summary (module docstring); returns the summary."""
+    imports, overrides = list(imports), list(overrides)
+    configs, name = _seed_configs(seeds, config, overrides, seed_keys, tfidf)
+    check_writable(root)
+    t0 = time.perf_counter()
+    work = _Seeds(root, config, overrides, seed_keys, configs, tfidf, imports, say, max_train)
+    with RunLock(root):
+        work.run(work.pending(seeds), jobs)
+        ordered = {seed: work.runs[seed] for seed in seeds if seed in work.runs}
         summary = {"name": name, "config": config, "overrides": overrides, "tfidf": tfidf,
                    "seeds": list(seeds), "seed_keys": list(seed_keys) if tfidf is None else ["data.seed"],
-                   "runs": {str(s): m for s, m in ordered.items()}, "failed": sorted(failed),
-                   "seconds_per_seed": {str(s): v for s, v in sorted(seconds.items())},
+                   "runs": {str(s): m for s, m in ordered.items()}, "failed": sorted(work.failed),
+                   "seconds_per_seed": {str(s): v for s, v in sorted(work.seconds.items())},
                    "wall_seconds": time.perf_counter() - t0,
                    "metrics": summarize(ordered) if ordered else {}, "note": _same_split_note(root, ordered, seed_keys)}
-        lost = lost_results(_load_json(os.path.join(root, SUMMARY_JSON))[0], summary)
-        if lost:                 # kept as it is: this run finished less than the one it would replace
-            summary["kept"] = (f"{os.path.join(root, SUMMARY_JSON)} kept as it was: it holds finished seeds "
-                               f"{', '.join(lost)}, which this run did not finish")
-            say(summary["kept"])
-        else:
-            write_summary(root, summary)
+        _write_unless_worse(root, summary, say)
     return summary
 
 

@@ -253,7 +253,8 @@ def main(argv=None) -> int:
     return run_main(PROG, lambda: _main(argv), argv)
 
 
-def _main(argv) -> int:
+def _parse_args(argv) -> argparse.Namespace:
+    """The command line, with the defaults that depend on ``--quick`` filled in and unknown heads refused."""
     args = build_parser().parse_args(argv)
     q = args.quick
     args.dim = args.dim or (6 if q else 12)
@@ -265,10 +266,11 @@ def _main(argv) -> int:
     unknown = [h for h in args.heads if h not in HEADS]
     if unknown:
         raise ConfigError(f"unknown head(s) {unknown}; valid: {sorted(HEADS)}")
-    check_out(args.out)
-    cfg = load_config(args.config, [f"data.max_len={args.tokens}", *args.set])
-    if cfg["data"]["glove"] == "none" and "glove" in args.features:
-        raise ConfigError("glove features need data.glove != none")
+    return args
+
+
+def _load_trained_if_asked(args):
+    """``(model, vocab)`` for ``model`` features when ``--checkpoint`` exists, else None (with a note if asked)."""
     trained = None           # the model is loaded (and checked) before any data is read
     if "model" in args.features:
         if os.path.isfile(args.checkpoint) or os.path.isdir(args.checkpoint):
@@ -276,8 +278,11 @@ def _main(argv) -> int:
         else:
             print(f"model features skipped: {args.checkpoint} does not exist (train one with "
                   "unfold-train --config experiments/configs/default.yaml)", file=sys.stderr)
-    splits, vocab, tensors, glove = build_data(cfg)
-    n_test = 300 if q else None
+    return trained
+
+
+def _fit_features(args, splits, tensors, glove, trained, n_test) -> Dict[str, dict]:
+    """``{"FEATURES/HEAD": row}``: every head fitted on each kind of features asked for."""
     train = _subset(tensors["train"], args.train_examples, args.seed, args.tokens)
     test = _subset(tensors["test"], n_test, args.seed, args.tokens)
     rows: Dict[str, dict] = {}
@@ -297,6 +302,11 @@ def _main(argv) -> int:
         Xtr = token_features(kind, tr[0], tr[1], glove, model)
         Xte = token_features(kind, te[0], te[1], glove, model)
         rows.update(fit_all(kind, tr, te, Xtr, Xte, args.heads, args))
+    return rows
+
+
+def _write_results(rows: Dict[str, dict], args) -> None:
+    """Write ``table.md``, ``results.json`` and ``objective.png`` to ``--out``; print the table (and the JSON line)."""
     os.makedirs(args.out, exist_ok=True)
     table = markdown(rows, args)
     atomic_write_text(table, os.path.join(args.out, "table.md"))
@@ -309,6 +319,20 @@ def _main(argv) -> int:
                 "iterations", "operator_calls", "seconds", "nonconvex_params")
         print(json_dumps({k: {f: (None if isinstance(r[f], float) and not math.isfinite(r[f]) else r[f]) for f in keep}
                           for k, r in rows.items()}))
+
+
+def _main(argv) -> int:
+    """The experiment (module docstring): options checked, the model loaded, then data, fits and the outputs."""
+    args = _parse_args(argv)
+    check_out(args.out)
+    cfg = load_config(args.config, [f"data.max_len={args.tokens}", *args.set])
+    if cfg["data"]["glove"] == "none" and "glove" in args.features:
+        raise ConfigError("glove features need data.glove != none")
+    trained = _load_trained_if_asked(args)
+    splits, vocab, tensors, glove = build_data(cfg)
+    n_test = 300 if args.quick else None
+    rows = _fit_features(args, splits, tensors, glove, trained, n_test)
+    _write_results(rows, args)
     return 0
 
 

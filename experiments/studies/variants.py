@@ -474,7 +474,8 @@ def read_table(root: str) -> Dict[str, Any]:
     return read_checked(root, VARIANTS_JSON, "the variants", check_summary)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser (module docstring)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("--config", default=None, help="a config file or a shipped config's name (e.g. default)")
@@ -488,47 +489,59 @@ def main(argv=None) -> int:
     p.add_argument("--table", metavar="DIR", help="reprint the table of a finished variants folder")
     p.add_argument("--json", action="store_true", help="print the JSON summary instead of the table")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for every variant and seed")
-    args = p.parse_args(argv)
+    return p
 
-    def body() -> int:
-        if args.table is not None:
-            summary = read_table(args.table)
-            print(json_dumps(summary, indent=1) if args.json else markdown(summary), end="\n" if args.json else "")
-            return 0
-        jobs = count_arg("--jobs", args.jobs, "seeds run at once")
-        if args.config is None and not args.quick:
-            raise ConfigError("--config NAME|FILE is required (or --quick, or --table DIR)")
-        config = args.config if args.config is not None else "tiny"
-        specs = parse_graphs(args.graphs if args.graphs is not None else QUICK_GRAPHS if args.quick else DEFAULT_GRAPHS)
-        seeds_n = seeds_arg(args.seeds) if args.seeds is not None else 1 if args.quick else 3
-        for o in args.overrides:
-            key = o.split("=", 1)[0].strip()
-            if key == "model.graph" or key in SEED_KEYS:
-                raise ConfigError(f"override {o!r} sets {key}, which the variants set themselves (--graphs, --seeds)")
-        if args.run_dir is not None and not args.run_dir.strip():
-            raise ConfigError("--run-dir must name a folder, got an empty path")
-        overrides, toy, root = list(args.overrides), None, args.run_dir
-        if args.quick:
-            root = root if root is not None else os.path.join("runs", "variants-quick")
-            toy = os.path.join(root, "toy-data")
-            overrides = [*QUICK_OVERRIDES, f"data.dataset={toy}"] + overrides
-        base = check_variants(config, overrides, specs)         # nothing written before this
-        seeds = list(check_seeds(config, overrides, args.first_seed, seeds_n))
-        root = root if root is not None else os.path.join("runs", f"variants-{base['name']}")
-        if toy is not None:
-            check_writable(root)
-            write_toy_data(toy)
-        summary = run_variants(root, specs, seeds, config, overrides, jobs, args.plugins or [],
-                               say=lambda msg: print(msg, file=sys.stderr, flush=True))
-        if args.json:
-            print(json_dumps(summary, indent=1))
-        else:
-            print(markdown(summary), end="")
-            print(summary["kept"] if summary.get("kept") else
-                  f"wrote {os.path.join(root, VARIANTS_MD)}, {VARIANTS_JSON}, {ACCURACY_PNG}, {ENERGY_PNG}")
-        return 1 if summary.get("kept") or any(v["failed"] for v in summary["variants"]) else 0
 
-    return run_main(PROG, body, argv)
+def _options(args: argparse.Namespace):
+    """``(jobs, config, specs, seeds_n, overrides, toy, root)`` from the command line, checked; nothing written."""
+    jobs = count_arg("--jobs", args.jobs, "seeds run at once")
+    if args.config is None and not args.quick:
+        raise ConfigError("--config NAME|FILE is required (or --quick, or --table DIR)")
+    config = args.config if args.config is not None else "tiny"
+    specs = parse_graphs(args.graphs if args.graphs is not None else QUICK_GRAPHS if args.quick else DEFAULT_GRAPHS)
+    seeds_n = seeds_arg(args.seeds) if args.seeds is not None else 1 if args.quick else 3
+    for o in args.overrides:
+        key = o.split("=", 1)[0].strip()
+        if key == "model.graph" or key in SEED_KEYS:
+            raise ConfigError(f"override {o!r} sets {key}, which the variants set themselves (--graphs, --seeds)")
+    if args.run_dir is not None and not args.run_dir.strip():
+        raise ConfigError("--run-dir must name a folder, got an empty path")
+    overrides, toy, root = list(args.overrides), None, args.run_dir
+    if args.quick:
+        root = root if root is not None else os.path.join("runs", "variants-quick")
+        toy = os.path.join(root, "toy-data")
+        overrides = [*QUICK_OVERRIDES, f"data.dataset={toy}"] + overrides
+    return jobs, config, specs, seeds_n, overrides, toy, root
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command (module docstring): reprint a table, or check every variant, then train and report them."""
+    if args.table is not None:
+        summary = read_table(args.table)
+        print(json_dumps(summary, indent=1) if args.json else markdown(summary), end="\n" if args.json else "")
+        return 0
+    jobs, config, specs, seeds_n, overrides, toy, root = _options(args)
+    base = check_variants(config, overrides, specs)         # nothing written before this
+    seeds = list(check_seeds(config, overrides, args.first_seed, seeds_n))
+    root = root if root is not None else os.path.join("runs", f"variants-{base['name']}")
+    if toy is not None:
+        check_writable(root)
+        write_toy_data(toy)
+    summary = run_variants(root, specs, seeds, config, overrides, jobs, args.plugins or [],
+                           say=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.json:
+        print(json_dumps(summary, indent=1))
+    else:
+        print(markdown(summary), end="")
+        print(summary["kept"] if summary.get("kept") else
+              f"wrote {os.path.join(root, VARIANTS_MD)}, {VARIANTS_JSON}, {ACCURACY_PNG}, {ENERGY_PNG}")
+    return 1 if summary.get("kept") or any(v["failed"] for v in summary["variants"]) else 0
+
+
+def main(argv=None) -> int:
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    args = _parser().parse_args(argv)
+    return run_main(PROG, lambda: _run(args), argv)
 
 
 if __name__ == "__main__":

@@ -526,7 +526,8 @@ def table(roots: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The parser of ``unfold-sweep``."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("--config", default=None, help="a config file or a shipped config's name (e.g. default)")
@@ -542,40 +543,65 @@ def main(argv=None) -> int:
                    help="with --tfidf: its first N training examples only (as train.max_train_examples)")
     p.add_argument("--table", nargs="+", metavar="DIR", help="print the comparison table of finished sweeps")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides for every seed")
-    args = p.parse_args(argv)
+    return p
+
+
+def _seed_keys(args) -> List[str]:
+    """The keys of ``--seed-keys``; a :class:`ConfigError` for none, for an override of one of them, and for
+    options that do not go together (``--tfidf`` with a config, ``--max-train-examples`` without ``--tfidf``)."""
+    keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()]
+    if not keys:
+        raise ConfigError(f"--seed-keys {args.seed_keys!r} names no key")
+    clash = [o for o in args.overrides if o.split("=", 1)[0].strip() in keys]
+    if clash:
+        raise ConfigError(f"override(s) {clash} set a seed key; the sweep sets {', '.join(keys)} itself")
+    if args.tfidf and (args.config or args.overrides or args.seed_keys != ",".join(SEED_KEYS)):
+        raise ConfigError("--tfidf takes --dataset (its seed is the split seed), not --config, --seed-keys or "
+                          "overrides")
+    if args.max_train_examples is not None and not args.tfidf:
+        raise ConfigError("--max-train-examples goes with --tfidf; a training sweep takes "
+                          "train.max_train_examples=N")
+    return keys
+
+
+def _sweep_root(args) -> str:
+    """The sweep folder: ``--run-dir``, else ``runs/sweep-NAME`` (the config's name, ``tfidf-DATASET``)."""
+    if args.tfidf:
+        name = f"tfidf-{args.dataset}"
+    else:
+        name = load_config(args.config, args.overrides)["name"]
+    root = args.run_dir if args.run_dir is not None else os.path.join("runs", f"sweep-{name}")
+    if not root.strip():
+        raise ConfigError("--run-dir must name a folder, got an empty path")
+    return root
+
+
+def _sweep(args) -> int:
+    """Run the sweep ``args`` ask for and print where its summary went and its result as one JSON line; exit
+    status 1 when a seed failed."""
+    keys = _seed_keys(args)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    root = _sweep_root(args)
+    summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
+                        tfidf=args.dataset if args.tfidf else None, imports=args.plugins or [],
+                        say=lambda msg: print(msg, file=sys.stderr, flush=True), max_train=args.max_train_examples)
+    print(summary["kept"] if summary.get("kept") else f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
+    acc = summary["metrics"].get("test_accuracy")
+    print(json_dumps({"run_dir": root, "seeds": summary["seeds"], "failed": summary["failed"],
+                      "test_accuracy": acc, "wall_seconds": summary["wall_seconds"]}))
+    return 1 if summary["failed"] else 0
+
+
+def main(argv=None) -> int:
+    """``unfold-sweep``: a seed sweep, or ``--table`` of finished ones, under :func:`unfold.cli.run_main` (bad
+    input: one line, exit 2)."""
+    args = _parser().parse_args(argv)
 
     def body() -> int:
         if args.table:
             print(table(args.table), end="")
             return 0
-        keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()]
-        if not keys:
-            raise ConfigError(f"--seed-keys {args.seed_keys!r} names no key")
-        clash = [o for o in args.overrides if o.split("=", 1)[0].strip() in keys]
-        if clash:
-            raise ConfigError(f"override(s) {clash} set a seed key; the sweep sets {', '.join(keys)} itself")
-        if args.tfidf and (args.config or args.overrides or args.seed_keys != ",".join(SEED_KEYS)):
-            raise ConfigError("--tfidf takes --dataset (its seed is the split seed), not --config, --seed-keys or "
-                              "overrides")
-        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        if args.max_train_examples is not None and not args.tfidf:
-            raise ConfigError("--max-train-examples goes with --tfidf; a training sweep takes "
-                              "train.max_train_examples=N")
-        if args.tfidf:
-            name = f"tfidf-{args.dataset}"
-        else:
-            name = load_config(args.config, args.overrides)["name"]
-        root = args.run_dir if args.run_dir is not None else os.path.join("runs", f"sweep-{name}")
-        if not root.strip():
-            raise ConfigError("--run-dir must name a folder, got an empty path")
-        summary = run_sweep(root, seeds, args.config, args.overrides, keys, args.jobs,
-                            tfidf=args.dataset if args.tfidf else None, imports=args.plugins or [],
-                            say=lambda msg: print(msg, file=sys.stderr, flush=True), max_train=args.max_train_examples)
-        print(summary["kept"] if summary.get("kept") else f"wrote {os.path.join(root, SUMMARY_JSON)} and {SUMMARY_MD}")
-        acc = summary["metrics"].get("test_accuracy")
-        print(json_dumps({"run_dir": root, "seeds": summary["seeds"], "failed": summary["failed"],
-                          "test_accuracy": acc, "wall_seconds": summary["wall_seconds"]}))
-        return 1 if summary["failed"] else 0
+        return _sweep(args)
 
     return run_main(PROG, body, argv)
 

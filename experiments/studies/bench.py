@@ -216,24 +216,20 @@ def graph_breaks(fn, *args):
     return ex.graph_break_count, reasons
 
 
-@suite("compile")
-def compile_suite(quick: bool, device: torch.device) -> dict:
-    from experiments.app.config import load_config
-    from experiments.app.build import build_model
-    from torch_geometric.utils import erdos_renyi_graph
-    from unfold.pyg import UnfoldedAttentionConv
-
-    B, n = (4, 16) if quick else (32, 64)
-    cfg = load_config(None, ["model.d=16", "model.layers=2"] if quick else [])   # the default model
-    torch.manual_seed(0)
-    model = build_model(cfg, 5000, 2).to(device).train()
+def _padded_batch(B: int, n: int, device):
+    """``(ids, mask, labels)``: a batch of random tokens, padded as the data loader pads, and random labels."""
     ids, _ = _tokens(B, n, 5000, device)
     gen = torch.Generator().manual_seed(2)        # padded batches, as the data loader makes them
     mask = (torch.arange(n)[None] < torch.randint(n // 2, n + 1, (B,), generator=gen)[:, None]).to(device)
     ids = ids * mask
     labels = torch.randint(0, 2, (B,), generator=torch.Generator().manual_seed(1)).to(device)
-    off, off_why = graph_breaks(lambda i, m: model(i, m, trace=False).logits, ids, mask)
-    on, on_why = graph_breaks(lambda i, m: (lambda o: (o.logits, dict(o.energies)))(model(i, m, trace=True)), ids, mask)
+    return ids, mask, labels
+
+
+def _conv_breaks(quick: bool, device: torch.device):
+    """``(nodes, edge_index, count, reasons)``: graph breaks of the PyG conv on a random graph (cache filled)."""
+    from torch_geometric.utils import erdos_renyi_graph
+    from unfold.pyg import UnfoldedAttentionConv
 
     N, d = (60, 16) if quick else (2000, 64)
     torch.manual_seed(0)
@@ -242,21 +238,40 @@ def compile_suite(quick: bool, device: torch.device) -> dict:
     conv = UnfoldedAttentionConv(d, heads=2, head_channels=d // 2, relu=True, cached=True).to(device)
     conv(x.relu(), ei, x0)                       # fills the cache (the preprocessing reads indices on the host)
     conv_breaks, conv_why = graph_breaks(lambda h: conv(h, ei, x0, return_energy=True), x.relu())
+    return N, ei, conv_breaks, conv_why
 
-    def trainer(net):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-        def step():
-            loss = torch.nn.functional.cross_entropy(net(ids, mask, trace=False).logits, labels)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+def _train_step(model, net, ids, mask, labels):
+    """One AdamW training step of ``model``'s parameters through ``net`` (``model`` or its compiled form)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-        return step
+    def step():
+        loss = torch.nn.functional.cross_entropy(net(ids, mask, trace=False).logits, labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
 
+    return step
+
+
+@suite("compile")
+def compile_suite(quick: bool, device: torch.device) -> dict:
+    """Graph breaks of the model (trace off and on) and of the PyG conv, and compiled against eager training steps."""
+    from experiments.app.config import load_config
+    from experiments.app.build import build_model
+
+    B, n = (4, 16) if quick else (32, 64)
+    cfg = load_config(None, ["model.d=16", "model.layers=2"] if quick else [])   # the default model
+    torch.manual_seed(0)
+    model = build_model(cfg, 5000, 2).to(device).train()
+    ids, mask, labels = _padded_batch(B, n, device)
+    off, off_why = graph_breaks(lambda i, m: model(i, m, trace=False).logits, ids, mask)
+    on, on_why = graph_breaks(lambda i, m: (lambda o: (o.logits, dict(o.energies)))(model(i, m, trace=True)), ids, mask)
+    N, ei, conv_breaks, conv_why = _conv_breaks(quick, device)
     torch._dynamo.reset()
     compiled = torch.compile(model)
-    eager_step, compiled_step = trainer(model), trainer(compiled)
+    eager_step = _train_step(model, model, ids, mask, labels)
+    compiled_step = _train_step(model, compiled, ids, mask, labels)
     t0 = time.perf_counter()
     compiled_step()                              # compiles forward and backward
     compile_s = time.perf_counter() - t0

@@ -389,6 +389,30 @@ def attention_suite(quick: bool, device: torch.device) -> dict:
             "targets": {"ours_over_sdpa_time": "<= 1.5 (CPU)"}}
 
 
+def _loglog_slope(rs, key="seconds"):
+    """The log-log slope of ``key`` against n between the first and last rows (NaN where it cannot be taken)."""
+    if len(rs) < 2 or key not in rs[0] or min(rs[0][key], rs[-1][key]) <= 0:
+        return float("nan")
+    return math.log(rs[-1][key] / rs[0][key]) / math.log(rs[-1]["n"] / rs[0]["n"])
+
+
+def _plot_scaling(pick: dict, cases: tuple, d: int, B: int, path: str) -> None:
+    """Tokens per second and peak memory against n, log-log, one line per case, saved to ``path``."""
+    from unfold.plot import pyplot, save_figure
+
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 4.2))
+    names = {cases[0]: "guaranteed, complete (fused)", cases[1]: "guaranteed, window:4 (edges)",
+             cases[2]: "TransformerEncoderLayer"}
+    for key, ax, label in (("tokens_per_s", axes[0], "tokens / s (forward + backward)"), ("peak_mb", axes[1], "peak MB")):
+        for c, rs in pick.items():
+            pts = [(r["n"], r[key]) for r in rs if r.get(key, 0) > 0]
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=names[c])
+        ax.set(xlabel="tokens n", ylabel=label, title=f"one layer, d = {d}, B = {B}")
+        ax.legend()
+    save_figure(fig, path)
+
+
 @suite("scaling")
 def scaling_suite(quick: bool, device: torch.device) -> dict:
     """Tokens per second and peak memory of one layer (forward + backward) against n = 256 ... 65,536: the
@@ -410,31 +434,14 @@ def scaling_suite(quick: bool, device: torch.device) -> dict:
             rows.append(row)
     pick = {c: [r for r in rows if (r["layer"], r["graph"]) == c] for c in cases}
     comp, win, ref = (pick[c] for c in cases)
-
-    def slope(rs, key="seconds"):
-        if len(rs) < 2 or key not in rs[0] or min(rs[0][key], rs[-1][key]) <= 0:
-            return float("nan")
-        return math.log(rs[-1][key] / rs[0][key]) / math.log(rs[-1]["n"] / rs[0]["n"])
-
     os.makedirs("bench", exist_ok=True)
-    from unfold.plot import pyplot, save_figure
-
-    fig, axes = pyplot().subplots(1, 2, figsize=(10, 4.2))
-    names = {cases[0]: "guaranteed, complete (fused)", cases[1]: "guaranteed, window:4 (edges)",
-             cases[2]: "TransformerEncoderLayer"}
-    for key, ax, label in (("tokens_per_s", axes[0], "tokens / s (forward + backward)"), ("peak_mb", axes[1], "peak MB")):
-        for c, rs in pick.items():
-            pts = [(r["n"], r[key]) for r in rs if r.get(key, 0) > 0]
-            if pts:
-                ax.loglog(*zip(*pts), marker="o", label=names[c])
-        ax.set(xlabel="tokens n", ylabel=label, title=f"one layer, d = {d}, B = {B}")
-        ax.legend()
-    save_figure(fig, os.path.join("bench", "scaling.png"))
+    _plot_scaling(pick, cases, d, B, os.path.join("bench", "scaling.png"))
     last = {c: rs[-1]["tokens_per_s"] for c, rs in pick.items()}
     return {"figures": {"d": d, "B": B, "rows": rows, "plot": "bench/scaling.png", "memory": PEAK_NOTE},
-            "ratios": {"complete_time_loglog_slope": slope(comp), "window_time_loglog_slope": slope(win),
-                       "complete_memory_loglog_slope": slope(comp, "peak_mb"),
-                       "window_memory_loglog_slope": slope(win, "peak_mb"),
+            "ratios": {"complete_time_loglog_slope": _loglog_slope(comp),
+                       "window_time_loglog_slope": _loglog_slope(win),
+                       "complete_memory_loglog_slope": _loglog_slope(comp, "peak_mb"),
+                       "window_memory_loglog_slope": _loglog_slope(win, "peak_mb"),
                        "guaranteed_over_torch_tokens_per_s": last[cases[0]] / last[cases[2]],
                        "window_over_torch_tokens_per_s": last[cases[1]] / last[cases[2]]},
             "targets": {"complete_time_loglog_slope": "~2 (quadratic)", "window_time_loglog_slope": "~1 (linear in |E|)",

@@ -68,17 +68,16 @@ GRAPHS = ["complete", "window:3", "strided:4", "star"]
 
 
 def _explicit(Y, graph, rho, tau, metric=None):
-    """The explicit float64 form from the dense adjacency: ``(agg, deg, energy, S_agg)``."""
+    """The explicit float64 form from the dense adjacency (the kernel file's own :func:`TP.reference`):
+    ``(agg, deg, energy)`` and the tolerance rule's scales ``(S_agg, sensitivity)``."""
     Y = graph.zero_padded(Y.double())
     X = Y if metric is None else Y @ metric.double()
+    A = graph.pair_mask().to(Y.device)
+    agg, deg, energy = (t[:, 0] for t in TP.reference(X[:, None], A, rho, tau))
     diff = X[:, None, :, :] - X[:, :, None, :]                   # [b, u, v] = x_v - x_u
     z = (diff * diff).sum(-1) / (2 * tau)
-    A = graph.pair_mask().to(Y.device)
     zero = torch.zeros((), dtype=torch.float64, device=Y.device)
     gamma = torch.where(A, rho.derivative(z), zero)
-    agg = (gamma[..., None] * diff).sum(2)
-    deg = gamma.sum(-1)
-    energy = 0.5 * tau * torch.where(A, rho.value(z), zero).sum((1, 2))
     scale = torch.where(A, diff.norm(dim=-1), zero).sum(-1).amax() * rho.max_derivative()
     sens = 0.5 * tau * torch.where(A, rho.value(z).abs() + gamma * z, zero).sum((1, 2))
     return agg, deg, energy, scale, sens
@@ -347,6 +346,32 @@ def test_heads_share_one_launch_and_equal_one_launch_per_head():
         one = pairwise_pass(Y, g, rho, 1.2, "triton", energy=True, metric=W)
         assert torch.allclose(out.agg, one.agg, rtol=1e-13, atol=1e-14)
         assert torch.allclose(out.energy, one.energy, rtol=1e-13)
+
+
+@pytest.mark.parametrize("graph", ["complete", "window:3", "star"])
+def test_one_launch_over_heads_equals_the_files_plain_torch_reference(graph):
+    """:func:`TP.pairwise_heads` against :func:`TP.reference` (the top of the kernel's file) on 3 heads, float64,
+    by the module docstring's rule; a reference fed one head's features shuffled is caught (negative control)."""
+    B, H, n, D, tau = 2, 3, 19, 4, 1.3
+    g = E.graph_from_spec(graph, n, batch_size=B, mask=_tokens(B, n, 1, torch.float64, True)[1].cpu()).to(DEVICE)
+    Z = g.zero_padded(torch.randn(B, n, H * D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+                      .to(DEVICE)).unflatten(-1, (H, D)).transpose(1, 2)
+    Z = Z - Z.sum(2, keepdim=True) / g.mask.sum(-1)[:, None, None, None]          # centred, as the kernel receives
+    Z = Z * g.mask[:, None, :, None]
+    rho = get_rho("cauchy")
+    agg, deg, e = TP.pairwise_heads(Z, g.mask, TP.layout_for(g, D, Z.dtype), rho, tau, True, True,
+                                    kernel_sensitivity(rho))
+    ragg, rdeg, re = TP.reference(Z, g.pair_mask(), rho, tau)
+    rel = EXPANSION_Z_ERROR[torch.float64] * max(1.0, kernel_sensitivity(rho)) + 8 * n * torch.finfo(torch.float64).eps
+    S = rho.max_derivative() * (Z[:, :, None] - Z[:, :, :, None]).norm(dim=-1).sum(-1).amax()
+    assert (agg - ragg).abs().max() <= rel * S
+    assert (deg - rdeg).abs().max() <= rel * n * rho.max_derivative()
+    z = ((Z[:, :, None] - Z[:, :, :, None]) ** 2).sum(-1) / (2 * tau)
+    A = g.pair_mask()[:, None]
+    sens = 0.5 * tau * torch.where(A, rho.value(z).abs() + rho.derivative(z) * z, 0.0).sum((2, 3))
+    assert ((e - re).abs() <= rel * sens).all()            # relative to sum_E tau (|rho(z)| + gamma z)
+    wrong = TP.reference(Z[:, :, torch.randperm(n, generator=torch.Generator().manual_seed(1))], g.pair_mask(), rho, tau)
+    assert (agg - wrong[0]).abs().max() > rel * S
 
 
 @pytest.mark.parametrize("graph", ["complete", "window:3", "star"])

@@ -52,7 +52,35 @@ import triton.language as tl
 from ..guard import expansion_ok
 from .rho import FUNCTIONS
 
-__all__ = ["INTERPRETED", "pairwise_heads", "block_size", "layout_for", "block_table", "Layout"]
+__all__ = ["INTERPRETED", "pairwise_heads", "reference", "block_size", "layout_for", "block_table", "Layout"]
+
+
+def reference(Z: torch.Tensor, pairs: torch.Tensor, rho, tau: float):
+    """The plain-torch reference of :func:`pairwise_heads`: the three outputs from explicit float64 differences
+    on the ``(n, n)`` pair table (supplement eq. 33 and its gradient), what the tests hold the kernels to.
+
+    ``z_uv = |x_u - x_v|^2 / (2 tau)``, ``gamma_uv = rho'(z_uv)`` on the edges,
+    ``agg_u = sum_v gamma_uv (x_v - x_u)``, ``deg_u = sum_v gamma_uv``,
+    ``energy = tau / 2 sum_u sum_v rho(z_uv)`` (each undirected edge once). Memory ``(B, H, n, n, D)``: small n.
+
+    Args:
+        Z: the head features ``(B, H, n, D)``.
+        pairs: ``(B, n, n)`` bool, symmetric, False on the diagonal: the edges between real tokens
+            (:meth:`~energies.graphs.TokenGraph.pair_mask`).
+        rho: the concave penalty (:class:`~energies.rho.Rho`).
+        tau: the temperature, > 0.
+
+    Returns:
+        ``(agg (B, H, n, D), deg (B, H, n), energy (B, H))``, all float64.
+    """
+    X = Z.double()
+    diff = X[:, :, None, :, :] - X[:, :, :, None, :]               # [b, h, u, v] = x_v - x_u
+    z = (diff * diff).sum(-1) / (2 * tau)
+    A = pairs[:, None].to(X.device)
+    zero = torch.zeros((), dtype=torch.float64, device=X.device)
+    gamma = torch.where(A, rho.derivative(z), zero)
+    return ((gamma[..., None] * diff).sum(3), gamma.sum(-1),
+            0.5 * tau * torch.where(A, rho.value(z), zero).sum((2, 3)))
 
 #: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when this module was imported): on
 #: CPU tensors, the only way to run them on a machine without a GPU
@@ -719,7 +747,8 @@ _pairwise_op.register_autograd(_backward, setup_context=_setup)
 def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, tau: float, num: bool, energy: bool,
                    sensitivity: float, lowp: bool = False):
     """``(agg (B, H, n, D) or None, deg (B, H, n), energy (B, H) float64 or None)`` for centred head features ``Z``
-    ``(B, H, n, D)`` (zero on padded slots) and a ``(B, n)`` bool mask: one launch over every example and head.
+    ``(B, H, n, D)`` (zero on padded slots) and a ``(B, n)`` bool mask: one launch over every example and head;
+    :func:`reference` (the top of this file) is the same in plain torch.
     Differentiable in Z (all three outputs). ``lowp``: the tokens were bfloat16 / float16 (a half-precision step):
     the aggregation products (``gamma @ x`` and the backward's) take bfloat16 operands on the tensor cores, z and
     every sum of the degrees and energy stay as they are (:func:`_ap`)."""

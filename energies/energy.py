@@ -126,7 +126,7 @@ def attention_energy(rho="exp", tau: float = 1.0, B: Optional[torch.Tensor] = No
     Args:
         rho: the concave penalty (:func:`energies.get_rho` spec or object).
         tau: the temperature, > 0.
-        B: the residual's anchor ``(B, n, d)``; None for ``B = 0``.
+        B: the residual's anchor ``(n, d)`` or ``(B, n, d)``; None for ``B = 0``.
         kernel: the pairwise kernel or ``auto``.
 
     Returns:

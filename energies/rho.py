@@ -407,7 +407,8 @@ def get_rho(spec) -> Rho:
         The penalty, its value and derivative validated and its kernel sensitivity computed once.
 
     Raises:
-        EnergyError: an unknown name (the registered ones listed), arguments that are not numbers or too many.
+        EnergyError: an unknown name (the registered ones listed), arguments that are not numbers, too many or out
+            of the penalty's range (e.g. ``relu:0``), or a penalty that fails :func:`check_rho`.
     """
     if isinstance(spec, Rho):
         check_rho(spec)

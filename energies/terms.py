@@ -321,7 +321,7 @@ class PairwiseAttention(EnergyTerm):
     D_gamma = sum_v gamma_uv of the current pass; ``"constant"`` the larger bound
     2 rho'(0) deg(u) ||W||_2^2 (gamma <= rho'(0) for a concave rho), which does not depend on Y: the
     step is then Y minus a fixed multiple of the gradient, a polynomial in Y wherever the kernel is
-    (rho = relu:C: a cubic spline, as ReLU attention in Lai, Lim, Liu, Lemma 3.2), at the price of
+    (rho = relu:C: a cubic spline, as ReLU attention in Lai, Lim, Liu, Theorem 3.3), at the price of
     shorter steps. Without a metric the surrogate's Jacobi diagonal is ``D_gamma`` (supplement eq. 37).
 
     Args:

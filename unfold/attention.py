@@ -5,8 +5,8 @@ Rows are tokens here (the paper's columns). For queries from X ``(B, n, d)`` and
 context C ``(B, m, d)`` (C = X for self-attention), per head h with ``Q = X W_q^h``, ``K = C W_k^h``,
 ``V = C W_v^h``:
 
-    S = Q K^T / sqrt(d_h)                                 (the paper's K(X)^T Q(X), eq. 5)
-    softmax:  A = SoftMax_row(S)                          (eq. 5)
+    S = Q K^T / sqrt(d_h)                                 (the paper's K(X)^T Q(X), eq. 3)
+    softmax:  A = SoftMax_row(S)                          (eq. 3)
     relu:     A = ReLU(S) / m_j                           (section 1.9: ReLU attention)
     softplus: A = t Softplus(S / t) / m_j                 (section 4: the smooth proxy of ReLU)
     out = concat_h(A V) W_o
@@ -74,7 +74,8 @@ def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
 
 class Attention(nn.Module):
     """Multi-head attention ``out = concat_h(A V) W_o`` with ``A`` the ``softmax | relu | softplus`` activation of
-    ``S = Q K^T / sqrt(d_h)`` (module docstring; Lai, Lim, Liu eq. 5, section 1.9, section 4).
+    ``S = Q K^T / sqrt(d_h)`` (module docstring; Lai, Lim, Liu eq. 3, heads stacked as in eq. 5; section 1.9,
+    section 4).
 
     ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0. ``dropout``
     acts on the attention weights in training mode.

@@ -15,7 +15,7 @@ Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :d
   residual, ReLU, and a per-token step 1 / c_u. Every layer descends E for ANY parameter values (proof in
   :mod:`unfold.prox`), trained or not. The energy at layer t is read off the same pass that computes layer t;
   only E(Y_T) costs one more (energy-only) pass. ``curvature="constant"``: the per-token step uses rho'(0) x
-  degree in place of the weighted degree (a cubic spline per layer with rho = relu:C, Lai, Lim, Liu, Lemma 3.2).
+  degree in place of the weighted degree (a cubic spline per layer with rho = relu:C, Lai, Lim, Liu, Theorem 3.3).
 * :class:`FreeEncoder` (``"free"``): untied standard post-LN transformer layers whose attention (softmax,
   relu or softplus, :class:`~unfold.attention.Attention`) is restricted to the token graph; ``norm="none"``
   drops the LayerNorms. Traced against the token-space attention energy

@@ -26,8 +26,9 @@ __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES", "CURVATURES", "NORMS"]
 MODES = ENCODERS
 
 class UnfoldedTransformer(SequenceClassifier):
-    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring). An argument that
-    does not apply to the mode is refused unless left at its default.
+    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring). ``attention``,
+    ``norm``, ``curvature`` and ``stop_rel`` are refused where they do not apply to the mode unless left at their
+    defaults; the other arguments a mode's encoder does not take are ignored.
 
     Args:
         vocab_size: the embedding's rows.
@@ -50,12 +51,13 @@ class UnfoldedTransformer(SequenceClassifier):
         positional: ``learned``, ``sinusoidal`` or ``none`` (True/False: learned/none).
         max_len: the longest sequence the positions cover.
         ffn_mult: the feed-forward width multiple (free / baseline).
-        dropout: dropout (free / baseline).
+        dropout: the dropout probability of the embedding and of the pooled tokens (every mode) and of the layers
+            (free / baseline).
         pad_idx: the padding token id.
         curvature: ``adaptive`` or ``constant`` (guaranteed).
         attention: the attention activation (free / baseline).
         attention_temperature: its temperature (free / baseline).
-        norm: the normalisation (free / baseline).
+        norm: the normalisation (free only).
         kernel: the pairwise kernel or ``auto``.
         validate: check inputs at every forward (host reads: a debugging switch).
         stop_rel: the energy-chosen depth's EPS (guaranteed; None or 0: off;

@@ -123,7 +123,7 @@ class AttentionStep(Step):
     Args:
         rho: the penalty, a :class:`~energies.rho.Rho` or a spec (:func:`energies.get_rho`).
         tau: the temperature, > 0.
-        alpha: the step size, in (0, 1] for the descent guarantee.
+        alpha: the step size, in (0, 1] (refused outside it: a StepError).
         B: the initial residual ``(B, n, d)`` of ``|Y - B|^2 / 2`` (supplement F.4), or None for ``B = 0``.
         update: ``exact`` (the Jacobi MM step above) or ``printed`` (eq. 38/39, the negative control).
         kernel: the pairwise kernel, a registered name or ``auto``.
@@ -341,7 +341,9 @@ def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
         L_g: a Lipschitz bound of grad g, >= 0.
 
     Returns:
-        The bound 1 / b as a float; ``inf`` where b <= 0 (descent for every delta).
+        The bound 1 / b as a float; ``inf`` where b <= 0. Only b = 0 means descent for every delta: the proof
+        (supplement eq. 40-46) takes b >= 0 (it drops the absolute value of 1 - alpha1 / alpha2), so for b < 0
+        (alpha1 > alpha2 (1 + alpha1 L_g)) ``inf`` is no bound (e.g. alpha1 = 5, alpha2 = 0.5, L_f = L_g = 1).
 
     Raises:
         StepError: an argument that is not a finite number in its range (named).

@@ -254,6 +254,98 @@ def check_probe_options(t_max=3.0, grid=1025, max_degree=12, tol=1e-9) -> None:
                           f"the output scale), got {tol!r}")
 
 
+def _sampler(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float):
+    """``at(t, replay=None) -> (output as float64 numpy, tape)``, refusing a non-finite sample (NonFiniteSample)."""
+    def at(t: float, replay=None):
+        out, tp = run_taped(module, lambda: f(t), replay)
+        y = out.detach().reshape(-1).double().cpu().numpy()
+        if not np.isfinite(y).all() or not tp.finite:  # overflow (a far point of the ray): evidence of nothing
+            where = "the output" if not np.isfinite(y).all() else "a ReLU input inside the module"
+            frozen = " of a piece's frozen map" if replay is not None else ""
+            raise NonFiniteSample(f"{where}{frozen} is not finite at t = {t:.6g} (float64 overflow): no verdict; "
+                                  f"lower t_max={t_max!r}")
+        return y, tp
+    return at
+
+
+def _breakpoints(at, ts: np.ndarray, pats: List[torch.Tensor]) -> List[float]:
+    """Every t where the ReLU pattern changes, left to right, each located by 40 bisection steps."""
+    breaks: List[float] = []
+    for i in range(len(ts) - 1):
+        lo, hi, p_lo, p_hi = float(ts[i]), float(ts[i + 1]), pats[i], pats[i + 1]
+        while not torch.equal(p_lo, p_hi):      # every change inside (lo, hi), left to right
+            a, b = lo, hi
+            for _ in range(40):
+                mid = 0.5 * (a + b)
+                if torch.equal(at(mid)[1].pattern(), p_lo):
+                    a = mid
+                else:
+                    b = mid
+            breaks.append(0.5 * (a + b))
+            lo, p_lo = b, at(b)[1].pattern()
+            if b >= hi:
+                break
+    return breaks
+
+
+def _fit_piece(at, a: float, b: float, nodes: np.ndarray, scale: float, t_max: float, max_degree: int,
+               tol: float) -> Tuple[dict, Optional[tuple]]:
+    """``(piece record, (degree, coefficients) or None)``: the lowest degree fitting the piece's frozen map."""
+    mid = 0.5 * (a + b)
+    y_mid, tp = at(mid)
+    consistent = float(np.abs(at(mid, replay=tp.signs)[0] - y_mid).max()) <= 1e-12 * scale
+    try:
+        ys = np.stack([at(float(t), replay=tp.signs)[0] for t in nodes])
+    except NonFiniteSample:
+        raise
+    except UnfoldError as exc:   # e.g. a frozen curvature that reaches 0: a pole, so no polynomial
+        ys, undefined = None, str(exc)
+    best, resid = None, math.inf
+    if consistent and ys is not None and np.isfinite(ys).all():
+        fscale = max(scale, float(np.abs(ys).max()))
+        for k in range(max_degree + 1):
+            coef, r = _cheb_fit(nodes, ys, -t_max, t_max, k)
+            resid = r / fscale
+            if resid <= tol:
+                best = (k, coef)
+                break
+    piece = {"interval": [a, b], "degree": best[0] if best else None, "residual": resid}
+    if not consistent:
+        piece["frozen_map_differs"] = True
+    if ys is None:
+        piece["frozen_map_undefined"] = undefined
+    return piece, best
+
+
+def _fit_pieces(at, breaks: List[float], scale: float, t_max: float, max_degree: int, tol: float):
+    """``(pieces, worst residual, degree or None, fits)`` over the pieces between the breakpoints."""
+    edges = [-t_max] + breaks + [t_max]
+    m = max_degree + 8
+    nodes = t_max * np.cos(np.pi * (np.arange(m) + 0.5) / m)
+    pieces, worst, degree, fits = [], 0.0, 0, []
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b - a < 1e-12 * t_max:
+            continue
+        piece, best = _fit_piece(at, a, b, nodes, scale, t_max, max_degree, tol)
+        pieces.append(piece)
+        worst = max(worst, piece["residual"])
+        degree = None if (degree is None or best is None) else max(degree, best[0])
+        fits.append(best[1] if best else None)
+    return pieces, worst, degree, fits
+
+
+def _jumps(at, breaks: List[float], fits: list, scale: float, t_max: float) -> Tuple[List[float], List[float]]:
+    """``(continuity gaps, slope jumps)`` at the breakpoints, relative to the output scale."""
+    gaps, slope_jumps = [], []
+    eps = 1e-9 * t_max
+    for b in breaks:
+        gaps.append(float(np.abs(at(b + eps)[0] - at(b - eps)[0]).max()) / scale)
+    for b, left, right in zip(breaks, fits[:-1], fits[1:]):
+        if left is not None and right is not None:
+            slope_jumps.append(float(np.abs(_slope(left, b, t_max) - _slope(right, b, t_max)).max()) / scale)
+    return gaps, slope_jumps
+
+
 def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 3.0, grid: int = 1025,
           max_degree: int = 12, tol: float = 1e-9) -> dict:
     """Probe ``t -> f(t)`` on ``[-t_max, t_max]`` (``f`` evaluates the module in float64; see the
@@ -272,17 +364,7 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     good as the ray is long: on a short ray (``t_max`` well below the scale on which the map bends, e.g.
     0.5 for softmax attention at ``tol=1e-9``) a smooth map is fitted by a polynomial too."""
     check_probe_options(t_max=t_max, grid=grid, max_degree=max_degree, tol=tol)
-
-    def at(t: float, replay=None):
-        out, tp = run_taped(module, lambda: f(t), replay)
-        y = out.detach().reshape(-1).double().cpu().numpy()
-        if not np.isfinite(y).all() or not tp.finite:  # overflow (a far point of the ray): evidence of nothing
-            where = "the output" if not np.isfinite(y).all() else "a ReLU input inside the module"
-            frozen = " of a piece's frozen map" if replay is not None else ""
-            raise NonFiniteSample(f"{where}{frozen} is not finite at t = {t:.6g} (float64 overflow): no verdict; "
-                                  f"lower t_max={t_max!r}")
-        return y, tp
-
+    at = _sampler(f, module, t_max)
     ts = np.linspace(-t_max, t_max, grid)
     if not (np.diff(ts) > 0).all():       # subnormal t_max: grid points coincide, the samples repeat one point
         raise ConfigError(f"t_max={t_max!r} is too small: the {grid} grid points of [-t_max, t_max] are not distinct "
@@ -290,62 +372,10 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     samples = [at(float(t)) for t in ts]
     pats = [tp.pattern() for _, tp in samples]
     scale = max(max(float(np.abs(y).max()) for y, _ in samples), 1e-300)
-    breaks: List[float] = []
-    for i in range(grid - 1):
-        lo, hi, p_lo, p_hi = float(ts[i]), float(ts[i + 1]), pats[i], pats[i + 1]
-        while not torch.equal(p_lo, p_hi):      # every change inside (lo, hi), left to right
-            a, b = lo, hi
-            for _ in range(40):
-                mid = 0.5 * (a + b)
-                if torch.equal(at(mid)[1].pattern(), p_lo):
-                    a = mid
-                else:
-                    b = mid
-            breaks.append(0.5 * (a + b))
-            lo, p_lo = b, at(b)[1].pattern()
-            if b >= hi:
-                break
-    edges = [-t_max] + breaks + [t_max]
-    m = max_degree + 8
-    nodes = t_max * np.cos(np.pi * (np.arange(m) + 0.5) / m)
-    pieces, worst, degree, fits = [], 0.0, 0, []
-    for a, b in zip(edges[:-1], edges[1:]):
-        if b - a < 1e-12 * t_max:
-            continue
-        mid = 0.5 * (a + b)
-        y_mid, tp = at(mid)
-        consistent = float(np.abs(at(mid, replay=tp.signs)[0] - y_mid).max()) <= 1e-12 * scale
-        try:
-            ys = np.stack([at(float(t), replay=tp.signs)[0] for t in nodes])
-        except NonFiniteSample:
-            raise
-        except UnfoldError as exc:   # e.g. a frozen curvature that reaches 0: a pole, so no polynomial
-            ys, undefined = None, str(exc)
-        best, resid = None, math.inf
-        if consistent and ys is not None and np.isfinite(ys).all():
-            fscale = max(scale, float(np.abs(ys).max()))
-            for k in range(max_degree + 1):
-                coef, r = _cheb_fit(nodes, ys, -t_max, t_max, k)
-                resid = r / fscale
-                if resid <= tol:
-                    best = (k, coef)
-                    break
-        piece = {"interval": [a, b], "degree": best[0] if best else None, "residual": resid}
-        if not consistent:
-            piece["frozen_map_differs"] = True
-        if ys is None:
-            piece["frozen_map_undefined"] = undefined
-        pieces.append(piece)
-        worst = max(worst, resid)
-        degree = None if (degree is None or best is None) else max(degree, best[0])
-        fits.append(best[1] if best else None)
-    gaps, slope_jumps = [], []
+    breaks = _breakpoints(at, ts, pats)
+    pieces, worst, degree, fits = _fit_pieces(at, breaks, scale, t_max, max_degree, tol)
+    gaps, slope_jumps = _jumps(at, breaks, fits, scale, t_max)
     eps = 1e-9 * t_max
-    for b in breaks:
-        gaps.append(float(np.abs(at(b + eps)[0] - at(b - eps)[0]).max()) / scale)
-    for b, left, right in zip(breaks, fits[:-1], fits[1:]):
-        if left is not None and right is not None:
-            slope_jumps.append(float(np.abs(_slope(left, b, t_max) - _slope(right, b, t_max)).max()) / scale)
     continuous = all(g <= max(1e3 * eps / t_max, tol) for g in gaps)
     verdict = "spline" if degree is not None and continuous else "non-spline"
     return {"verdict": verdict, "degree": degree, "pieces": len(pieces), "breakpoints": len(breaks),

@@ -48,16 +48,19 @@ class MMParts(NamedTuple):
     ``grad`` ``(B, n, d)``: the gradient at Y (zero on padded slots); ``curvature`` (scalar or ``(B, n)``): a
     per-token bound c_u on the Hessian of the term's MM surrogate, so that
     ``E(Y + D) <= E(Y) + <grad, D> + sum_u c_u |D_u|^2 / 2``; ``value`` ``(B,)`` float64 at Y, or None;
-    ``jacobi`` (scalar or ``(B, n)``): the surrogate Hessian's diagonal per token where it is a multiple of the
-    identity on each token (the Jacobi preconditioner of supplement eq. 37), else None.
+    ``jacobi`` (scalar or ``(B, n)``): what the Jacobi preconditioner (supplement eq. 37) adds per token: the
+    surrogate Hessian's diagonal where that Hessian is a multiple of the identity on each token, else the curvature
+    bound, or None (attention with a learned metric).
 
     Attributes:
         grad: the gradient at Y ``(B, n, d)``, zero on padded slots.
         curvature: the per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate:
             ``E(Y + D) <= E(Y) + <grad, D> + sum_u c_u |D_u|^2 / 2``.
         value: the term's value at Y per example ``(B,)`` float64, or None when not asked for.
-        jacobi: the surrogate Hessian's diagonal per token (scalar or ``(B, n)``; supplement eq. 37) where it is a
-            multiple of the identity on each token, else None.
+        jacobi: what the Jacobi preconditioner adds per token (scalar or ``(B, n)``; supplement eq. 37): the
+            surrogate Hessian's diagonal where it is a multiple of the identity on each token (attention without a
+            metric: ``deg_u``; the residual and rescaling: 1), else the term's curvature bound (feed-forward:
+            ``lambda_max(W)_+``; centring: 1); None for attention with a learned metric.
     """
     grad: torch.Tensor
     curvature: Union[float, torch.Tensor]

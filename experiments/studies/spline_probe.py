@@ -565,8 +565,8 @@ def _tol_arg(text: str) -> float:
     return value
 
 
-def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser (module docstring)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
@@ -592,6 +592,24 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", action="store_true", help="only the JSON line")
     p.add_argument("overrides", nargs="*", help="section.key=value config overrides (with --config)")
+    return p
+
+
+def _report(out: dict, as_json: bool) -> None:
+    """Print the verdict line and what makes the map no spline (unless ``as_json``), then the JSON line."""
+    if not as_json:
+        print(f"{out['module']}: {out['verdict']}, degree {out['degree']}, static bound "
+              f"{out['static_degree_bound']}, {out['pieces']} pieces, max residual {out['max_residual']:.2e}, "
+              f"continuity gap {out['max_continuity_gap']:.2e}, slope jump {out['max_slope_jump']:.2e}")
+        for why in out.get("non_spline_parts", []) + ([out["non_finite"]] if "non_finite" in out else []):
+            print(f"  not a spline: {why}")
+    out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+    print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
+
+
+def main(argv=None) -> int:
+    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    p = _parser()
     args = p.parse_args(argv)
     if args.overrides and args.config is None:
         p.error(f"config overrides {args.overrides[:3]} need --config")
@@ -609,14 +627,7 @@ def main(argv=None) -> int:
         else:
             model = load_model(args.config, args.checkpoint, args.overrides)
             out = probe_model(model, n=args.n, seed=args.seed, layers=args.layers, **kw)
-        if not args.json:
-            print(f"{out['module']}: {out['verdict']}, degree {out['degree']}, static bound "
-                  f"{out['static_degree_bound']}, {out['pieces']} pieces, max residual {out['max_residual']:.2e}, "
-                  f"continuity gap {out['max_continuity_gap']:.2e}, slope jump {out['max_slope_jump']:.2e}")
-            for why in out.get("non_spline_parts", []) + ([out["non_finite"]] if "non_finite" in out else []):
-                print(f"  not a spline: {why}")
-        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
-        print(json_dumps({k: v for k, v in out.items() if k != "piece_detail"}))
+        _report(out, args.json)
         return 0
 
     return run_main(PROG, body, argv)

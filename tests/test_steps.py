@@ -274,6 +274,57 @@ def test_theorem41_alternating_gradient_steps():
     assert U.theorem41_bound(0.1, 0.1, 2.0) == pytest.approx(1 / 0.2)
 
 
+def _psd(d, gen, scale):
+    A = torch.randn(d, d, dtype=torch.float64, generator=gen)
+    return scale * A @ A.T / d
+
+
+def _quadratic_pair(Wf, Wg, a1, a2):
+    """Two gradient steps on the convex quadratics f = tr(Y Wf Y^T) / 2, g = tr(Y Wg Y^T) / 2, and h = f + g."""
+    f, g = E.Energy(quad=E.FeedForward(Wf)), E.Energy(quad=E.FeedForward(Wg))
+    Lf, Lg = (float(torch.linalg.eigvalsh(W).max()) for W in (Wf, Wg))
+    seq = U.Sequence([U.GradientStep(f, a1, lipschitz=Lf), U.GradientStep(g, a2, lipschitz=Lg)])
+    return seq, (lambda Y, graph: f.value(Y, graph) + g.value(Y, graph)), Lf, Lg
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), r1=st.floats(0.01, 20.0), r2=st.floats(0.05, 1.0),
+       sf=st.floats(1e-3, 1.0))
+def test_theorem41_holds_only_where_h_descends(seed, r1, r2, sf):
+    """Property (Thm 4.1, eq. 40 with its absolute value kept): wherever :meth:`Sequence.theorem41` says the
+    condition holds, h = f + g does not rise over the two steps, for step sizes on both sides of alpha1 = alpha2.
+    Rule: h >= 0 is a sum of n d products, each evaluation off by at most n d eps h, so a rise counts beyond
+    2 n d eps (h(Y) + h(Y''))."""
+    gen = torch.Generator().manual_seed(seed)
+    B, n, d = 16, 3, 3
+    Wf, Wg = _psd(d, gen, sf), _psd(d, gen, 1.0)
+    Lf, Lg = (float(torch.linalg.eigvalsh(W).max()) for W in (Wf, Wg))
+    seq, h, _, _ = _quadratic_pair(Wf, Wg, r1 / max(Lf, 1e-12), r2 / (Lf + Lg))
+    g = E.complete(n, B)
+    Y = torch.randn(B, n, d, dtype=torch.float64, generator=gen) * torch.logspace(-1, 1, B, dtype=torch.float64)[:, None, None]
+    holds = seq.theorem41(Y, g)["holds"]
+    h0, h1 = h(Y, g), h(seq(Y, g), g)
+    rise = h1 - h0 > 2 * n * d * torch.finfo(torch.float64).eps * (h0 + h1)
+    assert not (holds & rise).any()
+
+
+def test_theorem41_bound_keeps_the_absolute_value():
+    """Negative control: alpha1 = 5 > alpha2 = 0.5 on f = g = |y|^2 / 2 raises h four-fold at delta = 1/2; eq. 46's
+    b = 1 - 10 + 5 < 0 gave no bound (the check said 'holds'), |1 - 10| + 5 = 14 gives 1/14. Where alpha1 > alpha2
+    and delta is small, the corrected bound still holds, and h descends."""
+    I = torch.eye(3, dtype=torch.float64)
+    seq, h, _, _ = _quadratic_pair(I, I, 5.0, 0.5)
+    g = E.complete(4, 2)
+    Y = torch.randn(2, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    info = seq.theorem41(Y, g)
+    assert info["bound"][0] == pytest.approx(1 / 14) and not info["holds"].any()
+    assert (h(seq(Y, g), g) > 3.99 * h(Y, g)).all()
+    assert U.theorem41_bound(0.3, 0.3, 0.0) == math.inf and U.theorem41_bound(0.2, 0.1, 1.0) == pytest.approx(1 / 1.2)
+    seq, h, _, _ = _quadratic_pair(0.01 * I, I, 1.5, 0.9)      # delta = 0.01 / 1.01 <= 1 / (2/3 + 0.015)
+    info = seq.theorem41(Y, g)
+    assert info["holds"].all() and (h(seq(Y, g), g) <= h(Y, g)).all()
+
+
 def test_steps_run_on_device_and_keep_dtype(device):
     for dtype in (torch.float32, torch.float64):
         Y = torch.randn(2, 16, 8, dtype=dtype, device=device)

@@ -329,11 +329,15 @@ class RescaleStep(TermMinimisingStep):
 
 
 def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
-    """Theorem 4.1's bound 1 / b, b = 1 - alpha1 / alpha2 + alpha1 L_g (supplement eq. 46).
+    """Theorem 4.1's bound 1 / b on delta, b = |1 - alpha1 / alpha2| + alpha1 L_g (supplement eq. 40-46).
 
-    The largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g
-    under the alternating steps y' = y - alpha1 grad f(y), y'' = y' - alpha2 grad g(y'), given
-    alpha2 L_h <= 1.
+    The largest delta(y) = ||grad f|| / ||grad h|| for which Thm 4.1 guarantees descent of h = f + g (f, g convex
+    and L-smooth) under the alternating steps y' = y - alpha1 grad f(y), y'' = y' - alpha2 grad g(y'), given
+    alpha2 L_h <= 1. The supplement's eq. 40 writes ``||(1 - alpha1 / alpha2) grad f||`` as
+    ``(1 - alpha1 / alpha2) ||grad f||``, true only for alpha1 <= alpha2; with the absolute value kept, b >= 0
+    always and the rest of the proof (eq. 41-46) holds as printed. For alpha1 <= alpha2 this is eq. 46's b; for
+    alpha1 > alpha2 eq. 46's b is smaller than the true one (negative where alpha1 > alpha2 (1 + alpha1 L_g)), and
+    its bound is no bound: alpha1 = 5, alpha2 = 0.5 on f = g = |y|^2 / 2 raise h four-fold at delta = 1/2.
 
     Args:
         alpha1: the step size of the step on f, > 0.
@@ -341,9 +345,8 @@ def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
         L_g: a Lipschitz bound of grad g, >= 0.
 
     Returns:
-        The bound 1 / b as a float; ``inf`` where b <= 0. Only b = 0 means descent for every delta: the proof
-        (supplement eq. 40-46) takes b >= 0 (it drops the absolute value of 1 - alpha1 / alpha2), so for b < 0
-        (alpha1 > alpha2 (1 + alpha1 L_g)) ``inf`` is no bound (e.g. alpha1 = 5, alpha2 = 0.5, L_f = L_g = 1).
+        The bound 1 / b as a float; ``inf`` only where b = 0 (alpha1 = alpha2 and L_g = 0: the two steps are one
+        gradient step on h, descent for every delta).
 
     Raises:
         StepError: an argument that is not a finite number in its range (named).
@@ -351,8 +354,8 @@ def theorem41_bound(alpha1: float, alpha2: float, L_g: float) -> float:
     alpha1 = check_number(alpha1, "alpha1", "positive", StepError)
     alpha2 = check_number(alpha2, "alpha2", "positive", StepError)
     L_g = check_number(L_g, "L_g", "nonnegative", StepError)
-    b = 1.0 - alpha1 / alpha2 + alpha1 * L_g
-    return math.inf if b <= 0 else 1.0 / b
+    b = abs(1.0 - alpha1 / alpha2) + alpha1 * L_g
+    return math.inf if b == 0 else 1.0 / b
 
 
 @register_step("sequence")

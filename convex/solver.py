@@ -77,6 +77,15 @@ def _svt_factors(Z: torch.Tensor, tau: float):
     return U[:, :k], S[:k], Vh[:k]
 
 
+def _check_matrix(Z, what: str) -> torch.Tensor:
+    """``Z`` if it is a 2-D floating tensor, else a ConfigError naming ``what``, its shape and dtype."""
+    if not isinstance(Z, torch.Tensor) or Z.ndim != 2 or not Z.dtype.is_floating_point:
+        raise ConfigError(f"{what} needs a 2-D floating matrix, got "
+                          f"{tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__}"
+                          f"{f' of dtype {Z.dtype}' if isinstance(Z, torch.Tensor) else ''}")
+    return Z
+
+
 def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
     """Singular-value thresholding, the prox of ``tau ||.||_*``: ``U diag((sigma - tau)_+) V^T`` from the full
     SVD ``Z = U diag(sigma) V^T`` (the solver's proximal step on each block, module docstring; no equation of the
@@ -95,10 +104,9 @@ def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
         norm as a float)``.
 
     Raises:
-        ConfigError: Z is not a 2-D tensor, or tau is not a finite number >= 0.
+        ConfigError: Z is not a 2-D floating tensor, or tau is not a finite number >= 0.
     """
-    if not isinstance(Z, torch.Tensor) or Z.ndim != 2:
-        raise ConfigError(f"svt needs a matrix, got {tuple(getattr(Z, 'shape', ()))}")
+    _check_matrix(Z, "svt")
     tau = check_number(tau, "svt threshold tau", "nonnegative", ConfigError)
     U, S, Vh = _svt_factors(Z, tau)
     out = (U * S) @ Vh
@@ -124,9 +132,11 @@ def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
         One int per block (all 0 when every block is zero).
 
     Raises:
-        ConfigError: rtol is not a finite number >= 0.
+        ConfigError: rtol is not a finite number >= 0, or a block is not a 2-D floating tensor.
     """
     rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
+    for i, z in enumerate(Z):
+        _check_matrix(z, f"rank (block {i})")
     svals = [torch.linalg.svdvals(z) for z in Z]
     top = max([float(s.max()) if s.numel() else 0.0 for s in svals] + [0.0])
     return [int((s > rtol * top).sum()) if top > 0 else 0 for s in svals]

@@ -21,8 +21,8 @@ builder or kernel a file (every kernel's code under :mod:`energies.kernels`), th
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError
-from .graphs import (GRAPHS, TokenGraph, check_tokens, from_edge_index, from_pyg, graph_from_spec, mask_from_lengths,
-                     random, register_graph)
+from .graphs import (GRAPHS, TokenGraph, check_graph_spec, check_tokens, from_edge_index, from_pyg, graph_from_spec,
+                     mask_from_lengths, random, register_graph)
 # the builders named like their modules, imported from the modules (a reader of the source then cannot take the
 # name for the module)
 from .graphs.complete import complete
@@ -42,7 +42,7 @@ __all__ = [
     "EnergyError", "EnergyTerm", "ExpRho", "FeedForward", "GRAPHS", "GraphError", "InputError", "KERNELS",
     "Kernel", "LpRho", "MMParts", "NonNegativity", "PairwiseAttention", "RHOS", "ReluRho", "Rescaling",
     "Residual", "Rho", "SoftplusRho", "StepError", "TokenError", "TokenGraph", "UnfoldError",
-    "attention_energy", "check_rho", "check_tokens", "complete", "dilated", "feedforward_energy",
+    "attention_energy", "check_graph_spec", "check_rho", "check_tokens", "complete", "dilated", "feedforward_energy",
     "from_edge_index", "from_pyg", "get_rho", "graph_from_spec", "kernel_names", "layernorm_energy",
     "mask_from_lengths", "nonnegativity_energy", "random", "register_graph",
     "register_kernel", "register_rho", "star", "strided", "window",

@@ -267,6 +267,45 @@ def test_step_arguments(call, names):
     raises(StepError, call, *names)
 
 
+@pytest.mark.parametrize("call, names", [
+    (lambda X, g: U.mm_step(ENERGY, X, g, preconditioner="nope"), ["preconditioner", "nope"]),
+    (lambda X, g: U.mm_step(ENERGY, X, g, preconditioner=None), ["preconditioner"]),
+    (lambda X, g: U.mm_step(ENERGY, X, g, alpha=0), ["alpha"]),
+    (lambda X, g: U.mm_step(ENERGY, X, g, alpha=NAN), ["alpha", "nan"]),
+    (lambda X, g: U.mm_direction(ENERGY, X, g, "jacobian"), ["preconditioner", "jacobian"]),
+])
+def test_the_functional_mm_step_checks_its_arguments(call, names):
+    """mm_step / mm_direction are entries: an unknown preconditioner was taken for 'jacobi'."""
+    X = torch.randn(2, 4, 3, dtype=torch.float64)
+    raises(StepError, lambda: call(X, E.complete(4, 2)), *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.Attention(4, dropout=1.5), ["dropout", "1.5"]), (lambda: U.Attention(0), ["d", "0"]),
+    (lambda: U.Attention("x"), ["d", "x"]), (lambda: U.Attention(4, heads=0), ["heads"]),
+    (lambda: U.Attention(4, d_head=0), ["d_head"]),
+    (lambda: U.GuaranteedEncoder(6, graph="bogus"), ["bogus", "window"]),
+    (lambda: U.FreeEncoder(6, graph="window:x"), ["window:x"]),
+    (lambda: U.UnfoldedTransformer(10, 2, mode="free", alpha=0.5), ["alpha=0.5", "mode=free"]),
+    (lambda: U.UnfoldedTransformer(10, 2, mode="guaranteed", ffn_mult=3), ["ffn_mult=3", "guaranteed"]),
+    (lambda: U.UnfoldedTransformer(10, 2, mode="baseline", d_head=4), ["d_head=4", "baseline"]),
+])
+def test_model_arguments_are_refused_at_construction(call, names):
+    """Refused where they enter, as the framework's typed error naming them: not torch's ValueError, not at the
+    first forward, not silently ignored."""
+    raises(ConfigError, call, *names)
+
+
+def test_arguments_at_their_defaults_or_applying_everywhere_are_taken():
+    U.UnfoldedTransformer(10, 2, mode="free", alpha=1.0, stop_rel=0, dropout=0.2, d=8)
+    U.UnfoldedTransformer(10, 2, mode="guaranteed", ffn_mult=2)
+    U.Attention(4, dropout=1.0)
+    assert E.check_graph_spec("window:3") == "window:3"
+    raises(GraphError, lambda: E.check_graph_spec("bogus"), "bogus")
+    raises(GraphError, lambda: E.check_graph_spec("/no/such/file.npy"), "does not exist")
+    assert E.check_graph_spec("/no/such/file.npy", files=False) == "/no/such/file.npy"
+
+
 def test_step_terms_name_their_own_arguments():
     raises(EnergyError, lambda: U.RescaleStep(radius=0), "radius")
     raises(EnergyError, lambda: U.layernorm_step(radius=NAN), "radius")
@@ -435,6 +474,8 @@ def test_solver_arguments(kwargs, names):
     (lambda h, d, y: solve(h, {"x": 1}, y, 0.01), ["data"]),
     (lambda h, d, y: svt(torch.eye(3), -1), ["tau"]), (lambda h, d, y: svt(torch.eye(3), NAN), ["tau"]),
     (lambda h, d, y: svt(torch.ones(3), 0.1), ["matrix"]),
+    (lambda h, d, y: svt(torch.ones(2, 2, dtype=torch.long), 0.1), ["svt", "floating", "int64"]),
+    (lambda h, d, y: rank([torch.eye(3), torch.ones(2, 2, dtype=torch.int32)]), ["block 1", "int32"]),
     (lambda h, d, y: rank([torch.eye(3)], rtol=NAN), ["rtol"]),
     (lambda h, d, y: map_back(h, [torch.eye(D_, C_, dtype=torch.float64)], rtol=-1), ["rtol"]),
     (lambda h, d, y: map_back(h, [torch.eye(3)]), ["z[0]"]),

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
+from energies.checks import check_int, check_number
 from energies.errors import ConfigError, TokenError
 
 __all__ = ["Attention", "ACTIVATIONS", "RowSoftmax", "TemperedSoftplus", "make_activation"]
@@ -95,10 +96,10 @@ class Attention(nn.Module):
                  temperature: float = 1.0, bias: bool = False, d_head: Optional[int] = None,
                  dropout: float = 0.0):
         super().__init__()
-        if int(d) < 1 or int(heads) < 1:
-            raise ConfigError(f"attention needs d >= 1 and heads >= 1, got d={d}, heads={heads}")
-        self.d, self.heads = int(d), int(heads)
-        self.d_head = int(d_head) if d_head else max(self.d // self.heads, 1)
+        self.d, self.heads = check_int(d, "d", 1, error=ConfigError), check_int(heads, "heads", 1, error=ConfigError)
+        self.d_head = (check_int(d_head, "d_head", 1, error=ConfigError) if d_head is not None
+                       else max(self.d // self.heads, 1))
+        dropout = check_number(dropout, "dropout", "probability", ConfigError)
         inner = self.heads * self.d_head
         self.q, self.k, self.v = (nn.Linear(self.d, inner, bias=bias) for _ in range(3))
         self.o = nn.Linear(inner, self.d, bias=bias)

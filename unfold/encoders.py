@@ -47,7 +47,7 @@ from energies.checks import check_int, check_number
 from energies.memory import check_memory
 from energies.energy import Energy
 from energies.errors import ConfigError, InputError, UnfoldError
-from energies.graphs import GraphCache, TokenGraph, check_tokens, graph_from_spec
+from energies.graphs import GraphCache, TokenGraph, check_graph_spec, check_tokens, graph_from_spec
 from energies.kernels import KERNELS, check_kernel
 from energies.registry import Registry
 from energies.rho import Rho, get_rho
@@ -279,7 +279,7 @@ class Encoder(nn.Module):
         self.layers = check_int(layers, "layers", 1, error=ConfigError)
         if not isinstance(graph, str) or not graph:
             raise ConfigError(f"graph must be a graph spec such as 'complete' or 'window:8', got {graph!r}")
-        self.graph_spec = graph
+        self.graph_spec = check_graph_spec(graph, ConfigError, files=False)   # refused here, not at a forward
         self.graphs = GraphCache(graph)
         self.validate = _flag(validate, "validate")
 

@@ -30,6 +30,7 @@ from typing import Dict, NamedTuple, Tuple
 import torch
 
 from energies.energy import Energy
+from energies.checks import check_number
 from energies.errors import StepError
 from energies.graphs import TokenGraph
 
@@ -54,7 +55,7 @@ class MMStepResult(NamedTuple):
 
 
 def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditioner: str = "bound",
-                 values: bool = False) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
+                 values: bool = False, validate: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor]:
     """The preconditioned descent direction ``-grad E(Y) / P`` of the module docstring (before the step size alpha
     and the prox), P_u = sum_k c^k_u (``bound``) or sum_k j^k_u (``jacobi``, supplement eq. 36-37).
 
@@ -64,14 +65,18 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
         graph: the token graph of the batch.
         preconditioner: ``bound`` or ``jacobi`` (:data:`PRECONDITIONERS`).
         values: also return each term's value at Y, from the same passes.
+        validate: check ``preconditioner``; False for a step that checked it at its construction.
 
     Returns:
         ``(direction, values, c)``: the direction ``(B, n, d)``, the terms' values at Y (float64; empty unless
         asked) and the summed curvature bound c ``(B, n)``.
 
     Raises:
-        StepError: with ``jacobi``, a smooth term that has no Jacobi diagonal (a learned metric), named.
+        StepError: an unknown preconditioner; with ``jacobi``, a smooth term that has no Jacobi diagonal (a learned
+            metric), named.
     """
+    if validate:
+        check_preconditioner(preconditioner)
     grad = None
     curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
@@ -112,7 +117,7 @@ def _term_parts(energy: Energy, Y: torch.Tensor, graph: TokenGraph, values: bool
 
 
 def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1.0, preconditioner: str = "bound",
-            values: bool = False) -> MMStepResult:
+            values: bool = False, validate: bool = True) -> MMStepResult:
     """One MM step ``y_u <- prox(y_u - alpha * grad_u E(Y) / P_u)`` (module docstring); padded slots keep their input.
 
     Args:
@@ -123,12 +128,20 @@ def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1
         preconditioner: ``bound`` (P_u = sum_k c^k_u, any parameters) or ``jacobi`` (the attention surrogate's
             diagonal, supplement eq. 36-37).
         values: also return each term's value at Y, from the same passes.
+        validate: check ``alpha`` and ``preconditioner``; False for a step that checked them at its construction
+            (its forward then checks nothing).
 
     Returns:
         An :class:`MMStepResult`: the new tokens, the terms' values at Y (float64; empty unless asked) and the
         curvature sum ``(B, n)`` at Y.
+
+    Raises:
+        StepError: ``alpha`` not a finite number > 0, an unknown preconditioner, or (``jacobi``) a smooth term
+            without a Jacobi diagonal.
     """
-    direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values)
+    if validate:
+        alpha = check_number(alpha, "alpha", "positive", StepError)
+    direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values, validate)
     out = Y + alpha * direction
     for term in energy.terms.values():
         if term.is_indicator:
@@ -137,6 +150,7 @@ def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1
 
 
 def check_preconditioner(preconditioner) -> str:
+    """``preconditioner`` if it is one of :data:`PRECONDITIONERS`, else a StepError naming it and the valid ones."""
     if not isinstance(preconditioner, str) or preconditioner not in PRECONDITIONERS:
         raise StepError(f"unknown preconditioner {preconditioner!r}; valid: {list(PRECONDITIONERS)}")
     return preconditioner

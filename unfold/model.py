@@ -25,10 +25,29 @@ __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES", "CURVATURES", "NORMS"]
 #: the encoder names (``model.mode``): the registry :data:`unfold.encoders.ENCODERS` itself (plug-ins included)
 MODES = ENCODERS
 
+#: arguments every mode uses (the embedding, the pooled tokens' dropout, the debug switch), never refused
+_EVERY_MODE = ("d", "dropout", "validate")
+
+
+def _refuse_inapplicable(given, params, mode) -> None:
+    """A ConfigError for the first argument in ``given`` that ``mode``'s encoder does not take (``params``) and
+    that is not at :class:`UnfoldedTransformer`'s default."""
+    defaults = inspect.signature(UnfoldedTransformer.__init__).parameters
+    for key, value in given.items():
+        if key in params or key in _EVERY_MODE:
+            continue
+        default = defaults[key].default
+        off = value is None or value == 0 if key == "stop_rel" else value == default     # (stop_rel 0: off, as None)
+        if not off:
+            takes = sorted(k for k in given if k in params and k not in _EVERY_MODE)
+            raise ConfigError(f"{key}={value!r} does not apply to mode={mode}, whose encoder takes {takes}; "
+                              f"leave {key} at its default ({default!r})")
+
+
 class UnfoldedTransformer(SequenceClassifier):
-    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring). ``attention``,
-    ``norm``, ``curvature`` and ``stop_rel`` are refused where they do not apply to the mode unless left at their
-    defaults; the other arguments a mode's encoder does not take are ignored.
+    """Embedding, the ``mode`` encoder, masked mean pooling and a linear head (module docstring). An encoder
+    argument the mode's encoder does not take is refused unless left at its default (``alpha`` with ``free``,
+    ``ffn_mult`` with ``guaranteed``, ...): nothing given is silently ignored.
 
     Args:
         vocab_size: the embedding's rows.
@@ -94,6 +113,7 @@ class UnfoldedTransformer(SequenceClassifier):
                      ffn=ffn, relu=relu, layernorm=layernorm, curvature=curvature, kernel=kernel, ffn_mult=ffn_mult,
                      dropout=dropout, attention=attention, attention_temperature=attention_temperature, norm=norm,
                      validate=validate, stop_rel=stop_rel)
+        _refuse_inapplicable(given, params, mode)
         kwargs = {k: v for k, v in given.items() if k in params and v is not None}
         # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
         embedding = TokenEmbedding(vocab_size, d, embed_dim, pretrained, freeze_embed, positional, max_len,

@@ -75,7 +75,7 @@ class ProxMMStep(Step):
     def step_with_trace(self, Y: torch.Tensor, graph: TokenGraph, values: bool = True):
         """``(Y', values, c)``: :meth:`step_with_energy` and the curvature bound c ``(B, n)`` of the step (the
         descent tolerance's resolution at Y uses it, :func:`unfold.trace.resolution`)."""
-        return _mm.mm_step(self.energy, Y, graph, self.alpha, "bound", values)
+        return _mm.mm_step(self.energy, Y, graph, self.alpha, "bound", values, validate=False)
 
     def update(self, Y, graph):
         return self.step_with_energy(Y, graph, values=False)[0]

@@ -229,7 +229,8 @@ class UnfoldedAttentionConv(MessagePassing):
             zero = torch.zeros((), dtype=torch.float64, device=x.device)
             return (x, OrderedDict((k, zero) for k in self.energy_of(None).terms)) if return_energy else x
         lay, Y, energy = self._prepare(x, edge_index, x0, batch)
-        res = _mm.mm_step(energy, Y, lay.graph, self.alpha, self.preconditioner, values=return_energy)
+        res = _mm.mm_step(energy, Y, lay.graph, self.alpha, self.preconditioner, values=return_energy,
+                           validate=False)
         out = self._nodes(res.Y, lay)
         return (out, self._values(res.values, lay)) if return_energy else out
 
@@ -238,7 +239,7 @@ class UnfoldedAttentionConv(MessagePassing):
         ``direction = -grad E / P`` (P the Jacobi diagonal or the curvature bound, :func:`unfold.mm.mm_direction`)
         and ``curvature`` c_u the summed curvature bound (its majorizer's metric)."""
         lay, Y, energy = self._prepare(x, edge_index, x0, batch)
-        direction, _, curv = _mm.mm_direction(energy, Y, lay.graph, self.preconditioner)
+        direction, _, curv = _mm.mm_direction(energy, Y, lay.graph, self.preconditioner, validate=False)
         return self._nodes(direction, lay), (curv[0] if lay.slots is None else curv.reshape(-1)[lay.slots])
 
     def energy(self, x: torch.Tensor, edge_index, x0: Optional[torch.Tensor] = None,

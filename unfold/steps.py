@@ -165,7 +165,7 @@ class AttentionStep(Step):
         increment is the Jacobi direction of :func:`unfold.mm.mm_direction` (the one definition of the MM step);
         the printed one is its own rule (the negative control)."""
         if self.update_rule == "exact":
-            return _mm.mm_direction(self.energy, Y, graph, "jacobi")[0]
+            return _mm.mm_direction(self.energy, Y, graph, "jacobi", validate=False)[0]
         agg, deg = self.pairwise.messages(Y, graph)
         c0 = self.rho.derivative(torch.zeros((), dtype=Y.dtype, device=Y.device))
         return agg / (deg + c0)[..., None]

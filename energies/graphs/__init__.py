@@ -38,12 +38,12 @@ from .edge_list import from_edge_index, from_pyg
 from .edges import MAX_SLOTS, canonical_edges, mask_from_lengths
 from .random_graph import RANDOM_PAIRWISE_MAX, random
 from .registry import GRAPHS, MASK_FREE, MAX_EDGES, register_graph
-from .spec import graph_from_spec
+from .spec import check_graph_spec, graph_from_spec
 from .star import star  # noqa: F811
 from .strided import strided  # noqa: F811
 from .window import window  # noqa: F811
 
 #: the public names; private helpers are imported from their homes (energies.graphs.container, ...)
 __all__ = ["GRAPHS", "GraphCache", "MASK_FREE", "MAX_EDGES", "MAX_SLOTS", "RANDOM_PAIRWISE_MAX", "TokenGraph",
-           "canonical_edges", "check_tokens", "complete", "dilated", "from_edge_index", "from_pyg", "graph_from_spec",
+           "canonical_edges", "check_graph_spec", "check_tokens", "complete", "dilated", "from_edge_index", "from_pyg", "graph_from_spec",
            "mask_from_lengths", "random", "register_graph", "star", "strided", "window"]

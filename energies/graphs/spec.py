@@ -86,6 +86,36 @@ def canonical_spec(spec: str) -> str:
     return ":".join([name] + [_canonical_arg(a) for a in args])
 
 
+def check_graph_spec(spec, error=GraphError, files: bool = True) -> str:
+    """The one check of a graph spec where it enters (an encoder's constructor, a config): a named graph is built
+    for a 4-token sequence, so its name and arguments are checked (radii are clamped to n); an edge-list file must
+    be a readable ``.npy`` array (its contents are checked where a graph of n tokens is built from it).
+
+    Args:
+        spec: the spec, as :func:`graph_from_spec` takes it.
+        error: the caller's typed error (the encoder's ConfigError), raised with :func:`graph_from_spec`'s message.
+        files: read an edge-list file now; False leaves it to the first graph built (an encoder whose file a model
+            bundle pins: the graphs come from the bundle's copy, whatever became of the file).
+
+    Returns:
+        ``spec``, unchanged.
+
+    Raises:
+        GraphError: (or ``error``) a spec :func:`graph_from_spec` refuses.
+    """
+    try:
+        if isinstance(spec, str) and (spec.endswith(".npy") or os.path.sep in spec):
+            if files:
+                load_npy(spec, "graph file", "edge list", GraphError)
+        else:
+            graph_from_spec(spec, 4)
+    except GraphError as exc:
+        if error is GraphError:
+            raise
+        raise error(str(exc)) from None
+    return spec
+
+
 def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Build a token graph from a short spec.
 

@@ -134,10 +134,10 @@ def _is_graph_file(spec: str) -> bool:
 def _check_graph(spec: str) -> None:
     """Parse a named spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to
     n). An edge-list file is checked by :func:`_check_cross` against ``data.max_len``."""
-    from energies.graphs import graph_from_spec
+    from energies.graphs import check_graph_spec
 
     if not _is_graph_file(spec):
-        graph_from_spec(spec, 4)
+        check_graph_spec(spec)
 
 
 def _check_splits(value) -> None:

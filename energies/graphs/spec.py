@@ -108,7 +108,8 @@ def check_graph_spec(spec, error=GraphError, files: bool = True) -> str:
             if files:
                 load_npy(spec, "graph file", "edge list", GraphError)
         else:
-            graph_from_spec(spec, 4)
+            with torch.device("cpu"):      # a probe, on the host also under a device context (a model built on meta)
+                graph_from_spec(spec, 4)
     except GraphError as exc:
         if error is GraphError:
             raise

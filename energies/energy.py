@@ -28,19 +28,33 @@ class Energy(torch.nn.Module):
         **named: more terms by keyword, ``name=term``, after ``terms``.
 
     Raises:
-        EnergyError: a term that is not an :class:`~energies.terms.EnergyTerm` (the message names it).
+        EnergyError: a term that is not an :class:`~energies.terms.EnergyTerm`, a name that is not a non-empty
+            string without '.', or ``terms`` not pairs nor a dict (the message names it).
     """
 
     def __init__(self, terms: Union[None, Iterable[Tuple[str, EnergyTerm]], Dict[str, EnergyTerm]] = None,
                  **named: EnergyTerm):
         super().__init__()
-        items = list(terms.items()) if isinstance(terms, dict) else list(terms or [])
+        if isinstance(terms, dict):
+            items = list(terms.items())
+        elif terms is None:
+            items = []
+        elif isinstance(terms, (str, bytes, EnergyTerm)) or not isinstance(terms, Iterable):
+            raise EnergyError(f"energy terms must be (name, term) pairs or a {{name: term}} dict, got "
+                              f"{type(terms).__name__}")
+        else:
+            items = list(terms)
+        for item in items:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise EnergyError(f"energy terms must be (name, term) pairs, got {type(item).__name__} {item!r:.80}")
         items += list(named.items())
         self.terms = torch.nn.ModuleDict()
         for name, term in items:
             self._add(name, term)
 
     def _add(self, name: str, term: EnergyTerm) -> None:
+        if not isinstance(name, str) or not name or "." in name:
+            raise EnergyError(f"energy term name must be a non-empty string without '.', got {name!r}")
         if not isinstance(term, EnergyTerm):
             raise EnergyError(f"energy term {name!r} must be an EnergyTerm, got {type(term).__name__}")
         if any(t is term for t in self.terms.values()):

@@ -307,6 +307,39 @@ class EnergyTerm(torch.nn.Module):
 _check_methods(EnergyTerm)
 
 
+def _flags(**flags) -> None:
+    """Each keyword a switch: True or False, else an :class:`EnergyError` naming it (a truthy string or NaN would
+    otherwise turn it on)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise EnergyError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_bound(given, what: str, of: str, exact, source: Optional[torch.Tensor]):
+    """A caller-given spectral bound (``what``, standing for ``of``): None, or a real number or one-element floating
+    tensor, finite, >= 0 and, where ``exact`` (a callable computing the quantity from ``source``) is given and
+    ``source`` holds values, not below it beyond rounding (64 eps of ``source``'s dtype, relative): a smaller bound
+    would make the MM step too long, and its descent guarantee a claim the theorem does not give. ``exact`` None:
+    the bound applies to nothing (no metric), refused. A host read, at construction (``validate=True``) only.
+    Returns the bound as the terms use it: a tensor as given, a number as a 0-d float64 tensor (None for None)."""
+    if given is None:
+        return None
+    if exact is None:
+        raise EnergyError(f"{what} is given, but there is no metric W for it to bound")
+    if isinstance(given, torch.Tensor) and (given.numel() != 1 or not given.dtype.is_floating_point):
+        raise EnergyError(f"{what} must be one floating number ({of}), got a {given.dtype} tensor of shape "
+                          f"{tuple(given.shape)}")
+    if isinstance(given, torch.Tensor) and given.device.type == "meta":
+        return given
+    value = check_number(given, what, "nonnegative", EnergyError)
+    if source is not None and source.device.type != "meta" and bool(torch.isfinite(source).all()):
+        true = float(exact())
+        if value < true * (1.0 - 64 * torch.finfo(source.dtype).eps):
+            raise EnergyError(f"{what}={value:.6g} is below {of} = {true:.6g}: the MM step would be too long for its "
+                              "descent guarantee")
+    return given if isinstance(given, torch.Tensor) else torch.tensor(value, dtype=ACCUM_DTYPE)
+
+
 class PairwiseAttention(EnergyTerm):
     """Pairwise part of the attention energy E1 (supplement eq. 33 with temperature tau):
 
@@ -344,8 +377,9 @@ class PairwiseAttention(EnergyTerm):
 
     Raises:
         EnergyError: (``validate=True``) an unknown curvature bound, ``constant`` with a non-finite rho'(0), tau not
-            finite and > 0, an unknown kernel, or a metric that is not a floating ``(d, d_h)`` tensor; and an
-            invalid ``rho`` spec (always).
+            finite and > 0, an unknown kernel, a metric that is not a floating ``(d, d_h)`` tensor, or a
+            ``metric_norm2`` without a metric, not one finite number >= 0, or below ``||W||_2^2``; and (always) an
+            invalid ``rho`` spec, ``guard`` or ``validate`` not a bool.
     """
 
     name = "attention"
@@ -356,12 +390,15 @@ class PairwiseAttention(EnergyTerm):
                  curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True,
                  validate: bool = True):
         super().__init__()
+        _flags(guard=guard, validate=validate)
         self.rho: Rho = get_rho(rho)
         self.curvature_kind = curvature
         if curvature == "constant":
             self.max_weight = self.rho.max_derivative()
         if validate:   # a model building this term per forward from arguments it checked itself passes False
             tau = self._check(tau, kernel, metric, curvature)
+            metric_norm2 = _check_bound(metric_norm2, "metric_norm2", "||W||_2^2", None if metric is None else
+                         (lambda: torch.linalg.matrix_norm(metric.detach().to(ACCUM_DTYPE), ord=2) ** 2), metric)
         self.tau = tau
         self.kernel = kernel
         self.metric = metric
@@ -541,13 +578,15 @@ class Residual(EnergyTerm):
 
     def __init__(self, B: Optional[torch.Tensor] = None, validate: bool = True):
         super().__init__()
+        _flags(validate=validate)
         if B is not None:
             if not isinstance(B, torch.Tensor) or not B.dtype.is_floating_point:
                 raise EnergyError("residual anchor B must be a floating torch.Tensor")
             if B.ndim not in (2, 3) or min(B.shape) < 1:
                 raise EnergyError(f"residual anchor B must have shape (n, d) or (B, n, d) with every size >= 1, "
                                   f"got {tuple(B.shape)}")
-            if validate and not torch.isfinite(B).all():   # a host read: models that build B themselves skip it
+            if validate and B.device.type != "meta" and not torch.isfinite(B).all():   # a host read (models that
+                # build B themselves skip it); meta holds no values
                 raise EnergyError("residual anchor B holds NaN or Inf")
         self.B = B
 
@@ -606,8 +645,9 @@ class FeedForward(EnergyTerm):
             is unchanged).
 
     Raises:
-        EnergyError: W not a floating square tensor, sym_tol negative or NaN, or (``validate``) W holding NaN or
-            Inf or not symmetric within sym_tol.
+        EnergyError: W not a floating square tensor, sym_tol negative or NaN, ``validate`` not a bool, or
+            (``validate``) W holding NaN or Inf or not symmetric within sym_tol, or a ``curvature`` that is not one
+            finite number >= 0 or lies below ``max(lambda_max(W), 0)`` (a shorter bound voids the guarantee).
     """
 
     name = "ffn"
@@ -620,7 +660,9 @@ class FeedForward(EnergyTerm):
         if W.ndim != 2 or W.shape[0] != W.shape[1] or W.shape[0] < 1:
             raise EnergyError(f"feed-forward weight W must be square (d, d) with d >= 1, got {tuple(W.shape)}")
         sym_tol = check_number(sym_tol, "sym_tol", "nonnegative_or_inf", EnergyError)   # inf: no symmetry check
-        if validate:   # host reads: a model whose W is symmetric by construction skips them
+        _flags(validate=validate)
+        if validate and W.device.type != "meta":   # host reads (a model whose W is symmetric by construction skips
+            # them; meta holds no values)
             if not torch.isfinite(W).all():
                 raise EnergyError("feed-forward weight W holds NaN or Inf")
             asym = (W - W.T).abs().max().item()
@@ -628,6 +670,9 @@ class FeedForward(EnergyTerm):
             if asym > sym_tol * scale:
                 raise EnergyError(f"feed-forward weight W must be symmetric: max |W - W^T| = {asym:.3g} "
                                   "(use (W + W.T) / 2; supplement F.1)")
+        if validate:
+            curvature = _check_bound(curvature, "curvature", "max(lambda_max(W), 0)",
+                                     lambda: torch.linalg.eigvalsh(W.detach().to(ACCUM_DTYPE)).max().clamp_min(0.0), W)
         self.W = W
         #: ``max(lambda_max(W), 0)`` when the caller knows it, else computed from W
         self._given_curvature = curvature

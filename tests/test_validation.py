@@ -505,3 +505,74 @@ def test_labels_and_one_hot_targets_give_the_same_solution():
     assert a.certificate == b.certificate and a.converged
     soft = 0.5 * Y + 0.25                              # soft labels: rows in the simplex are fine
     assert math.isfinite(solve(head, data, soft, 0.2 * bm, max_iter=20).certificate["objective"])
+
+
+# ============================================================================ adversarial review (boundary gaps)
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.Energy(7), ["pairs", "int"]), (lambda: E.Energy("ab"), ["pairs", "str"]),
+    (lambda: E.Energy([E.Centering()]), ["pairs", "centering"]),
+    (lambda: E.Energy([(3, E.Centering())]), ["name", "3"]),
+    (lambda: E.Energy([("a.b", E.Centering())]), ["name", "a.b"]),
+    (lambda: E.Energy([("", E.Centering())]), ["name"]),
+])
+def test_energy_refuses_malformed_terms(call, names):
+    """torch's TypeError / KeyError (ModuleDict names) before."""
+    raises(EnergyError, call, *names)
+
+
+def test_energy_takes_pairs_as_lists_and_dicts():
+    c = E.Centering()
+    assert E.Energy([["center", c]]).names == E.Energy({"center": c}).names == ["center"]
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.PairwiseAttention(guard="no"), ["guard", "no"]), (lambda: E.PairwiseAttention(validate=NAN), ["validate"]),
+    (lambda: E.Residual(validate="yes"), ["validate"]), (lambda: E.FeedForward(torch.eye(3), validate=1), ["validate"]),
+    (lambda: E.FeedForward(torch.eye(2) * 5, curvature=torch.tensor(0.1)), ["curvature", "0.1", "lambda_max"]),
+    (lambda: E.FeedForward(torch.eye(2), curvature=torch.tensor(NAN)), ["curvature", "nan"]),
+    (lambda: E.FeedForward(torch.eye(2), curvature=-1.0), ["curvature", "-1"]),
+    (lambda: E.FeedForward(torch.eye(2), curvature="x"), ["curvature", "x"]),
+    (lambda: E.FeedForward(torch.eye(2), curvature=torch.ones(2)), ["curvature", "shape"]),
+    (lambda: E.PairwiseAttention(metric=torch.eye(3) * 3, metric_norm2=torch.tensor(0.01)), ["metric_norm2", "||w||_2^2"]),
+    (lambda: E.PairwiseAttention(metric=torch.eye(3), metric_norm2=torch.tensor(INF)), ["metric_norm2", "inf"]),
+    (lambda: E.PairwiseAttention(metric_norm2=torch.tensor(1.0)), ["metric_norm2", "no metric"]),
+])
+def test_energy_term_flags_and_given_bounds(call, names):
+    """Truthy strings / NaN turned a switch on, and a caller's curvature or ||W||^2 bound below the true one (which
+    makes the MM step too long while the step claims its guarantee) was taken unread, before."""
+    raises(EnergyError, call, *names)
+
+
+def test_given_bounds_at_or_above_the_true_one_are_taken_and_used():
+    W = torch.diag(torch.tensor([3.0, -1.0], dtype=torch.float64))
+    g, Y = E.complete(4), torch.randn(1, 4, 2, dtype=torch.float64)
+    assert float(E.FeedForward(W, curvature=3.0).curvature(Y, g)) == 3.0          # a number becomes a tensor
+    assert float(E.FeedForward(W, curvature=torch.tensor(3.0)).curvature(Y, g)) == 3.0
+    pa = E.PairwiseAttention(metric=W, metric_norm2=9.0)
+    assert float(pa.metric_norm2()) == 9.0 and torch.isfinite(pa.curvature(Y, g)).all()
+    E.FeedForward(torch.eye(2, device="meta"), curvature=torch.tensor(1.0, device="meta"))   # meta: no values read
+    E.Residual(torch.zeros(4, 2, device="meta"))
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.Attention(4, temperature=NAN), ["temperature", "nan"]),
+    (lambda: U.Attention(4, temperature="hot"), ["temperature", "hot"]),
+    (lambda: U.Attention(4, causal="no"), ["causal", "no"]), (lambda: U.Attention(4, bias=NAN), ["bias"]),
+    (lambda: U.Attention(4, activation=["relu"]), ["activation"]),
+    (lambda: U.FreeEncoder(4, heads=1, attention_temperature=NAN), ["attention_temperature"]),
+    (lambda: U.TorchEncoder(4, heads=1, attention_temperature=-1), ["attention_temperature"]),
+    (lambda: U.TokenEmbedding(10, 4, pad_idx=2.5), ["pad_idx", "2.5"]),
+    (lambda: U.TokenEmbedding(10, 4, pad_idx="x"), ["pad_idx", "x"]),
+    (lambda: U.TokenEmbedding(10, 4, pad_idx=True), ["pad_idx", "true"]),
+    (lambda: U.TokenEmbedding(10, 4, pad_idx=10), ["pad_idx", "10"]),
+    (lambda: U.TokenEmbedding(10, 4, freeze="no"), ["freeze", "no"]),
+    (lambda: U.UnfoldedTransformer(10, NAN, d=4, heads=1), ["num_classes", "nan"]),
+    (lambda: U.UnfoldedTransformer(10, "x", d=4, heads=1), ["num_classes", "x"]),
+    (lambda: U.UnfoldedTransformer(10, 2.5, d=4, heads=1), ["num_classes", "2.5"]),
+    (lambda: U.UnfoldedTransformer(10, True, d=4, heads=1), ["num_classes", "true"]),
+    (lambda: U.UnfoldedTransformer(10, 2, d=4, heads=1, pad_idx=None), ["pad_idx", "none"]),
+])
+def test_model_scalars_refused_by_name(call, names):
+    """Raw int()/comparison/IndexError before, or silently accepted (NaN temperature with a softmax attention,
+    num_classes 2.5 truncated to 2, a truthy string for a switch)."""
+    raises(ConfigError, call, *names)

@@ -68,7 +68,7 @@ ACTIVATIONS: Dict[str, Callable[[float], nn.Module]] = {
 
 
 def make_activation(name: str, temperature: float = 1.0) -> nn.Module:
-    if name not in ACTIVATIONS:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
         raise ConfigError(f"unknown attention activation {name!r}; valid: {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[name](temperature)
 
@@ -100,6 +100,10 @@ class Attention(nn.Module):
         self.d_head = (check_int(d_head, "d_head", 1, error=ConfigError) if d_head is not None
                        else max(self.d // self.heads, 1))
         dropout = check_number(dropout, "dropout", "probability", ConfigError)
+        temperature = check_number(temperature, "temperature", "positive", ConfigError)
+        for name, flag in (("causal", causal), ("bias", bias)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
         inner = self.heads * self.d_head
         self.q, self.k, self.v = (nn.Linear(self.d, inner, bias=bias) for _ in range(3))
         self.o = nn.Linear(inner, self.d, bias=bias)

@@ -141,8 +141,9 @@ class TokenEmbedding(nn.Module):
                 raise ConfigError(f"pretrained embeddings have {pretrained.shape[0]} rows, vocabulary has {vocab_size}")
             embed_dim = pretrained.shape[1]
         embed_dim = check_int(embed_dim, "embed_dim", 1, error=ConfigError) if embed_dim is not None else d
-        if not 0 <= pad_idx < vocab_size:
-            raise ConfigError(f"pad_idx={pad_idx} must lie in [0, {vocab_size})")
+        pad_idx = check_int(pad_idx, "pad_idx", 0, vocab_size - 1, ConfigError)
+        if not isinstance(freeze, bool):
+            raise ConfigError(f"freeze must be True or False, got {freeze!r}")
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_idx)
         if pretrained is not None:
             with torch.no_grad():

@@ -694,7 +694,10 @@ class FreeLayer(nn.Module):
         return self.ln2(Y + self.drop(self.ffn(Y)))
 
 
-def _common(heads, ffn_mult, dropout, attention, norm=None):
+def _common(heads, ffn_mult, dropout, attention, temperature=1.0):
+    """The free and baseline encoders' shared arguments, checked (``temperature``: the softplus activation's, checked
+    whatever the activation, as every argument is); returns ``(heads, ffn_mult, dropout, attention)``."""
+    check_number(temperature, "attention_temperature", "positive", ConfigError)
     heads = check_int(heads, "heads", 1, error=ConfigError)
     ffn_mult = check_int(ffn_mult, "ffn_mult", 1, error=ConfigError)
     dropout = check_number(dropout, "dropout", "probability", ConfigError)
@@ -728,7 +731,8 @@ class FreeEncoder(_TracedStack):
                  attention: str = "softmax", attention_temperature: float = 1.0, norm: str = "post",
                  graph: str = "complete", rho="exp", tau: Optional[float] = None, validate: bool = False):
         super().__init__(d, layers, graph, rho, tau, validate)
-        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention)
+        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention,
+                                                      attention_temperature)
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
         self.heads, self.attention, self.norm = heads, attention, _choice(norm, "norm", NORMS)
@@ -797,7 +801,8 @@ class TorchEncoder(_TracedStack):
         if graph != "complete":
             raise ConfigError("the baseline encoder (torch.nn.TransformerEncoder) supports only graph='complete'")
         super().__init__(d, layers, graph, rho, tau, validate)
-        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention)
+        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention,
+                                                      attention_temperature)
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
         self.heads, self.attention = heads, attention

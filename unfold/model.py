@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from energies.checks import check_int
 from energies.errors import ConfigError
 
 from .classifier import ModelOutput, SequenceClassifier, TokenEmbedding
@@ -106,9 +107,7 @@ class UnfoldedTransformer(SequenceClassifier):
         if "stop_rel" not in params and stop_rel is not None and stop_rel != 0:
             raise ConfigError(f"stop_rel={stop_rel!r} (the energy-chosen depth) applies to weight-shared encoders "
                               f"that take it (guaranteed), not to mode={mode}")
-        num_classes = int(num_classes)
-        if num_classes < 1:
-            raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
+        num_classes = check_int(num_classes, "num_classes", 1, error=ConfigError)
         given = dict(d=d, heads=heads, d_head=d_head, layers=layers, rho=rho, tau=tau, graph=graph, alpha=alpha,
                      ffn=ffn, relu=relu, layernorm=layernorm, curvature=curvature, kernel=kernel, ffn_mult=ffn_mult,
                      dropout=dropout, attention=attention, attention_temperature=attention_temperature, norm=norm,

@@ -576,3 +576,30 @@ def test_model_scalars_refused_by_name(call, names):
     """Raw int()/comparison/IndexError before, or silently accepted (NaN temperature with a softmax attention,
     num_classes 2.5 truncated to 2, a truthy string for a switch)."""
     raises(ConfigError, call, *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [1]]), offsets=[2]), ["offsets [2]", "edge list"]),
+    (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [2]]), offsets=[1, 2]), ["offsets [1, 2]"]),
+    (lambda: E.TokenGraph(1, 6, offsets=[1]), ["offsets [1]", "complete"]),
+    (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [1]]), offsets="x"), ["offsets", "'x'"]),
+    (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [1]]), offsets=[1.5]), ["offset", "1.5"]),
+    (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [1]]), offsets=[0, 1]), ["offset", "0"]),
+])
+def test_token_graph_offsets_must_describe_its_edges(call, names):
+    """Offsets that are not the edge list's pattern were kept: the banded kernel's MM pass then ran over another graph
+    than ``value`` (E = -0.0978 vs -0.1456 on the first case), so a step descended one energy and the trace judged
+    another."""
+    raises(GraphError, call, *names)
+
+
+@pytest.mark.parametrize("spec", ["window:2", "strided:3", "dilated:2:2"])
+def test_builder_offsets_pass_their_check_padded_and_sparse(spec):
+    m = torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1] * 7], dtype=torch.bool)
+    for g in (E.graph_from_spec(spec, 7, batch_size=2), E.graph_from_spec(spec, 7, batch_size=2, mask=m)):
+        s = g.to_sparse()
+        assert s.offsets == g.offsets and torch.equal(s.edges(), g.edges())
+        Y = torch.randn(2, 7, 3, dtype=torch.float64)
+        banded, edges = E.PairwiseAttention(kernel="banded"), E.PairwiseAttention(kernel="edges")
+        assert torch.allclose(banded.mm(Y, g).value, edges.mm(Y, g).value, rtol=1e-12, atol=1e-12)
+    assert E.TokenGraph(1, 4, offsets=[1, 2, 3, 9]).offsets == (1, 2, 3)     # the complete graph's, beyond n dropped

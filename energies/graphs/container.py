@@ -118,6 +118,18 @@ def mask_bits(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     return _and_bits(x, bits) if route == 0 else _MaskBits.apply(x, bits) if route == 1 else _MaskBitsFunc.apply(x, bits)
 
 
+def _check_offsets(offsets, n: int) -> Optional[Tuple[int, ...]]:
+    """A shift-invariant graph's offsets as :attr:`TokenGraph.offsets` keeps them: integers >= 1 (a bool, a
+    fraction, a string or o < 1 refused, :class:`GraphError`), sorted, once each, those >= n dropped (they join no
+    pair); None for None."""
+    if offsets is None:
+        return None
+    if isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__iter__"):
+        raise GraphError(f"offsets must be a list of integers >= 1, got {offsets!r:.80}")
+    values = [check_int(o, "offset", 1) for o in (offsets.tolist() if isinstance(offsets, torch.Tensor) else offsets)]
+    return tuple(sorted({o for o in values if o < n}))
+
+
 class TokenGraph:
     """Undirected graph over ``batch_size`` examples of ``num_nodes`` token slots each: the edge set E of the
     attention energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33; the complete graph is main paper
@@ -138,10 +150,12 @@ class TokenGraph:
         name: a label for reports (``"complete"``, ``"window:2"``, ...).
         offsets: for a shift-invariant graph (window, strided, dilated), its offsets o >= 1, the edges being every
             pair ``{i, i + o}`` of real tokens of each example (kept sorted, once each, those < n); else None.
+            Checked against the edge list (the kernels that read offsets must pass over the same graph).
 
     Raises:
         GraphError: a size that is not an integer >= 1, more than 2^31 slots, a name that is not a string, a mask
-            of the wrong dtype or shape, or an edge list that fails its checks (the message names the edge).
+            of the wrong dtype or shape, an edge list that fails its checks (the message names the edge), or
+            offsets that are not integers >= 1 or not the edge list's pattern (all of 1 .. n-1 without one).
     """
 
     def __init__(self, batch_size: int, num_nodes: int, mask=None, edge_index=None, name: str = "custom",
@@ -162,13 +176,33 @@ class TokenGraph:
         self._all: Optional[torch.Tensor] = None
         #: for a shift-invariant graph (window, strided, dilated): its offsets o >= 1, the edges being every pair
         #: ``{i, i + o}`` of real tokens of each example (the tiled layout of the Triton kernel uses them); else None
-        self.offsets = None if offsets is None else tuple(sorted({int(o) for o in offsets if 0 < int(o) < self.num_nodes}))
-        if edge_index is not None:
+        self.offsets = _check_offsets(offsets, self.num_nodes)
+        if edge_index is None:
+            if self.offsets is not None and self.offsets != tuple(range(1, self.num_nodes)):
+                raise GraphError(f"offsets {list(self.offsets)[:8]} do not describe the complete graph on n="
+                                 f"{self.num_nodes} tokens (offsets 1 .. n-1): give the edge list they describe")
+        else:
             canon = canonical_edges(edge_index, self.batch_size * self.num_nodes, self.num_nodes)
             flat_mask = self.mask.reshape(-1).to(canon.device)
             keep = flat_mask[canon[0]] & flat_mask[canon[1]]
             self._edges = canon[:, keep].to(self.mask.device)
             self._all = self._edges
+            if self.offsets is not None:
+                self._check_pattern()
+
+    def _check_pattern(self) -> None:
+        """The edges between real tokens are exactly the pairs ``{i, i + o}`` of real tokens, o in :attr:`offsets`
+        (the kernels that read the offsets, ``banded`` and the Triton tiles, would otherwise pass over another graph
+        than the edge list: the step would descend one energy and the trace evaluate another). Each kept edge's span
+        is an offset, and there are as many as such pairs: the same set. One host read, at construction."""
+        e, m = self._edges, self.mask
+        offs = torch.tensor(self.offsets, dtype=e.dtype, device=e.device)
+        spans_ok = bool(torch.isin(e[1] - e[0], offs).all()) if e.numel() else True
+        want = sum(int((m[:, :-o] & m[:, o:]).sum()) for o in self.offsets)
+        if not spans_ok or e.shape[1] != want:
+            raise GraphError(f"offsets {list(self.offsets)[:8]} do not describe the edge list: it has {e.shape[1]} "
+                             f"edges between real tokens, the pairs {{i, i + o}} of real tokens number {want}"
+                             + ("" if spans_ok else ", and some edge spans no listed offset"))
 
     # ------------------------------------------------------------------ basic facts
     @property

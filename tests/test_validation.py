@@ -603,3 +603,71 @@ def test_builder_offsets_pass_their_check_padded_and_sparse(spec):
         banded, edges = E.PairwiseAttention(kernel="banded"), E.PairwiseAttention(kernel="edges")
         assert torch.allclose(banded.mm(Y, g).value, edges.mm(Y, g).value, rtol=1e-12, atol=1e-12)
     assert E.TokenGraph(1, 4, offsets=[1, 2, 3, 9]).offsets == (1, 2, 3)     # the complete graph's, beyond n dropped
+
+
+# ============================================================================ verdicts (adversarial review)
+class _NaNStep(U.Step):
+    """Turns every token into NaN, at every layer (a diverging step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.energy = E.attention_energy()
+
+    def update(self, Y, graph):
+        return Y * NAN
+
+
+class _Shrinks(_NaNStep):
+    def update(self, Y, graph):
+        return Y[:, :2]
+
+
+def test_a_step_that_keeps_diverging_is_reported_not_raised():
+    """The trace zeroed a dead example's tokens only at the layer that killed it: the next layer's NaN reached the
+    energy's token check, and trace_descent raised TokenError instead of reporting the non-finite steps."""
+    g, Y = E.complete(4, batch_size=2), torch.randn(2, 4, 3, dtype=torch.float64)
+    _, rep = U.trace_descent(_NaNStep(), Y, g, layers=3)
+    assert rep.verdict == "nonfinite" and rep.num_nonfinite == rep.num_increases == 6
+    _, rep = U.trace_descent(U.Sequence([_NaNStep(), U.ReLUProxStep()]), Y, g, layers=2)
+    assert rep.verdict == "nonfinite" and rep.num_nonfinite == 4
+
+
+def test_a_step_changing_the_shape_is_named():
+    g, Y = E.complete(4, batch_size=2), torch.randn(2, 4, 3, dtype=torch.float64)
+    raises(StepError, lambda: U.trace_descent(_Shrinks(), Y, g, layers=1), "_Shrinks", "(2, 2, 3)")
+    raises(StepError, lambda: U.trace_descent(U.Sequence([_Shrinks(), U.ReLUProxStep()]), Y, g, layers=1),
+           "sub-step 0", "_Shrinks")
+    raises(StepError, lambda: _Shrinks()(Y, g), "_Shrinks", "same shape")
+
+
+@pytest.mark.parametrize("ran", [[[False]], [[False, True]], [[True, False, True]]], ids=str)
+def test_ran_must_be_a_prefix_of_layers(ran):
+    """A ``ran`` skipping layer 1 or resuming after a stop left layers that ran unjudged: all False gave "descent"
+    over no step for a NaN or a rise."""
+    ran = torch.tensor(ran)
+    vals = torch.tensor([[1.0] + [NAN] * ran.shape[1]], dtype=torch.float64)
+    raises(StepError, lambda: U.report_from_values({"e": vals}, torch.float64, ran=ran), "ran", "layer 1")
+
+
+@pytest.mark.parametrize("bad", ["no", NAN, 1, None], ids=repr)
+def test_report_guaranteed_is_a_bool(bad):
+    """A truthy non-bool was stored and the summary said ``guaranteed: true``."""
+    vals = {"e": torch.tensor([[1.0, 0.5]], dtype=torch.float64)}
+    raises(StepError, lambda: U.report_from_values(vals, torch.float64, guaranteed=bad), "guaranteed")
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.check_tol_factor(torch.tensor(True)), ["tol_factor"]),
+    (lambda: U.check_tol_factor(__import__("numpy").bool_(True)), ["tol_factor"]),
+    (lambda: U.tolerance({"e": torch.ones(2, dtype=torch.float64)}, torch.int64), ["dtype", "int64"]),
+    (lambda: U.tolerance({}, torch.float64), ["values"]),
+    (lambda: U.trace_descent(U.AttentionStep(), torch.randn(1, 4, 2), E.complete(4), layers=1, substeps="no"),
+     ["substeps", "no"]),
+])
+def test_verdict_arguments(call, names):
+    raises(StepError, call, *names)
+
+
+def test_check_tokens_names_a_graph_that_is_not_one():
+    raises(GraphError, lambda: E.check_tokens(torch.zeros(1, 4, 2), "complete"), "graph", "str")
+    raises(GraphError, lambda: U.trace_descent(U.AttentionStep(), torch.zeros(1, 4, 2), "complete", layers=1), "graph")

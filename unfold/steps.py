@@ -85,7 +85,11 @@ class Step(torch.nn.Module):
     def forward(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         if self.validate:
             Y = check_tokens(Y, graph)
-        return graph.keep_padded(self.update(Y, graph), Y)
+        out = self.update(Y, graph)
+        if self.validate and not (isinstance(out, torch.Tensor) and out.shape == Y.shape):   # metadata only
+            raise StepError(f"{type(self).__name__}.update returned {type(out).__name__} "
+                            f"{tuple(getattr(out, 'shape', ()))}: a step maps tokens {tuple(Y.shape)} to the same shape")
+        return graph.keep_padded(out, Y)
 
     def substeps(self) -> List["Step"]:
         return [self]

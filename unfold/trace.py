@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence as Seq, Tuple, Union
 
+import numpy as np
 import torch
 
 from energies.energy import Energy
@@ -62,7 +63,8 @@ def check_tol_factor(factor) -> float:
     Raises:
         StepError: when ``factor`` is not a number, or not finite and within the bounds; the message names it.
     """
-    if isinstance(factor, (bool, str, bytes)):
+    if isinstance(factor, (bool, np.bool_, str, bytes)) or (isinstance(factor, torch.Tensor)
+                                                          and factor.dtype == torch.bool):
         raise StepError(f"tol_factor must be a number, got {factor!r}")
     try:
         f = float(factor)
@@ -249,8 +251,17 @@ def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float
 
     Returns:
         The tolerances, in the values' shape.
+
+    Raises:
+        StepError: ``factor`` outside :func:`check_tol_factor`'s rule, ``dtype`` not a floating dtype, ``values`` not
+            a non-empty dict of floating tensors (metadata only: no host read).
     """
     factor = check_tol_factor(factor)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
+    if not isinstance(values, dict) or not values or not all(
+            isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in values.values()):
+        raise StepError("values must be a non-empty dict {term: floating tensor}")
     eps = torch.finfo(dtype).eps
     scale = torch.zeros_like(next(iter(values.values())))
     for v in values.values():
@@ -479,6 +490,15 @@ def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[tor
     return vals
 
 
+def check_step_output(out, Y: torch.Tensor, what: str) -> torch.Tensor:
+    """``out`` if it is floating tokens of ``Y``'s shape (what a step maps Y to), else a :class:`StepError` naming
+    ``what`` (the step) and what it returned. Metadata only: no host read."""
+    if not (isinstance(out, torch.Tensor) and out.shape == Y.shape and out.dtype.is_floating_point):
+        raise StepError(f"{what} returned {type(out).__name__} {tuple(getattr(out, 'shape', ()))} "
+                        f"{getattr(out, 'dtype', '')}: a step maps floating tokens {tuple(Y.shape)} to the same shape")
+    return out
+
+
 class _Tracer:
     """Runs one step (or sub-step) at a time, keeping examples whose tokens went non-finite out of later
     steps (their energies become NaN, so every later step of theirs fails), and blames the step."""
@@ -489,7 +509,8 @@ class _Tracer:
         self.violations: List[dict] = []
 
     def run(self, fn, Y: torch.Tensor, layer: int, sub: Optional[int], name: str) -> torch.Tensor:
-        Y_next = fn(Y)
+        Y_next = check_step_output(fn(Y), Y, f"layer {layer}" + ("" if sub is None else f", sub-step {sub}")
+                                   + f" ({name})")
         bad = _nonfinite_examples(Y_next, self.graph) & ~self.dead
         for s in bad.nonzero().reshape(-1).tolist():
             self.violations.append({"level": "substep" if sub is not None else "layer", "kind": "nonfinite_tokens",
@@ -497,6 +518,8 @@ class _Tracer:
                                     "message": f"layer {layer} ({name}) produced non-finite tokens from finite input"})
         if bool(bad.any()):
             self.dead = self.dead | bad
+        if bool(self.dead.any()):      # every step of a dead example, not only the one that killed it: its tokens
+            # hold zeros from there (a step that turns zeros into NaN again would otherwise reach the energy's check)
             Y_next = torch.where(self.dead[:, None, None] & self.graph.mask[..., None], torch.zeros_like(Y_next), Y_next)
         return Y_next
 
@@ -535,6 +558,8 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         from there) and the :class:`DescentReport` of every example at every layer.
     """
     tol_factor = check_tol_factor(tol_factor)
+    if not isinstance(substeps, bool):
+        raise StepError(f"substeps must be True or False, got {substeps!r}")
     Y = check_tokens(Y, graph)
     _check_judgeable(Y, graph)
     plan = _layers(steps, layers)
@@ -580,7 +605,9 @@ def _trace_layer(tracer: "_Tracer", step: Step, subs: List[Step], Y: torch.Tenso
             tol = tolerance(before, Y.dtype, tol_factor, r)
             vals_cur = before
             for k, sub in enumerate(subs):
-                Y_next = tracer.run(lambda X: graph.keep_padded(sub.update(X, graph), X), Y, t, k, type(sub).__name__)
+                Y_next = tracer.run(lambda X: graph.keep_padded(check_step_output(
+                    sub.update(X, graph), X, f"layer {t}, sub-step {k} ({type(sub).__name__})"), X), Y, t, k,
+                    type(sub).__name__)
                 vals_next = _eval(energy, Y_next, graph, tracer.dead)
                 inc, nonfin, bad = _verdict(vals_cur, vals_next, tol, energy.indicators)
                 sub_incs += int(inc.sum())
@@ -640,6 +667,8 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
             (S, T+1) tensor, a ``ran`` that is not a bool (S, T) tensor on the values' device.
     """
     tol_factor = check_tol_factor(tol_factor)
+    if not isinstance(guaranteed, bool):    # a truthy 'no' or NaN would state a guarantee in the report
+        raise StepError(f"guaranteed must be True or False, got {guaranteed!r}")
     S, T1, device = _check_values(values, dtype, resolution)
     resolution = getattr(values, "resolution", None) if resolution is None else resolution
     indicators = tuple(indicators) or getattr(values, "indicators", ())
@@ -706,6 +735,12 @@ def _check_ran(ran: Optional[torch.Tensor], S: int, T1: int, device: torch.devic
                                 and tuple(ran.shape) == (S, T1 - 1) and ran.device == device):
         raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {device}, got "
                         f"{getattr(ran, 'dtype', type(ran).__name__)} {tuple(getattr(ran, 'shape', ()))}")
+    # an example runs layer 1 and stops once (EnergyTrace): its row is True up to its depth, False after; any other
+    # row leaves layers that ran unjudged (all False: "descent" over no step, whatever the values)
+    if ran is not None and not bool(ran[:, 0].all() & (ran[:, 1:] <= ran[:, :-1]).all()):
+        bad = (~ran[:, 0] | (ran[:, 1:] > ran[:, :-1]).any(1)).nonzero().flatten()[:5].tolist()
+        raise StepError(f"ran must mark each example's first layers (True from layer 1 up to where it stopped, False "
+                        f"after), got rows {bad} that skip layer 1 or run a layer after a skipped one")
 
 
 def _confirm(report: DescentReport, flagged: torch.Tensor, exact, values: Dict[str, torch.Tensor], judge,

@@ -394,6 +394,8 @@ def check_tokens(Y, graph: Optional[TokenGraph] = None, name: str = "Y") -> torc
     if Y.shape[-1] < 1:
         raise TokenError(f"{name} has no features: shape {tuple(Y.shape)}")
     if graph is not None:
+        if not isinstance(graph, TokenGraph):
+            raise GraphError(f"graph must be a TokenGraph, got {type(graph).__name__}")
         if (Y.shape[0], Y.shape[1]) != (graph.batch_size, graph.num_nodes):
             raise TokenError(f"{name} has shape {tuple(Y.shape)} but the graph is for "
                              f"(B, n) = ({graph.batch_size}, {graph.num_nodes})")

@@ -671,3 +671,15 @@ def test_verdict_arguments(call, names):
 def test_check_tokens_names_a_graph_that_is_not_one():
     raises(GraphError, lambda: E.check_tokens(torch.zeros(1, 4, 2), "complete"), "graph", "str")
     raises(GraphError, lambda: U.trace_descent(U.AttentionStep(), torch.zeros(1, 4, 2), "complete", layers=1), "graph")
+
+
+def test_a_gradient_step_on_an_energy_with_an_indicator_claims_no_guarantee():
+    """Prop. A.1 is about a smooth E: with the ReLU indicator in E the gradient step leaves the feasible set and E
+    goes to +inf (the trace saw the increase), yet guaranteed() said True for step_size * L <= 1."""
+    energy = E.attention_energy(B=-torch.ones(4, 3, dtype=torch.float64)) + E.nonnegativity_energy()
+    step = U.GradientStep(energy, 0.5, lipschitz=1.0)
+    assert not step.guaranteed()
+    _, rep = U.trace_descent(step, torch.rand(1, 4, 3, dtype=torch.float64) * 0.01, E.complete(4), layers=1)
+    assert rep.verdict == "increase" and rep.guaranteed == [False]
+    assert U.GradientStep(E.attention_energy(), 0.5, lipschitz=1.0).guaranteed()           # smooth: claimed
+    assert U.Sequence([U.GradientStep(E.attention_energy(), 0.5, lipschitz=1.0), U.ReLUProxStep()]).guaranteed()

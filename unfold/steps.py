@@ -222,7 +222,8 @@ class GradientStep(Step):
     Args:
         energy: E, a smooth :class:`~energies.Energy`.
         step_size: a, > 0 (finite).
-        lipschitz: L, a Lipschitz bound of grad E (> 0), or None (then :meth:`guaranteed` is False).
+        lipschitz: L, a Lipschitz bound of grad E (> 0), or None (then :meth:`guaranteed` is False; so it is for an
+            energy with an indicator term, which is not smooth).
     """
 
     guarantee = "E never increases when step_size * L <= 1 (L: Lipschitz constant of grad E)"
@@ -237,6 +238,10 @@ class GradientStep(Step):
         return self._L
 
     def guaranteed(self) -> bool:
+        """``step_size * L <= 1`` for a given L, on a smooth energy: an indicator term (ReLU's) is no part of Prop.
+        A.1 (its zero subgradient does not keep Y feasible, and the step can send E to +inf), so none is claimed."""
+        if self.energy.indicators:
+            return False
         L = self.lipschitz()
         return L is not None and self.step_size * L <= 1.0 + 1e-12
 

@@ -677,13 +677,21 @@ class FeedForward(EnergyTerm):
         #: ``max(lambda_max(W), 0)`` when the caller knows it, else computed from W
         self._given_curvature = curvature
 
+    def _weight(self, Y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """W on Y's device in ``dtype``, checked against the tokens' width (metadata only, as the attention
+        metric is: a TokenError naming both, not torch's matmul error)."""
+        if Y.shape[-1] != self.W.shape[0]:
+            raise TokenError(f"tokens have d={Y.shape[-1]} features but the feed-forward weight W is "
+                             f"{tuple(self.W.shape)}")
+        return self.W.to(device=Y.device, dtype=dtype)
+
     def value(self, Y, graph):
         Y = graph.zero_padded(Y.to(ACCUM_DTYPE))
-        W = self.W.to(device=Y.device, dtype=ACCUM_DTYPE)
+        W = self._weight(Y, ACCUM_DTYPE)
         return 0.5 * ((Y @ W) * Y).sum((1, 2))
 
     def grad(self, Y, graph):
-        return graph.zero_padded(Y @ self.W.to(device=Y.device, dtype=Y.dtype))
+        return graph.zero_padded(Y @ self._weight(Y, Y.dtype))
 
     def mm(self, Y, graph, value: bool = True) -> MMParts:
         G = self.grad(Y, graph)

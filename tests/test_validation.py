@@ -683,3 +683,20 @@ def test_a_gradient_step_on_an_energy_with_an_indicator_claims_no_guarantee():
     assert rep.verdict == "increase" and rep.guaranteed == [False]
     assert U.GradientStep(E.attention_energy(), 0.5, lipschitz=1.0).guaranteed()           # smooth: claimed
     assert U.Sequence([U.GradientStep(E.attention_energy(), 0.5, lipschitz=1.0), U.ReLUProxStep()]).guaranteed()
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda Y, g: U.mm_step(E.attention_energy(), Y.tolist(), g), ["y", "list"]),
+    (lambda Y, g: U.mm_direction(E.attention_energy(), None, g), ["y", "nonetype"]),
+    (lambda Y, g: U.mm_step(E.attention_energy(), Y.masked_fill(Y > 0, NAN), g), ["y", "nan"]),
+    (lambda Y, g: U.mm_step(E.feedforward_energy(torch.eye(3, dtype=torch.float64)), Y, g), ["d=4", "(3, 3)"]),
+    (lambda Y, g: E.feedforward_energy(torch.eye(3, dtype=torch.float64)).value(Y, g), ["d=4", "feed-forward"]),
+    (lambda Y, g: U.mm_step(E.attention_energy(), Y[:, :, :0], g), ["no features"]),
+])
+def test_the_functional_mm_step_checks_its_tokens(call, names):
+    """Raw AttributeError / TypeError / matmul RuntimeError before, or NaN tokens stepped unread."""
+    raises(TokenError, lambda: call(torch.randn(2, 4, 4, dtype=torch.float64), E.complete(4, 2)), *names)
+
+
+def test_the_functional_mm_step_checks_its_energy():
+    raises(StepError, lambda: U.mm_step("E1", torch.randn(1, 4, 2), E.complete(4)), "energy", "str")

@@ -32,7 +32,7 @@ import torch
 from energies.energy import Energy
 from energies.checks import check_number
 from energies.errors import StepError
-from energies.graphs import TokenGraph
+from energies.graphs import TokenGraph, check_tokens
 
 __all__ = ["PRECONDITIONERS", "MMStepResult", "mm_direction", "mm_step"]
 
@@ -65,7 +65,8 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
         graph: the token graph of the batch.
         preconditioner: ``bound`` or ``jacobi`` (:data:`PRECONDITIONERS`).
         values: also return each term's value at Y, from the same passes.
-        validate: check ``preconditioner``; False for a step that checked it at its construction.
+        validate: check ``preconditioner``, the energy's type and the tokens (:func:`~energies.check_tokens`, one
+            host read); False for a step that checked them at its construction.
 
     Returns:
         ``(direction, values, c)``: the direction ``(B, n, d)``, the terms' values at Y (float64; empty unless
@@ -77,6 +78,9 @@ def mm_direction(energy: Energy, Y: torch.Tensor, graph: TokenGraph, preconditio
     """
     if validate:
         check_preconditioner(preconditioner)
+        if not isinstance(energy, Energy):
+            raise StepError(f"energy must be an Energy, got {type(energy).__name__}")
+        Y = check_tokens(Y, graph)
     grad = None
     curv = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
     precond = torch.zeros(Y.shape[:2], dtype=Y.dtype, device=Y.device)
@@ -128,7 +132,8 @@ def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1
         preconditioner: ``bound`` (P_u = sum_k c^k_u, any parameters) or ``jacobi`` (the attention surrogate's
             diagonal, supplement eq. 36-37).
         values: also return each term's value at Y, from the same passes.
-        validate: check ``alpha`` and ``preconditioner``; False for a step that checked them at its construction
+        validate: check ``alpha``, ``preconditioner``, the energy's type and the tokens (:func:`~energies.check_tokens`:
+            shape, graph, finite real tokens: one host read); False for a step that checked them at its construction
             (its forward then checks nothing).
 
     Returns:
@@ -137,10 +142,13 @@ def mm_step(energy: Energy, Y: torch.Tensor, graph: TokenGraph, alpha: float = 1
 
     Raises:
         StepError: ``alpha`` not a finite number > 0, an unknown preconditioner, or (``jacobi``) a smooth term
-            without a Jacobi diagonal.
+            without a Jacobi diagonal. With ``validate``: a StepError for an energy that is not an Energy; a
+            :class:`~energies.errors.TokenError` / GraphError for tokens or a graph that
+            :func:`~energies.check_tokens` refuses.
     """
     if validate:
         alpha = check_number(alpha, "alpha", "positive", StepError)
+        Y = check_tokens(Y, graph)
     direction, vals, curv = mm_direction(energy, Y, graph, preconditioner, values, validate)
     out = Y + alpha * direction
     for term in energy.terms.values():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Dict
 
+import numpy as np
 import torch
 
 from .checks import parse_float
@@ -179,7 +180,8 @@ class ReluRho(Rho):
 def _finite_positive(rho: str, field: str, value) -> float:
     """A rho parameter as a float: finite and > 0, else an :class:`EnergyError` naming it."""
     try:
-        v = math.nan if isinstance(value, (bool, str, bytes)) else float(value)
+        v = math.nan if isinstance(value, (bool, np.bool_, str, bytes)) or (
+            isinstance(value, torch.Tensor) and value.dtype == torch.bool) else float(value)
     except (TypeError, ValueError, OverflowError, RuntimeError):
         v = math.nan
     if not (math.isfinite(v) and v > 0):
@@ -460,9 +462,11 @@ def check_rho(rho: Rho) -> None:
         rho: the penalty (a :class:`Rho`).
 
     Raises:
-        EnergyError: a value or derivative not finite, rho' negative or increasing, or value and derivative
-            that disagree; the message names the spec and z.
+        EnergyError: ``rho`` not a :class:`Rho` instance, a value or derivative not finite, rho' negative or
+            increasing, or value and derivative that disagree; the message names the spec and z.
     """
+    if not isinstance(rho, Rho):
+        raise EnergyError(f"check_rho takes a Rho instance, got {rho!r:.80}")
     key = f"{type(rho).__name__}:{rho.spec()}"
     if _CHECKED.get(key):
         return

@@ -700,3 +700,23 @@ def test_the_functional_mm_step_checks_its_tokens(call, names):
 
 def test_the_functional_mm_step_checks_its_energy():
     raises(StepError, lambda: U.mm_step("E1", torch.randn(1, 4, 2), E.complete(4)), "energy", "str")
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 4)), ["mask", "bool", "float32"]),
+    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 5, dtype=torch.bool)), ["mask", "(2, 4)", "(2, 5)"]),
+    (lambda: U.masked_mean(torch.randn(2, 4, 3).tolist(), torch.ones(2, 4, dtype=torch.bool)), ["y", "list"]),
+    (lambda: U.masked_mean(torch.zeros(2, 4, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)), ["int64"]),
+    (lambda: U.masked_mean(torch.randn(4, 3), torch.ones(4, dtype=torch.bool)), ["(b, n, d)"]),
+])
+def test_masked_mean_checks_its_metadata(call, names):
+    """torch's RuntimeError / TypeError before; a float or integer mask weighed the tokens by its values."""
+    raises(TokenError, call, *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.check_rho(3), ["rho instance", "3"]), (lambda: E.check_rho(E.ExpRho), ["rho instance", "exprho"]),
+    (lambda: E.LpRho(torch.tensor(True)), ["p", "true"]), (lambda: E.ReluRho(__import__("numpy").bool_(True)), ["c"]),
+])
+def test_rho_arguments_are_not_bools_or_classes(call, names):
+    raises(EnergyError, call, *names)

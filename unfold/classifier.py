@@ -209,7 +209,19 @@ def masked_mean(Y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``(B, d)`` in Y's dtype.
+
+    Raises:
+        TokenError: Y not a floating ``(B, n, d)`` tensor, or mask not a bool ``(B, n)`` tensor on Y's device
+            (metadata only: no host read; an integer or float mask would weigh tokens by its values).
     """
+    if not (isinstance(Y, torch.Tensor) and Y.ndim == 3 and Y.dtype.is_floating_point):
+        raise TokenError(f"masked_mean: Y must be a floating (B, n, d) tensor, got "
+                         f"{getattr(Y, 'dtype', type(Y).__name__)} {tuple(getattr(Y, 'shape', ()))}")
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == Y.shape[:2]
+            and mask.device == Y.device):
+        raise TokenError(f"masked_mean: mask must be a bool (B, n) = {tuple(Y.shape[:2])} tensor on {Y.device}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))} "
+                         f"{getattr(mask, 'device', '')}")
     return (Y * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1).to(Y.dtype)
 
 

@@ -100,15 +100,18 @@ class Head:
         raise NotImplementedError
 
     def prepare(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict:
-        """The data the operators read. Refuses (:class:`TokenError`) no examples, non-finite features, and
-        features whose products overflow (every prepared tensor must be finite)."""
+        """The data the operators read (with ``prepared_by``, the head's :meth:`signature`). Refuses
+        (:class:`TokenError`) no examples, features that are not float32 or float64 (the solver's SVDs take no
+        other), non-finite features, and features whose products overflow (every prepared tensor must be finite)."""
         if not isinstance(X, torch.Tensor) or X.ndim != 3 or X.shape[1:] != (self.s, self.d):
             raise TokenError(f"head {self.name} needs features (N, s={self.s}, d={self.d}), "
                              f"got {tuple(getattr(X, 'shape', ()))}")
         if X.shape[0] < 1:
             raise TokenError(f"head {self.name} needs at least one example, got N=0")
-        if not X.dtype.is_floating_point:
-            raise TokenError(f"head {self.name}: features must be floating point, got {X.dtype}")
+        if X.dtype not in (torch.float32, torch.float64):    # the solver's SVDs and norms take no other dtype
+            raise TokenError(f"head {self.name}: features must be float32 or float64, got {X.dtype}")
+        if X.device.type == "meta":
+            raise TokenError(f"head {self.name}: features on the meta device hold no values to solve with")
         if not bool(torch.isfinite(X).all()):
             raise TokenError(f"head {self.name}: features hold NaN or Inf")
         if mask is None:
@@ -119,7 +122,7 @@ class Head:
         mask = mask.to(X.device)
         X = X * mask[..., None].to(X.dtype)
         pi = pooling(mask, X.dtype)
-        data = {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi)}
+        data = {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi), "prepared_by": self.signature()}
         for key, value in data.items():
             parts = value if isinstance(value, (list, tuple)) else [value]
             if any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point and not bool(torch.isfinite(v).all())
@@ -130,6 +133,12 @@ class Head:
 
     def _prepare(self, X, mask, pi) -> dict:
         return {}
+
+    def signature(self) -> tuple:
+        """What the prepared data depend on: the class, its name and every int/str attribute (d, s, c, seed, gates,
+        groups); :meth:`prepare` records it and the solver refuses data prepared by a head of another signature."""
+        return (type(self).__qualname__, self.name,
+                *sorted((k, v) for k, v in vars(self).items() if isinstance(v, (int, str)) and not isinstance(v, bool)))
 
     def forward(self, Z: Sequence[torch.Tensor], data: dict) -> torch.Tensor:
         raise NotImplementedError

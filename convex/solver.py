@@ -78,11 +78,16 @@ def _svt_factors(Z: torch.Tensor, tau: float):
 
 
 def _check_matrix(Z, what: str) -> torch.Tensor:
-    """``Z`` if it is a 2-D floating tensor, else a ConfigError naming ``what``, its shape and dtype."""
-    if not isinstance(Z, torch.Tensor) or Z.ndim != 2 or not Z.dtype.is_floating_point:
-        raise ConfigError(f"{what} needs a 2-D floating matrix, got "
+    """``Z`` if it is a finite 2-D float32 or float64 tensor (what the SVD takes), else a ConfigError naming
+    ``what``, its shape and dtype."""
+    if (not isinstance(Z, torch.Tensor) or Z.ndim != 2 or Z.dtype not in (torch.float32, torch.float64)
+            or Z.device.type == "meta"):
+        raise ConfigError(f"{what} needs a 2-D float32 or float64 matrix, got "
                           f"{tuple(Z.shape) if isinstance(Z, torch.Tensor) else type(Z).__name__}"
-                          f"{f' of dtype {Z.dtype}' if isinstance(Z, torch.Tensor) else ''}")
+                          f"{f' of dtype {Z.dtype}' if isinstance(Z, torch.Tensor) else ''}"
+                          f"{' on the meta device' if isinstance(Z, torch.Tensor) and Z.device.type == 'meta' else ''}")
+    if not bool(torch.isfinite(Z).all()):
+        raise ConfigError(f"{what} holds NaN or Inf")
     return Z
 
 
@@ -95,7 +100,7 @@ def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
     extra cost.
 
     Args:
-        Z: the matrix ``(r, q)``, floating.
+        Z: the matrix ``(r, q)``, float32 or float64, finite.
         tau: the threshold, a finite number >= 0 (0 returns Z up to rounding).
         with_norm: also return the result's nuclear norm.
 
@@ -104,7 +109,7 @@ def svt(Z: torch.Tensor, tau: float, with_norm: bool = False):
         norm as a float)``.
 
     Raises:
-        ConfigError: Z is not a 2-D floating tensor, or tau is not a finite number >= 0.
+        ConfigError: Z is not a finite 2-D float32 or float64 tensor, or tau is not a finite number >= 0.
     """
     _check_matrix(Z, "svt")
     tau = check_number(tau, "svt threshold tau", "nonnegative", ConfigError)
@@ -132,9 +137,12 @@ def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
         One int per block (all 0 when every block is zero).
 
     Raises:
-        ConfigError: rtol is not a finite number >= 0, or a block is not a 2-D floating tensor.
+        ConfigError: rtol is not a finite number >= 0, Z is not a list, or a block is not a finite 2-D float32 or
+            float64 tensor.
     """
     rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
+    if not isinstance(Z, (list, tuple)):
+        raise ConfigError(f"rank needs a list of blocks (2-D tensors), got {type(Z).__name__}")
     for i, z in enumerate(Z):
         _check_matrix(z, f"rank (block {i})")
     svals = [torch.linalg.svdvals(z) for z in Z]
@@ -171,6 +179,9 @@ def _problem(head: Head, data: dict, Y, loss) -> "tuple[Loss, torch.Tensor]":
     X = data["X"]
     if X.shape[0] < 1:
         raise TokenError(f"head {head.name} needs at least one example, got N=0")
+    if data.get("prepared_by") != head.signature():
+        raise ConfigError(f"data must be the dict that this head's prepare(X, mask) returns: it was prepared by "
+                          f"{data.get('prepared_by', 'no head')!r}, not by {head.signature()!r}")
     loss = get_loss(loss)
     return loss, loss.targets(Y, X.shape[0], head.c, X)
 
@@ -744,10 +755,12 @@ def map_back(head: Head, Z: Sequence[torch.Tensor], rtol: float = 1e-9):
         :meth:`Head.unfactor` gives (what :meth:`Head.nonconvex` and :meth:`Head.lift` read).
 
     Raises:
-        ConfigError: rtol, or the blocks, are refused.
+        ConfigError: rtol, the head, or the blocks (finite float32 or float64 tensors) are refused.
     """
     rtol = check_number(rtol, "rtol", "nonnegative", ConfigError)
-    Z = _blocks(head, Z, "Z")
+    if not isinstance(head, Head):
+        raise ConfigError(f"head must be a convex.Head, got {type(head).__name__}")
+    Z = [_check_matrix(z, f"map_back (block {g})") for g, z in enumerate(_blocks(head, Z, "Z"))]
     heads = []
     top = max(float(torch.linalg.svdvals(z).max()) if z.numel() else 0.0 for z in Z)
     for g, z in enumerate(Z):

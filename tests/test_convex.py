@@ -430,3 +430,42 @@ def test_newton_runs_on_device(device):
     sol = solve(head, data, Y, 0.1 * beta_max(head, data, Y), method="newton", max_iter=800)
     assert sol.Z[0].device.type == torch.device(device).type and sol.converged and sol.newton_steps > 0
     assert sol.report().num_increases == 0
+
+
+def test_low_precision_non_finite_and_foreign_inputs_are_refused_by_name():
+    """Adversarial review: each of these raised a raw torch error (RuntimeError from linalg.matrix_norm on
+    float16/bfloat16 features, LinAlgError/NotImplementedError from the SVD on NaN or float16 blocks, KeyError on
+    data prepared by another head) or was silently solved against another head's data."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(6, 3, 2, dtype=torch.float64, generator=gen)
+    Y = torch.tensor([0, 1, 0, 1, 1, 0])
+    head = make_head("mlp_linear", 2, 3, 2)
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(TokenError, match="float32 or float64"):
+            head.prepare(X.to(dtype))
+    with pytest.raises(TokenError, match="meta"):
+        head.prepare(X.to("meta"))
+    data = head.prepare(X)
+    for other in (make_head("sa_linear", 2, 3, 2), make_head("mlp_linear", 2, 4, 2)):
+        for call in (lambda: solve(other, data, Y, 0.1, max_iter=2), lambda: beta_max(other, data, Y)):
+            with pytest.raises(ConfigError, match="prepared by"):
+                call()
+    with pytest.raises(ConfigError, match="prepared by"):
+        solve(head, {"X": X}, Y, 0.1)
+    from convex import svt
+    bad = {"NaN": torch.full((2, 2), float("nan")), "Inf": torch.full((2, 2), float("inf"))}
+    for z in bad.values():
+        for call in (lambda: svt(z, 0.1), lambda: rank([z])):
+            with pytest.raises(ConfigError, match="NaN or Inf"):
+                call()
+    for dtype in (torch.float16, torch.bfloat16):
+        z = torch.ones(2, 2, dtype=dtype)
+        for call in (lambda: svt(z, 0.1), lambda: rank([z]), lambda: map_back(head, [z])):
+            with pytest.raises(ConfigError, match="float32 or float64"):
+                call()
+    with pytest.raises(ConfigError, match="list of blocks"):
+        rank(None)
+    with pytest.raises(ConfigError, match="convex.Head"):
+        map_back(None, [torch.ones(2, 2)])
+    sol = solve(head, data, Y, 0.1)                       # the positive control: the same calls on good input
+    assert sol.converged and rank(sol.Z) == sol.ranks and len(map_back(head, sol.Z)) == sol.rank

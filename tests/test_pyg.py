@@ -142,3 +142,22 @@ def test_sbm_example_trains_with_the_energy_traced_at_every_layer():
     assert ours["layer_steps"] == 120 and ours["energy_increases"] == 0
     assert len(ours["energies"]) == 4 and ours["energies"][-1] < ours["energies"][0]
     assert ours["test_accuracy"] > mlp["test_accuracy"] + 0.03
+
+
+def test_adjacency_of_another_size_huge_batch_ids_and_huge_weights_are_refused():
+    """Adversarial review: a sparse adjacency of another size was silently read as this graph's, a batch vector
+    with a huge graph id and a conv of 10^14 weights reached the allocator (its untyped RuntimeError)."""
+    x = torch.randn(5, 4)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    conv = UnfoldedAttentionConv(4)
+    for n in (4, 6):
+        adj = torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (n, n))
+        for layout in (adj, adj.to_sparse_csr()):
+            with pytest.raises(GraphError, match=r"must be \(5, 5\)"):
+                conv(x, layout)
+    adj = torch.sparse_coo_tensor(ei, torch.ones(4), (5, 5))
+    assert torch.equal(conv(x, adj.to_sparse_csr()), conv(x, ei))           # the right size still reads
+    with pytest.raises(GraphError, match="graph id"):
+        conv(x, torch.tensor([[0], [1]]), batch=torch.tensor([0, 0, 1, 1, 10 ** 12]))
+    with pytest.raises(StepError, match="float32 weights"):
+        UnfoldedAttentionConv(10 ** 7, head_channels=10 ** 7)

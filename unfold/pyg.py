@@ -46,7 +46,8 @@ from torch_geometric.nn import MessagePassing
 from energies.checks import check_int, check_number
 from energies.energy import Energy
 from energies.errors import GraphError, StepError, TokenError
-from energies.graphs import TokenGraph, canonical_edges
+from energies.graphs import MAX_SLOTS, TokenGraph, canonical_edges
+from energies.memory import check_memory
 from energies.rho import get_rho
 from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64, version_cached
 
@@ -73,9 +74,23 @@ def _edge_tensor(edge_index) -> torch.Tensor:
     return edge_index.as_subclass(torch.Tensor) if type(edge_index) is not torch.Tensor else edge_index
 
 
+def _check_adjacency_size(edge_index, num_nodes: int) -> None:
+    """A sparse adjacency (torch sparse or ``torch_sparse.SparseTensor``) must be ``(num_nodes, num_nodes)``: one of
+    another size belongs to another graph, even where its nonzeros happen to fall within the nodes."""
+    if type(edge_index).__name__ == "SparseTensor" and hasattr(edge_index, "sparse_sizes"):
+        size = tuple(edge_index.sparse_sizes())
+    elif isinstance(edge_index, torch.Tensor) and edge_index.layout != torch.strided:
+        size = tuple(edge_index.shape)
+    else:
+        return
+    if size != (num_nodes, num_nodes):
+        raise GraphError(f"a sparse adjacency of {num_nodes} nodes must be ({num_nodes}, {num_nodes}), got {size}")
+
+
 def undirected_edges(edge_index, num_nodes: int) -> torch.Tensor:
     """Both orientations of every undirected edge once, no self loops; checks ids and dtype (the canonical
     edges of :func:`energies.graphs.canonical_edges`, written both ways as PyG's message passing expects)."""
+    _check_adjacency_size(edge_index, num_nodes)
     ei = canonical_edges(_edge_tensor(edge_index), num_nodes, num_nodes, lenient=True)
     return torch.stack([torch.cat([ei[0], ei[1]]), torch.cat([ei[1], ei[0]])])
 
@@ -114,6 +129,11 @@ class UnfoldedAttentionConv(MessagePassing):
                     else math.sqrt(self.head_channels))
         if relu and not metric:
             raise StepError("relu=True needs the proximal form: give head_channels (a learned metric)")
+        if metric:                     # before allocating: the allocator's untyped error otherwise
+            entries = self.heads * self.channels * self.head_channels
+            check_memory(8 * entries, f"UnfoldedAttentionConv with channels={self.channels}, heads={self.heads}, "
+                         f"head_channels={self.head_channels}: {entries:,} float32 weights", StepError,
+                         "use smaller channels, heads or head_channels")
         self.W = nn.Parameter(torch.empty(self.heads, self.channels, self.head_channels)) if metric else None
         self.nonneg = NonNegativity() if self.relu else None
         self.preconditioner = "bound" if metric else "jacobi"
@@ -138,6 +158,7 @@ class UnfoldedAttentionConv(MessagePassing):
                 raise GraphError(f"cached=True: this conv cached a graph of {self._cached_layout.num_nodes} nodes, "
                                  f"got {num_nodes} (call reset_parameters() to drop it)")
             return self._cached_layout
+        _check_adjacency_size(edge_index, num_nodes)
         ei = _edge_tensor(edge_index)
         device = ei.device if device is None else device
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= num_nodes):
@@ -154,8 +175,16 @@ class UnfoldedAttentionConv(MessagePassing):
             b = batch.to(device=ei.device, dtype=torch.long)
             if num_nodes and int(b.min()) < 0:
                 raise GraphError(f"batch holds negative graph ids ({int(b.min())})")
+            top = int(b.max()) if num_nodes else 0
+            if top >= MAX_SLOTS:       # bincount would allocate top + 1 counters before any other check
+                raise GraphError(f"batch holds graph id {top}: more than the {MAX_SLOTS} token slots a layout holds")
             counts = torch.bincount(b)
             G, n_max = int(counts.numel()), int(counts.max()) if num_nodes else 1
+            if G * n_max > MAX_SLOTS:
+                raise GraphError(f"batch lays out {G} graphs x {n_max} nodes (the largest) = {G * n_max} token slots, "
+                                 f"more than {MAX_SLOTS}: number the graphs 0, 1, ... without gaps")
+            check_memory(17 * G * n_max, f"the layout of batch: {G} graphs x {n_max} nodes (the largest)", GraphError,
+                         "number the graphs 0, 1, ... without gaps")
             ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
             order = torch.argsort(b, stable=True)
             local = torch.empty_like(b)

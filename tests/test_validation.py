@@ -720,3 +720,13 @@ def test_masked_mean_checks_its_metadata(call, names):
 ])
 def test_rho_arguments_are_not_bools_or_classes(call, names):
     raises(EnergyError, call, *names)
+
+
+@pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
+@pytest.mark.parametrize("kw, name", [({"trace": "no"}, "trace"), ({"keep_states": NAN}, "keep_states")], ids=str)
+def test_forward_switches_are_bools(mode, kw, name):
+    """A truthy 'no' traced the free and baseline encoders (and was named 'guard' by the guaranteed one), a NaN
+    keep_states kept the states."""
+    model = U.UnfoldedTransformer(10, 3, d=4, heads=1, layers=2, mode=mode)
+    raises(ConfigError, lambda: model(torch.randint(1, 10, (2, 5)), **kw), name)
+    raises(ConfigError, lambda: model.encoder(torch.randn(2, 5, 4), **kw), name)

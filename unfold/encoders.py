@@ -303,6 +303,7 @@ class Encoder(nn.Module):
         """``layers``: unroll a weight-shared step that many times (:func:`check_inference_layers`, the one depth
         rule: refused for an untied stack); ``first_layers``: run only the first layers of an untied stack (an
         explicit prefix, for probes)."""
+        _flag(trace, "trace"), _flag(keep_states, "keep_states")    # a truthy 'no' or NaN would switch them on
         if first_layers is not None:
             if layers is not None:
                 raise ConfigError("pass layers or first_layers, not both")

@@ -730,3 +730,15 @@ def test_forward_switches_are_bools(mode, kw, name):
     model = U.UnfoldedTransformer(10, 3, d=4, heads=1, layers=2, mode=mode)
     raises(ConfigError, lambda: model(torch.randint(1, 10, (2, 5)), **kw), name)
     raises(ConfigError, lambda: model.encoder(torch.randn(2, 5, 4), **kw), name)
+
+
+def test_theorem41_refuses_energies_with_an_indicator():
+    """Thm 4.1 is about smooth f and g: with the ReLU indicator in f it said holds=True (delta 0.99 <= bound 2) for a
+    layer whose energy the trace saw go to +inf."""
+    B = -torch.ones(4, 3, dtype=torch.float64)
+    f = U.GradientStep(E.attention_energy(B=B) + E.nonnegativity_energy(), 0.25, lipschitz=1.0)
+    g = U.GradientStep(E.feedforward_energy(torch.eye(3, dtype=torch.float64)), 0.25, lipschitz=2.0)
+    Y = torch.rand(1, 4, 3, dtype=torch.float64) * 0.01
+    raises(StepError, lambda: U.Sequence([f, g]).theorem41(Y, E.complete(4)), "theorem41", "indicator", "relu")
+    smooth = U.GradientStep(E.attention_energy(B=B), 0.25, lipschitz=1.0)
+    assert "holds" in U.Sequence([smooth, g]).theorem41(Y, E.complete(4))

@@ -439,6 +439,9 @@ class Sequence(Step):
         if len(subs) != 2 or not all(isinstance(s, GradientStep) for s in subs):
             raise StepError("theorem41 applies to a Sequence of exactly two gradient steps")
         f, g = subs
+        ind = [name for s in subs for name in s.energy.indicators]
+        if ind:         # Thm 4.1 is about smooth f and g: an indicator's zero subgradient says nothing of h = +inf
+            raise StepError(f"theorem41 applies to smooth energies; the steps' energies have indicator terms {ind}")
         Lf, Lg = f.lipschitz(), g.lipschitz()
         if Lf is None or Lg is None:
             raise StepError("theorem41 needs Lipschitz constants of both gradient steps")

@@ -742,3 +742,13 @@ def test_theorem41_refuses_energies_with_an_indicator():
     raises(StepError, lambda: U.Sequence([f, g]).theorem41(Y, E.complete(4)), "theorem41", "indicator", "relu")
     smooth = U.GradientStep(E.attention_energy(B=B), 0.25, lipschitz=1.0)
     assert "holds" in U.Sequence([smooth, g]).theorem41(Y, E.complete(4))
+
+
+@pytest.mark.parametrize("kind", ["guaranteed", "free", "baseline"])
+def test_encoder_depth_is_bounded_at_construction(kind):
+    """10**30 shared layers were taken (an unroll that never ends); the inference rule's bound applies."""
+    from unfold.encoders import MAX_INFERENCE_LAYERS
+
+    raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=10 ** 30), "layers", str(10 ** 30))
+    raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=MAX_INFERENCE_LAYERS + 1), "layers")
+    assert U.build_encoder("guaranteed", d=4, heads=1, layers=MAX_INFERENCE_LAYERS).layers == MAX_INFERENCE_LAYERS

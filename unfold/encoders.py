@@ -262,7 +262,8 @@ class Encoder(nn.Module):
 
     Args:
         d: the token width, an integer >= 1.
-        layers: T, the number of layers, an integer >= 1.
+        layers: T, the number of layers, an integer in [1, :data:`MAX_INFERENCE_LAYERS`] (the depth rule of an
+            inference too: 10**30 shared layers would be an unroll that never ends).
         graph: the token graph spec (``complete``, ``window:8``, ...; :func:`energies.graph_from_spec`).
         validate: check tokens and masks at every forward (host reads: a debugging switch).
     """
@@ -276,7 +277,7 @@ class Encoder(nn.Module):
     def __init__(self, d: int, layers: int, graph: str = "complete", validate: bool = False):
         super().__init__()
         self.d = check_int(d, "d", 1, error=ConfigError)
-        self.layers = check_int(layers, "layers", 1, error=ConfigError)
+        self.layers = check_int(layers, "layers", 1, MAX_INFERENCE_LAYERS, ConfigError)   # as at inference
         if not isinstance(graph, str) or not graph:
             raise ConfigError(f"graph must be a graph spec such as 'complete' or 'window:8', got {graph!r}")
         self.graph_spec = check_graph_spec(graph, ConfigError, files=False)   # refused here, not at a forward

@@ -62,3 +62,15 @@ def test_untied_modes_are_not_judged_and_bad_mode_is_named():
     assert DescentMonitor("strict").observe(m, out) == 0
     with pytest.raises(ConfigError, match=r"descent monitor mode 'loud' is unknown; valid: \['off', 'warn', 'strict'\]"):
         DescentMonitor("loud")
+
+
+def test_monitor_options_are_refused_by_name():
+    """Adversarial review: max_logged went through int() (ValueError/OverflowError for 'x', NaN, inf; 2.5 and
+    True taken as 2 and 1, -5 kept), and a log that is not callable was accepted until the first violation."""
+    for bad in ("x", float("nan"), float("inf"), -5, 2.5, True):
+        with pytest.raises(ConfigError, match="max_logged"):
+            DescentMonitor("warn", max_logged=bad)
+    for bad in (3, "print"):
+        with pytest.raises(ConfigError, match="log must be a callable"):
+            DescentMonitor("warn", log=bad)
+    assert DescentMonitor("warn", max_logged=0, log=print).max_logged == 0

@@ -20,6 +20,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from energies.checks import check_int
 from energies.errors import ConfigError, DescentError
 
 from .trace import (DEFAULT_TOL_FACTOR, EnergyTrace, check_tol_factor, report_from_values, resolution,
@@ -50,7 +51,10 @@ class DescentMonitor:
                  log: Optional[Callable[[str], None]] = None, max_logged: int = 20):
         if mode not in MONITOR_MODES:
             raise ConfigError(f"descent monitor mode {mode!r} is unknown; valid: {list(MONITOR_MODES)}")
-        self.mode, self.tol_factor, self.max_logged = mode, check_tol_factor(tol_factor), int(max_logged)
+        self.mode, self.tol_factor = mode, check_tol_factor(tol_factor)
+        self.max_logged = check_int(max_logged, "descent monitor max_logged", 0, error=ConfigError)
+        if log is not None and not callable(log):
+            raise ConfigError(f"descent monitor log must be a callable taking one message, got {log!r}")
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.steps = self.flagged = self.confirmed = self.cleared = 0
         self.tol_rule = ""

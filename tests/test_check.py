@@ -204,3 +204,14 @@ def test_unroll_is_an_iterator_over_layers_matching_the_trace():
     assert torch.equal(states[-1][1], Y_T)
     energies = torch.stack([step.energy.value(Yt, g) for _, Yt in states], dim=1)
     assert torch.allclose(energies, rep.totals, rtol=0, atol=0)
+
+
+def test_overflowing_input_prints_the_failed_verdict_without_a_warning(tmp_path):
+    """Adversarial review: an input whose energy overflows float64 printed numpy's RuntimeWarning ('invalid value
+    encountered in subtract', inf - inf in the per-layer table) on stderr beside the NON-FINITE verdict."""
+    np.save(tmp_path / "huge.npy", np.full((4, 3), 1e300))
+    proc = subprocess.run([sys.executable, "-W", "default", "-m", "unfold.check", "--input", str(tmp_path / "huge.npy"),
+                           "--layers", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "NON-FINITE ENERGY (a failed check)" in proc.stdout
+    assert "monotone descent" not in proc.stdout
+    assert proc.stderr == "", proc.stderr

@@ -237,8 +237,9 @@ def _print_human(out: dict) -> None:
     energies = np.array(out["energies"], dtype=float)
     print("layer  mean energy        min step change")
     for t in range(energies.shape[1]):
-        change = "" if t == 0 else f"{np.min(energies[:, t] - energies[:, t - 1]): .3e}"
-        print(f"{t:5d}  {energies[:, t].mean(): .10e}  {change}")
+        with np.errstate(invalid="ignore", over="ignore"):   # inf - inf: the verdict below names it, no warning
+            change = "" if t == 0 else f"{np.min(energies[:, t] - energies[:, t - 1]): .3e}"
+            print(f"{t:5d}  {energies[:, t].mean(): .10e}  {change}")
     for name, term in out["terms"].items():
         print(f"term {name:10s} increases={term['increases']} non-finite={term['nonfinite']} "
               f"max_increase={term['max_increase']}")

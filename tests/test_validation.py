@@ -752,3 +752,18 @@ def test_encoder_depth_is_bounded_at_construction(kind):
     raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=10 ** 30), "layers", str(10 ** 30))
     raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=MAX_INFERENCE_LAYERS + 1), "layers")
     assert U.build_encoder("guaranteed", d=4, heads=1, layers=MAX_INFERENCE_LAYERS).layers == MAX_INFERENCE_LAYERS
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: U.Attention(10 ** 30), ["attention", "d=" + str(10 ** 30)]),
+    (lambda: U.Attention(4, heads=10 ** 30), ["attention", "heads"]),
+    (lambda: U.TokenEmbedding(10 ** 30, 4), ["vocab_size=" + str(10 ** 30)]),
+    (lambda: U.TokenEmbedding(10, 4, max_len=10 ** 30), ["max_len"]),
+    (lambda: U.UnfoldedTransformer(10, 10 ** 30, d=4, heads=1), ["num_classes=" + str(10 ** 30)]),
+    (lambda: U.UnfoldedTransformer(10, 2, d=4, heads=1, ffn_mult=torch.tensor([1.0, 2.0])), ["ffn_mult", "guaranteed"]),
+    (lambda: U.UnfoldedTransformer(10, 2, d=4, heads=1, attention_temperature=True), ["attention_temperature=true"]),
+])
+def test_sizes_beyond_memory_and_odd_inapplicable_values_are_named(call, names):
+    """torch's TypeError ('Overflow when unpacking long long') for sizes past int64, the ambiguous-truth RuntimeError
+    for a tensor left where an argument does not apply; True passed for the default 1.0 (True == 1.0)."""
+    raises(ConfigError, call, *names)

@@ -33,6 +33,7 @@ from torch import nn
 
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError, TokenError
+from energies.memory import check_memory
 
 __all__ = ["Attention", "ACTIVATIONS", "RowSoftmax", "TemperedSoftplus", "make_activation"]
 
@@ -100,11 +101,17 @@ class Attention(nn.Module):
         self.d_head = (check_int(d_head, "d_head", 1, error=ConfigError) if d_head is not None
                        else max(self.d // self.heads, 1))
         dropout = check_number(dropout, "dropout", "probability", ConfigError)
-        temperature = check_number(temperature, "temperature", "positive", ConfigError)
+        try:        # checked whatever the activation, in the softplus activation's wording
+            check_number(temperature, "temperature", "positive", ConfigError)
+        except ConfigError:
+            raise ConfigError(f"attention needs a finite temperature > 0, got temperature={temperature!r}") from None
         for name, flag in (("causal", causal), ("bias", bias)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"{name} must be True or False, got {flag!r}")
         inner = self.heads * self.d_head
+        check_memory(8 * (4 * self.d * inner + 4 * inner), f"attention with d={self.d}, heads={self.heads}, "
+                     f"d_head={self.d_head}: {4 * self.d * inner:,} float32 weights", ConfigError,
+                     "use a smaller d, heads or d_head", device=torch.get_default_device())   # not torch's TypeError
         self.q, self.k, self.v = (nn.Linear(self.d, inner, bias=bias) for _ in range(3))
         self.o = nn.Linear(inner, self.d, bias=bias)
         self.activation_name = activation

@@ -16,6 +16,7 @@ from torch import nn
 
 from energies.checks import check_int, check_number
 from energies.errors import ConfigError, InputError, TokenError
+from energies.memory import check_memory
 
 from .encoders import (Encoder, bool_mask, check_device, check_empty_rows, check_inference_layers, host_checks,
                        trace_dtype)
@@ -142,6 +143,10 @@ class TokenEmbedding(nn.Module):
             embed_dim = pretrained.shape[1]
         embed_dim = check_int(embed_dim, "embed_dim", 1, error=ConfigError) if embed_dim is not None else d
         pad_idx = check_int(pad_idx, "pad_idx", 0, vocab_size - 1, ConfigError)
+        entries = vocab_size * embed_dim + (embed_dim + 1) * d + self.max_len * d
+        check_memory(8 * entries, f"token embedding with vocab_size={vocab_size}, embed_dim={embed_dim}, d={d}, "
+                     f"max_len={self.max_len}: {entries:,} float32 weights", ConfigError,
+                     "use smaller sizes", device=torch.get_default_device())      # not the allocator's TypeError
         if not isinstance(freeze, bool):
             raise ConfigError(f"freeze must be True or False, got {freeze!r}")
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_idx)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from energies.checks import check_int
+from energies.memory import check_memory
 from energies.errors import ConfigError
 
 from .classifier import ModelOutput, SequenceClassifier, TokenEmbedding
@@ -30,6 +31,17 @@ MODES = ENCODERS
 _EVERY_MODE = ("d", "dropout", "validate")
 
 
+def _at_default(value, default) -> bool:
+    """``value`` equals ``default`` as a plain Python value: a tensor, or a bool where the default is a number (or
+    the reverse), is not the default (``True == 1.0`` would pass otherwise, and a tensor's ``==`` is no truth)."""
+    if isinstance(value, torch.Tensor) or isinstance(value, bool) != isinstance(default, bool):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:       # a value whose == raises is no default
+        return False
+
+
 def _refuse_inapplicable(given, params, mode) -> None:
     """A ConfigError for the first argument in ``given`` that ``mode``'s encoder does not take (``params``) and
     that is not at :class:`UnfoldedTransformer`'s default."""
@@ -38,7 +50,7 @@ def _refuse_inapplicable(given, params, mode) -> None:
         if key in params or key in _EVERY_MODE:
             continue
         default = defaults[key].default
-        off = value is None or value == 0 if key == "stop_rel" else value == default     # (stop_rel 0: off, as None)
+        off = value is None or _at_default(value, 0) if key == "stop_rel" else _at_default(value, default)  # (0: off)
         if not off:
             takes = sorted(k for k in given if k in params and k not in _EVERY_MODE)
             raise ConfigError(f"{key}={value!r} does not apply to mode={mode}, whose encoder takes {takes}; "
@@ -117,6 +129,8 @@ class UnfoldedTransformer(SequenceClassifier):
         # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
         embedding = TokenEmbedding(vocab_size, d, embed_dim, pretrained, freeze_embed, positional, max_len,
                                    dropout, pad_idx)
+        check_memory(8 * (int(d) + 1) * num_classes, f"head with d={int(d)}, num_classes={num_classes}", ConfigError,
+                     "use fewer classes", device=torch.get_default_device())        # not the allocator's TypeError
         head = nn.Linear(int(d), num_classes)
         super().__init__(embedding, build_encoder(mode, **kwargs), head, dropout, validate)
         self.mode = mode

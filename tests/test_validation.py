@@ -767,3 +767,14 @@ def test_sizes_beyond_memory_and_odd_inapplicable_values_are_named(call, names):
     """torch's TypeError ('Overflow when unpacking long long') for sizes past int64, the ambiguous-truth RuntimeError
     for a tensor left where an argument does not apply; True passed for the default 1.0 (True == 1.0)."""
     raises(ConfigError, call, *names)
+
+
+@pytest.mark.parametrize("call, names", [
+    (lambda: E.mask_from_lengths([1], 10 ** 30), ["n", str(10 ** 30)]),
+    (lambda: E.mask_from_lengths([10 ** 30], 4), ["lengths"]),
+    (lambda: E.mask_from_lengths([], 4), ["lengths", "at least one example"]),
+    (lambda: E.mask_from_lengths(torch.tensor([1], device="meta"), 4), ["lengths", "meta"]),
+])
+def test_mask_from_lengths_edges(call, names):
+    """OverflowError / torch's meta RuntimeError before, and an empty batch's (0, n) mask was returned."""
+    raises(GraphError, call, *names)

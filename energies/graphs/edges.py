@@ -20,16 +20,21 @@ def mask_from_lengths(lengths, n: int) -> torch.Tensor:
         n: token slots per example, an integer >= 1.
 
     Returns:
-        The ``(B, n)`` bool mask, ``B = len(lengths)``.
+        The ``(B, n)`` bool mask, ``B = len(lengths)``, on the lengths' device.
 
     Raises:
-        GraphError: lengths that are not a 1-D sequence of integers in ``[0, n]``, or n not an integer >= 1.
+        GraphError: lengths that are not a non-empty 1-D sequence of integers in ``[0, n]`` (or on ``meta``), or n
+            not an integer in ``[1, MAX_SLOTS]``.
     """
-    n = check_int(n, "n (slots per example)", 1)
+    n = check_int(n, "n (slots per example)", 1, MAX_SLOTS)
     try:
         raw = torch.as_tensor(lengths)
-    except (TypeError, ValueError, RuntimeError):
-        raise GraphError(f"lengths must be a 1-D sequence of integers, got {lengths!r}") from None
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise GraphError(f"lengths must be a 1-D sequence of integers, got {lengths!r:.200}") from None
+    if raw.device.type == "meta":
+        raise GraphError("lengths are on the meta device, which holds no values: give them on the CPU or a GPU")
+    if raw.numel() == 0:
+        raise GraphError(f"lengths must hold at least one example, got {lengths!r:.80}")
     if raw.dtype == torch.bool or raw.dtype.is_complex or (raw.dtype.is_floating_point and not (
             bool(torch.isfinite(raw).all()) and bool((raw == raw.round()).all()))):
         raise GraphError(f"lengths must be integers, got {raw.tolist() if raw.numel() <= 16 else raw.dtype}")
@@ -38,7 +43,7 @@ def mask_from_lengths(lengths, n: int) -> torch.Tensor:
         raise GraphError(f"lengths must be 1-D, got shape {tuple(lengths.shape)}")
     if (lengths < 0).any() or (lengths > n).any():
         raise GraphError(f"lengths must lie in [0, {n}], got {lengths.tolist()}")
-    return torch.arange(n)[None, :] < lengths[:, None]
+    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:

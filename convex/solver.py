@@ -51,6 +51,7 @@ import torch
 
 from energies.errors import ConfigError, TokenError
 from energies.checks import check_int, check_number
+from energies.memory import check_memory
 from unfold.trace import DescentReport, report_from_values
 
 from .heads import Head
@@ -182,6 +183,9 @@ def _problem(head: Head, data: dict, Y, loss) -> "tuple[Loss, torch.Tensor]":
     if data.get("prepared_by") != head.signature():
         raise ConfigError(f"data must be the dict that this head's prepare(X, mask) returns: it was prepared by "
                           f"{data.get('prepared_by', 'no head')!r}, not by {head.signature()!r}")
+    entries = sum(r * q for r, q in head.blocks())     # Z, its candidates, gradients, momentum: about 8 copies
+    check_memory(8 * entries * X.element_size(), f"head {head.name}: blocks {head.blocks()} ({entries:,} entries of "
+                 f"{X.dtype})", ConfigError, "use a smaller d, s or c", device=X.device)
     loss = get_loss(loss)
     return loss, loss.targets(Y, X.shape[0], head.c, X)
 
@@ -226,7 +230,8 @@ def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tenso
     Fenchel duality (eq. 38, Lemma A.2): at the dual point ``V = t grad l(A(Z))``,
     ``t = min(1, beta / max_g ||A_g*(grad l)||_2)`` (feasible: the dual constraint holds), the gap
     ``P(Z) + l*(V) >= 0`` bounds ``P(Z) - P*`` (module docstring). A certificate is never made of non-finite
-    values: a :class:`TokenError` says what overflowed.
+    values: a :class:`TokenError` says what overflowed; nor of a dual value above the objective by more than
+    rounding (weak duality broken: the loss's conjugate is wrong), which would read as a zero gap.
 
     Args:
         head: the convex head (:func:`convex.make_head`).
@@ -243,7 +248,8 @@ def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tenso
         ``optimality_ratio``.
 
     Raises:
-        ConfigError: the head, data, loss, targets, blocks or beta are refused.
+        ConfigError: the head, data, loss, targets, blocks or beta are refused, or the loss's dual value exceeds
+            the objective (its conjugate is wrong).
         TokenError: no examples, or a part of the certificate is not finite.
     """
     loss, Y = _problem(head, data, Y, loss)
@@ -264,6 +270,11 @@ def _certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tens
     dual = float(loss.dual_value(R, Y, t))
     P = l + pen
     _finite({"loss": l, "penalty": pen, "dual": dual, "dual_norm": norm}, "the certificate")
+    slack = 64 * torch.finfo(R.dtype).eps * (abs(P) + abs(dual))     # rounding of P and of the dual value
+    if dual > P + slack:        # weak duality: never, for a correct conjugate; a gap clamped to 0 would certify it
+        raise ConfigError(f"loss {loss.name!r}: the dual value {dual:.17g} exceeds the objective {P:.17g} by more than "
+                          f"rounding ({slack:.3g}): its conjugate (dual_value) is not the loss's, and no duality gap "
+                          "can be certified")
     gap = max(P - dual, 0.0)
     return {"objective": P, "loss": l, "penalty": pen, "dual": dual, "duality_gap": gap,
             "duality_gap_rel": gap / max(abs(P), 1e-300), "optimality_ratio": norm / beta}

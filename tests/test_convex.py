@@ -469,3 +469,40 @@ def test_low_precision_non_finite_and_foreign_inputs_are_refused_by_name():
         map_back(None, [torch.ones(2, 2)])
     sol = solve(head, data, Y, 0.1)                       # the positive control: the same calls on good input
     assert sol.converged and rank(sol.Z) == sol.ranks and len(map_back(head, sol.Z)) == sol.rank
+
+
+def test_blocks_beyond_memory_are_refused_before_allocation():
+    """Adversarial review: a head whose blocks cannot fit (mixer_linear with s = 20000: (s^2, d c) = 4e11 entries)
+    reached the allocator in solve and beta_max (torch's untyped RuntimeError)."""
+    head = make_head("mixer_linear", 1, 20000, 1000)
+    data = head.prepare(torch.ones(2, 20000, 1, dtype=torch.float64))
+    Y = torch.tensor([0, 1])
+    for call in (lambda: solve(head, data, Y, 0.1, max_iter=1), lambda: beta_max(head, data, Y)):
+        with pytest.raises(ConfigError, match="blocks .* of memory"):
+            call()
+
+
+def test_a_dual_value_above_the_objective_is_never_certified_as_a_zero_gap():
+    """Adversarial review: the gap was max(P - dual, 0), so a loss whose conjugate is wrong (here the squared
+    loss's dual value raised by 1) got duality_gap 0 and ``converged`` True at the first check (iteration 10, its
+    objective 2e-7 relative above the optimum, beyond tol = 1e-7). Weak duality bounds dual <= P up to rounding;
+    beyond it the certificate is refused."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(6, 3, 2, dtype=torch.float64, generator=gen)
+    Y = torch.tensor([0, 1, 0, 1, 1, 0])
+    head = make_head("mlp_linear", 2, 3, 2)
+    data = head.prepare(X)
+    squared = get_loss("squared")
+
+    class WrongConjugate(type(squared)):
+        name = "wrong_conjugate"
+
+        def dual_value(self, R, Y, t):
+            return squared.dual_value(R, Y, t) + 1.0
+
+    with pytest.raises(ConfigError, match="'wrong_conjugate'.*dual value .* exceeds the objective"):
+        solve(head, data, Y, 0.01, loss=WrongConjugate(), max_iter=50)
+    with pytest.raises(ConfigError, match="exceeds the objective"):
+        certificate(head, data, Y, [torch.zeros(2, 2, dtype=torch.float64)], 0.01, loss=WrongConjugate())
+    sol = solve(head, data, Y, 0.01, loss="squared", tol=0.0, max_iter=300)      # the exact conjugate: never refused
+    assert sol.certificate["duality_gap"] >= 0 and sol.certificate["dual"] <= sol.certificate["objective"] * (1 + 1e-12)

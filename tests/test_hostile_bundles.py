@@ -726,3 +726,15 @@ def test_plain_output_is_one_line_a_text_and_six_fields(base, tmp_path):
     assert code == 0, err[-2000:]
     out.encode("utf-8")                                              # no lone surrogate
     assert [json.loads(x)["text"] for x in out.splitlines()] == HOSTILE_TEXTS
+
+
+def test_strict_json_refuses_a_number_that_overflows_to_inf():
+    """Adversarial review: the strict reader refused NaN and Infinity but read ``1e400`` (and ``-1e400``) as
+    inf, a non-finite value in a file that JSON says holds none."""
+    from unfold import strict_json
+
+    for text in ("1e400", '{"tau": -1e400}', "[1.5e309]"):
+        with pytest.raises(ValueError, match="overflows a float64"):
+            strict_json.loads(text)
+    assert strict_json.loads('{"tau": 1.7976931348623157e308, "x": 5e-324}') == {"tau": 1.7976931348623157e308,
+                                                                                  "x": 5e-324}

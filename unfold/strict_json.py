@@ -6,7 +6,8 @@ other readers. :func:`json_safe` turns non-finite floats into the strings ``"nan
 ``allow_nan=False``, so a non-finite number that slipped through fails loudly instead of writing invalid JSON.
 
 Reading: :func:`loads` / :func:`load` are the project's JSON readers for its own files (``bundle.json``,
-``vocab.json``): strict JSON too (``NaN``/``Infinity`` refused), and a document nested more deeply than
+``vocab.json``): strict JSON too (``NaN``/``Infinity`` refused, and so is a number such as ``1e400`` that
+``float`` would read as inf), and a document nested more deeply than
 :data:`MAX_DEPTH` levels (``[[[[...`` 5,000 deep, which would exhaust Python's recursion limit inside the
 parser) is a :class:`ValueError` saying so, like any other malformed document, never a ``RecursionError``.
 """
@@ -63,16 +64,26 @@ def _constant(name: str):
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent as a float; one beyond float64's range (``1e400``, which ``float``
+    reads as inf) is refused, as the NaN and Infinity constants are: it would be read as a non-finite value."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} overflows a float64 (it would be read as {value})")
+    return value
+
+
 def loads(text):
-    """The JSON value of ``text`` (str or UTF-8 bytes): strict (no NaN/Infinity), at most :data:`MAX_DEPTH`
-    levels deep; anything else raises :class:`ValueError` (``json.JSONDecodeError`` is one) saying why."""
+    """The JSON value of ``text`` (str or UTF-8 bytes): strict (no NaN/Infinity, no number beyond float64's range),
+    at most :data:`MAX_DEPTH` levels deep; anything else raises :class:`ValueError` (``json.JSONDecodeError`` is
+    one) saying why."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
     depth = nesting_depth(text)
     if depth > MAX_DEPTH:
         raise ValueError(f"nested {depth} levels deep, more than the {MAX_DEPTH} this reader accepts")
     try:
-        return json.loads(text, parse_constant=_constant)
+        return json.loads(text, parse_constant=_constant, parse_float=_finite_float)
     except RecursionError:     # not reachable under MAX_DEPTH; kept so that no reader ever sees one
         raise ValueError(f"nested too deeply (more than {MAX_DEPTH} levels)") from None
 

@@ -359,3 +359,13 @@ def test_every_cli_help_lists_import(tmp_path, module, sub):
     code, out, err = run_cli(module, ([sub] if sub else []) + ["--help"], str(tmp_path))
     assert code == 0, err
     assert "--import MODULE" in out and plugins.ENTRY_POINT_GROUP in " ".join(out.split())
+
+
+def test_import_plugins_refuses_a_string_and_unhashable_names():
+    """Adversarial review: import_plugins("os") imported 'o', 's' letter by letter ('--import o: No module named
+    'o''), a list among the names raised TypeError (unhashable) before its refusal, None a TypeError."""
+    for bad in ("os", None, 3):
+        with pytest.raises(plugins.ConfigError, match="list of module names"):
+            plugins.import_plugins(bad)
+    with pytest.raises(plugins.ConfigError, match="not a Python module name"):
+        plugins.import_plugins([["os"]])

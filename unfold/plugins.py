@@ -95,9 +95,11 @@ def import_plugins(names: Iterable[str]) -> List[str]:
     """Import each module of ``names`` (dotted module names, each once per process) with the current folder
     importable; returns the names imported now. A name that is not a module name, or a module that is not
     found or raises on import, is a :class:`ConfigError` naming it and why (``--import NAME: REASON``)."""
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):   # a str would be imported letter by letter
+        raise ConfigError(f"import_plugins needs a list of module names, got {names!r}")
     done = []
     for name in names:
-        if name in _imported:
+        if isinstance(name, str) and name in _imported:
             continue
         if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
             raise ConfigError(f"--import {name!r}: not a Python module name (a dotted name such as myplugin or "

@@ -161,3 +161,21 @@ def test_adjacency_of_another_size_huge_batch_ids_and_huge_weights_are_refused()
         conv(x, torch.tensor([[0], [1]]), batch=torch.tensor([0, 0, 1, 1, 10 ** 12]))
     with pytest.raises(StepError, match="float32 weights"):
         UnfoldedAttentionConv(10 ** 7, head_channels=10 ** 7)
+
+
+def test_meta_and_mixed_device_inputs_are_refused_by_name():
+    """Adversarial review: x0 or edge_index on the meta device and weights on another device than x reached torch
+    (RuntimeError 'Tensor.item() cannot be called on meta tensors', NotImplementedError 'Cannot copy out of meta
+    tensor'). Device checks read metadata only: no host sync. x on meta with the ids on the host still infers the
+    shapes."""
+    x = torch.randn(5, 4)
+    ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    conv = UnfoldedAttentionConv(4, heads=2, head_channels=2)
+    assert conv(x.to("meta"), ei).shape == (5, 4)
+    with pytest.raises(TokenError, match="x0 is on meta"):
+        conv(x, ei, x.to("meta"))
+    with pytest.raises(GraphError, match="meta device"):
+        conv(x, ei.to("meta"))
+    with pytest.raises(TokenError, match="weights on meta"):
+        UnfoldedAttentionConv(4, heads=2, head_channels=2).to("meta")(x, ei)
+    assert conv(x, ei, x).shape == x.shape                 # the positive control

@@ -160,6 +160,9 @@ class UnfoldedAttentionConv(MessagePassing):
             return self._cached_layout
         _check_adjacency_size(edge_index, num_nodes)
         ei = _edge_tensor(edge_index)
+        if ei.device.type == "meta":
+            raise GraphError("edge_index is on the meta device: its node ids are read on the host (give it on cpu or "
+                             "on x's device)")
         device = ei.device if device is None else device
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= num_nodes):
             raise GraphError(f"edge_index holds node ids in [{int(ei.min())}, {int(ei.max())}], "
@@ -215,11 +218,16 @@ class UnfoldedAttentionConv(MessagePassing):
             raise TokenError(f"x must be (num_nodes, {self.channels}), got {tuple(getattr(x, 'shape', ()))}")
         if not x.dtype.is_floating_point:
             raise TokenError(f"x must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
+        # devices: metadata only, no host sync; x on meta (shape inference, ids read from a host edge_index) runs
+        if self.W is not None and self.W.device != x.device and x.device.type != "meta":
+            raise TokenError(f"x is on {x.device}, the conv's weights on {self.W.device}: move one (conv.to(device))")
         if x0 is not None:
             if not isinstance(x0, torch.Tensor) or not x0.dtype.is_floating_point:
                 raise TokenError(f"x0 must be a floating tensor like x, got {getattr(x0, 'dtype', type(x0).__name__)}")
             if x0.shape != x.shape:
                 raise TokenError(f"x0 has shape {tuple(x0.shape)}, x has {tuple(x.shape)}")
+            if x0.device != x.device and x.device.type != "meta":
+                raise TokenError(f"x0 is on {x0.device}, x on {x.device}: give both on one device")
         if self.validate or torch_geometric.is_debug_enabled():   # host reads: behind the switch
             for name, t in (("x", x), ("x0", x0)):
                 if t is not None and not bool(torch.isfinite(t).all()):

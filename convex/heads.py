@@ -39,6 +39,7 @@ import torch
 
 from energies.errors import ConfigError, TokenError
 from energies.checks import check_int, check_seed
+from energies.memory import check_memory
 from energies.registry import Registry
 
 __all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
@@ -181,6 +182,11 @@ class _FeatureHead(Head):
         return slice(0, self.c)
 
     def _prepare(self, X, mask, pi):
+        blocks = self.blocks()     # F_g is (N, rows of Z_g x its columns / the classes it feeds): checked first
+        entries = X.shape[0] * sum(r * q // len(range(self.c)[self._cols(g)]) for g, (r, q) in enumerate(blocks))
+        check_memory(2 * entries * X.element_size(), f"head {self.name}: features of N={X.shape[0]} examples for "
+                     f"blocks {blocks} ({entries:,} entries of {X.dtype})", TokenError,
+                     "use fewer examples or a smaller d, s or gates", device=X.device)
         return {"F": self._features(X, mask, pi)}
 
     def forward(self, Z, data):

@@ -473,13 +473,17 @@ def test_low_precision_non_finite_and_foreign_inputs_are_refused_by_name():
 
 def test_blocks_beyond_memory_are_refused_before_allocation():
     """Adversarial review: a head whose blocks cannot fit (mixer_linear with s = 20000: (s^2, d c) = 4e11 entries)
-    reached the allocator in solve and beta_max (torch's untyped RuntimeError)."""
+    reached the allocator in solve and beta_max, and sa_gated's features in prepare (torch's untyped
+    RuntimeError)."""
     head = make_head("mixer_linear", 1, 20000, 1000)
     data = head.prepare(torch.ones(2, 20000, 1, dtype=torch.float64))
     Y = torch.tensor([0, 1])
     for call in (lambda: solve(head, data, Y, 0.1, max_iter=1), lambda: beta_max(head, data, Y)):
         with pytest.raises(ConfigError, match="blocks .* of memory"):
             call()
+    gated = make_head("sa_gated", 600, 4, 2)          # its features (N, d^3) per gate: 2.2e10 entries for N = 50
+    with pytest.raises(TokenError, match="features of N=50 examples .* of memory"):
+        gated.prepare(torch.zeros(50, 4, 600, dtype=torch.float64))
 
 
 def test_a_dual_value_above_the_objective_is_never_certified_as_a_zero_gap():

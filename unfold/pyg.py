@@ -90,8 +90,9 @@ def _check_adjacency_size(edge_index, num_nodes: int) -> None:
 def undirected_edges(edge_index, num_nodes: int) -> torch.Tensor:
     """Both orientations of every undirected edge once, no self loops; checks ids and dtype (the canonical
     edges of :func:`energies.graphs.canonical_edges`, written both ways as PyG's message passing expects)."""
+    ei = _edge_tensor(edge_index)
     _check_adjacency_size(edge_index, num_nodes)
-    ei = canonical_edges(_edge_tensor(edge_index), num_nodes, num_nodes, lenient=True)
+    ei = canonical_edges(ei, num_nodes, num_nodes, lenient=True)
     return torch.stack([torch.cat([ei[0], ei[1]]), torch.cat([ei[1], ei[0]])])
 
 
@@ -158,8 +159,8 @@ class UnfoldedAttentionConv(MessagePassing):
                 raise GraphError(f"cached=True: this conv cached a graph of {self._cached_layout.num_nodes} nodes, "
                                  f"got {num_nodes} (call reset_parameters() to drop it)")
             return self._cached_layout
+        ei = _edge_tensor(edge_index)               # refuses a non-square adjacency first
         _check_adjacency_size(edge_index, num_nodes)
-        ei = _edge_tensor(edge_index)
         if ei.device.type == "meta":
             raise GraphError("edge_index is on the meta device: its node ids are read on the host (give it on cpu or "
                              "on x's device)")

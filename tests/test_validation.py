@@ -778,3 +778,28 @@ def test_sizes_beyond_memory_and_odd_inapplicable_values_are_named(call, names):
 def test_mask_from_lengths_edges(call, names):
     """OverflowError / torch's meta RuntimeError before, and an empty batch's (0, n) mask was returned."""
     raises(GraphError, call, *names)
+
+
+@pytest.mark.parametrize("Y, names", [
+    (lambda: torch.randn(2, 5, 3).tolist(), ["y", "list"]), (lambda: torch.randn(2, 6, 3), ["y", "(2, 6, 3)"]),
+    (lambda: torch.randn(5, 3), ["y", "(5, 3)"]), (lambda: torch.ones(2, 5, 3, dtype=torch.long), ["y", "int64"]),
+    (lambda: torch.randn(2, 5, 3, device="meta"), ["y", "meta"]),
+])
+@pytest.mark.parametrize("name", ["pairwise_pass", "pairwise_energy", "weighted_neighbour_sums", "explicit_energy"])
+def test_public_kernel_passes_check_their_entry(name, Y, names):
+    """torch's RuntimeError / AttributeError from inside a kernel before (metadata checks: no host read)."""
+    import energies.kernels as K
+
+    raises(TokenError, lambda: getattr(K, name)(Y(), E.complete(5, 2), E.get_rho("exp"), 1.0), *names)
+
+
+def test_public_kernel_passes_check_their_parts():
+    import energies.kernels as K
+
+    Y, g, rho = torch.randn(2, 5, 3), E.complete(5, 2), E.get_rho("exp")
+    raises(EnergyError, lambda: K.pairwise_pass(Y, g, rho, NAN), "tau", "nan")
+    raises(EnergyError, lambda: K.pairwise_pass(Y, g, rho, True), "tau")
+    raises(EnergyError, lambda: K.pairwise_pass(Y, g, "exp", 1.0), "rho", "exp")
+    raises(EnergyError, lambda: K.pairwise_energy(Y, "complete", rho, 1.0), "graph", "str")
+    raises(EnergyError, lambda: K.pick_kernel("complete", rho), "graph")
+    assert torch.isfinite(K.pairwise_energy(Y, g, rho, 1.0)).all()

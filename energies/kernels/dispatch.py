@@ -9,7 +9,8 @@ from typing import Optional
 
 import torch
 
-from ..errors import EnergyError
+from ..checks import check_number
+from ..errors import EnergyError, TokenError
 from .fused_ops import fused_available
 from ..graphs import TokenGraph
 from ..rho import ExpRho, Rho, kernel_sensitivity
@@ -20,6 +21,28 @@ from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, a
 from .softmax import _degree_energy, _softmax_degrees
 from .streamed import STREAM_MIN_N, _streamed_pass
 from .triton import _triton_heads
+
+
+def _check_parts(graph, rho) -> None:
+    """``graph`` a :class:`TokenGraph` and ``rho`` a :class:`Rho` instance, else an :class:`EnergyError` naming them."""
+    if not isinstance(graph, TokenGraph):
+        raise EnergyError(f"graph must be a TokenGraph, got {type(graph).__name__}")
+    if not isinstance(rho, Rho):
+        raise EnergyError(f"rho must be a Rho (energies.get_rho(spec)), got {rho!r:.60}")
+
+
+def _check_entry(Y, graph, rho, tau) -> None:
+    """The public passes' entry checks (``validate=True``; metadata only, no host read, so that a timed call is not
+    slowed): :func:`_check_parts`, tau a finite number > 0, and Y a floating ``(B, n, d)`` tensor of the graph's
+    ``(B, n)`` on its device (a :class:`~energies.errors.TokenError`, not torch's error from inside a kernel)."""
+    _check_parts(graph, rho)
+    check_number(tau, "tau", "positive", EnergyError)
+    if not (isinstance(Y, torch.Tensor) and Y.dtype.is_floating_point and Y.ndim == 3
+            and tuple(Y.shape[:2]) == (graph.batch_size, graph.num_nodes) and Y.shape[2] >= 1):
+        raise TokenError(f"Y must be floating tokens (B, n, d) = ({graph.batch_size}, {graph.num_nodes}, d >= 1), "
+                         f"got {getattr(Y, 'dtype', type(Y).__name__)} {tuple(getattr(Y, 'shape', ()))}")
+    if Y.device != graph.device:
+        raise TokenError(f"Y is on {Y.device} but the graph is on {graph.device}")
 
 
 def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto", validate: bool = True) -> str:
@@ -34,6 +57,8 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto", validate: boo
 
     The name is checked (:func:`~energies.kernels.registry.check_kernel`) unless ``validate`` is False: the
     caller checked it where it entered (a term's constructor), so the layers' passes check nothing by name."""
+    if validate:
+        _check_parts(graph, rho)
     if kernel == "auto":
         off_cpu = graph.mask.device.type != "cpu"
         if off_cpu and graph.is_complete and isinstance(rho, ExpRho) and fused_available(graph.mask.device.type):
@@ -87,6 +112,8 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     Returns:
         A :class:`~energies.kernels.registry.PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
     """
+    if validate:
+        _check_entry(Y, graph, rho, tau)
     kernel = KERNELS[pick_kernel(graph, rho, kernel, validate)]
     Y = graph.zero_padded(Y)
     if not kernel.expansion:
@@ -122,6 +149,7 @@ def explicit_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
     differences of centred features, exact to rounding at any scale, in Y's dtype), whatever kernel the layers use,
     with no host read: what a decision that must not rest on the expansion's rounding reads (the energy-chosen
     depth), at the cost of one pass, d_h per pair."""
+    _check_entry(Y, graph, rho, tau)        # metadata only
     Y = graph.zero_padded(Y)
     return _explicit_pass(Y, apply_metric(_centred(Y, graph), metric), graph, rho, tau, True, False, metric).energy
 
@@ -184,6 +212,8 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     :func:`pairwise_pass`."""
     if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1:
         return None
+    if validate:
+        _check_entry(Y, graph, rho, tau)
     name = pick_kernel(graph, rho, kernel, validate)
     if name == "triton":
         return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
@@ -235,6 +265,8 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     to a small energy. With a metric W the differences are taken in token space, then mapped:
     ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked (its name unless ``validate``
     is False, as for :func:`pairwise_pass`, and that it applies to the graph) but not used."""
+    if validate:
+        _check_entry(Y, graph, rho, tau)
     kernel = pick_kernel(graph, rho, kernel, validate)
     Y = graph.zero_padded(Y)
     if not graph.is_complete:

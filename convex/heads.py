@@ -161,8 +161,24 @@ class Head:
         raise NotImplementedError
 
     def lift(self, heads: Weights) -> List[torch.Tensor]:
-        Z = [torch.zeros(r, q, dtype=torch.float64) for r, q in self.blocks()]
+        """The blocks ``Z_g = sum_j u_j v_j^T`` of non-convex heads ``[(g, W1_j, W2_j), ...]`` (:meth:`factor`); each
+        head is checked first: g a block index, W1 and W2 floating tensors of the shapes :meth:`unfactor` gives
+        (a :class:`ConfigError` names the head and what is wrong)."""
+        blocks = self.blocks()
+        if not isinstance(heads, (list, tuple)):
+            raise ConfigError(f"head {self.name}: lift needs a list of (g, W1, W2), got {type(heads).__name__}")
+        for j, item in enumerate(heads):
+            if not isinstance(item, (list, tuple)) or len(item) != 3:
+                raise ConfigError(f"head {self.name}: lift's head {j} must be (g, W1, W2), got {type(item).__name__}")
+            g = check_int(item[0], f"head {self.name}: lift's head {j} block g", 0, len(blocks) - 1, ConfigError)
+            want = [tuple(w.shape) for w in self.unfactor(g, torch.zeros(blocks[g][0]), torch.zeros(blocks[g][1]))]
+            for name, w, shape in zip(("W1", "W2"), item[1:], want):
+                if not isinstance(w, torch.Tensor) or not w.dtype.is_floating_point or tuple(w.shape) != shape:
+                    raise ConfigError(f"head {self.name}: lift's head {j} {name} must be a floating {shape} tensor, "
+                                      f"got {tuple(getattr(w, 'shape', ()))} {getattr(w, 'dtype', type(w).__name__)}")
+        Z = [torch.zeros(r, q, dtype=torch.float64) for r, q in blocks]
         for g, W1, W2 in heads:
+            g = int(g)
             u, v = self.factor(g, W1, W2)
             Z[g] = Z[g].to(u) + torch.outer(u, v)
         return Z

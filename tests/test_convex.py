@@ -510,3 +510,20 @@ def test_a_dual_value_above_the_objective_is_never_certified_as_a_zero_gap():
         certificate(head, data, Y, [torch.zeros(2, 2, dtype=torch.float64)], 0.01, loss=WrongConjugate())
     sol = solve(head, data, Y, 0.01, loss="squared", tol=0.0, max_iter=300)      # the exact conjugate: never refused
     assert sol.certificate["duality_gap"] >= 0 and sol.certificate["dual"] <= sol.certificate["objective"] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_lift_checks_each_head_and_round_trips_map_back(name):
+    """Adversarial review: Head.lift indexed and reshaped whatever it got (IndexError for a block g out of range,
+    RuntimeError for a W1 of the wrong shape, TypeError for None); each (g, W1, W2) is now checked against the
+    shapes unfactor gives, and map_back's heads still lift back to the blocks (the positive control)."""
+    head = make_head(name, 4, 4, 4)
+    gen = torch.Generator().manual_seed(0)
+    Z = [torch.randn(r, q, dtype=torch.float64, generator=gen) for r, q in head.blocks()]
+    W = map_back(head, Z, rtol=0)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(Z, head.lift(W)))
+    g, W1, W2 = W[0]
+    for bad, words in [(None, "list of"), ([(len(Z), W1, W2)], "block g"), ([(g, W1[..., :-1], W2)], "W1 must be"),
+                       ([(g, W1, W2.long())], "W2 must be"), ([(g, W1)], "must be (g, W1, W2)")]:
+        with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            head.lift(bad)

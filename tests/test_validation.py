@@ -803,3 +803,13 @@ def test_public_kernel_passes_check_their_parts():
     raises(EnergyError, lambda: K.pairwise_energy(Y, "complete", rho, 1.0), "graph", "str")
     raises(EnergyError, lambda: K.pick_kernel("complete", rho), "graph")
     assert torch.isfinite(K.pairwise_energy(Y, g, rho, 1.0)).all()
+
+
+def test_a_step_without_an_energy_is_named():
+    class NoEnergy(U.Step):
+        def update(self, Y, graph):
+            return Y
+
+    raises(StepError, lambda: U.trace_descent(NoEnergy(), torch.randn(1, 4, 2), E.complete(4), layers=2), "NoEnergy",
+           "energy")
+    raises(StepError, lambda: U.trace_descent([NoEnergy()], torch.randn(1, 4, 2), E.complete(4)), "NoEnergy")

@@ -563,6 +563,9 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
     Y = check_tokens(Y, graph)
     _check_judgeable(Y, graph)
     plan = _layers(steps, layers)
+    for s in {id(s): s for s in plan}.values():    # the energy a verdict judges: a Step subclass sets it
+        if not isinstance(getattr(s, "energy", None), Energy):
+            raise StepError(f"{type(s).__name__} has no energy (an energies.Energy) to trace: set self.energy")
     tracer = _Tracer(graph, graph.batch_size, Y.device)
     pairs: List[Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]] = []
     res: List[torch.Tensor] = []

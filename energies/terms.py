@@ -452,7 +452,7 @@ class PairwiseAttention(EnergyTerm):
         """The value from explicit differences of centred features ``W^T (y - mean)`` in Y's dtype (the precision
         guard's exact side, :func:`~energies.kernels.explicit_energy`): exact to rounding at any scale like
         :meth:`value`, at the cost of one pass (:meth:`value` maps every pair's difference by W in float64)."""
-        return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y))
+        return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y), validate=False)
 
     def neighbour_sums(self, Y, graph):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast

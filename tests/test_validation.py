@@ -474,7 +474,7 @@ def test_solver_arguments(kwargs, names):
     (lambda h, d, y: solve(h, {"x": 1}, y, 0.01), ["data"]),
     (lambda h, d, y: svt(torch.eye(3), -1), ["tau"]), (lambda h, d, y: svt(torch.eye(3), NAN), ["tau"]),
     (lambda h, d, y: svt(torch.ones(3), 0.1), ["matrix"]),
-    (lambda h, d, y: svt(torch.ones(2, 2, dtype=torch.long), 0.1), ["svt", "floating", "int64"]),
+    (lambda h, d, y: svt(torch.ones(2, 2, dtype=torch.long), 0.1), ["svt", "float32 or float64", "int64"]),
     (lambda h, d, y: rank([torch.eye(3), torch.ones(2, 2, dtype=torch.int32)]), ["block 1", "int32"]),
     (lambda h, d, y: rank([torch.eye(3)], rtol=NAN), ["rtol"]),
     (lambda h, d, y: map_back(h, [torch.eye(D_, C_, dtype=torch.float64)], rtol=-1), ["rtol"]),

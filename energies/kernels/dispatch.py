@@ -144,12 +144,14 @@ def _native_half(kernel: Kernel, Zc: torch.Tensor) -> bool:
 
 
 def explicit_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
-                    metric: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    metric: Optional[torch.Tensor] = None, validate: bool = True) -> torch.Tensor:
     """The pairwise energy ``(B,)`` float64 from the precision guard's exact side (:func:`_explicit_pass`: explicit
     differences of centred features, exact to rounding at any scale, in Y's dtype), whatever kernel the layers use,
     with no host read: what a decision that must not rest on the expansion's rounding reads (the energy-chosen
-    depth), at the cost of one pass, d_h per pair."""
-    _check_entry(Y, graph, rho, tau)        # metadata only
+    depth), at the cost of one pass, d_h per pair. ``validate``: as for :func:`pairwise_pass` (the checks read
+    metadata only)."""
+    if validate:
+        _check_entry(Y, graph, rho, tau)
     Y = graph.zero_padded(Y)
     return _explicit_pass(Y, apply_metric(_centred(Y, graph), metric), graph, rho, tau, True, False, metric).energy
 

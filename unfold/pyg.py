@@ -104,6 +104,30 @@ class NodeLayout(NamedTuple):
     num_nodes: int
 
 
+def _batch_counts(batch, num_nodes: int, device):
+    """``(b, counts, G, n_max)`` of a PyG ``batch`` vector: the graph ids as long on ``device``, the nodes per graph,
+    the number of graphs and the largest; refused (GraphError) where it is not a ``(num_nodes,)`` integer tensor,
+    holds negative ids, or lays out more token slots than :data:`MAX_SLOTS` or memory holds."""
+    if (not isinstance(batch, torch.Tensor) or batch.shape != (num_nodes,) or batch.dtype.is_floating_point
+            or batch.dtype in (torch.bool, torch.complex64, torch.complex128)):
+        raise GraphError(f"batch must be a ({num_nodes},) integer tensor, got "
+                         f"{getattr(batch, 'shape', type(batch).__name__)} {getattr(batch, 'dtype', '')}")
+    b = batch.to(device=device, dtype=torch.long)
+    if num_nodes and int(b.min()) < 0:
+        raise GraphError(f"batch holds negative graph ids ({int(b.min())})")
+    top = int(b.max()) if num_nodes else 0
+    if top >= MAX_SLOTS:       # bincount would allocate top + 1 counters before any other check
+        raise GraphError(f"batch holds graph id {top}: more than the {MAX_SLOTS} token slots a layout holds")
+    counts = torch.bincount(b)
+    G, n_max = int(counts.numel()), int(counts.max()) if num_nodes else 1
+    if G * n_max > MAX_SLOTS:
+        raise GraphError(f"batch lays out {G} graphs x {n_max} nodes (the largest) = {G * n_max} token slots, "
+                         f"more than {MAX_SLOTS}: number the graphs 0, 1, ... without gaps")
+    check_memory(17 * G * n_max, f"the layout of batch: {G} graphs x {n_max} nodes (the largest)", GraphError,
+                 "number the graphs 0, 1, ... without gaps")
+    return b, counts, G, n_max
+
+
 class UnfoldedAttentionConv(MessagePassing):
     """One attention MM step on a graph (module docstring). Usable like any PyG conv:
     ``x = conv(x, edge_index, x0)``; ``conv(x, edge_index, x0, return_energy=True)`` also returns the terms
@@ -172,23 +196,7 @@ class UnfoldedAttentionConv(MessagePassing):
             canon = canonical_edges(ei, num_nodes, num_nodes, lenient=True)
             out = NodeLayout(TokenGraph(1, num_nodes, None, canon, name="pyg").to(device), None, num_nodes)
         else:
-            if (not isinstance(batch, torch.Tensor) or batch.shape != (num_nodes,) or batch.dtype.is_floating_point
-                    or batch.dtype in (torch.bool, torch.complex64, torch.complex128)):
-                raise GraphError(f"batch must be a ({num_nodes},) integer tensor, got "
-                                 f"{getattr(batch, 'shape', type(batch).__name__)} {getattr(batch, 'dtype', '')}")
-            b = batch.to(device=ei.device, dtype=torch.long)
-            if num_nodes and int(b.min()) < 0:
-                raise GraphError(f"batch holds negative graph ids ({int(b.min())})")
-            top = int(b.max()) if num_nodes else 0
-            if top >= MAX_SLOTS:       # bincount would allocate top + 1 counters before any other check
-                raise GraphError(f"batch holds graph id {top}: more than the {MAX_SLOTS} token slots a layout holds")
-            counts = torch.bincount(b)
-            G, n_max = int(counts.numel()), int(counts.max()) if num_nodes else 1
-            if G * n_max > MAX_SLOTS:
-                raise GraphError(f"batch lays out {G} graphs x {n_max} nodes (the largest) = {G * n_max} token slots, "
-                                 f"more than {MAX_SLOTS}: number the graphs 0, 1, ... without gaps")
-            check_memory(17 * G * n_max, f"the layout of batch: {G} graphs x {n_max} nodes (the largest)", GraphError,
-                         "number the graphs 0, 1, ... without gaps")
+            b, counts, G, n_max = _batch_counts(batch, num_nodes, ei.device)
             ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
             order = torch.argsort(b, stable=True)
             local = torch.empty_like(b)

@@ -537,6 +537,26 @@ def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
                          "(mask row all False): there is nothing to descend, and no verdict over it")
 
 
+def _check_flag(value, what: str) -> None:
+    """A StepError naming ``what`` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise StepError(f"{what} must be True or False, got {value!r}")
+
+
+def _checked_run(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int], substeps) -> tuple:
+    """:func:`trace_descent`'s refusals, in order: ``substeps`` a bool, the tokens (:func:`check_tokens`, judgeable),
+    the plan of layers, and an energy on every step (what a verdict judges: a Step subclass sets it). Returns
+    ``(Y, plan)``."""
+    _check_flag(substeps, "substeps")
+    Y = check_tokens(Y, graph)
+    _check_judgeable(Y, graph)
+    plan = _layers(steps, layers)
+    for s in {id(s): s for s in plan}.values():
+        if not isinstance(getattr(s, "energy", None), Energy):
+            raise StepError(f"{type(s).__name__} has no energy (an energies.Energy) to trace: set self.energy")
+    return Y, plan
+
+
 def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int] = None,
                   tol_factor: float = DEFAULT_TOL_FACTOR, substeps: bool = True
                   ) -> Tuple[torch.Tensor, DescentReport]:
@@ -558,14 +578,7 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
         from there) and the :class:`DescentReport` of every example at every layer.
     """
     tol_factor = check_tol_factor(tol_factor)
-    if not isinstance(substeps, bool):
-        raise StepError(f"substeps must be True or False, got {substeps!r}")
-    Y = check_tokens(Y, graph)
-    _check_judgeable(Y, graph)
-    plan = _layers(steps, layers)
-    for s in {id(s): s for s in plan}.values():    # the energy a verdict judges: a Step subclass sets it
-        if not isinstance(getattr(s, "energy", None), Energy):
-            raise StepError(f"{type(s).__name__} has no energy (an energies.Energy) to trace: set self.energy")
+    Y, plan = _checked_run(steps, Y, graph, layers, substeps)
     tracer = _Tracer(graph, graph.batch_size, Y.device)
     pairs: List[Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]] = []
     res: List[torch.Tensor] = []
@@ -670,8 +683,7 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
             (S, T+1) tensor, a ``ran`` that is not a bool (S, T) tensor on the values' device.
     """
     tol_factor = check_tol_factor(tol_factor)
-    if not isinstance(guaranteed, bool):    # a truthy 'no' or NaN would state a guarantee in the report
-        raise StepError(f"guaranteed must be True or False, got {guaranteed!r}")
+    _check_flag(guaranteed, "guaranteed")        # a truthy 'no' or NaN would state a guarantee in the report
     S, T1, device = _check_values(values, dtype, resolution)
     resolution = getattr(values, "resolution", None) if resolution is None else resolution
     indicators = tuple(indicators) or getattr(values, "indicators", ())

@@ -106,8 +106,8 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
             explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With False (a
             forward pass with the trace off) there is no host read: the expansion runs in the tokens' own dtype on
             centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``.
-        validate: check the kernel's name; False where the caller checked it where it entered (a term's
-            constructor): the layers' passes then check nothing by name.
+        validate: check the arguments (the kernel's name, graph, rho, tau, Y's metadata; no host read); False
+            where the caller checked them where they entered (a term's constructor): its passes check nothing.
 
     Returns:
         A :class:`~energies.kernels.registry.PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
@@ -118,6 +118,13 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     Y = graph.zero_padded(Y)
     if not kernel.expansion:
         return kernel.run(Y, graph, rho, tau, energy, num, metric)._replace(Y=Y, metric=metric)
+    return _expansion_pass(kernel, Y, graph, rho, tau, energy, num, metric, guard)
+
+
+def _expansion_pass(kernel: Kernel, Y, graph, rho, tau, energy, num, metric, guard) -> PairwisePass:
+    """:func:`pairwise_pass` for an expansion kernel: on centred features, the precision guard choosing the dtype
+    (or explicit differences) on the host, or on the device without a host read; without the guard, in the
+    tokens' own dtype."""
     Zc = apply_metric(_centred(Y, graph), metric)
     sq = (Zc * Zc).sum(-1)
     if guard and Y.device.type != "cpu" and not torch.compiler.is_compiling():

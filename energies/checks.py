@@ -91,6 +91,14 @@ NUMBER_RULES = {
 }
 
 
+def check_flag(value, what: str, error: type = UnfoldError, numpy_bool: bool = False) -> bool:
+    """``value`` if it is True or False (``numpy_bool``: a numpy bool too, as a Python bool), else ``error`` naming
+    ``what``: a truthy string such as ``'no'``, a number or NaN would otherwise switch it on."""
+    if not isinstance(value, (bool, np.bool_) if numpy_bool else bool):
+        raise error(f"{what} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_number(value, what: str, rule: str = "finite", error: type = UnfoldError) -> float:
     """``value`` as a float obeying ``rule`` (a key of :data:`NUMBER_RULES`: ``finite``, ``positive``,
     ``nonnegative``, ``nonnegative_or_inf``, ``unit`` = (0, 1], ``probability`` = [0, 1]); a bool or a

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from .errors import EnergyError, GraphError, TokenError
-from .checks import check_number
+from .checks import check_flag, check_number
 from .graphs import TokenGraph
 from .kernels import (check_kernel, explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads,
                        weighted_neighbour_sums)
@@ -307,14 +307,6 @@ class EnergyTerm(torch.nn.Module):
 _check_methods(EnergyTerm)
 
 
-def _flags(**flags) -> None:
-    """Each keyword a switch: True or False, else an :class:`EnergyError` naming it (a truthy string or NaN would
-    otherwise turn it on)."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise EnergyError(f"{name} must be True or False, got {value!r}")
-
-
 def _check_bound(given, what: str, of: str, exact, source: Optional[torch.Tensor]):
     """A caller-given spectral bound (``what``, standing for ``of``): None, or a real number or one-element floating
     tensor, finite, >= 0 and, where ``exact`` (a callable computing the quantity from ``source``) is given and
@@ -390,7 +382,7 @@ class PairwiseAttention(EnergyTerm):
                  curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True,
                  validate: bool = True):
         super().__init__()
-        _flags(guard=guard, validate=validate)
+        check_flag(guard, "guard", EnergyError), check_flag(validate, "validate", EnergyError)
         self.rho: Rho = get_rho(rho)
         self.curvature_kind = curvature
         if curvature == "constant":
@@ -578,7 +570,7 @@ class Residual(EnergyTerm):
 
     def __init__(self, B: Optional[torch.Tensor] = None, validate: bool = True):
         super().__init__()
-        _flags(validate=validate)
+        check_flag(validate, "validate", EnergyError)
         if B is not None:
             if not isinstance(B, torch.Tensor) or not B.dtype.is_floating_point:
                 raise EnergyError("residual anchor B must be a floating torch.Tensor")
@@ -660,7 +652,7 @@ class FeedForward(EnergyTerm):
         if W.ndim != 2 or W.shape[0] != W.shape[1] or W.shape[0] < 1:
             raise EnergyError(f"feed-forward weight W must be square (d, d) with d >= 1, got {tuple(W.shape)}")
         sym_tol = check_number(sym_tol, "sym_tol", "nonnegative_or_inf", EnergyError)   # inf: no symmetry check
-        _flags(validate=validate)
+        check_flag(validate, "validate", EnergyError)
         if validate and W.device.type != "meta":   # host reads (a model whose W is symmetric by construction skips
             # them; meta holds no values)
             if not torch.isfinite(W).all():

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from energies.checks import check_int, check_number
+from energies.checks import check_flag, check_int, check_number
 from energies.errors import ConfigError, TokenError
 from energies.memory import check_memory
 
@@ -105,9 +105,7 @@ class Attention(nn.Module):
             check_number(temperature, "temperature", "positive", ConfigError)
         except ConfigError:
             raise ConfigError(f"attention needs a finite temperature > 0, got temperature={temperature!r}") from None
-        for name, flag in (("causal", causal), ("bias", bias)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"{name} must be True or False, got {flag!r}")
+        check_flag(causal, "causal", ConfigError), check_flag(bias, "bias", ConfigError)
         inner = self.heads * self.d_head
         check_memory(8 * (4 * self.d * inner + 4 * inner), f"attention with d={self.d}, heads={self.heads}, "
                      f"d_head={self.d_head}: {4 * self.d * inner:,} float32 weights", ConfigError,

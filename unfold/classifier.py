@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from energies.checks import check_int, check_number
+from energies.checks import check_flag, check_int, check_number
 from energies.errors import ConfigError, InputError, TokenError
 from energies.memory import check_memory
 
@@ -147,8 +147,7 @@ class TokenEmbedding(nn.Module):
         check_memory(8 * entries, f"token embedding with vocab_size={vocab_size}, embed_dim={embed_dim}, d={d}, "
                      f"max_len={self.max_len}: {entries:,} float32 weights", ConfigError,
                      "use smaller sizes", device=torch.get_default_device())      # not the allocator's TypeError
-        if not isinstance(freeze, bool):
-            raise ConfigError(f"freeze must be True or False, got {freeze!r}")
+        check_flag(freeze, "freeze", ConfigError)
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_idx)
         if pretrained is not None:
             with torch.no_grad():
@@ -251,9 +250,7 @@ class SequenceClassifier(nn.Module):
         super().__init__()
         self.embedding, self.encoder, self.head = embedding, encoder, head
         self.drop = nn.Dropout(check_number(dropout, "dropout", "probability", ConfigError))
-        if not isinstance(validate, bool):
-            raise ConfigError(f"validate must be True or False, got {validate!r}")
-        self.validate = validate
+        self.validate = check_flag(validate, "validate", ConfigError)
         self.register_load_state_dict_pre_hook(lambda module, state, prefix, *rest: upgrade_state_dict(state, prefix))
 
     def forward(self, ids: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None, trace: bool = True,

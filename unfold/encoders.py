@@ -43,7 +43,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from energies.checks import check_int, check_number
+from energies.checks import check_flag, check_int, check_number
 from energies.memory import check_memory
 from energies.energy import Energy
 from energies.errors import ConfigError, InputError, UnfoldError
@@ -167,12 +167,6 @@ def check_mask_values(mask: Optional[torch.Tensor]) -> None:
         raise InputError(f"an integer attention mask holds 0 and 1 only, got values {vals}")
 
 
-def _flag(value, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{what} must be True or False, got {value!r}")
-    return value
-
-
 def _choice(value, what: str, valid) -> str:
     if not isinstance(value, str) or value not in valid:
         raise ConfigError(f"{what}={value!r} is unknown; valid: {list(valid)}")
@@ -282,7 +276,7 @@ class Encoder(nn.Module):
             raise ConfigError(f"graph must be a graph spec such as 'complete' or 'window:8', got {graph!r}")
         self.graph_spec = check_graph_spec(graph, ConfigError, files=False)   # refused here, not at a forward
         self.graphs = GraphCache(graph)
-        self.validate = _flag(validate, "validate")
+        self.validate = check_flag(validate, "validate", ConfigError)
 
     def check_weights(self, entries: int, what: str) -> None:
         """Before the weights are allocated: ``entries`` float32 parameters (held twice while initialised) that
@@ -304,7 +298,7 @@ class Encoder(nn.Module):
         """``layers``: unroll a weight-shared step that many times (:func:`check_inference_layers`, the one depth
         rule: refused for an untied stack); ``first_layers``: run only the first layers of an untied stack (an
         explicit prefix, for probes)."""
-        _flag(trace, "trace"), _flag(keep_states, "keep_states")    # a truthy 'no' or NaN would switch them on
+        check_flag(trace, "trace", ConfigError), check_flag(keep_states, "keep_states", ConfigError)
         if first_layers is not None:
             if layers is not None:
                 raise ConfigError("pass layers or first_layers, not both")
@@ -508,8 +502,8 @@ class GuaranteedEncoder(Encoder):
         self.tau = (check_number(tau, "tau", "positive", ConfigError) if tau is not None
                     else math.sqrt(self.d_head))
         self.alpha = check_number(alpha, "alpha", "unit", ConfigError)
-        self.use_ffn, self.use_relu = _flag(ffn, "ffn"), _flag(relu, "relu")
-        self.use_layernorm = _flag(layernorm, "layernorm")
+        self.use_ffn, self.use_relu = check_flag(ffn, "ffn", ConfigError), check_flag(relu, "relu", ConfigError)
+        self.use_layernorm = check_flag(layernorm, "layernorm", ConfigError)
         self.curvature = _choice(curvature, "curvature", CURVATURES)
         self.kernel = check_kernel(kernel, ConfigError)
         if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward

@@ -37,13 +37,12 @@ import math
 from collections import OrderedDict
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 import torch_geometric
 from torch import nn
 from torch_geometric.nn import MessagePassing
 
-from energies.checks import check_int, check_number
+from energies.checks import check_flag, check_int, check_number
 from energies.energy import Energy
 from energies.errors import GraphError, StepError, TokenError
 from energies.graphs import MAX_SLOTS, TokenGraph, canonical_edges
@@ -144,10 +143,8 @@ class UnfoldedAttentionConv(MessagePassing):
             head_channels = check_int(head_channels, "head_channels", 1, self.channels, StepError)
         self.rho = get_rho(rho)
         self.alpha = _check_alpha(alpha)
-        for name, flag in (("relu", relu), ("cached", cached), ("validate", validate)):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise StepError(f"{name} must be True or False, got {flag!r}")
-        self.relu, self.cached, self.validate = bool(relu), bool(cached), bool(validate)
+        self.relu, self.cached, self.validate = (check_flag(flag, name, StepError, numpy_bool=True) for name, flag in
+                                                 (("relu", relu), ("cached", cached), ("validate", validate)))
         metric = head_channels is not None or self.heads > 1
         self.head_channels = (head_channels or self.channels) if metric else self.channels
         self.tau = (check_number(tau, "tau", "positive", StepError) if tau is not None

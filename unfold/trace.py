@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence 
 import numpy as np
 import torch
 
+from energies.checks import check_flag
 from energies.energy import Energy
 from energies.errors import StepError, TokenError
 from energies.graphs import TokenGraph, check_tokens
@@ -537,17 +538,11 @@ def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
                          "(mask row all False): there is nothing to descend, and no verdict over it")
 
 
-def _check_flag(value, what: str) -> None:
-    """A StepError naming ``what`` unless ``value`` is True or False."""
-    if not isinstance(value, bool):
-        raise StepError(f"{what} must be True or False, got {value!r}")
-
-
 def _checked_run(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int], substeps) -> tuple:
     """:func:`trace_descent`'s refusals, in order: ``substeps`` a bool, the tokens (:func:`check_tokens`, judgeable),
     the plan of layers, and an energy on every step (what a verdict judges: a Step subclass sets it). Returns
     ``(Y, plan)``."""
-    _check_flag(substeps, "substeps")
+    check_flag(substeps, "substeps", StepError)
     Y = check_tokens(Y, graph)
     _check_judgeable(Y, graph)
     plan = _layers(steps, layers)
@@ -683,7 +678,7 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
             (S, T+1) tensor, a ``ran`` that is not a bool (S, T) tensor on the values' device.
     """
     tol_factor = check_tol_factor(tol_factor)
-    _check_flag(guaranteed, "guaranteed")        # a truthy 'no' or NaN would state a guarantee in the report
+    check_flag(guaranteed, "guaranteed", StepError)        # a truthy 'no' or NaN would state a guarantee in the report
     S, T1, device = _check_values(values, dtype, resolution)
     resolution = getattr(values, "resolution", None) if resolution is None else resolution
     indicators = tuple(indicators) or getattr(values, "indicators", ())

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-import numpy as np
 import torch
 
+from ..checks import check_flag
 from ..errors import GraphError
 
 from .container import TokenGraph
@@ -37,8 +37,7 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
             checks (shape, dtype, ids out of range, self loops, repeats, edges between examples).
     """
     n, batch_size, _ = _sizes(n, batch_size)
-    if not isinstance(shared, (bool, np.bool_)):
-        raise GraphError(f"shared must be True or False, got {shared!r}")
+    check_flag(shared, "shared", GraphError, numpy_bool=True)
     if shared:
         canon = canonical_edges(edge_index, n, n)  # validates once, on per-example ids
         return _from_pattern(canon, n, batch_size, mask, name)

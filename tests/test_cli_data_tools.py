@@ -451,8 +451,8 @@ def test_export_good_file_and_all_or_nothing(ws, tmp_path, monkeypatch):
     assert line and not (tmp_path / "new").exists()
     calls.clear()
     before = {p: p.read_bytes() for p in out.iterdir()}
-    expect_refusal(DATA, ["export", "--dataset", str(ws / "good.csv"), "--out", str(out), "--seed", "5"],
-                   str(tmp_path), names=["no space left"], writes=True)
+    expect_refusal(DATA, ["export", "--dataset", str(ws / "good.csv"), "--out", str(out), "--seed", "5",
+                          "--overwrite"], str(tmp_path), names=["no space left"], writes=True)
     assert {p: p.read_bytes() for p in out.iterdir()} == before and sorted(os.listdir(tmp_path)) == ["deep"]
 
 

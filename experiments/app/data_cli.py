@@ -1,7 +1,7 @@
 """The command line, ``unfold-data``::
 
     unfold-data fetch [--dataset NAME ...] [--data-dir DIR] [--force]
-    unfold-data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
+    unfold-data export --dataset NAME --out DIR [--overwrite] [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
                                       [--option KEY=INT ...]
     unfold-data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
@@ -9,8 +9,10 @@
 ``max_args``, ``train``, ``val``, ``test``; :mod:`experiments.data.listops`), the generated splits are written.
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
 the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
-directory back unchanged. ``inspect`` shows what ``unfold-train`` would read from PATH (the trainer's reader, config
-and overrides; :mod:`experiments.app.inspect_data`) and the command that trains on it; it writes nothing. The
+directory back unchanged. ``--out`` must be new or empty; ``--overwrite`` replaces a folder that holds an
+earlier export and nothing else; the folder the dataset is read from (or that holds its file) is always
+refused (`experiments.data.files.export`). ``inspect`` shows what ``unfold-train`` would read from PATH (the
+trainer's reader, config and overrides; :mod:`experiments.app.inspect_data`) and the command that trains on it; it writes nothing. The
 commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
 a file where a folder is expected, ...) exits with status 2 and one line.
 """
@@ -25,9 +27,9 @@ from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
 from ..data.core import SPLIT_NAMES, DataError, split_seed_arg
-from ..data.files import export
+from ..data.files import check_export_target, export
 from .inspect_data import inspect_argv_parser, inspect_dataset, render, split_items
-from ..data.load import load_dataset, valid_names
+from ..data.load import load_dataset, source_paths, valid_names
 from ..data.sources import SOURCES, fetch
 from ..data.store import DATA_DIR_ENV, DEFAULT_DATA_DIR, data_dir
 
@@ -94,7 +96,10 @@ def _add_export_parser(sub) -> None:
     e = sub.add_parser("export", help="write train/val/test.jsonl and labels.json of a dataset")
     add_import_arg(e, subcommand=True)
     e.add_argument("--dataset", required=True, type=_nonempty_arg, help=valid_names())
-    e.add_argument("--out", required=True, type=output_folder_arg, help="output directory")
+    e.add_argument("--out", required=True, type=output_folder_arg, help="output directory, new or empty")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace --out when it holds an earlier export (train/val/test.jsonl, labels.json and "
+                        "nothing else); a folder with other files is never replaced")
     e.add_argument("--seed", type=split_seed_arg, default=0, help="split seed, in [0, 2**32)")
     e.add_argument("--data-dir", type=folder_arg, default=None)
     e.add_argument("--text-field", type=_nonempty_arg, default="text")
@@ -136,10 +141,12 @@ def _fetch(args) -> int:
 def _export(args) -> int:
     """``export``: read the dataset as asked, write its splits (:func:`experiments.data.files.export`) and print
     what was written as one JSON line."""
+    sources = source_paths(args.dataset, args.data_dir)
+    check_export_target(args.out, args.overwrite, sources)          # before the dataset is read
     splits = load_dataset(args.dataset, seed=args.seed, data_dir=args.data_dir,
                           text_field=args.text_field, label_field=args.label_field,
                           splits=_pair_map(args.split, "--split"), options=_pair_map(args.option, "--option"))
-    out = export(splits, args.out)
+    out = export(splits, args.out, overwrite=args.overwrite, sources=sources)
     print(json_dumps({"out": str(out), "dataset": splits.name, "num_classes": splits.num_classes,
                       "label_names": splits.label_names, **splits.sizes()}))
     return 0

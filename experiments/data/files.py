@@ -34,6 +34,8 @@ from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_name
 FILE_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
 #: the names a split file of a folder of splits may have (its stem), first the one ``export`` writes
 SPLIT_STEMS = {"train": ("train",), "val": ("val", "validation", "dev"), "test": ("test",)}
+from ..runfolder.atomic import fsync_dir
+from ..runfolder.runlock import exchange
 from .store import atomic_write_bytes, check_folder
 
 
@@ -355,36 +357,48 @@ def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -
                   derived, origins, tuple(columns))
 
 
-def export(splits: Splits, out) -> pathlib.Path:
-    """Write ``splits`` to directory ``out``: train/val/test.jsonl and labels.json.
+#: the files `export` writes, and the only ones a folder it replaces (``overwrite``) may hold
+EXPORT_FILES = tuple(f"{s}.jsonl" for s in SPLIT_NAMES) + ("labels.json",)
 
-    Each line is ``{"text": ..., "label": int}``; the order is the order of the splits. All or nothing:
-    the files are written into a temporary folder beside ``out``, which then becomes ``out`` (or, when
-    ``out`` exists already, whose files replace those of ``out`` one by one, each rename atomic); on any
-    error the temporary folder and the parent folders made for it are removed, ``out`` is left as it was.
-    ``out`` must not be a file (:func:`check_folder`).
+
+def export(splits: Splits, out, overwrite: bool = False, sources=()) -> pathlib.Path:
+    """Write ``splits`` to the folder ``out``: train/val/test.jsonl and labels.json; returns ``out``.
+
+    Each line is ``{"text": ..., "label": int}``; the order is the order of the splits. All or nothing: the
+    files are written into a staging folder beside ``out`` and read back (they must give ``splits`` again); only
+    then does the staging folder become ``out``, by one rename (a new ``out``) or one atomic exchange of the two
+    folders (an existing one, which is then removed). On any error the staging folder and the parent folders made
+    for it are removed and ``out`` is left as it was. ``out`` must not be a file (`check_folder`).
+
+    Never lost: an existing ``out`` that holds anything is refused unless ``overwrite``, and even then it may hold
+    only the files an export writes (`EXPORT_FILES`: a previous export); ``out`` may not be, nor hold, any of
+    ``sources`` (the files or folders the dataset was read from, `experiments.data.load.source_paths`),
+    compared by real path and by inode (a link, a bind mount, a hard link). A link at ``out`` is followed: the
+    folder it points to is replaced.
     """
-    out = check_folder(out, "export folder", writable=True)
-    files = {f"{s}.jsonl": "".join(json_dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
-                                   for t, lab in getattr(splits, s)).encode("utf-8") for s in SPLIT_NAMES}
-    files["labels.json"] = (json_dumps(splits.label_names, ensure_ascii=False) + "\n").encode("utf-8")
+    out, real = check_export_target(out, overwrite, sources)
+    files = _export_bytes(splits)
     made = []                                    # parent folders created here, removed again on failure
     tmp = None
     try:
-        for parent in reversed(out.absolute().parents):
+        for parent in reversed(real.parents):
             if not parent.exists():
                 parent.mkdir()
                 made.append(parent)
-        tmp = out.parent / f".{out.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        tmp = real.parent / f".{real.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         tmp.mkdir()                             # (not mkdtemp: an export is an ordinary folder, not a private one)
         for name, data in files.items():
             atomic_write_bytes(tmp / name, data)
-        if out.exists():
-            for name in files:
-                os.replace(tmp / name, out / name)
+        _verify_export(tmp, splits, out)
+        _check_export_target(out, real, overwrite, sources)      # again: nothing came in meanwhile
+        if real.exists():
+            exchange(str(tmp), str(real))
+            old, tmp = tmp, None                # the replaced folder, now at the staging name
+            _remove_export(old)
         else:
-            os.rename(tmp, out)
+            os.rename(tmp, real)
             tmp = None
+        fsync_dir(real.parent)
     except BaseException as exc:
         if made:
             shutil.rmtree(made[0], ignore_errors=True)
@@ -396,3 +410,90 @@ def export(splits: Splits, out) -> pathlib.Path:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _remove_export(folder: pathlib.Path) -> None:
+    """Remove the folder an export replaced: its export files, then the folder itself; a file that came in
+    since it was checked stays, with the folder, under its staging name (never removed unseen)."""
+    for name in EXPORT_FILES:
+        try:
+            (folder / name).unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _export_bytes(splits: Splits) -> dict[str, bytes]:
+    """``{file name: content}`` of the export of ``splits`` (``export``)."""
+    files = {f"{s}.jsonl": "".join(json_dumps({"text": t, "label": int(lab)}, ensure_ascii=False) + "\n"
+                                   for t, lab in getattr(splits, s)).encode("utf-8") for s in SPLIT_NAMES}
+    files["labels.json"] = (json_dumps(splits.label_names, ensure_ascii=False) + "\n").encode("utf-8")
+    return files
+
+
+def check_export_target(out, overwrite: bool = False, sources=()) -> tuple[pathlib.Path, pathlib.Path]:
+    """``(out, its real path)`` when `export` may write the folder ``out`` (a folder that can be written,
+    not a source, empty or an earlier export with ``overwrite``), else a `DataError` saying why; a command
+    calls it before reading the dataset, `export` again before it writes."""
+    out = check_folder(out, "export folder", writable=True)
+    real = pathlib.Path(os.path.realpath(out))
+    if real.is_symlink():
+        raise DataError(f"export folder {out} is a link that leads to no folder (a loop of links): choose another "
+                        "folder for --out")
+    _check_export_target(out, real, overwrite, sources)
+    return out, real
+
+
+def _check_export_target(out: pathlib.Path, real: pathlib.Path, overwrite: bool, sources) -> None:
+    """Refuse to export into ``out`` (its real path ``real``) when it is or holds one of ``sources``, or exists
+    holding anything without ``overwrite``, or anything but `EXPORT_FILES` with it (`export`)."""
+    for src in map(pathlib.Path, sources):
+        if not src.exists():
+            continue
+        folder = src if src.is_dir() else src.parent
+        if _same(real, folder) or any(_same(real / name, src) for name in EXPORT_FILES):
+            what = "the folder the dataset is read from" if src.is_dir() else "the folder that holds the dataset's file"
+            raise DataError(f"export folder {out} is {what} ({src}): an export never replaces its own source; "
+                            "choose another folder for --out")
+    if not real.is_dir():
+        return
+    names = sorted(os.listdir(real))
+    other = [n for n in names if n not in EXPORT_FILES or not _plain_file(real / n)]
+    if names and not overwrite:
+        raise DataError(f"export folder {out} is not empty ({_listed(names)}): its files are kept; choose an empty "
+                        "or new folder" + ("" if other else ", or pass --overwrite to replace this earlier export"))
+    if other:
+        raise DataError(f"export folder {out} holds files that no export writes ({_listed(other)}): they may be "
+                        "someone else's, so it is not replaced, even with --overwrite; move them away or choose "
+                        "an empty or new folder")
+
+
+def _same(a: pathlib.Path, b: pathlib.Path) -> bool:
+    """Whether ``a`` and ``b`` are one file or folder (real path, or device and inode); ``False`` when either is
+    missing."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _plain_file(path: pathlib.Path) -> bool:
+    """A regular file or a link (removing a link leaves what it points to), not a folder."""
+    return path.is_symlink() or path.is_file()
+
+
+def _listed(names: list) -> str:
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
+def _verify_export(folder: pathlib.Path, splits: Splits, out: pathlib.Path) -> None:
+    """Read the staged export ``folder`` back (`load_directory`): it must give the examples and the label
+    names of ``splits``, else a `DataError` (nothing replaced)."""
+    back = load_directory(folder, "text", "label")
+    if (back.train, back.val, back.test, back.label_names) != (splits.train, splits.val, splits.test,
+                                                               list(splits.label_names)):
+        raise DataError(f"export folder {out}: the files written do not read back as the dataset "
+                        f"{splits.name}; nothing was replaced")

@@ -6,9 +6,13 @@ import os
 import pathlib
 
 from .core import DataError, Splits, check_classes, fix
-from .corpora import DATASETS, GENERATORS
+from .corpora import CF_FILE, DATASETS, GENERATORS, RT_FILE
 from .files import FILE_SUFFIXES, load_directory, load_file
-from .hf import check_split_map, load_hf
+from .hf import check_split_map, find_folder, load_hf, parse_spec
+from .store import data_dir as _data_dir
+
+#: the files of the registered corpora in the data folder
+CORPUS_FILES = {"rotten_tomatoes": (RT_FILE,), "crowdflower": (CF_FILE,)}
 
 
 def valid_names() -> str:
@@ -77,6 +81,23 @@ def unknown_dataset(name: str, path: pathlib.Path) -> DataError:
                          + fix("data.dataset=PATH", why="an existing file or folder; a relative path is read from "
                                                         "the folder the command runs in"))
     return DataError(f"unknown dataset {name!r}; valid names: {valid_names()}" + fix("data.dataset=PATH"))
+
+
+def source_paths(name: str, data_dir=None) -> list[pathlib.Path]:
+    """The files or folders on this machine that the dataset ``name`` (as `load_dataset` takes it) is read
+    from: the file or folder of a path, the local folder of ``hf:``, the data folder of a registered corpus
+    (a generated one reads nothing); what `experiments.data.files.export` must not write onto."""
+    name = os.fspath(name)
+    if name.startswith("hf:"):
+        try:
+            folder = find_folder(parse_spec(name[3:])[0], data_dir)[0]
+        except DataError:
+            return []
+        return [folder] if folder is not None else []
+    if name in DATASETS:
+        root = _data_dir(data_dir)
+        return [] if name in GENERATORS else [root, *(root / f for f in CORPUS_FILES.get(name, ()))]
+    return [pathlib.Path(name).expanduser()]
 
 
 def config_options(dc: dict) -> dict | None:

@@ -345,7 +345,7 @@ CASES = [
     (DATA, export("float_text.csv"), ["float_text.csv", "'1.0'", *COLLIDE]),
     (DATA, export("zero_pad.csv"), ["zero_pad.csv", "'01'", *COLLIDE]),
     (DATA, export("bom.csv"), ["bom.csv", "'1.00'", *COLLIDE]),
-    (DATA, export("latin1.csv"), ["latin1.csv", "'+1'", *COLLIDE]),
+    (DATA, export("latin1.csv"), ["latin1.csv", "line 2", "0xE9", "not UTF-8"]),     # never re-read as latin-1
     (DATA, export("data.tsv"), ["data.tsv", "unknown dataset"]),
     (DATA, export("int_str.jsonl", "--label-field", "label"), ["int_str.jsonl", *COLLIDE]),
     (DATA, export("dir_int_str"), ["dir_int_str", "test.jsonl record", "'1'", *COLLIDE]),
@@ -424,7 +424,7 @@ CASES = [
     (DATA, export("garbage.jsonl"), ["garbage.jsonl"]),
     (DATA, export("deep.jsonl"), ["deep.jsonl:1", "not valid json"]),
     (DATA, export("notext.csv"), ["notext.csv", "'text'", "columns found"]),
-    (DATA, export("utf16.csv"), ["utf16.csv", "columns found"]),
+    (DATA, export("utf16.csv"), ["utf16.csv", "UTF-16", "not UTF-8"]),
     (DATA, export("huge_digits.csv"), ["huge_digits.csv", "1000000000", *COLLIDE]),
     (DATA, export("int_str.jsonl", "--label-field", "nope"), ["int_str.jsonl", "'nope'", "columns found"]),
     (TRAIN, train("val_nolabel"), ["val.jsonl", "record 0", "'label'"]),

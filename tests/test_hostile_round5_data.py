@@ -213,3 +213,168 @@ def test_export_is_read_back_before_it_replaces_anything(good, tmp_path, monkeyp
     with pytest.raises(DataError, match="do not read back"):
         files.export(load_dataset(str(good), seed=3), out, overwrite=True)
     assert tree(out) == before and sorted(os.listdir(tmp_path)) == ["exp", "good.csv"]
+
+
+# --------------------------------------------------------------------------------------------
+# bytes that are not UTF-8: refused where they are, never re-read as latin-1
+# --------------------------------------------------------------------------------------------
+
+def test_one_bad_byte_in_a_utf8_csv_is_refused_naming_line_offset_and_byte(tmp_path):
+    text = csv_text().replace("a good film number 0", "a café film")
+    data = text.encode("utf-8").replace("a dull film".encode(), b"a d\xfcll film")
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(data)
+    at = data.index(b"\xfc")
+    with pytest.raises(DataError) as e:
+        load_dataset(str(path))
+    msg = str(e.value)
+    assert "mixed.csv" in msg and "line 7" in msg and f"byte offset {at}" in msg and "0xFC" in msg, msg
+    assert "not UTF-8" in msg and "iconv" in msg
+    path.write_bytes(text.encode("utf-8"))                               # positive control: café stays café
+    assert any("café" in t for t, _ in load_dataset(str(path)).train + load_dataset(str(path)).val
+               + load_dataset(str(path)).test)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("latin.csv", csv_text().replace("awful", "\xe0wful").encode("latin-1")),
+    ("bad.jsonl", jsonl(labelled()).encode().replace(b"lovely", b"lov\xe9ly")),
+    ("bad.json", json.dumps(labelled(), indent=1).encode().replace(b"boring", b"bor\xffing")),
+    ("bom16.csv", csv_text().encode("utf-16")),
+    ("bom_crlf.csv", b"\xef\xbb\xbf" + csv_text().replace("\n", "\r\n").replace("nice", "n\xefce").encode("latin-1")),
+])
+def test_every_text_format_refuses_a_bad_byte(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(UnicodeDecodeError) as e:
+        content.decode("utf-8")
+    at = e.value.start
+    lineno = content.count(b"\n", 0, at) + 1
+    line = expect_refusal(DATA, export(path, tmp_path / "out"), str(tmp_path),
+                          names=[name, f"line {lineno},", f"byte offset {at}:",
+                                 f"0x{content[at]:02X}", "not UTF-8"])
+    assert line
+
+
+def test_a_bad_byte_in_a_file_with_old_mac_line_ends(tmp_path):
+    """Lines ended by a lone ``\\r`` are counted as lines too."""
+    data = csv_text().replace("\n", "\r").replace("fine", "f\xeene").encode("latin-1")
+    (tmp_path / "mac.csv").write_bytes(data)
+    expect_refusal(DATA, export(tmp_path / "mac.csv", tmp_path / "out"), str(tmp_path),
+                   names=["mac.csv", "line 6,", f"byte offset {data.index(bytes([0xee]))}:", "0xEE"])
+
+
+def test_bad_bytes_in_split_files_and_labels_json(tmp_path):
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    (folder / "train.csv").write_text(csv_text(TEXTS[:16]))
+    (folder / "test.csv").write_bytes(csv_text(TEXTS[16:]).encode().replace(b"superb", b"sup\xe8rb"))
+    expect_refusal(DATA, export(folder, tmp_path / "out"), str(tmp_path), names=["test.csv", "line", "0xE8"])
+    (folder / "test.csv").write_text(csv_text(TEXTS[16:]))
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    for s, part in (("train", TEXTS[:16]), ("val", TEXTS[16:20]), ("test", TEXTS[20:])):
+        (ids / f"{s}.jsonl").write_text(jsonl(labelled(part, (0, 1))))
+    (ids / "labels.json").write_bytes('["n\u00e9g",\n "pos"]'.encode("latin-1"))
+    expect_refusal(DATA, export(ids, tmp_path / "out"), str(tmp_path), names=["labels.json", "line 1", "0xE9"])
+    (ids / "labels.json").write_text('["n\u00e9g", "pos"]', encoding="utf-8")        # positive control
+    assert load_dataset(str(ids)).label_names == ["n\u00e9g", "pos"]
+    assert load_dataset(str(folder)).num_classes == 2
+
+
+# --------------------------------------------------------------------------------------------
+# repeated columns and keys, ragged rows
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("header, row, names", [
+    ("text,label,label", "{t},{y},other", ["'label'", "line 1", "more than once"]),
+    ("text,text,label", "{t},other,{y}", ["'text'", "line 1", "more than once"]),
+    ("text,label,note,note", "{t},{y},a,b", ["'note'", "line 1", "more than once"]),
+])
+def test_a_repeated_csv_column_is_refused(tmp_path, header, row, names):
+    path = tmp_path / "rep.csv"
+    path.write_text(header + "\n" + "".join(row.format(t=t, y=i % 2) + "\n" for i, t in enumerate(TEXTS)))
+    expect_refusal(DATA, export(path, tmp_path / "out"), str(tmp_path), names=["rep.csv", *names])
+
+
+def test_blank_trailing_header_cells_are_not_repeats(tmp_path):
+    """Positive control: a spreadsheet's empty trailing columns (``text,label,,``) are no repeated name."""
+    path = tmp_path / "sheet.csv"
+    path.write_text("text,label,,\n" + "".join(f"{t},{i % 2},,\n" for i, t in enumerate(TEXTS)))
+    assert load_dataset(str(path)).num_classes == 2
+
+
+@pytest.mark.parametrize("rows, line, names", [
+    (["a film, with a comma,pos"], 4, ["3 field(s)", "extra", "'pos'", "quoted"]),
+    (["just a text"], 4, ["1 field(s)", "no value for ['label']"]),
+    (['"a quoted\ntext over two lines",neg', "one,two,three"], 6, ["3 field(s)"]),
+])
+def test_a_ragged_csv_row_is_refused_naming_its_line(tmp_path, rows, line, names):
+    path = tmp_path / "ragged.csv"
+    body = [f"{t},{i % 2}" for i, t in enumerate(TEXTS)]
+    path.write_text("\n".join(["text,label", *body[:2], *rows, *body[2:]]) + "\n")
+    expect_refusal(DATA, export(path, tmp_path / "out"), str(tmp_path),
+                   names=["ragged.csv", f"line {line}", "the header has 2", *names])
+
+
+def test_a_repeated_json_key_is_refused_naming_line_and_key(tmp_path):
+    lines = jsonl(labelled()).splitlines()
+    lines[2] = '{"text": "a film", "label": "neg", "label": "pos"}'
+    (tmp_path / "rep.jsonl").write_text("\n".join(lines) + "\n")
+    expect_refusal(DATA, export(tmp_path / "rep.jsonl", tmp_path / "out"), str(tmp_path),
+                   names=["rep.jsonl:3", "'label'", "twice"])
+    lines[2] = '{"text": "a film", "label": "neg", "meta": {"a": 1, "a": 2}}'
+    (tmp_path / "nested.jsonl").write_text("\n".join(lines) + "\n")
+    expect_refusal(DATA, export(tmp_path / "nested.jsonl", tmp_path / "out"), str(tmp_path),
+                   names=["nested.jsonl:3", "'a'", "twice"])
+    records = [json.dumps(r) for r in labelled()]
+    records[4] = '{"text": "a film",\n  "text": "another", "label": "neg"}'
+    (tmp_path / "rep.json").write_text("[\n" + ",\n".join(records) + "\n]\n")
+    expect_refusal(DATA, export(tmp_path / "rep.json", tmp_path / "out"), str(tmp_path),
+                   names=["rep.json:6", "record 4", "'text'", "twice"])
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "train.jsonl").write_text(jsonl(labelled(TEXTS[:16])))
+    (split / "test.jsonl").write_text('{"text": "x", "text": "y", "label": "pos"}\n')
+    expect_refusal(DATA, export(split, tmp_path / "out"), str(tmp_path), names=["test.jsonl:1", "'text'"])
+
+
+def test_a_repeated_parquet_column_is_refused(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    n = len(TEXTS)
+    table = pa.Table.from_arrays([pa.array(TEXTS), pa.array([i % 2 for i in range(n)]),
+                                  pa.array([(i + 1) % 2 for i in range(n)])], names=["text", "label", "label"])
+    pq.write_table(table, tmp_path / "rep.parquet")
+    expect_refusal(DATA, export(tmp_path / "rep.parquet", tmp_path / "out"), str(tmp_path),
+                   names=["rep.parquet", "'label'", "more than once"])
+
+
+# --------------------------------------------------------------------------------------------
+# missing labels: one rule
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("marker", ["NA", "N/A", "n/a", "null", "NULL", "None", "nan", "NaN", "#N/A", "<NA>", " na ",
+                                    "inf", "-Infinity"])
+def test_every_missing_value_marker_is_refused_alike(tmp_path, marker):
+    labels = ("neg", "pos", "neg", marker)
+    (tmp_path / "m.csv").write_text(csv_text(labels=labels))
+    line = expect_refusal(DATA, export(tmp_path / "m.csv", tmp_path / "out"), str(tmp_path),
+                          names=["m.csv", "record 3", repr(marker.strip()), "missing value"])
+    assert "NA N/A nan null None" in line                               # the rule is stated in the refusal
+    (tmp_path / "m.jsonl").write_text(jsonl(labelled(labels=labels)))
+    expect_refusal(DATA, export(tmp_path / "m.jsonl", tmp_path / "out"), str(tmp_path),
+                   names=["m.jsonl", "record 3", "missing value"])
+
+
+def test_labels_that_merely_contain_a_marker_are_classes(tmp_path):
+    """Positive control: ``NAB``, ``none of these``, ``nana``, ``1e400`` are classes."""
+    for labels in (("NAB", "none of these"), ("nana", "n"), ("1e400", "2")):
+        (tmp_path / "ok.csv").write_text(csv_text(labels=labels))
+        assert sorted(load_dataset(str(tmp_path / "ok.csv")).label_names) == sorted(labels)
+
+
+def test_the_missing_label_rule_is_one_function():
+    core = pytest.importorskip("experiments.data.core")
+    missing = getattr(core, "missing_label")
+    assert all(missing(m) for m in core.MISSING_LABELS) and missing(None) and missing(float("nan"))
+    assert not any(missing(v) for v in ("NAB", "n", 0, 1, "0", "none of these", "1e400"))

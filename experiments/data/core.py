@@ -16,6 +16,11 @@ row (file order) is kept; a group whose rows carry different labels is dropped a
 for it is right. The cleaned examples, in file order, are then split 80/10/10 by
 ``numpy.random.RandomState(seed).permutation`` (stable across numpy releases): train, validation and test
 are disjoint and depend on the seed only.
+
+Missing labels (`missing_label`): a label that is absent, empty, or, stripped and compared ignoring case,
+one of `MISSING_LABELS` (the strings pandas reads as a missing value: ``NA``, ``N/A``, ``nan``, ``null``,
+``None``, ...), or a number that is not finite (``inf``), is a missing value, never a class: the loaders refuse
+it naming the file and the record.
 """
 from __future__ import annotations
 
@@ -96,6 +101,38 @@ def label_column_fix(label_field: str) -> str:
 
 class DataError(UnfoldError):
     """A dataset is missing, corrupt, unknown, or malformed; the message says what to do."""
+
+
+#: label values that are a missing value, not a class (compared stripped and case-folded): the strings pandas
+#: reads as NA by default (``pandas.read_csv``'s ``na_values``), the empty string included
+MISSING_LABELS = ("", "NA", "N/A", "nan", "null", "None", "#N/A", "#N/A N/A", "#NA", "<NA>", "-nan", "1.#IND",
+                  "1.#QNAN", "-1.#IND", "-1.#QNAN")
+_MISSING = frozenset(m.casefold() for m in MISSING_LABELS)
+
+
+def missing_label(value) -> bool:
+    """Whether the raw label ``value`` is a missing value (module docstring): ``None``, a float that is not
+    finite, or a string that, stripped and case-folded, is one of `MISSING_LABELS` or spells a number that
+    is not finite (``inf``, ``-Infinity``); a number too large for a float (``1e400``) is a number."""
+    if value is None:
+        return True
+    if isinstance(value, (float, np.floating)):
+        return not math.isfinite(value)
+    if not isinstance(value, str):
+        return False
+    text = value.strip()
+    if text.casefold() in _MISSING:
+        return True
+    try:
+        return not math.isfinite(float(text)) and any(c.isalpha() and c not in "eE" for c in text)
+    except ValueError:
+        return False
+
+
+def missing_rule() -> str:
+    """The rule of `missing_label` in words, for refusals."""
+    shown = " ".join(m for m in MISSING_LABELS if m)
+    return f"empty, one of {shown} (any case: pandas' missing values), or a number that is not finite (inf)"
 
 
 @dataclass

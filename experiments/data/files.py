@@ -1,13 +1,20 @@
 """Datasets given by path, and :func:`export`, which writes them.
 
-* A single ``.csv`` (header row; UTF-8, latin-1 as fallback), ``.jsonl``, ``.json`` or ``.parquet`` file with a
-  text and a label column: labels mapped by :func:`experiments.data.core.label_table`, cleaned and split 80/10/10.
+* A single ``.csv`` (header row), ``.jsonl``, ``.json`` or ``.parquet`` file with a text and a label column:
+  labels mapped by `experiments.data.core.label_table`, cleaned and split 80/10/10.
 * A folder of splits (``train.jsonl``, ``val.jsonl``, ``test.jsonl``, optionally ``labels.json``, as :func:`export`
   writes it; or ``train``/``val`` (``validation``, ``dev``)/``test`` files of any of those kinds): used as-is, no
   cleaning, no resplitting; a missing val or test file is carved out of train by the seeded 80/10/10 rule.
 
-Every record is checked (:func:`records_to_examples`): a missing column, an empty or non-finite label,
-text that is not valid Unicode is a :class:`DataError` naming the file and the record. Label values that
+Text files (CSV, JSON lines, JSON, ``labels.json``) are UTF-8 (a CSV may start with a byte-order mark): a byte
+that is not UTF-8 is a `DataError` naming the file, the line, the byte offset and the byte
+(`read_utf8`); nothing is read in another encoding. A column name repeated in a CSV header or a parquet
+schema, a key repeated in a JSON object, and a CSV row with more or fewer fields than its header are refused
+naming the file, the line and the column (they would otherwise lose a value silently).
+
+Every record is checked (`records_to_examples`): a missing column, a missing label
+(`experiments.data.core.missing_label`: empty, ``NA``, ``N/A``, ``nan``, ``null``, ``None``, ... or not
+finite), text that is not valid Unicode is a `DataError` naming the file and the record. Label values that
 collide (one class written two ways: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``, ``"1"`` and ``"01"``;
 :func:`experiments.data.core.label_table`) and repeated names in ``labels.json``
 (:func:`experiments.data.core.check_label_names`) are refused naming the file, the column and both values. A
@@ -17,8 +24,8 @@ ends with the config keys that fix it (:func:`experiments.data.core.fix`).
 from __future__ import annotations
 
 import csv
+import io
 import json
-import math
 import os
 import pathlib
 import shutil
@@ -28,7 +35,7 @@ from unfold.strict_json import dumps as json_dumps
 
 from .arrow import read_columns, read_schema
 from .core import (SPLIT_NAMES, SPLIT_WORDS, DataError, Splits, check_label_names, column_fix, complete_splits, fix,
-                   label_column_fix, label_table, make_splits, show)
+                   label_column_fix, label_table, make_splits, missing_label, missing_rule, show)
 
 #: the files a dataset may be given as (one file, split 80/10/10), and the split files of a folder of splits
 FILE_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
@@ -58,10 +65,13 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
                             + column_fix(missing, sorted(map(str, rec)), text_field, label_field))
         label = rec[label_field]
         if label is None or (isinstance(label, str) and not label.strip()):
-            raise DataError(f"{where}: record {i} has an empty label ({label_field!r})" + label_column_fix(label_field))
-        if isinstance(label, str) and _non_finite_number(label):
-            raise DataError(f"{where}: record {i} has label {show(label.strip())} ({label_field!r}), not a class: "
-                            "a missing value?" + label_column_fix(label_field))
+            raise DataError(f"{where}: record {i} has an empty label ({label_field!r}): a missing value; labels that "
+                            f"are {missing_rule()} are missing values, not classes: give the record a class or "
+                            "remove it" + label_column_fix(label_field))
+        if missing_label(label):
+            raise DataError(f"{where}: record {i} has label {show(label.strip() if isinstance(label, str) else label)}"
+                            f" ({label_field!r}), a missing value, not a class: labels that are {missing_rule()} are "
+                            "missing values; give the record a class or remove it" + label_column_fix(label_field))
         if not isinstance(label, (str, int, float)) or (isinstance(label, float) and not label.is_integer()):
             raise DataError(f"{where}: record {i} has an unusable label {show(label)} ({label_field!r}): expected a "
                             "string or an integer" + label_column_fix(label_field))
@@ -78,33 +88,98 @@ def records_to_examples(records, text_field, label_field, where) -> list[tuple[s
     return out
 
 
-def _non_finite_number(text: str) -> bool:
-    """Whether ``text`` spells a number that is not finite (``nan``, ``-inf``, ``Infinity``, ...); a number too
-    large for a float (``1e400``, 400 digits) is a number, not a missing value."""
+def read_utf8(path: pathlib.Path) -> str:
+    """The text of the file ``path``, decoded as UTF-8. A byte that is not UTF-8 is a `DataError` naming
+    the file, the line, the byte offset and the byte (`not_utf8`); nothing is read in another encoding. An
+    unreadable file is a `DataError` too."""
     try:
-        return not math.isfinite(float(text)) and any(c.isalpha() and c not in "eE" for c in text)
-    except ValueError:
-        return False
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    except OSError as e:
+        raise _unreadable(path, e) from None
 
 
-def _read_jsonl(path: pathlib.Path) -> list:
-    """Objects of a JSON-lines file (blank lines skipped)."""
+def _unreadable(path: pathlib.Path, e: OSError) -> DataError:
+    return DataError(f"{path}: cannot read ({e.strerror or e})" + fix("data.dataset=PATH", why="a readable file"))
+
+
+def not_utf8(path: pathlib.Path) -> DataError:
+    """The refusal of the file ``path``, which a UTF-8 reader could not decode: the line (from 1; a line ends at
+    ``\\n``, ``\\r\\n`` or ``\\r``) and the byte offset (from 0) of the first byte that is not UTF-8, the byte, the
+    text before it on its line, and how to convert the file. (Found again from the file's bytes: a streaming
+    reader's offsets count from its buffer.)"""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return _unreadable(path, e)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = e.start
+    else:                                                # changed since it was read
+        return DataError(f"{path}: not UTF-8 when read; read it again")
+    head = data[:at]
+    line = head.count(b"\n") + head.count(b"\r") - head.count(b"\r\n") + 1
+    before = head[max(head.rfind(b"\n"), head.rfind(b"\r")) + 1:].decode("utf-8", "replace")[-30:]
+    utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    converted = path.with_name(f"{path.stem}.utf8{path.suffix}")
+    return DataError(
+        f"{path}: line {line}, byte offset {at}: byte 0x{data[at]:02X} is not UTF-8"
+        + (" (the file starts with a UTF-16 byte-order mark)" if utf16 else f", after {show(before)}")
+        + f"; the file must be UTF-8 (no other encoding is guessed): convert it, e.g. `iconv -f "
+          f"{'UTF-16' if utf16 else 'LATIN1'} -t UTF-8 {path} > {converted}` if it is "
+          f"{'UTF-16' if utf16 else 'latin-1'}, and read the converted file" + fix(f"data.dataset={converted}"))
+
+
+class _RepeatedKey(Exception):
+    """A JSON object names one key twice (raised by `_unique_keys`)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook`` of the JSON readers: the object as a dict, a repeated key raised as
+    `_RepeatedKey` (``json`` alone keeps the last value silently)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
+def _repeated_key(path: pathlib.Path, line: int, key: str, record: str = "") -> DataError:
+    return DataError(f"{path}:{line}: key {show(key)} appears twice in one object{record}: only one of its values "
+                     "would be read; remove or rename the other")
+
+
+def _read_jsonl(path: pathlib.Path, text: str | None = None) -> list:
+    """Objects of a JSON-lines file (blank lines skipped), read line by line; ``text``: its content, when read
+    already. Not UTF-8, a line that is no JSON, a key repeated in an object: a `DataError` naming the
+    line."""
     out = []
     try:
-        with open(path, encoding="utf-8") as f:
+        with (io.StringIO(text, newline=None) if text is not None else open(path, encoding="utf-8")) as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
-                    try:
-                        out.append(json.loads(line))
-                    except (ValueError, RecursionError) as e:
-                        raise DataError(f"{path}:{n}: not valid JSON ({e}); a {path.suffix} file holds one JSON "
-                                        f"object a line: correct line {n}" + _other_format(path, line)) from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}): save it as UTF-8, or as CSV (read as "
-                        "latin-1 when not UTF-8)" + fix(f"data.dataset={path.with_suffix('.csv')}")) from None
+                    out.append(_json_line(path, n, line))
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
     except OSError as e:
-        raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
+        raise _unreadable(path, e) from None
     return out
+
+
+def _json_line(path: pathlib.Path, n: int, line: str):
+    """The JSON value of line ``n`` of the JSON-lines file ``path``."""
+    try:
+        return _DECODER.decode(line)
+    except _RepeatedKey as e:
+        raise _repeated_key(path, n, e.args[0]) from None
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{path}:{n}: not valid JSON ({e}); a {path.suffix} file holds one JSON object a line: "
+                        f"correct line {n}" + _other_format(path, line)) from None
 
 
 def _other_format(path: pathlib.Path, line: str) -> str:
@@ -131,6 +206,10 @@ def _read_parquet(path: pathlib.Path, text_field: str, label_field: str) -> tupl
         names = read_schema(path).names
     except DataError as e:
         raise DataError(f"{e}{unreadable}") from None
+    repeated = sorted({c for c in names if names.count(c) > 1})
+    if repeated:
+        raise DataError(f"{path}: column(s) {repeated} appear more than once in the schema: only one copy would be "
+                        "read; rename or remove the others" + unreadable)
     missing = [c for c in (text_field, label_field) if c not in names]
     if missing:
         raise DataError(f"{path}: no column(s) {missing}; columns found: {names}"
@@ -143,33 +222,67 @@ def _read_parquet(path: pathlib.Path, text_field: str, label_field: str) -> tupl
 
 
 def _read_csv(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
-    """``(records, columns)`` of a .csv file (UTF-8, latin-1 as fallback), refusing a missing column."""
-    for encoding in ("utf-8-sig", "latin-1"):
-        try:
-            with open(path, encoding=encoding, newline="") as f:
-                reader = csv.DictReader(f)
-                columns = reader.fieldnames or []
-                missing = [c for c in (text_field, label_field) if c not in columns]
-                if missing:
-                    raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
-                                    + column_fix(missing, columns, text_field, label_field))
-                return list(reader), tuple(columns)
-        except UnicodeDecodeError:
-            continue                   # not UTF-8: read again as latin-1, which decodes any bytes
-        except (OSError, csv.Error) as e:
-            raise DataError(f"{path}: cannot read as CSV ({e})"
-                            + fix("data.dataset=PATH", why="a readable file")) from None
-    raise DataError(f"{path}: cannot decode as UTF-8 or latin-1")
+    """``(records, columns)`` of a UTF-8 .csv file (a leading byte-order mark dropped; a byte that is not UTF-8
+    refused by `not_utf8`), refusing a missing or repeated column and a row whose number of fields is not
+    the header's (`_csv_rows`)."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            return _read_csv_from(path, csv.reader(f), text_field, label_field)
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+    except OSError as e:
+        raise _unreadable(path, e) from None
+
+
+def _read_csv_from(path: pathlib.Path, reader, text_field: str, label_field: str) -> tuple[list, tuple]:
+    """`_read_csv` of the open file's ``reader``."""
+    try:
+        columns = next(reader, None) or []
+        repeated = sorted({c for c in columns if c.strip() and columns.count(c) > 1})
+        if repeated:
+            where = {c: [i + 1 for i, x in enumerate(columns) if x == c] for c in repeated}
+            raise DataError(f"{path}: line 1: column(s) {repeated} appear more than once in the header (positions "
+                            f"{where}): only one copy would be read; rename or remove the others")
+        missing = [c for c in (text_field, label_field) if c not in columns]
+        if missing:
+            raise DataError(f"{path}: no column(s) {missing}; columns found: {columns}"
+                            + column_fix(missing, columns, text_field, label_field))
+        return _csv_rows(path, reader, columns), tuple(columns)
+    except csv.Error as e:
+        raise DataError(f"{path}: line {reader.line_num}: cannot read as CSV ({e})"
+                        + fix("data.dataset=PATH", why="a readable file")) from None
+
+
+def _csv_rows(path: pathlib.Path, reader, columns: list) -> list[dict]:
+    """The rows of ``reader`` (after the header ``columns``) as dicts; blank lines skipped; a row with more or
+    fewer fields than the header is a `DataError` naming its line (an extra field would be dropped, a
+    missing one read as empty)."""
+    records = []
+    while True:
+        line = reader.line_num + 1                      # the line the next row starts on
+        row = next(reader, None)
+        if row is None:
+            return records
+        if not row:
+            continue
+        if len(row) != len(columns):
+            extra = (f": the extra field(s) {show(row[len(columns):])} would be dropped (a field that holds a comma "
+                     'must be quoted: "a, b")' if len(row) > len(columns) else
+                     f": no value for {columns[len(row):]}")
+            raise DataError(f"{path}: line {line} has {len(row)} field(s), the header has {len(columns)}{extra}; "
+                            "correct the row")
+        records.append(dict(zip(columns, row)))
 
 
 def _read_json(path: pathlib.Path) -> tuple[list, tuple]:
     """``(records, columns)`` of a .json file: a list of objects (or one), or JSON lines if not one document."""
+    text = read_utf8(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _DECODER.decode(text)
+    except _RepeatedKey:
+        raise _repeated_in_document(path, text) from None
     except (ValueError, RecursionError):
-        return _read_jsonl(path)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e})" + fix("data.dataset=PATH", why="a readable file")) from None
+        return _read_jsonl(path, text)
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
@@ -179,8 +292,30 @@ def _read_json(path: pathlib.Path) -> tuple[list, tuple]:
     return data, record_columns(data)
 
 
+def _repeated_in_document(path: pathlib.Path, text: str) -> DataError:
+    """The refusal of the JSON document ``text`` that repeats a key: the key, and, when the document is a list of
+    records, the record that holds it and the line the record starts on (line of the document otherwise)."""
+    pos = len(text) - len(text.lstrip())
+    if text.startswith("[", pos):                      # a list of records: decode them one by one
+        i, pos = 0, pos + 1
+        while True:
+            pos = len(text) - len(text[pos:].lstrip(" \t\r\n,"))
+            try:
+                pos = _DECODER.raw_decode(text, pos)[1]
+            except _RepeatedKey as e:
+                return _repeated_key(path, text.count("\n", 0, pos) + 1, e.args[0], f" (record {i})")
+            except (ValueError, RecursionError):
+                break
+            i += 1
+    try:
+        _DECODER.decode(text)
+    except _RepeatedKey as e:
+        return _repeated_key(path, text.count("\n", 0, len(text) - len(text.lstrip())) + 1, e.args[0])
+    return DataError(f"{path}: a key appears twice in one object: only one of its values would be read")
+
+
 def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tuple[list, tuple]:
-    """Records of a .csv (header row; UTF-8, latin-1 as fallback), .jsonl, .json or .parquet file.
+    """Records of a .csv (header row; UTF-8), .jsonl, .json or .parquet file.
 
     A .json file holds a list of objects, or is read as JSON lines otherwise. A missing column is refused here
     for the files with a header (CSV, parquet), naming the columns found and the keys that choose others.
@@ -297,9 +432,12 @@ def _read_split_files(path: pathlib.Path, files: dict[str, pathlib.Path], text_f
 def _labels_from_file(labels_file: pathlib.Path, raw: dict[str, list], files: dict[str, pathlib.Path],
                       label_field) -> tuple[dict[str, list], list]:
     """``(split lists, names)`` with the names of ``labels.json`` and every label an id into them."""
+    text = read_utf8(labels_file)
     try:
-        names = json.loads(labels_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
+        names = _DECODER.decode(text)
+    except _RepeatedKey as e:
+        raise _repeated_key(labels_file, 1, e.args[0]) from None
+    except (ValueError, RecursionError) as e:
         raise DataError(f"{labels_file}: cannot read ({one_line(e, 200)}); correct it, or remove it to take the "
                         "label names from the values") from None
     if not isinstance(names, list) or not names:

@@ -378,3 +378,75 @@ def test_the_missing_label_rule_is_one_function():
     missing = getattr(core, "missing_label")
     assert all(missing(m) for m in core.MISSING_LABELS) and missing(None) and missing(float("nan"))
     assert not any(missing(v) for v in ("NAB", "n", 0, 1, "0", "none of these", "1e400"))
+
+
+# --------------------------------------------------------------------------------------------
+# inspect: dropped rows, held-out texts seen in training
+# --------------------------------------------------------------------------------------------
+
+def _inspect(path, tmp_path, *more):
+    code, out, err = run_cli(DATA, ["inspect", str(path), "--json", *more], str(tmp_path))
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def test_inspect_reports_the_rows_cleaning_dropped(tmp_path):
+    rows = [(t, i % 2) for i, t in enumerate(TEXTS)]
+    rows += [("   ", 0), ("", 1)]                                       # 2 empty texts
+    rows += [(TEXTS[0], 0), (TEXTS[1].upper(), 1), ("  " + TEXTS[2], 0)]   # 3 repeats, same label
+    rows += [(TEXTS[3], 0), (TEXTS[3], 1)]              # TEXTS[3] (label 1) now disagrees: its 3 rows dropped
+    path = tmp_path / "dirty.csv"
+    path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in rows))
+    report, _ = _inspect(path, tmp_path)
+    core = pytest.importorskip("experiments.data.core")
+    assert report["dropped"] == {"rows": 8, "reasons": {core.DROP_EMPTY: 2, core.DROP_REPEATED: 3,
+                                                        core.DROP_CONFLICT: 3}}
+    assert sum(s["size"] for s in report["splits"].values()) == len(rows) - 8
+    assert any("8 row(s) read were left out" in n for n in report["notes"])
+    code, text, err = run_cli(DATA, ["inspect", str(path)], str(tmp_path))
+    assert code == 0 and "dropped 8 row(s)" in text and "2 empty text" in text, err
+    (tmp_path / "clean.csv").write_text(csv_text())
+    clean, _ = _inspect(tmp_path / "clean.csv", tmp_path)
+    assert clean["dropped"] == {"rows": 0, "reasons": {}}                # negative control
+
+
+def test_held_out_texts_seen_in_training_are_counted_and_logged(tmp_path, caplog):
+    folder = tmp_path / "leaky"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(jsonl(labelled(TEXTS[:16])))
+    (folder / "val.jsonl").write_text(jsonl(labelled(TEXTS[16:18] + TEXTS[:2])))      # 2 repeat train
+    (folder / "test.jsonl").write_text(jsonl(labelled(TEXTS[18:22] + [TEXTS[5], TEXTS[16]])))  # 1 train, 1 val
+    with caplog.at_level(logging.WARNING, logger="experiments.data"):
+        load_dataset(str(folder))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "2 of the 4 val examples repeat a train text" in warned[0], warned
+    assert "1 of the 6 test examples repeat a train text" in warned[0]
+    assert "1 of the 6 test examples repeat a val text" in warned[0]
+    report, _ = _inspect(folder, tmp_path)
+    assert report["overlap"] == {"val_in_train": 2, "test_in_train": 1, "test_in_val": 1}
+    assert any("exact duplicates" in n for n in report["notes"])
+    caplog.clear()
+    (folder / "val.jsonl").write_text(jsonl(labelled(TEXTS[16:18])))                  # negative control
+    (folder / "test.jsonl").write_text(jsonl(labelled(TEXTS[18:22])))
+    with caplog.at_level(logging.WARNING, logger="experiments.data"):
+        load_dataset(str(folder))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert _inspect(folder, tmp_path)[0]["overlap"] == {"val_in_train": 0, "test_in_train": 0, "test_in_val": 0}
+
+
+def test_inspect_reports_unlabelled_hf_rows(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    labels = [i % 2 for i in range(16)]
+    labels[3] = labels[7] = -1                                            # the hub's "no label"
+    pq.write_table(pa.table({"text": TEXTS[:16], "label": labels}), hub / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": TEXTS[16:], "label": [i % 2 for i in range(8)]}),
+                   hub / "data" / "test-00000-of-00001.parquet")
+    (hub / "README.md").write_text("\n".join([
+        "---", "dataset_info:", "  features:", "  - name: text", "    dtype: string", "  - name: label",
+        "    dtype:", "      class_label:", "        names:", "          '0': neg", "          '1': pos", "---", ""]))
+    report, _ = _inspect(f"hf:{hub}", tmp_path)
+    assert report["dropped"]["rows"] == 2 and list(report["dropped"]["reasons"].values()) == [2]
+    assert "-1" in next(iter(report["dropped"]["reasons"]))

@@ -24,7 +24,12 @@ tokenised by the trainer's tokeniser (:func:`~experiments.data.text.tokenize`).
 * ``glove``: the share of the vocabulary found in GloVe 6B 50d (what the trainer logs) and of the tokens of each
   split unknown to it, when the GloVe files are present in the data folder; ``available: false`` and the reason
   otherwise (nothing is downloaded);
-* ``notes``: what deserves a look (many truncated texts, a tiny split, GloVe needed but absent, ...);
+* ``dropped``: the rows read but left out (``rows``: how many; ``reasons``: ``{reason: count}``, e.g. empty texts,
+  repeated texts, texts whose copies disagree on the label, ``hf:`` rows labelled -1);
+* ``overlap``: the validation and test examples whose text is exactly that of a training (or, for test,
+  validation) example (`experiments.data.core.split_overlap`);
+* ``notes``: what deserves a look (many truncated texts, a tiny split, GloVe needed but absent, rows dropped,
+  held-out texts seen in training, ...);
 * ``command``: the ``unfold-train`` command that trains on it, with the same config and overrides.
 
 Bad input (a refused dataset, a bad override) is the loader's typed refusal, which names the config keys that
@@ -41,7 +46,7 @@ from collections import Counter
 from energies.errors import ConfigError
 
 from .config import load_config_sources
-from ..data.core import SPLIT_NAMES, DataError
+from ..data.core import SPLIT_NAMES, DataError, split_overlap
 from ..data.corpora import DATASETS
 from ..data.glove import GLOVE_EMB, GLOVE_VOCAB, _read_glove
 from ..data.load import load_configured
@@ -186,6 +191,8 @@ def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> di
         "vocabulary": {"size": len(vocab), "min_freq": dc["min_freq"], "max_vocab": dc["max_vocab"],
                        "unknown_tokens": {s: _unknown(tokens[s], vocab.stoi) for s in ("val", "test")}},
         "glove": _glove(dc, vocab, tokens),
+        "dropped": {"rows": sum(splits.dropped.values()), "reasons": dict(splits.dropped)},
+        "overlap": split_overlap(splits),
     }
     argv = train_command(dataset, config, overrides)
     report["command"] = shlex.join(argv)
@@ -222,6 +229,20 @@ def _notes(r: dict) -> list[str]:
     if r["max_train_examples"] is not None and r["max_train_examples"] < r["train_available"]:
         notes.append(f"train.max_train_examples={r['max_train_examples']}: {r['splits']['train']['size']} of the "
                      f"{r['train_available']} training examples are used")
+    return notes + _data_notes(r)
+
+
+def _data_notes(r: dict) -> list[str]:
+    """The notes on the rows themselves: rows dropped while reading, held-out texts repeated from training."""
+    notes = []
+    d = r["dropped"]
+    if d["rows"]:
+        notes.append(f"{d['rows']} row(s) read were left out: "
+                     + "; ".join(f"{n} {reason}" for reason, n in d["reasons"].items()))
+    seen = {k: n for k, n in r["overlap"].items() if n}
+    if seen:
+        said = ", ".join(f"{n} {k.split('_')[0]} example(s) repeat a {k.split('_')[-1]} text" for k, n in seen.items())
+        notes.append(f"{said} (exact duplicates): accuracy on them overstates what the model does on unseen text")
     return notes
 
 
@@ -261,6 +282,11 @@ def _render_splits(r: dict, line) -> None:
     if r["max_train_examples"] is not None and r["max_train_examples"] < r["train_available"]:
         line("", f"(train: the first {r['splits']['train']['size']} of {r['train_available']}, "
                  f"train.max_train_examples={r['max_train_examples']})")
+    d = r["dropped"]
+    line("", f"dropped {d['rows']} row(s) read" + (": " + "; ".join(f"{n} {why}" for why, n in d["reasons"].items())
+                                                   if d["rows"] else ""))
+    o = r["overlap"]
+    line("", "exact duplicate texts: " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in o.items()))
     L = r["lengths"]
     line("lengths", f"in tokens (min / median / max; truncated at data.max_len={L['max_len']})")
     for s in SPLIT_NAMES:

@@ -15,7 +15,8 @@ case-folding (what :func:`experiments.data.text.tokenize` cannot tell apart). Of
 row (file order) is kept; a group whose rows carry different labels is dropped altogether, since no label
 for it is right. The cleaned examples, in file order, are then split 80/10/10 by
 ``numpy.random.RandomState(seed).permutation`` (stable across numpy releases): train, validation and test
-are disjoint and depend on the seed only.
+are disjoint and depend on the seed only. What cleaning dropped is counted by reason in ``Splits.dropped``
+(``unfold-data inspect`` shows it).
 
 Missing labels (`missing_label`): a label that is absent, empty, or, stripped and compared ignoring case,
 one of `MISSING_LABELS` (the strings pandas reads as a missing value: ``NA``, ``N/A``, ``nan``, ``null``,
@@ -143,8 +144,9 @@ class Splits:
     ``label_names[k]`` is the original name of label ``k``. ``derived`` names the splits drawn by ``data.seed``
     (the seeded 80/10/10 rule) rather than given by the dataset, ``origin`` says where each split's examples come
     from (``{"train": "train.csv"}``), ``columns`` the columns the loader found in the data (for a file or a folder;
-    the text and label columns were chosen among them by ``data.text_field`` and ``data.label_field``); for messages
-    and ``unfold-data inspect``, none takes part in equality.
+    the text and label columns were chosen among them by ``data.text_field`` and ``data.label_field``); ``dropped``
+    the rows read but left out, ``{reason: count}`` (cleaning, unlabelled rows); for messages and
+    ``unfold-data inspect``, none takes part in equality.
     """
 
     train: list[tuple[str, int]]
@@ -156,6 +158,7 @@ class Splits:
     derived: tuple = field(default=(), compare=False)
     origin: dict = field(default_factory=dict, compare=False)
     columns: tuple = field(default=(), compare=False)
+    dropped: dict = field(default_factory=dict, compare=False)
 
     def sizes(self) -> dict:
         """Number of examples per split, e.g. ``{"train": 8, "val": 1, "test": 1}``."""
@@ -167,19 +170,34 @@ def _dedupe_key(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def _clean(rows: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Strip texts, drop empty texts, dedupe (see module docstring); file order is kept."""
+#: the reasons `clean` drops a row, as ``Splits.dropped`` names them
+DROP_EMPTY = "empty text"
+DROP_REPEATED = "repeated text, same label (the first is kept)"
+DROP_CONFLICT = "repeated text with different labels (all dropped)"
+
+
+def clean(rows: Sequence[tuple[str, int]]) -> tuple[list[tuple[str, int]], dict]:
+    """``(examples, dropped)``: ``rows`` with texts stripped, empty texts dropped and duplicates removed (module
+    docstring), file order kept; ``dropped`` counts the rows left out by reason (`DROP_EMPTY`,
+    `DROP_REPEATED`, `DROP_CONFLICT`; only reasons that occurred)."""
     groups: dict[str, list] = {}
+    empty = 0
     for text, label in rows:
         text = text.strip()
         if not text:
+            empty += 1
             continue
         key = _dedupe_key(text)
         if key in groups:
             groups[key][1].add(label)
+            groups[key][2] += 1
         else:
-            groups[key] = [(text, label), {label}]
-    return [first for first, labels in groups.values() if len(labels) == 1]
+            groups[key] = [(text, label), {label}, 1]
+    kept = [first for first, labels, _ in groups.values() if len(labels) == 1]
+    repeated = sum(n - 1 for _, labels, n in groups.values() if len(labels) == 1)
+    conflict = sum(n for _, labels, n in groups.values() if len(labels) > 1)
+    dropped = {DROP_EMPTY: empty, DROP_REPEATED: repeated, DROP_CONFLICT: conflict}
+    return kept, {k: n for k, n in dropped.items() if n}
 
 
 def _check_seed(seed) -> int:
@@ -234,16 +252,17 @@ def complete_splits(mapped: dict, seed, train_from: str) -> tuple[dict, tuple]:
 def make_splits(rows, seed, label_names, name, columns=()) -> Splits:
     """Clean ``rows`` (text, label id) and split them into a :class:`Splits`; fewer than 3 examples left after
     cleaning is a :class:`DataError` naming the dataset and both counts."""
-    examples = _clean(rows)
+    examples, dropped = clean(rows)
     if len(examples) < 3:
+        why = ", ".join(f"{n} {reason}" for reason, n in dropped.items()) or "none dropped"
         raise DataError(f"{name}: need at least 3 examples to split 80/10/10, got {len(examples)} after cleaning "
-                        f"({len(rows)} rows read; empty texts and texts whose duplicates disagree on the label "
-                        "are dropped)" + fix("data.text_field=COLUMN", why="if the texts are in another column; "
-                                                            "otherwise give more rows"))
+                        f"({len(rows)} rows read; dropped: {why})"
+                        + fix("data.text_field=COLUMN", why="if the texts are in another column; otherwise give "
+                                                            "more rows"))
     train, val, test = split_examples(examples, seed)
     drawn = f"drawn from {name} (80/10/10, data.seed={seed})"
     return Splits(train, val, test, len(label_names), list(label_names), name, SPLIT_NAMES,
-                  {s: drawn for s in SPLIT_NAMES}, tuple(columns))
+                  {s: drawn for s in SPLIT_NAMES}, tuple(columns), dropped)
 
 
 #: a number written as text: ASCII digits, optional sign, fraction and exponent (``-3``, ``1.0``, ``2e3``)
@@ -405,6 +424,32 @@ def check_classes(splits: Splits, label_field: str = "label") -> Splits:
         raise DataError(f"dataset {splits.name}: its training split holds one class only ({train}): a classifier "
                         "needs at least two" + again)
     return splits
+
+
+#: the pairs of splits `split_overlap` compares: (held-out split, split it may repeat)
+OVERLAP_PAIRS = (("val", "train"), ("test", "train"), ("test", "val"))
+
+
+def split_overlap(splits: Splits) -> dict:
+    """``{"val_in_train": n, "test_in_train": n, "test_in_val": n}``: for each pair of `OVERLAP_PAIRS`,
+    the number of examples of the first split whose text is, character for character, the text of an example of
+    the second (a held-out example seen in training inflates the accuracy measured on it). A single file is
+    deduplicated before it is split, so only given splits (a folder, an ``hf:`` dataset) can overlap."""
+    texts = {s: {t for t, _ in getattr(splits, s)} for s in SPLIT_NAMES}
+    return {f"{a}_in_{b}": sum(t in texts[b] for t, _ in getattr(splits, a)) for a, b in OVERLAP_PAIRS}
+
+
+def overlap_warning(splits: Splits) -> str | None:
+    """A sentence naming the held-out examples that repeat another split's text (`split_overlap`), or
+    ``None`` when there is none."""
+    found = {k: n for k, n in split_overlap(splits).items() if n}
+    if not found:
+        return None
+    sizes = splits.sizes()
+    shown = ", ".join(f"{n} of the {sizes[k.split('_')[0]]} {k.split('_')[0]} examples repeat a "
+                      f"{k.split('_')[-1]} text" for k, n in found.items())
+    return (f"dataset {splits.name}: {shown} (exact duplicates): the accuracy measured on them overstates what the "
+            "model does on unseen text; remove them from the held-out split")
 
 
 def split_seed_arg(text: str) -> int:

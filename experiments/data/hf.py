@@ -204,9 +204,14 @@ def _nonempty(label: str, sources: dict, key: str, split: str, rows: list, dropp
     return rows
 
 
+#: the reason ``Splits.dropped`` gives for the rows of a ClassLabel column labelled -1
+DROP_UNLABELLED = "labelled -1 (no label)"
+
+
 def _map_class_ids(label: str, raw: dict, class_names: list[str], label_field: str,
                    sources: dict) -> tuple[dict[str, list], list[str]]:
-    """``(split lists, names)`` of ClassLabel ids in ``[0, K)``, rows labelled -1 dropped, other labels refused."""
+    """``(split lists, names)`` of ClassLabel ids in ``[0, K)``, rows labelled -1 dropped (counted in
+    ``Splits.dropped`` by `_finish`), other labels refused."""
     mapped: dict[str, list] = {}
     k = len(class_names)
     for key, (split, texts, labels) in raw.items():
@@ -256,12 +261,13 @@ def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_fie
         mapped, names = _map_class_ids(label, raw, class_names, label_field, sources)
     else:
         mapped, names = _map_label_values(label, raw, text_field, label_field, sources)
+    unlabelled = sum(len(labels) for _, _, labels in raw.values()) - sum(len(m) for m in mapped.values())
     given = {key: f"split {raw[key][0]!r}" + (f" ({sources[key]})" if key in sources else "") for key in mapped}
     mapped, derived = complete_splits(mapped, seed, f"{label}: split {raw['train'][0]!r}")
     origins = {key: given[key] if key not in derived else
               f"drawn from split {raw['train'][0]!r} (80/10/10, data.seed={seed})" for key in SPLIT_NAMES}
     return Splits(mapped["train"], mapped["val"], mapped["test"], len(names), names, label, derived, origins,
-                  tuple(columns))
+                  tuple(columns), {DROP_UNLABELLED: unlabelled} if unlabelled else {})
 
 
 def class_label_names(features, label_field: str, where: str) -> list[str] | None:

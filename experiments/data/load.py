@@ -2,15 +2,18 @@
 files and split directories, ``hf:`` datasets), and the check that the result holds two classes."""
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 
-from .core import DataError, Splits, check_classes, fix
+from .core import DataError, Splits, check_classes, fix, overlap_warning
 from .corpora import CF_FILE, DATASETS, GENERATORS, RT_FILE
 from .files import FILE_SUFFIXES, load_directory, load_file
 from .hf import check_split_map, find_folder, load_hf, parse_spec
 from .store import data_dir as _data_dir
 
+#: the logger of the data loaders (a child of the ``experiments`` logger, so a run's ``train.log`` gets it)
+LOGGER = "experiments.data"
 #: the files of the registered corpora in the data folder
 CORPUS_FILES = {"rotten_tomatoes": (RT_FILE,), "crowdflower": (CF_FILE,)}
 
@@ -41,8 +44,20 @@ def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "tex
     do not collide, at least two classes, in training too); the loaders refuse colliding label values and empty
     split files earlier, naming the file. Every refusal about the data ends with the config keys that fix it, as
     overrides to paste (:func:`~experiments.data.core.fix`: ``; fix: set data.label_field=topic``). Every consumer
-    (trainer, ``export``, ``inspect``, TF-IDF, bundles) reads data here.
+    (trainer, ``export``, ``inspect``, TF-IDF, bundles) reads data here. Validation or test examples whose text
+    is exactly that of an example of an earlier split are counted and logged as a warning (logger
+    ``experiments.data``; `experiments.data.core.overlap_warning`).
     """
+    out = _load(name, seed, data_dir, text_field, label_field, splits, options)
+    warning = overlap_warning(out)
+    if warning is not None:
+        logging.getLogger(LOGGER).warning(warning)
+    return out
+
+
+def _load(name, seed, data_dir, text_field, label_field, splits, options) -> Splits:
+    """`load_dataset` but the warning of overlapping splits: the loader ``name`` needs, its result checked
+    by `check_classes`."""
     if not isinstance(name, (str, os.PathLike)):
         raise DataError(f"dataset name must be a string, got {type(name).__name__}" + fix("data.dataset=PATH"))
     name = os.fspath(name)

@@ -107,6 +107,7 @@ def test_one_run_per_folder_and_no_silent_overwrite(tmp_path):
         held.release()
     RunLock(str(tmp_path / "r")).acquire().release()        # released: free again
     (tmp_path / "r" / "metrics.json").write_text("{}")
+    (tmp_path / "r" / "bundle.json").write_text("{}")     # the last file a run writes: finished
     with pytest.raises(RunFolderError, match="already holds a finished run .*--overwrite"):
         check_fresh(str(tmp_path / "r"))
     assert check_fresh(str(tmp_path / "r"), overwrite=True) is True      # something to replace: nothing removed

@@ -2,8 +2,9 @@
 
 Writes to ``--run-dir`` (default ``runs/NAME``): ``config.yaml``, ``vocab.json``, ``best.pt`` (best
 validation epoch), ``history.json``, ``energy_trace.pt`` (float64 per-example, per-layer, per-term
-energies on the test set, checked in ``train.check_dtype``), ``metrics.json`` and the plots
-``energy_descent.png`` and ``training_curves.png``.
+energies on the test set, checked in ``train.check_dtype``), ``metrics.json``, the plots
+``energy_descent.png`` and ``training_curves.png``, and last the bundle (``bundle.json`` written last of all:
+a folder without it holds an unfinished run, which ``--resume`` finishes).
 """
 from __future__ import annotations
 
@@ -637,7 +638,8 @@ def _end_epoch(run: Run, epoch: int, sums: Dict[str, Any], csv_log, t_start: flo
 
 def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
     """The best weights on the test split, the float64 descent check (``energy_trace.pt``), ``metrics.json`` with
-    the majority-class comparison, the run folder made a bundle, the plots."""
+    the majority-class comparison, the plots, and last the run folder made a bundle: ``bundle.json`` is the last
+    file a run writes, so its presence is what says the run finished (`check_fresh`, `finished_run`)."""
     cfg, tc, model, run_dir, log = run.cfg, run.cfg["train"], run.model, run.run_dir, run.log
     state = safe_load(os.path.join(run_dir, "best.pt"), map_location=run.device)
     model.load_state_dict(state["model"])
@@ -671,13 +673,14 @@ def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
                     f"class ({majority:.4f}): this model has not learned the task (more epochs, another learning "
                     "rate, or more data?)")
     atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
-    from .bundle import write_run_bundle     # here: the Hub mixin's import is not paid before training starts
-
-    write_run_bundle(run_dir, state["model"], cfg, run.splits.label_names, run.data_fp,  # the folder is a bundle:
-                     run.splits.name, metrics=metrics)                # model.safetensors, config.json, card
     from .plot_energy import plot_run
 
     plot_run(run_dir)
+    from .bundle import write_run_bundle     # here: the Hub mixin's import is not paid before training starts
+
+    # last: bundle.json, the file that marks the run finished (a run killed before it is resumed, not replaced)
+    write_run_bundle(run_dir, state["model"], cfg, run.splits.label_names, run.data_fp,  # the folder is a bundle:
+                     run.splits.name, metrics=metrics)                # model.safetensors, config.json, card
     distributed.teardown(run.dd)
     return metrics
 

@@ -225,14 +225,26 @@ def check_fresh(run_dir: str, overwrite: bool = False) -> bool:
         return True
     present = [f for f in RUN_FILES if f in names]
     if present:
-        finished = "metrics.json" in present
-        raise RunFolderError(f"run folder {run_dir!r} already holds a {'finished' if finished else 'interrupted'} "
-                             f"run ({', '.join(present)}): use --overwrite to replace it"
-                             + ("" if finished else f", or --resume {run_dir} to continue it"))
+        _refuse_run(run_dir, present)
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
     raise RunFolderError(f"run folder {run_dir!r} is not empty and holds no run ({shown}): these may be someone "
                          "else's files; choose an empty or new folder, or use --overwrite (a run's own files there "
                          "are replaced once the new run is complete, others are kept)")
+
+
+def _refuse_run(run_dir: str, present: list) -> None:
+    """Refuse a folder holding a run: finished where it holds ``bundle.json`` (the last file a run writes, so a run
+    killed anywhere before it, even after ``metrics.json``, is unfinished), which only ``--overwrite`` replaces;
+    unfinished otherwise, which ``--resume`` continues where a checkpoint is there to resume from."""
+    shown = ", ".join(present)
+    if "bundle.json" in present:
+        raise RunFolderError(f"run folder {run_dir!r} already holds a finished run ({shown}): use --overwrite to "
+                             "replace it")
+    if "last.pt" in present or "prev.pt" in present:
+        raise RunFolderError(f"run folder {run_dir!r} holds an unfinished run ({shown}): continue it with --resume "
+                             f"{run_dir} (nothing trained is lost), or use --overwrite to replace it")
+    raise RunFolderError(f"run folder {run_dir!r} holds an unfinished run without a checkpoint to resume from "
+                         f"({shown}): use --overwrite to replace it")
 
 
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100

@@ -50,8 +50,19 @@ nesting at most 100 levels, so a ``[[[[...`` bomb is a one-line refusal, not a `
 is a regular file (a symbolic link is followed, and what it points to is hashed and read like any file; a FIFO
 or device is refused); ``model.safetensors`` is a valid safetensors file whose metadata names this format, of
 tensors only; every floating weight is finite (a NaN or inf weight is refused naming the parameter:
-a model that cannot give a meaningful verdict is not loaded); format 1: the weights file's own ``config``
-(``best.pt`` stores one) must be ``config.yaml``'s.
+a model that cannot give a meaningful verdict is not loaded); every weight has the dtype the model declares for
+it (an integer, boolean or other-precision tensor is refused naming it, never cast); format 1: the weights file's
+own ``config`` (``best.pt`` stores one) must be ``config.yaml``'s.
+
+**The manifest's fields are verified too.** The data fingerprint is recomputed from what is loaded: its digests
+of the vocabulary (tokens in id order) and of the label names must be those of ``vocab.json`` and ``label_names``
+(swapped label names, or a reordered vocabulary with recomputed sha256, are refused naming the field). The model
+card records in its front matter (key ``bundle_sha256``) the sha256 of every field of ``bundle.json`` (format,
+version, weights, label names, dataset, fingerprint, graph, metrics, command) and of every other file, and
+``bundle.json`` hashes the card: the card's hash is the root of trust, so a field edited without rewriting the
+card is refused naming it (the metrics a bundle reports are the card's). A card written before cards recorded
+these digests must be exactly the card of the manifest's fields. A forger who rewrites ``bundle.json``, the card
+and every digest consistently is not detected: that would take a signature.
 
 **A folder without bundle.json** is not verifiable: nothing ties its weights to its config and vocabulary, and
 because ``bundle.json`` can be deleted, no file's presence or absence can prove that a folder predates bundles.
@@ -175,6 +186,15 @@ def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
     ``metrics`` and ``command``), ``best.pt``/``model.pt`` format 1 (``config.yaml``, ``vocab.json``: how bundles
     were written before, kept for reading and testing them). ``graph``: the config's ``model.graph``; where it is
     an edge-list file, ``folder/graph.npy`` (its copy) must be there and is hashed with the others."""
+    manifest = _manifest(folder, weights, label_names, fingerprint, dataset, graph, metrics, command)
+    return _write_manifest(folder, manifest)
+
+
+def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint: Optional[Dict[str, Any]],
+              dataset: Optional[str], graph: Optional[str], metrics: Optional[Dict[str, Any]],
+              command: Optional[str], with_card: bool = True) -> Dict[str, Any]:
+    """The manifest of the files in ``folder`` (`write_bundle_manifest`), each file hashed from disk; the
+    card's digest left out unless ``with_card`` (the manifest the card itself binds, made before it is written)."""
     names = [str(n) for n in label_names]
     if len(names) < 2 or len(set(names)) != len(names):
         raise CheckpointError(f"a bundle needs at least two distinct label names, got {names!r}")
@@ -184,17 +204,45 @@ def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
                               f"{weights!r}")
     files = (weights,) + (FILES_V2 if version == 2 else (CONFIG_YAML, "vocab.json")) \
         + ((GRAPH_FILE,) if is_graph_file(graph) else ())
+    hashes = {name: _sha256(os.path.join(folder, name)) for name in files if with_card or name != CARD}
     manifest = {"format": FORMAT, "version": version, "weights": weights, "label_names": names,
-                "dataset": dataset, "data_fingerprint": fingerprint,
-                "sha256": {name: _sha256(os.path.join(folder, name)) for name in files}}
+                "dataset": dataset, "data_fingerprint": fingerprint, "sha256": hashes}
     if is_graph_file(graph):
         manifest["graph"] = {"spec": graph, "file": GRAPH_FILE}
     if version == 2:
         manifest["metrics"], manifest["command"] = _card_metrics(metrics), command
+    return manifest
+
+
+def _write_manifest(folder: str, manifest: Dict[str, Any]) -> str:
     path = os.path.join(folder, BUNDLE)
     with atomic_open(path, "w") as fh:
         fh.write(json_dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     return path
+
+
+#: the manifest's fields the model card binds (`_card_binding`): everything but the card's own digest
+BOUND_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fingerprint", "graph", "metrics",
+              "command")
+#: the card's front-matter key holding the binding
+CARD_KEY = "bundle_sha256"
+
+
+def _canonical_sha256(value: Any) -> str:
+    """The sha256 of ``value`` as canonical JSON (sorted keys, no spaces, ASCII): the same for the same data
+    whichever file it was read from."""
+    return hashlib.sha256(json_dumps(value, sort_keys=True, separators=(",", ":"),
+                                     ensure_ascii=True).encode("ascii")).hexdigest()
+
+
+def _card_binding(manifest: Dict[str, Any]) -> Dict[str, Any]:
+    """What a format-2 model card records of its ``bundle.json`` (front-matter key `CARD_KEY`): the sha256
+    of each field of `BOUND_KEYS` (canonical JSON) and the sha256 of every other file of the bundle.
+    ``bundle.json`` hashes the card, so its hash of the card is the root of trust: a field of ``bundle.json``
+    (label names, fingerprint, metrics, ...) or a file hash edited without rewriting the card is refused on load.
+    """
+    return {"fields": {k: _canonical_sha256(manifest.get(k)) for k in BOUND_KEYS},
+            "files": {n: manifest["sha256"][n] for n in sorted(manifest["sha256"]) if n != CARD}}
 
 
 def _card_metrics(metrics: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -249,11 +297,13 @@ def _front_matter(doc: Dict[str, Any]) -> str:
 
 def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Optional[str],
                fingerprint: Optional[Dict[str, Any]], metrics: Optional[Dict[str, Any]],
-               command: Optional[str]) -> str:
+               command: Optional[str], binding: Optional[Dict[str, Any]] = None) -> str:
     """The bundle's ``README.md``: Hugging Face front matter (library_name, tags, datasets where the dataset is a
-    name rather than a path, metrics, pipeline tag), then what the model is, its test metrics, the descent verdict
-    and the tolerance rule it was decided by, the data fingerprint, the command that made it, how to load it, and
-    the config. Written from the bundle's own fields only, so the same bundle always gets the same card."""
+    name rather than a path, metrics, pipeline tag; ``binding``, where given: the digests of ``bundle.json``'s
+    fields and of the other files, `_card_binding`, under `CARD_KEY`), then what the model is, its test
+    metrics, the descent verdict and the tolerance rule it was decided by, the data fingerprint, the command that
+    made it, how to load it, and the config. Written from the bundle's own fields only, so the same bundle always
+    gets the same card."""
     m = dict(metrics or {})
     mode = config["model"]["mode"]
     front: Dict[str, Any] = {"library_name": "unfolded-transformers",
@@ -263,6 +313,8 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
     if dataset and not any(c in dataset for c in "/\\:") and not dataset.startswith("."):
         front["datasets"] = [dataset]
     front["metrics"] = ["accuracy"]
+    if binding is not None:
+        front[CARD_KEY] = binding
     lines = [f"# {config.get('name', 'model')}: an energy-based unfolded transformer ({mode})", "",
              f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))}) whose layers "
              "are steps that lower an energy (unfolded optimisation). Files: `model.safetensors` (weights), "
@@ -336,10 +388,11 @@ def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, 
     if is_graph_file(spec) and graph_file is not None:
         write_edges(graph_file, folder)
     card_metrics = _card_metrics(metrics)
-    _write_text(model_card(config, label_names, dataset, fingerprint, card_metrics, command),
-                os.path.join(folder, CARD))
-    return write_bundle_manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, graph=spec,
-                                 metrics=card_metrics, command=command)
+    bound = _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec, card_metrics, command, False)
+    card = model_card(config, label_names, dataset, fingerprint, card_metrics, command, binding=_card_binding(bound))
+    _write_text(card, os.path.join(folder, CARD))
+    return _write_manifest(folder, _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec,
+                                             card_metrics, command))
 
 
 def write_run_bundle(run_dir: str, state: Dict[str, torch.Tensor], config: Dict[str, Any],
@@ -883,7 +936,7 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     version = manifest["version"] if manifest is not None else 1
     config_name = CONFIG_JSON if version == 2 else CONFIG_YAML
     config_path = os.path.join(folder, config_name)
-    weights, config_bytes = _check_bundle_files(folder, manifest, version, config_path)
+    weights, config_bytes, card_bytes = _check_bundle_files(folder, manifest, version, config_path)
     wpath = os.path.join(folder, weights)
     state = _read_weights(wpath, manifest, version, weights)
     if manifest is None:
@@ -896,19 +949,24 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     sd = _checked_state(wpath, state, cfg, config_path)
     label_names, fingerprint, dataset, metrics, command = _bundle_labels(folder, manifest, version, cfg)
     model = _built_model(wpath, config_path, sd, cfg, build_cfg, len(vocab), label_names, edges)
+    if manifest is not None:          # the fields of bundle.json against what was loaded and what the card records
+        _check_fingerprint_parts(folder, manifest, vocab, label_names)
+        if version == 2:
+            _check_card(folder, manifest, config_bytes, card_bytes)
     model = model.to(map_location).eval()
     return TrainedModel(model, cfg, vocab, label_names, fingerprint, dataset, graph_bytes, metrics, command)
 
 
 def _check_bundle_files(folder: str, manifest: Optional[Dict[str, Any]], version: int, config_path: str):
-    """``(weights file name, config.json's checked bytes or None)``: with a manifest, every file but the weights
-    (and graph.npy) checked against its sha256; without one, the format-1 weights file that is there."""
-    config_bytes = None
+    """``(weights file name, config.json's checked bytes or None, README.md's checked bytes or None)``: with a
+    manifest, every file but the weights (and graph.npy) checked against its sha256; without one, the format-1
+    weights file that is there."""
+    config_bytes = card_bytes = None
     if manifest is not None:
         weights = manifest["weights"]
         if version == 2:
             config_bytes = _read_checked(config_path, manifest, CONFIG_JSON)
-            _read_checked(os.path.join(folder, CARD), manifest, CARD)
+            card_bytes = _read_checked(os.path.join(folder, CARD), manifest, CARD)
         for name in ((CONFIG_YAML,) if version == 1 else ()) + ("vocab.json",):
             path = os.path.join(folder, name)
             if _sha256(path) != manifest["sha256"][name]:
@@ -922,7 +980,7 @@ def _check_bundle_files(folder: str, manifest: Optional[Dict[str, Any]], version
         weights = next((w for w in WEIGHTS if os.path.lexists(os.path.join(folder, w))), None)
         if weights is None:
             raise CheckpointError(f"{folder}: no {BUNDLE} and no weights ({' or '.join(WEIGHTS)}): not a model bundle")
-    return weights, config_bytes
+    return weights, config_bytes, card_bytes
 
 
 def _read_weights(wpath: str, manifest: Optional[Dict[str, Any]], version: int, weights: str) -> Any:
@@ -936,6 +994,90 @@ def _read_weights(wpath: str, manifest: Optional[Dict[str, Any]], version: int, 
                                   "config and vocabulary would no longer belong together")
         fh.seek(0)
         return safe_load(fh, map_location="cpu", name=wpath)
+
+
+def _check_fingerprint_parts(folder: str, manifest: Dict[str, Any], vocab: Any, label_names: List[str]) -> None:
+    """Refuse a manifest whose ``data_fingerprint`` does not describe the vocabulary (tokens in id order) and the
+    label names (in class order) actually loaded: recomputed from them, never taken on trust."""
+    fp = manifest.get("data_fingerprint")
+    if fp is None:
+        return
+    from ..runfolder.fingerprint import mismatched_parts
+
+    bad = mismatched_parts(fp, vocab.itos, label_names)
+    path = os.path.join(folder, BUNDLE)
+    if "label_names" in bad:
+        raise CheckpointError(f"{path}: key 'label_names' = {show(label_names)} is not what key 'data_fingerprint' "
+                              "records (its 'label_names' digest is of other names, or another order): the classes "
+                              "would be reported under other labels")
+    if "vocab" in bad:
+        then = (fp.get("sizes") or {}).get("vocab")
+        raise CheckpointError(f"{os.path.join(folder, 'vocab.json')}: its {len(vocab.itos)} tokens in id order are not "
+                              f"the vocabulary key 'data_fingerprint' of {path} records ({then} tokens): token ids "
+                              "would be read as other words")
+
+
+def _card_front(card_bytes: bytes, path: str) -> Dict[str, Any]:
+    """The model card's front matter (the YAML between its first two ``---`` lines) as a mapping, read with the
+    project's strict YAML reader; ``{}`` where the card has none."""
+    from ..runfolder.strict_yaml import load_yaml
+    import yaml
+
+    try:
+        text = card_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    end = text.find("\n---\n", 3)
+    if not text.startswith("---\n") or end < 0:
+        return {}
+    try:
+        doc = load_yaml(text[4:end + 1])
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        raise CheckpointError(f"{path}: its front matter is not valid YAML ({' '.join(str(exc).split())[:200]})"
+                              ) from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _check_card(folder: str, manifest: Dict[str, Any], config_bytes: bytes, card_bytes: bytes) -> None:
+    """Refuse a format-2 manifest whose fields or file digests are not what its model card (hashed in it)
+    records (`_card_binding`); a card written before cards recorded them must be the card of the manifest's
+    fields, as `model_card` writes it (`_check_older_card`)."""
+    path, card_path = os.path.join(folder, BUNDLE), os.path.join(folder, CARD)
+    recorded = _card_front(card_bytes, card_path).get(CARD_KEY)
+    if recorded is None:
+        return _check_older_card(path, card_path, manifest, config_bytes, card_bytes)
+    if not (isinstance(recorded, dict) and set(recorded) == {"fields", "files"}
+            and all(isinstance(recorded[k], dict) for k in recorded)):
+        raise CheckpointError(f"{card_path}: front-matter key {CARD_KEY!r} = {show(recorded)} is not the record of a "
+                              f"bundle (a mapping of 'fields' and 'files' to sha256 digests)")
+    now = _card_binding(manifest)
+    for key in BOUND_KEYS:
+        if recorded["fields"].get(key) != now["fields"][key]:
+            raise CheckpointError(f"{path}: key {key!r} = {show(manifest.get(key))} is not what the model card "
+                                  f"{card_path} (hashed in {BUNDLE}) records: {BUNDLE} was edited after the bundle "
+                                  "was written")
+    for name in sorted(set(recorded["files"]) | set(now["files"])):
+        if recorded["files"].get(name) != now["files"].get(name):
+            raise CheckpointError(f"{path}: key 'sha256' of {name!r} = {show(now['files'].get(name))} is not the "
+                                  f"digest the model card {card_path} records: {name} was replaced and {BUNDLE} "
+                                  "edited after the bundle was written")
+    return None
+
+
+def _check_older_card(path: str, card_path: str, manifest: Dict[str, Any], config_bytes: bytes,
+                      card_bytes: bytes) -> None:
+    """A card without `CARD_KEY` (written before cards recorded it): refused unless it is exactly the card
+    `model_card` writes from the manifest's fields and ``config.json``, so that those fields are still covered by
+    the card's hash."""
+    try:
+        card = model_card(json_loads(config_bytes.decode("utf-8")), manifest["label_names"], manifest["dataset"],
+                          manifest["data_fingerprint"], manifest.get("metrics"), manifest.get("command"))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        card = None
+    if card is None or card.encode("utf-8") != card_bytes:
+        raise CheckpointError(f"{card_path} is not the model card of {path}'s fields: its label names, dataset, data "
+                              "fingerprint, metrics or command were edited after the bundle was written (the card, "
+                              f"hashed in {BUNDLE}, says what they were)")
 
 
 def _refuse_unbundled(folder: str, weights: str, state: Any, legacy: bool) -> None:
@@ -1030,12 +1172,26 @@ def _built_model(wpath: str, config_path: str, sd: Dict[str, torch.Tensor], cfg:
     embed = sd.get("embedding.embed.weight")
     glove = torch.zeros(tuple(embed.shape)) if embed is not None and cfg["data"]["glove"] != "none" else None
     model = pin(build_model(build_cfg, vocab_size, len(label_names), glove), edges)
+    _check_dtypes(wpath, sd, model.state_dict())
     try:
         model.load_state_dict(sd)
     except RuntimeError as exc:
         raise CheckpointError(f"{wpath} does not fit {config_path} "
                               f"({' '.join(str(exc).split())[:300]})") from None
     return model
+
+
+def _check_dtypes(wpath: str, sd: Dict[str, torch.Tensor], declared: Dict[str, torch.Tensor]) -> None:
+    """Refuse a weight that is not floating point, or not of the dtype the model declares for it: loading would
+    cast it silently (an integer or boolean tensor read as 0.0/1.0 weights predicts without a word of warning)."""
+    for name, tensor in sd.items():
+        want = declared.get(name)
+        if want is None or tensor.dtype == want.dtype:
+            continue            # a name the model does not have: load_state_dict names it
+        kind = "not floating point" if not tensor.is_floating_point() else "not the model's dtype"
+        raise CheckpointError(f"{wpath}: model weight {name!r} is {str(tensor.dtype).replace('torch.', '')} ({kind}): "
+                              f"the model declares {str(want.dtype).replace('torch.', '')} for it, and a weight is "
+                              "never cast on load")
 
 
 def _run_metrics(folder: str) -> Optional[Dict[str, Any]]:
@@ -1134,6 +1290,15 @@ def _state_to_save(trained: TrainedModel, folder: str) -> Dict[str, torch.Tensor
     bad = nonfinite_tensor(state)
     if bad:
         raise CheckpointError(f"{folder}: not saved: model weight {bad[0]!r} is not finite ({bad[1]})")
+    fp = trained.data_fingerprint
+    if isinstance(fp, dict) and trained.vocab is not None:     # the bundle could not be loaded back
+        from ..runfolder.fingerprint import mismatched_parts
+
+        wrong = mismatched_parts(fp, list(trained.vocab.itos), [str(n) for n in trained.label_names])
+        if wrong:
+            raise CheckpointError(f"{folder}: not saved: the model's data_fingerprint does not describe its own "
+                                  f"{' and '.join(wrong)} (recomputed from them): the fingerprint belongs to "
+                                  "other data")
     return state
 
 

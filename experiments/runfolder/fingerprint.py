@@ -4,7 +4,9 @@ A resumed run must see the same id-to-word mapping and the same examples as the 
 changed dataset (new rows, another split seed, a re-fetched file, another ``min_freq``) would otherwise
 resume silently with embeddings bound to other words. :func:`data_fingerprint` hashes (SHA-256) the
 vocabulary in id order, each split's ``(text, label)`` rows in order, and the label names;
-:func:`compare_fingerprints` names every part that differs.
+`compare_fingerprints` names every part that differs. A model bundle stores the fingerprint of its training
+data; `mismatched_parts` recomputes the parts a bundle holds itself (its vocabulary in id order, its label
+names in class order) from what was actually loaded, so that a fingerprint that does not describe them is caught.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import hashlib
 import json
 from typing import Dict, Iterable, List, Optional, Sequence
 
-__all__ = ["data_fingerprint", "compare_fingerprints", "PARTS"]
+__all__ = ["data_fingerprint", "compare_fingerprints", "mismatched_parts", "PARTS"]
 
 PARTS = ("vocab", "train", "val", "test", "label_names")
 
@@ -47,3 +49,25 @@ def compare_fingerprints(stored: Dict[str, object], now: Dict[str, object]) -> L
             sizes = f" ({then_n} -> {now_n} entries)" if then_n is not None and now_n is not None else ""
             diff.append(f"{part}{sizes}")
     return diff
+
+
+def mismatched_parts(stored: Dict[str, object], vocab_itos: Sequence[str], label_names: Sequence[str]) -> List[str]:
+    """The parts among ``vocab`` and ``label_names`` whose digest (or, for the vocabulary, size) in ``stored`` (a
+    `data_fingerprint`) is not that of ``vocab_itos`` (tokens in id order) and ``label_names`` (in class id
+    order); empty when both match.
+
+    Args:
+        stored: the fingerprint recorded when the model was trained.
+        vocab_itos: the vocabulary as loaded, tokens in id order.
+        label_names: the label names as loaded, in class id order.
+
+    Returns:
+        The names of the parts that differ (a subset of ``["vocab", "label_names"]``, in that order).
+    """
+    out = []
+    size = (stored.get("sizes") or {}).get("vocab") if isinstance(stored.get("sizes"), dict) else None
+    if stored.get("vocab") != _digest(list(vocab_itos)) or (size is not None and size != len(vocab_itos)):
+        out.append("vocab")
+    if stored.get("label_names") != _digest(list(label_names)):
+        out.append("label_names")
+    return out

@@ -187,8 +187,8 @@ def test_save_model_refuses_someone_elses_folder_and_replaces_a_bundle_whole(tmp
         save_model(model, str(folder))
     assert (folder / "config.yaml").read_text() == "mine\n" and sorted(os.listdir(folder)) == ["config.yaml", "notes.txt"]   # no .lock: refused before
     save_model(model, str(folder), overwrite=True)
-    # config.yaml is a format-1 bundle's own file: replaced, and format 2 has config.json instead
-    assert (folder / "notes.txt").read_text() == "notes\n" and not (folder / "config.yaml").exists()
+    # a format-2 bundle writes config.json, not config.yaml: someone's config.yaml is kept like their notes
+    assert (folder / "notes.txt").read_text() == "notes\n" and (folder / "config.yaml").read_text() == "mine\n"
     assert probabilities(folder) == probabilities(trained)
     assert not os.path.exists(RL.Replacement(str(folder)).stage)
     empty = tmp_path / "empty"

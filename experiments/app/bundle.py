@@ -82,6 +82,7 @@ bundle holding it); a file that is gone is refused, naming the path to restore i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -89,11 +90,11 @@ import logging
 import math
 import os
 import re
+import secrets
 import shlex
 import shutil
 import stat
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
@@ -502,7 +503,8 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         """The model of a bundle: a local folder (any format :func:`load_model` reads; offline, nothing executed),
         or, where no such folder exists and the name is a Hub id (``owner/name``), the bundle files of that Hub
         repository (:data:`BUNDLE_FILES`, never a ``.pt`` file) downloaded, then read by :func:`load_model`."""
-        return cls._from_pretrained(model_id=os.fspath(pretrained_model_name_or_path), revision=revision,
+        model_id = _path_arg(pretrained_model_name_or_path, "pretrained_model_name_or_path", "from_pretrained")
+        return cls._from_pretrained(model_id=model_id, revision=revision,
                                     cache_dir=cache_dir, force_download=force_download, token=token,
                                     local_files_only=local_files_only, map_location=map_location, legacy=legacy,
                                     **kwargs)
@@ -542,7 +544,8 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         if model_card_kwargs:
             raise CheckpointError(f"save_pretrained: model_card_kwargs {sorted(model_card_kwargs)} are not used: the "
                                   "card is written from the bundle's metrics, verdict and config")
-        folder = save_model(self, os.fspath(save_directory), overwrite=overwrite)
+        folder = save_model(self, _path_arg(save_directory, "save_directory", "save_pretrained", output=True),
+                            overwrite=overwrite)
         if push_to_hub:
             return self.push_to_hub(repo_id or os.path.basename(os.path.abspath(folder)), **push_to_hub_kwargs)
         return folder
@@ -929,7 +932,7 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     malformed or changed since the bundle was written, a non-finite weight, weights that do not fit the config)
     raises :class:`~energies.errors.CheckpointError` naming the file. ``legacy``: read a folder without
     ``bundle.json`` (a run from before bundles), under the module docstring's rule."""
-    folder = os.fspath(folder)
+    folder = _path_arg(folder, "folder", "load_model")
     if not os.path.isdir(folder):
         raise CheckpointError(f"{folder!r}: no such model folder (a finished run folder or a saved bundle)")
     manifest = _read_manifest(folder)
@@ -1246,40 +1249,77 @@ def _pinned_graph(folder: str, manifest: Optional[Dict[str, Any]], spec: str):
 
 
 def save_model(trained: TrainedModel, folder: str, overwrite: bool = False) -> str:
-    """Write ``trained`` as a format-2 bundle in ``folder`` (:func:`write_bundle`: ``model.safetensors``,
-    ``config.json``, ``vocab.json``, ``graph.npy`` where used, ``README.md``, then ``bundle.json`` last, each
-    atomically); the bundle is read back with :func:`load_model` and its weights compared bit for bit before this
-    returns; on a difference ``bundle.json`` is removed again. A model with a non-finite weight is refused before anything is
-    written (it could not be loaded back). A folder holding anything (a bundle, a run, someone else's files) is
-    refused unless ``overwrite``; then the new bundle is written beside it and swapped in whole once it reads back
-    (:class:`~experiments.runfolder.runlock.Replacement`), files a bundle does not write kept. Returns the folder."""
+    """Write ``trained`` as a format-2 bundle in ``folder`` (`write_bundle`: ``model.safetensors``,
+    ``config.json``, ``vocab.json``, ``graph.npy`` where used, ``README.md``, then ``bundle.json``). The whole
+    bundle is written into a staging folder beside ``folder`` (``.NAME.overwrite``) and read back with
+    `load_model`, its weights compared bit for bit; only then is it swapped in, in one atomic exchange of the two
+    folders (`experiments.runfolder.runlock.Replacement`), and every name of the old folder that is not one of the
+    new bundle's files (a run's checkpoints, metrics, logs, plots, someone else's files) moved back into it: a
+    bundle replaces its own files only. A failure (a full disk, Ctrl-C) leaves ``folder`` as it was (a folder made
+    for the bundle removed again) and no staging folder; a staging folder left by a killed save is finished or
+    discarded by the next save into ``folder``. A model with a non-finite weight is refused before anything is
+    written. A folder holding anything is refused unless ``overwrite``. Returns the folder."""
     from ..runfolder.runlock import Replacement, RunLock, folder_content, refuse_links
 
-    folder = os.fspath(folder)
+    folder = _path_arg(folder, "folder", "save_model", output=True)
+    if os.path.islink(folder):      # the swap would move the link, not the folder it names
+        raise CheckpointError(f"save_model: {folder!r} is a symbolic link; a bundle is never written through one: "
+                              f"save to the folder it names ({os.path.realpath(folder)!r})")
     state = _state_to_save(trained, folder)
     _refuse_occupied(folder, overwrite)
-    with RunLock(folder):
-        refuse_links(folder)
-        replacement = Replacement(folder)
-        replacement.recover()
-        replacing = bool(folder_content(folder))
-        target = replacement.begin() if replacing else folder
-        manifest = None
-        try:
-            graph = _graph_to_save(trained)
-            manifest = os.path.join(target, BUNDLE)
-            _write_read_back(trained, state, graph, target, folder)
-            if replacing:
-                replacement.commit()    # the old folder is the old bundle, whole, until this swap
-        except BaseException:
-            if replacing:
+    made = not os.path.lexists(folder)
+    try:
+        with RunLock(folder):
+            refuse_links(folder)
+            replacement = Replacement(folder, replaces=BUNDLE_FILES)
+            replacement.recover()
+            _refuse_occupied(folder, overwrite)     # under the lock: what a recovery installed counts too
+            try:
+                stage = replacement.begin()
+                _write_read_back(trained, state, _graph_to_save(trained), stage, folder)
+                replacement.replaces = tuple(folder_content(stage))    # the new bundle's files, nothing else
+                replacement.commit()    # until this swap the folder is what it was, whole
+            except BaseException:
                 replacement.abort()
-            elif manifest is not None and os.path.exists(manifest):
-                os.unlink(manifest)     # not a bundle unless it reads back as the model saved
-            raise
-        finally:
-            replacement.release()
+                raise
+            finally:
+                replacement.release()
+    except BaseException:
+        if made:
+            _remove_if_only_lock(folder)
+        raise
     return folder
+
+
+def _remove_if_only_lock(folder: str) -> None:
+    """Remove ``folder`` where it holds nothing but its lock file (made by a save that failed)."""
+    try:
+        if os.listdir(folder) == [".lock"] and not os.path.islink(os.path.join(folder, ".lock")):
+            os.unlink(os.path.join(folder, ".lock"))
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _path_arg(value: Any, name: str, where: str, output: bool = False) -> str:
+    """``value`` as a path: a ``str`` or an ``os.PathLike`` naming one, without NUL characters; ``output``: also
+    not empty and not ending in ``.`` or ``..`` (a folder to create must have a name of its own). Anything else is a
+    `CheckpointError` naming the argument."""
+    path = value
+    if isinstance(value, os.PathLike):
+        try:
+            path = os.fspath(value)
+        except Exception:  # noqa: BLE001 -- a broken __fspath__: refused below like any non-path
+            path = None
+    if not isinstance(path, str):
+        raise CheckpointError(f"{where}: {name} must be a folder path (a str or os.PathLike), got "
+                              f"{type(value).__name__} {show(value)}")
+    if "\x00" in path:
+        raise CheckpointError(f"{where}: {name} = {show(path)} contains a NUL character: not a path")
+    if output and (not path.strip() or os.path.basename(os.path.normpath(path)) in ("", ".", "..")):
+        raise CheckpointError(f"{where}: {name} = {path!r} does not name a new folder (empty, '.', '..' or the root): "
+                              "name the folder to write")
+    return path
 
 
 def _state_to_save(trained: TrainedModel, folder: str) -> Dict[str, torch.Tensor]:
@@ -1346,13 +1386,15 @@ CONVERT_CMD = "python -m experiments.app.bundle convert"
 
 
 def convert(old: str, new: str, legacy: bool = False) -> str:
-    """Write the model of the bundle ``old`` (any format :func:`load_model` reads; ``legacy``: a run folder from
+    """Write the model of the bundle ``old`` (any format `load_model` reads; ``legacy``: a run folder from
     before bundles) as a format-2 bundle at ``new``, which must not exist or be an empty folder. ``old`` is only
-    read. The bundle is written into a staging folder beside ``new``, read back, and checked -- the same weights bit
-    for bit (:func:`save_model`), and the same probabilities and per-layer energies as ``old``'s on probe texts --
-    before it is renamed to ``new``; on any failure the staging folder is removed and nothing is left at ``new``.
-    Returns ``new``."""
-    old, new = os.fspath(old), os.fspath(new)
+    read. The bundle is written into a staging folder beside ``new`` (``.NAME.<random>.convert``, locked while it
+    is in use), read back, and checked -- the same weights bit for bit, and the same probabilities and per-layer
+    energies as ``old``'s on probe texts -- before it is renamed to ``new``; on any failure or interruption the
+    staging folder is removed and nothing is left at ``new``. A staging folder of ``new`` left by a killed
+    conversion (its lock no longer held) is removed first. Returns ``new``."""
+    old = _path_arg(old, "OLD", "convert")
+    new = _path_arg(new, "NEW", "convert", output=True)
     src, dst = os.path.realpath(old), os.path.realpath(new)
     if dst == src or dst.startswith(src + os.sep):
         raise CheckpointError(f"convert: NEW {new!r} is {'OLD itself' if dst == src else 'inside OLD'} ({old!r}); "
@@ -1363,29 +1405,82 @@ def convert(old: str, new: str, legacy: bool = False) -> str:
     trained = load_model(old, legacy=legacy)
     if trained.command is None:
         trained.command = f"{CONVERT_CMD} {shlex.quote(old)} {shlex.quote(new)}" + (" --legacy" if legacy else "")
-    parent = os.path.dirname(os.path.abspath(new))
+    parent, base = os.path.split(os.path.abspath(new))
     os.makedirs(parent, exist_ok=True)
-    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(new))}.", suffix=".convert", dir=parent)
+    _remove_stale_stages(parent, base)
+    stage, lock = None, None
     try:
-        save_model(trained, stage, overwrite=False)
-        back = load_model(stage)
-        probes = list(PROBES) + [" ".join(trained.vocab.itos[2:12])]
-        a, b = trained.predict(probes), back.predict(probes)
-        same = all(p.probabilities == q.probabilities and p.energies == q.energies and p.verdict == q.verdict
-                   for p, q in zip(a, b))
-        if not same or back.label_names != trained.label_names or back.config != trained.config:
-            raise CheckpointError(f"convert: the converted bundle does not predict as {old!r} does; nothing written")
-        lock = os.path.join(stage, ".lock")
-        if os.path.isfile(lock) and not os.path.islink(lock):
-            os.unlink(lock)
-        os.chmod(stage, 0o755)         # mkdtemp's folder is private; a bundle is made to be shared
+        while stage is None:           # named before it exists: an interruption from here on finds it below
+            stage = os.path.join(parent, f".{base}.{secrets.token_hex(6)}{CONVERT_SUFFIX}")
+            try:
+                os.mkdir(stage, 0o700)
+            except FileExistsError:    # someone else's (48 random bits): not ours to remove
+                stage = None
+        lock = _convert_lock(stage)
+        _write_read_back(trained, _state_to_save(trained, new), _graph_to_save(trained), stage, new)
+        _same_predictions(trained, load_model(stage), old)
+        os.unlink(os.path.join(stage, ".lock"))    # still held through its descriptor until the rename is done
+        os.chmod(stage, 0o755)         # the staging folder is private; a bundle is made to be shared
         if os.path.isdir(new):
             os.rmdir(new)              # empty (checked above)
         os.rename(stage, new)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+        stage = None
+    finally:
+        if lock is not None:
+            lock.release()
+        if stage is not None and os.path.isdir(stage) and not os.path.islink(stage):
+            shutil.rmtree(stage, ignore_errors=True)
     return new
+
+
+#: the suffix of `convert`'s staging folders
+CONVERT_SUFFIX = ".convert"
+
+
+def _convert_lock(stage: str):
+    """The run lock of a conversion's staging folder, held until the conversion ends: a staging folder whose lock
+    is not held was left by a killed conversion (`_remove_stale_stages`)."""
+    from ..runfolder.runlock import RunLock
+
+    return RunLock(stage).acquire()
+
+
+def _remove_stale_stages(parent: str, base: str) -> None:
+    """Remove the staging folders of ``parent/base`` that killed conversions left: named as `convert` names them
+    (or as it named them before: ``tempfile.mkdtemp``'s eight characters), real folders, holding a lock file that
+    no process holds. A folder without a lock file may be a conversion that is just starting: it is left alone."""
+    from ..runfolder.runlock import lock_owner
+
+    pattern = re.compile(re.escape(f".{base}.") + r"(?:[0-9a-f]{12}|[a-z0-9_]{8})" + re.escape(CONVERT_SUFFIX))
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        if not pattern.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        owner = lock_owner(path)
+        if owner is not None and not owner.held:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _same_predictions(trained: TrainedModel, back: TrainedModel, old: str) -> None:
+    """Refuse a converted bundle that does not predict as the original on the probe texts (probabilities,
+    per-layer energies, verdicts), or whose label names or config differ. The probes are predicted without the
+    warnings `TrainedModel.predict` gives for texts with no known word: they are this check's own texts."""
+    probes = list(PROBES) + [" ".join(trained.vocab.itos[2:12])]
+    a, b = _quiet_predictions(trained, probes), _quiet_predictions(back, probes)
+    same = all(p.probabilities == q.probabilities and p.energies == q.energies and p.verdict == q.verdict
+               for p, q in zip(a, b))
+    if not same or back.label_names != trained.label_names or back.config != trained.config:
+        raise CheckpointError(f"convert: the converted bundle does not predict as {old!r} does; nothing written")
+
+
+def _quiet_predictions(model: TrainedModel, texts: List[str]) -> List[Prediction]:
+    """`TrainedModel.predict` of ``texts`` as one batch, without its unknown-word warnings."""
+    checker = model._energy_model()
+    return model._predict_chunk(texts, checker, next(checker.parameters()).dtype, DEFAULT_TOL_FACTOR, None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1406,11 +1501,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
 
     def body() -> int:
-        out = convert(args.old, args.new, legacy=args.legacy)
+        with _terminate_as_interrupt():     # a SIGTERM unwinds like Ctrl-C: the staging folder is removed
+            out = convert(args.old, args.new, legacy=args.legacy)
         files = sorted(n for n in os.listdir(out) if not n.startswith("."))
         print(f"wrote {out}: {', '.join(files)} (format {VERSION}; {args.old} unchanged)")
         return 0
     return run_main(CONVERT_CMD.rsplit(" ", 1)[0], body, argv)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """Within: SIGTERM raises KeyboardInterrupt (in the main thread), so that a conversion stopped by ``kill`` or a
+    job scheduler cleans up as after Ctrl-C; the previous handler is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":        # one module object: the home, not a second copy named __main__

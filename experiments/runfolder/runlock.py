@@ -18,7 +18,10 @@ interrupted), or files of something else (a ``config.yaml`` of another tool, not
 staging folder beside the old one (``PARENT/.NAME.overwrite``), and only when it has finished (metrics, bundle,
 plots written and the bundle verified) is it swapped in, by one ``renameat2(RENAME_EXCHANGE)`` of the two
 folders (atomic: at every instant ``RUN_DIR`` is the old run or the new one, whole). Files in the old folder
-that a run does not write (:data:`RUN_OUTPUTS`) are then moved into the new one, and the old run removed. A
+that a run does not write (:data:`RUN_OUTPUTS`) are then moved into the new one, and the old run removed. The
+same swap replaces only a model bundle's own files when a bundle is saved over a folder
+(``Replacement(folder, replaces=BUNDLE_FILES)``: a run's checkpoints, metrics, logs and plots are moved back
+and kept); the names replaced are recorded in the markers, so that a recovery replaces the same ones. A
 failure or Ctrl-C before the swap removes the staging folder and leaves the old run as it was; after a kill,
 :meth:`Replacement.recover` (run under the lock by the next run into the folder) finishes a swap whose new run
 was complete or discards one that was not.
@@ -36,7 +39,7 @@ import shutil
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from energies.errors import UnfoldError
 from unfold.cli import folder_problem
@@ -272,16 +275,19 @@ def exchange(a: str, b: str) -> None:
 class Replacement:
     """``--overwrite`` of a folder holding something (module docstring): the new run goes to :attr:`stage`
     (call :meth:`begin` under the run folder's lock), :meth:`commit` swaps it in once complete, :meth:`abort`
-    drops it. The staging folder is locked too, so that after the swap the folder's lock is still held."""
+    drops it. The staging folder is locked too, so that after the swap the folder's lock is still held.
+    ``replaces``: the names the new content replaces (default: every name a run writes); every other name of
+    the old folder is moved into the new one after the swap."""
 
     SUFFIX = ".overwrite"
     COMPLETE, OLD = ".complete", ".replaced"     # markers in the staging folder: new run complete / old run
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, replaces: Sequence[str] = RUN_OUTPUTS):
         self.run_dir = os.path.normpath(run_dir)
         parent, name = os.path.split(os.path.abspath(self.run_dir))
         self.stage = os.path.join(parent, f".{name}{self.SUFFIX}")
         self.lock = RunLock(self.stage)
+        self.replaces = tuple(replaces)
 
     def check(self) -> None:
         """Before any work: the staging folder can be made beside the run folder."""
@@ -317,20 +323,23 @@ class Replacement:
 
     def commit(self) -> None:
         """Swap the complete new run in (module docstring)."""
+        replaces = list(self.replaces)     # recorded: a recovery after a kill replaces exactly these names
         with atomic_open(os.path.join(self.stage, self.COMPLETE), "w") as fh:
-            fh.write(json.dumps({"run_dir": self.run_dir}) + "\n")
+            fh.write(json.dumps({"run_dir": self.run_dir, "replaces": replaces}) + "\n")
         fsync_dir(self.stage)
         _hook("complete")
         with atomic_open(os.path.join(self.run_dir, self.OLD), "w") as fh:   # marks the old folder once swapped
-            fh.write(json.dumps({"replaced_by_overwrite": True}) + "\n")
+            fh.write(json.dumps({"replaced_by_overwrite": True, "replaces": replaces}) + "\n")
         exchange(self.run_dir, self.stage)
         _hook("swapped")
         self._finish()
 
     def _finish(self) -> None:
-        """After the swap: the old folder (now at :attr:`stage`) gives back what is not a run's, then goes."""
+        """After the swap: the old folder (now at :attr:`stage`) gives back every name the new content does not
+        replace (its marker's ``replaces``), then goes."""
+        replaced = set(_recorded_replaces(os.path.join(self.stage, self.OLD))) | {self.OLD, self.COMPLETE}
         for name in folder_content(self.stage):
-            if name in RUN_OUTPUTS or name in (self.OLD, self.COMPLETE):
+            if name in replaced:
                 continue
             target = os.path.join(self.run_dir, name)
             if not os.path.lexists(target):
@@ -341,7 +350,7 @@ class Replacement:
         except FileNotFoundError:
             pass
         fsync_dir(self.run_dir)
-        leftover = [n for n in folder_content(self.stage) if n not in RUN_OUTPUTS and n not in (self.OLD, self.COMPLETE)]
+        leftover = [n for n in folder_content(self.stage) if n not in replaced]
         if leftover:    # a name the new run has too: kept where it is, never deleted
             print(f"--overwrite: {', '.join(leftover)} of the replaced folder also exist in the new run; the old "
                   f"ones are kept in {self.stage}", flush=True)
@@ -362,12 +371,32 @@ class Replacement:
                 self._finish()
                 return f"finished an --overwrite of {self.run_dir} that was stopped after the swap"
             if os.path.exists(os.path.join(self.stage, self.COMPLETE)):     # complete, not yet swapped
+                self.replaces = _recorded_replaces(os.path.join(self.stage, self.COMPLETE))
                 self.commit()
                 return f"installed the complete new run of an --overwrite of {self.run_dir} that was stopped"
             self.abort()
             return f"discarded the incomplete new run of an --overwrite of {self.run_dir} (the old run is unchanged)"
         finally:
             self.lock.release()
+
+
+def _recorded_replaces(marker: str) -> tuple:
+    """The names a replacement's marker file says the new content replaces: its ``replaces`` list; a marker of
+    the trainer from before markers recorded it (no such key): `RUN_OUTPUTS`; a marker that cannot be read:
+    none (every old name that the new folder also holds is then kept aside, never deleted)."""
+    try:       # never through a link, never a FIFO (open_no_follow refuses both)
+        with os.fdopen(open_no_follow(marker, os.O_RDONLY), "rb") as fh:
+            doc = json.loads(fh.read(1 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(doc, dict):
+        return ()
+    if "replaces" not in doc:
+        return RUN_OUTPUTS
+    names = doc["replaces"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return ()
+    return tuple(names)
 
 
 def _hook(stage: str) -> None:

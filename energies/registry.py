@@ -5,8 +5,13 @@ one shape for every kind, :class:`Registry` -- a dict of name -> part with ``reg
 A name is taken once: registering a name already in a registry (a plug-in's ``exp``, a second ``edges``) is refused
 with the registry's typed error naming the registry and the name (:func:`claim`), never a silent replacement -- a
 replaced entry would reach some paths and not others (caches keyed by name, parts built before the import). The
-same object registered again under its own name is a no-op (a module imported twice under one name)."""
-from typing import Callable, Dict, List, Optional, Type
+same object registered again under its own name is a no-op (a module imported twice under one name).
+
+A name that is an alias of a registered part (``softmax``, the rho registry's other name for ``exp``:
+`Registry.add_aliases`) or that the registry's specs cannot reach (``reserved``: a name holding ``:``, which
+separates a spec's arguments; a graph name ending in ``.npy``, which names a file) is refused the same way: no
+override exists, a plug-in takes a new name."""
+from typing import Callable, Dict, List, Mapping, Optional, Type
 
 from .errors import UnfoldError
 
@@ -32,11 +37,27 @@ def _what(obj) -> str:
     return f"{module}.{name}" if name and module else type(obj).__name__
 
 
+def _reserved_name(name: str, aliases: Mapping[str, str], reserved: Optional[Callable[[str], Optional[str]]]
+                   ) -> Optional[str]:
+    """Why ``name`` cannot be registered whatever the table holds (an alias, a name holding ``:``, what
+    ``reserved(name)`` says), or None."""
+    if name in aliases:
+        return f"{name!r} is an alias of {aliases[name]!r}, which it must keep naming"
+    if ":" in name:
+        return f"{name!r} holds ':', which separates a spec's arguments (the name could never be selected)"
+    if name != name.strip():
+        return f"{name!r} begins or ends with white space"
+    return reserved(name) if reserved is not None else None
+
+
 def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: str = "registry",
-              error: Type[UnfoldError] = UnfoldError) -> Callable[[str], Callable]:
+              error: Type[UnfoldError] = UnfoldError, aliases: Optional[Mapping[str, str]] = None,
+              reserved: Optional[Callable[[str], Optional[str]]] = None) -> Callable[[str], Callable]:
     """A ``register(name)`` decorator storing objects in ``table`` (and their ``name`` on ``attr``). A name already
-    taken (:func:`claim`), or an object already registered under another name (its ``attr`` would be renamed), is
-    refused with ``error`` naming ``registry`` and the name."""
+    taken (`claim`), an alias of ``aliases`` (read when ``register`` is called: a live mapping), a name
+    holding ``:`` or one ``reserved(name)`` gives a reason for, or an object already registered under another
+    name (its ``attr`` would be renamed), is refused with ``error`` naming ``registry`` and the name."""
+    aliases = {} if aliases is None else aliases
 
     def register(name: str):
         """``@register("name")``: stores the decorated part under ``name`` in this registry (``register_rho``,
@@ -55,10 +76,14 @@ def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: st
 
         Raises:
             UnfoldError: the registry's own typed subclass (``EnergyError``, ``StepError``, ``ConfigError``, ...),
-                naming the registry and the name, for an empty or non-string name, a taken name, or a part
-                already registered under another name.
+                naming the registry and the name, for an empty or non-string name, a taken name, an alias of
+                another part or a name the registry reserves (one holding ``:``), or a part already registered
+                under another name.
         """
         claim({}, name, None, registry, error)              # a valid name, checked before the body runs
+        why = _reserved_name(name, aliases, reserved)
+        if why is not None:
+            raise error(f"{registry}: the name {why}; a part cannot take it -- register it under a new name")
 
         def deco(obj):
             if not claim(table, name, obj, registry, error):
@@ -88,14 +113,44 @@ class Registry(dict):
         attr: the attribute that :meth:`register` sets on a registered class to its name (``"name"``, ``"kind"``),
             or None.
         where: the import path of the table, for messages (``"energies.rho.RHOS"``).
+        reserved: ``reserved(name)``: why a name cannot be registered (the kind's specs could not select it), or
+            None where it can.
     """
 
     def __init__(self, kind: str, error: Type[UnfoldError] = UnfoldError, attr: Optional[str] = None,
-                 where: str = ""):
+                 where: str = "", reserved: Optional[Callable[[str], Optional[str]]] = None):
         super().__init__()
         self.kind, self.error, self.attr = kind, error, attr
         self.label = f"{kind} registry" + (f" ({where})" if where else "")
-        self.register = registrar(self, attr, self.label, error)
+        self.aliases: Dict[str, str] = {}
+        self.reserved = reserved
+        self.register = registrar(self, attr, self.label, error, self.aliases, reserved)
+
+    def __setitem__(self, name, part) -> None:
+        """A part stored directly (``REGISTRY[name] = part``, as ``register`` and a kernel's registration do): an
+        alias or a reserved name is refused as `register` refuses it (a replaced alias would change what
+        ``softmax`` means for every spec)."""
+        why = _reserved_name(name, self.aliases, self.reserved) if isinstance(name, str) else None
+        if why is not None:
+            raise self.error(f"{self.label}: the name {why}; a part cannot take it -- register it under a new name")
+        super().__setitem__(name, part)
+
+    def add_aliases(self, aliases: Mapping[str, str]) -> Dict[str, str]:
+        """Declare other names of registered parts (``{"softmax": "exp"}``): mapped by the kind's spec reader, and
+        from then on refused to `register` (no part may take an alias: it would change what the alias
+        means).
+
+        Args:
+            aliases: ``{alias: registered name}``; an alias already registered as a part is refused.
+
+        Returns:
+            This registry's alias table (a live dict: the kind's module exports it).
+        """
+        for alias, name in aliases.items():
+            if not isinstance(alias, str) or not alias or alias in self:
+                raise self.error(f"{self.label}: the alias {alias!r} is empty or already a registered part")
+            self.aliases[alias] = name
+        return self.aliases
 
     def names(self) -> List[str]:
         """The registered names, in registration order."""

@@ -112,7 +112,7 @@ Returns:
 #: other names of a registered penalty, mapped by :func:`get_rho` when the spec is parsed (not registrations: the
 #: penalty built is the registered one, and its ``spec()`` stays the canonical name, so saved configs and bundles
 #: read the same). ``softmax``: the README's name for the exp penalty (softmax attention, supplement eq. 35).
-RHO_ALIASES: Dict[str, str] = {"softmax": "exp"}
+RHO_ALIASES: Dict[str, str] = RHOS.add_aliases({"softmax": "exp"})
 
 
 @register_rho("exp")

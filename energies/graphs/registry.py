@@ -3,7 +3,8 @@ validated sizes (:func:`_sizes`), the edge budget (:data:`MAX_EDGES`), patterns 
 builder: a builder (in this package or a plug-in) imports this and :class:`~energies.graphs.container.TokenGraph`."""
 from __future__ import annotations
 
-from typing import Tuple
+import os
+from typing import Optional, Tuple
 
 import torch
 
@@ -16,7 +17,15 @@ from .edges import MAX_SLOTS, check_int, check_seed
 
 
 # ---------------------------------------------------------------------- builders
-GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graphs.GRAPHS")
+def _file_like(name: str) -> Optional[str]:
+    """Why a graph name cannot be registered: a spec ending in ``.npy`` or holding a path separator names an
+    edge-list file (``graph_from_spec`` reads it as one), so a builder of that name could never be selected."""
+    if name.endswith(".npy") or os.sep in name or (os.altsep and os.altsep in name) or "/" in name:
+        return f"{name!r} reads as an edge-list file path (it ends in .npy or holds a path separator)"
+    return None
+
+
+GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graphs.GRAPHS", reserved=_file_like)
 
 
 #: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping

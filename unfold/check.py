@@ -2,7 +2,8 @@
 
 Unrolls attention MM steps on random token matrices (or one given matrix) over a chosen graph
 and penalty, traces the energy at every layer per example and per term, and reports every
-step whose energy went up by more than the stated tolerance. Exits 0 whether or not increases
+step whose energy went up by more than the stated tolerance. A check larger than ``MAX_WORK`` (layers x features x
+(pairs + token slots)) is refused before any work; one past ``NOTE_WORK`` is announced on stderr. Exits 0 whether or not increases
 occur (the output says), and 2 with one ``error:`` line on a bad option or a bad file (the project's
 error contract, :func:`unfold.cli.run_main`): every option is checked before any work, and nothing is
 written unless the run succeeds (the plot lands whole or not at all).
@@ -10,6 +11,7 @@ written unless the run succeeds (the plot lands whole or not at all).
 from __future__ import annotations
 
 import argparse
+import builtins
 import math
 import os
 import sys
@@ -26,7 +28,7 @@ from energies.memory import check_memory
 from energies.rho import get_rho
 
 from .cli import any_float, any_int, check_device, finite_float, positive_float, positive_int, run_main
-from .plugins import add_import_arg
+from .plugins import add_import_arg, plugin_output
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe
 from .trace import DEFAULT_TOL_FACTOR, MAX_TOL_FACTOR, MIN_TOL_FACTOR, check_tol_factor, trace_descent
@@ -36,6 +38,12 @@ PROG = "python -m unfold.check"
 #: the largest token tensor (samples x n x d entries) and unroll depth the checker builds
 MAX_TOKEN_ENTRIES = 2 ** 27
 MAX_LAYERS = 100_000
+#: the most work a check does, counted as ``--layers x --d x (pairs of the graph over all samples + token slots)``:
+#: about 7 minutes on one CPU core at the complete graph's rate (a sparse graph's pairs cost a few times more); a
+#: larger check is refused before any work, naming the options
+MAX_WORK = 2 ** 32
+#: work past which the checker says on stderr, before it starts, how much it is about to do
+NOTE_WORK = 2 ** 28
 
 
 class CheckError(UnfoldError):
@@ -162,6 +170,20 @@ def _check_memory(args) -> None:
                  (", or --kernel streamed" if args.kernel in ("dense", "edges") else ""))
 
 
+def _check_work(args, graph, samples: int, n: int, d: int) -> None:
+    """Refuse a check larger than `MAX_WORK` (the graph's pairs over all samples plus the token slots, times the
+    features and the layers), before any token is drawn; past `NOTE_WORK`, say on stderr how large it is."""
+    pairs = samples * (n * (n - 1) // 2) if graph.is_complete else int(graph.num_edges().sum())
+    work = args.layers * d * (pairs + samples * n)
+    what = (f"--layers {args.layers} x --d {d} x ({pairs:,} pairs of --graph {args.graph} over {samples} sample(s) "
+            f"+ {samples * n:,} token slots) = {work:,}")
+    if work > MAX_WORK:
+        raise CheckError(f"this check is too large: {what}, more than the checker's limit of {MAX_WORK:,} (hours on "
+                         "a CPU); use a smaller --n, --samples, --d or --layers, or a sparser --graph")
+    if work > NOTE_WORK:
+        print(f"{PROG}: note: checking {what} (this may take minutes)", file=sys.stderr, flush=True)
+
+
 def _write_plot(report, path: str, title: str) -> None:
     """The plot written to a temporary file beside ``path``, then renamed over it: whole or not at all."""
     from .plot import plot_report
@@ -205,6 +227,7 @@ def run(args) -> dict:
     tau = args.tau if args.tau is not None else math.sqrt(d)
     if args.input is not None:
         graph = graph_from_spec(args.graph, n, batch_size=samples, seed=args.seed)
+    _check_work(args, graph, samples, n, d)
     graph = graph.to(device)
     get_rho(args.rho)  # validates the spec before any work
     B = Y.clone() if args.residual == "input" else None
@@ -229,7 +252,11 @@ def run(args) -> dict:
     return out
 
 
-def _print_human(out: dict) -> None:
+def _print_human(out: dict, file=None) -> None:
+    file = sys.stdout if file is None else file
+
+    def print(*parts):                     # the report's lines, to ``file`` (the standard output saved by _main)
+        builtins.print(*parts, file=file)
     c = out["config"]
     print(f"graph={c['graph']} rho={c['rho']} update={c['update']} alpha={c['alpha']:g} tau={c['tau']:.4g} "
           f"n={c['n']} d={c['d']} samples={c['samples']} layers={c['layers']} dtype={c['dtype']} device={c['device']}")
@@ -264,11 +291,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]]) -> int:
-    args = build_parser().parse_args(argv)
-    out = run(args)
-    _print_human(out)
+    """Parse, check and report. The report goes to the standard output as it was on entry; the check itself runs
+    with ``sys.stdout`` sent to stderr (`unfold.plugins.plugin_output`), so that a plug-in's prints (a penalty, a
+    graph builder) never mix with it."""
+    args = build_parser().parse_args(argv)          # --help to stdout; --import's prints go to stderr
+    out_file = sys.stdout
+    with plugin_output():
+        out = run(args)
+    _print_human(out, out_file)
     if args.json:
-        print(json_dumps(out))
+        print(json_dumps(out), file=out_file)
+    out_file.flush()
     return 0
 
 

@@ -8,7 +8,16 @@ A plug-in is an ordinary Python module whose import registers its parts with the
   from Python. The current folder is importable, as under ``python -m``: ``--import myplug`` finds
   ``./myplug.py``.
 * an installed package that declares a module in the entry-point group :data:`ENTRY_POINT_GROUP`
-  (:func:`load_entry_points`): every command line loads those with no option.
+  (`load_entry_points`): every command line loads those with no option, unless the environment variable
+  `NO_PLUGINS_ENV` (``UNFOLD_NO_PLUGINS``) is ``1`` (also ``true``/``yes``; ``0``, ``false``, ``no`` or
+  empty: loaded; any other value is refused, so that a typo never loads them silently). ``--import`` still
+  imports what it names.
+
+A plug-in's output never reaches standard output: while a plug-in module is imported, ``sys.stdout`` is standard
+error (`plugin_output`), and the commands whose standard output is a result (``unfold-predict``,
+``python -m unfold.check``) run the plug-in's code (a penalty, a graph builder) under the same redirection and
+write their result to the standard output they saved first -- so ``--json`` output is the program's JSON only.
+(A plug-in is code: one that writes to file descriptor 1 itself is not stopped.)
 
 :func:`unfold.cli.run_main` loads both before a command's body runs, and the ``--import`` option itself
 imports its module while the arguments are parsed, so a command called in process with an explicit argument
@@ -20,6 +29,7 @@ the command writes anything).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -30,14 +40,19 @@ from typing import Iterable, List, Set
 from energies.checks import one_line
 from energies.errors import ConfigError
 
-__all__ = ["ENTRY_POINT_GROUP", "IMPORT_HELP", "load_entry_points", "import_plugins", "add_import_arg",
-           "import_args", "load_plugins"]
+__all__ = ["ENTRY_POINT_GROUP", "IMPORT_HELP", "NO_PLUGINS_ENV", "load_entry_points", "import_plugins",
+           "add_import_arg", "import_args", "load_plugins", "entry_points_disabled", "plugin_output"]
 
 #: the entry-point group an installed package declares its plug-in modules in
 ENTRY_POINT_GROUP = "unfolded_transformers.plugins"
+#: the environment variable that, set to 1, keeps the entry-point group's plug-ins from loading
+NO_PLUGINS_ENV = "UNFOLD_NO_PLUGINS"
 
 IMPORT_HELP = ("import MODULE first (repeatable): a plug-in that registers rho, energy terms, graphs, kernels or "
-               f"encoders by name; modules of the entry-point group {ENTRY_POINT_GROUP} are loaded too")
+               f"encoders by name; modules of the entry-point group {ENTRY_POINT_GROUP} are loaded too (not with "
+               f"{NO_PLUGINS_ENV}=1)")
+
+_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -70,18 +85,49 @@ def _text(show, value) -> str:
         return f"<{type(value).__name__} that cannot be shown>"
 
 
+def plugin_output():
+    """Where a plug-in's prints go: standard error. A context manager (``contextlib.redirect_stdout(sys.stderr)``)
+    under which plug-ins are imported, and under which a command whose standard output is its result runs the
+    plug-ins' code, writing the result to the standard output it saved before entering.
+
+    Returns:
+        The context manager; ``sys.stdout`` is standard error inside it and restored on leaving.
+    """
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def entry_points_disabled() -> bool:
+    """Whether `NO_PLUGINS_ENV` keeps the entry-point group from loading.
+
+    Returns:
+        True for ``1``, ``true`` or ``yes`` (any case, spaces ignored), False when unset, empty, ``0``, ``false``
+        or ``no``.
+
+    Raises:
+        ConfigError: any other value, named (a typo must not load the plug-ins it meant to keep out).
+    """
+    value = os.environ.get(NO_PLUGINS_ENV)
+    text = (value or "").strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ConfigError(f"environment variable {NO_PLUGINS_ENV}={value!r}: use 1 to keep the entry-point plug-ins "
+                      f"({ENTRY_POINT_GROUP}) from loading, or 0 (or leave it unset) to load them")
+
+
 def load_entry_points() -> List[str]:
-    """Import every module of the entry-point group :data:`ENTRY_POINT_GROUP` (once per process); returns
-    the names of the entry points loaded. One that fails raises a :class:`ConfigError` naming it and why."""
+    """Import every module of the entry-point group :data:`ENTRY_POINT_GROUP` (once per process; none where
+    `entry_points_disabled`), their prints sent to standard error (`plugin_output`); returns the names
+    of the entry points loaded. One that fails raises a :class:`ConfigError` naming it and why."""
     global _entry_points_loaded
-    if _entry_points_loaded:
+    if _entry_points_loaded or entry_points_disabled():
         return []
     loaded = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
         origin = f" of {dist.name} {dist.version}" if dist is not None else ""
         try:
-            ep.load()
+            with plugin_output():
+                ep.load()
         except BaseException as exc:    # a plug-in's import may raise anything, sys.exit and interrupts included:
             # one line naming it, exit 2, never a traceback nor an exit code chosen by the plug-in
             raise ConfigError(f"plug-in entry point {ep.name!r} = {ep.value!r}{origin} (group {ENTRY_POINT_GROUP}) "
@@ -93,8 +139,9 @@ def load_entry_points() -> List[str]:
 
 def import_plugins(names: Iterable[str]) -> List[str]:
     """Import each module of ``names`` (dotted module names, each once per process) with the current folder
-    importable; returns the names imported now. A name that is not a module name, or a module that is not
-    found or raises on import, is a :class:`ConfigError` naming it and why (``--import NAME: REASON``)."""
+    importable, their prints sent to standard error (`plugin_output`); returns the names imported now. A
+    name that is not a module name, or a module that is not found or raises on import, is a :class:`ConfigError`
+    naming it and why (``--import NAME: REASON``)."""
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):   # a str would be imported letter by letter
         raise ConfigError(f"import_plugins needs a list of module names, got {names!r}")
     done = []
@@ -108,7 +155,8 @@ def import_plugins(names: Iterable[str]) -> List[str]:
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
         try:
-            importlib.import_module(name)
+            with plugin_output():
+                importlib.import_module(name)
         except BaseException as exc:    # ImportError, SyntaxError, whatever the module raises, sys.exit(...) and
             # KeyboardInterrupt included: the refusal naming the module, never the plug-in's own exit code
             hint = f" (give the module's name, not its file: --import {name[:-3]})" if name.endswith(".py") else ""

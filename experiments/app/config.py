@@ -566,18 +566,39 @@ def config_names() -> list:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
+#: the extensions of a config file: a bare name with one of them may name a user's file, one without never does
+CONFIG_EXTENSIONS = (".yaml", ".yml")
+
+
+def _is_path(spec: str) -> bool:
+    """Whether a config spec is an explicit path (it holds a path separator: ``./tiny``, ``sub/a.yaml``)."""
+    return os.sep in spec or "/" in spec or bool(os.altsep and os.altsep in spec)
+
+
+def _shipped(spec: str) -> Optional[str]:
+    """The shipped config a bare name names (``tiny`` or ``tiny.yaml``), or None. A path never names one."""
+    if _is_path(spec):
+        return None
+    stem = spec[:-len(".yaml")] if spec.endswith(".yaml") else spec
+    return str(CONFIG_DIR / f"{stem}.yaml") if stem in config_names() else None
+
+
 def resolve_config(spec: str) -> str:
-    """The file a ``--config`` value names: an existing file path as given, otherwise a shipped config's name
-    (``default`` or ``default.yaml``, from :data:`CONFIG_DIR`, so that it works outside the repository). A value
-    that is neither is refused listing the shipped names."""
+    """The file a ``--config`` value names. A shipped config's name without extension (``default``, from
+    `CONFIG_DIR`, so that it works outside the repository) is always the shipped config, whatever file of that
+    name the current folder holds (write ``./default`` for that file); a path (it holds a separator) or an existing
+    file is read as given; else a shipped config's file name (``default.yaml``). A value that is none of these is
+    refused listing the shipped names."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"--config must name a config file or a shipped config, got {spec!r}; shipped: "
                           f"{', '.join(config_names())}")
-    if os.path.isfile(spec) or os.sep in spec or (os.altsep and os.altsep in spec):
+    shipped = _shipped(spec)
+    if shipped is not None and not spec.endswith(CONFIG_EXTENSIONS):
+        return shipped                  # a built-in name: the built-in config, never a stray file
+    if os.path.isfile(spec) or _is_path(spec):
         return spec                     # a file, or a path: read (and its problems reported) as a path
-    shipped = CONFIG_DIR / (spec if spec.endswith(".yaml") else f"{spec}.yaml")
-    if shipped.is_file():
-        return str(shipped)
+    if shipped is not None:
+        return shipped
     raise ConfigError(f"config {spec!r} is neither a file nor a shipped config; shipped: {', '.join(config_names())}")
 
 
@@ -589,21 +610,29 @@ MAX_EXTENDS = 32
 
 
 def _parent_file(spec, child: str) -> str:
-    """The file ``extends: SPEC`` of ``child`` names: a path relative to ``child``'s folder where that file
-    exists, else a shipped config's name (:data:`CONFIG_DIR`)."""
+    """The file ``extends: SPEC`` of ``child`` names, by three rules: a path (``./tiny``, ``sub/base.yaml``, one
+    holding a separator) is that file, relative to ``child``'s folder; a bare name with a config extension
+    (``base.yaml``, ``base.yml``) is the file of that name beside ``child`` where it exists, else the shipped config
+    of that file name; a bare name without one (``tiny``) is a shipped config only (`CONFIG_DIR`), never a file --
+    an extension-less file beside ``child`` is named ``./tiny``. Returns the file's path (a user's file as an
+    absolute path, so that ``--print-config`` names the file read)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"config file {child!r}: '{EXTENDS}' must name a shipped config ({', '.join(config_names())}) "
                           f"or a file relative to it, got {_show(spec)}")
-    relative = os.path.join(os.path.dirname(child), spec)
-    if os.path.isfile(relative):
-        return relative
-    if os.sep in spec or (os.altsep and os.altsep in spec):
+    relative = os.path.abspath(os.path.join(os.path.dirname(child), spec))
+    if _is_path(spec):
+        if os.path.isfile(relative):
+            return relative
         raise ConfigError(f"config file {child!r}: '{EXTENDS}: {spec}' names no file ({relative!r} does not exist)")
-    shipped = CONFIG_DIR / (spec if spec.endswith(".yaml") else f"{spec}.yaml")
-    if shipped.is_file():
-        return str(shipped)
+    if spec.endswith(CONFIG_EXTENSIONS) and os.path.isfile(relative):
+        return relative
+    shipped = _shipped(spec)
+    if shipped is not None:
+        return shipped
+    beside = (f" (a file {relative!r} exists, but a name without .yaml/.yml names a shipped config only: write "
+              f"'{EXTENDS}: ./{spec}' to build on that file)" if os.path.isfile(relative) else "")
     raise ConfigError(f"config file {child!r}: '{EXTENDS}: {spec}' is neither a file beside it nor a shipped "
-                      f"config; shipped: {', '.join(config_names())}")
+                      f"config{beside}; shipped: {', '.join(config_names())}")
 
 
 def _read_file(path: str) -> Dict[str, Any]:

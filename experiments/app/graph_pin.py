@@ -3,7 +3,9 @@ kept, never read again from a path that may since have changed or gone.
 
 * :func:`read_edges`: the file's bytes (one read, from one descriptor), their sha256 and the array they hold;
 * :func:`pin`: a built model's encoder made to build its graphs from that array (:class:`energies.graphs.GraphCache`
-  with ``edges``), whatever happens to the file afterwards;
+  with ``edges``), whatever happens to the file afterwards; a batch narrower than the graph (texts shorter than
+  its largest node id, at training or prediction) gets the graph among its slots only (`within`): the edges
+  to slots it does not hold join padding, as the edges to a shorter text's padded slots do in a full-width batch;
 * :data:`GRAPH_FILE`: the copy a run folder (so a bundle) holds, its sha256 in ``bundle.json``
   (:mod:`experiments.app.bundle`).
 """
@@ -19,8 +21,9 @@ import numpy as np
 
 from energies.errors import UnfoldError
 from energies.graphs import GraphCache
+from energies.graphs.spec import edge_array_graph
 
-__all__ = ["GRAPH_FILE", "is_graph_file", "read_edges", "parse_edges", "pin", "write_edges"]
+__all__ = ["GRAPH_FILE", "is_graph_file", "read_edges", "parse_edges", "pin", "write_edges", "within"]
 
 #: the name of the pinned copy of an edge-list graph inside a run folder or a bundle
 GRAPH_FILE = "graph.npy"
@@ -72,12 +75,40 @@ def write_edges(data: bytes, folder: str) -> str:
     return path
 
 
+def within(edges: np.ndarray, n: int) -> np.ndarray:
+    """The edges of a ``2 x m`` edge list whose two ends are both below ``n`` (the slots a batch of width ``n``
+    holds); an array of another shape is returned as it is (the graph builder refuses it), and so are negative
+    ids. A text of fewer tokens than the graph's largest id reads as it would padded to the full width: padded
+    slots are in no edge, so dropping the edges to slots past ``n`` changes nothing for the real tokens.
+
+    Args:
+        edges: the pinned edge list (``2 x m`` integers).
+        n: the batch's width in token slots.
+
+    Returns:
+        ``edges`` itself where every id is below ``n``, else the columns whose ids all are.
+    """
+    if not isinstance(edges, np.ndarray) or edges.ndim != 2 or edges.shape[0] != 2 or edges.size == 0:
+        return edges
+    keep = (edges < n).all(axis=0)
+    return edges if keep.all() else edges[:, keep]
+
+
+class _PinnedGraphs(GraphCache):
+    """A `GraphCache` of a pinned edge list whose graph for ``n`` slots is the one among those slots (`within`)."""
+
+    def _build(self, n: int, B: int, mask=None):
+        return edge_array_graph(within(self.edges, n), n, B, mask, self.spec)
+
+
 def pin(model, edges: Optional[np.ndarray]):
     """Make ``model``'s encoder build its token graphs from ``edges`` (the array its edge-list file held when it
-    was read), never from the file again. ``edges`` None: nothing to pin. Returns the model."""
+    was read), never from the file again; a batch of ``n`` slots gets the edges among them (`within`: a
+    short text, or a batch of short texts, is read as the same texts padded to the graph's width would be).
+    ``edges`` None: nothing to pin. Returns the model."""
     if edges is None:
         return model
     encoder = model.encoder
     old = encoder.graphs
-    encoder.graphs = GraphCache(old.spec, seed=old.seed, maxsize=old.maxsize, edges=edges)
+    encoder.graphs = _PinnedGraphs(old.spec, seed=old.seed, maxsize=old.maxsize, edges=edges)
     return model

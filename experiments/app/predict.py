@@ -17,14 +17,20 @@ printed and flushed as soon as it is done: memory is bounded by about three batc
 of the input, and the first line comes out while the input is still being written (a batch is whatever has
 arrived, up to ``--batch-size``, within :data:`LINGER` seconds of its first text). Files and stdin are strict
 UTF-8 alike; a file that is not is refused before anything is predicted (files are checked whole first), stdin
-where the bad line is met (the lines of the batches before it have been printed).
+where the bad line is met (every line before it has been answered and flushed). A line holds at most
+``MAX_LINE_BYTES`` (1 MiB) and is read at most that much at a time: a longer one is refused by its number.
+
+**No answer from NaN.** A text whose class probabilities are not finite gets no line: it is named on stderr (an
+``error:`` line, at once) and the command exits ``NONFINITE_EXIT`` (3) once the other texts' lines are printed.
+Plug-ins' prints go to stderr (``unfold.plugins.plugin_output``): stdout holds the answer only.
 
 ``--plot OUT.png`` draws each text's total energy per layer, one panel per text on its own scale; it needs the
 whole answer before the first line is printed (the figure is written first, so that a failed write never leaves
 half an answer), so it keeps at most :data:`PLOT_MAX` texts and refuses more (exit 2, nothing printed or
 written): plot a selection. Exit status 0, or 2 for bad input (no such run, a run still training, no text, a
-changed bundle, a ``--plot`` path that cannot be written) with nothing written and nothing printed on stdout:
-``--plot``'s folder is checked (a real write probe) before the model is loaded. A run folder still being
+changed bundle, a ``--plot`` path that cannot be written) with nothing written and nothing printed on stdout
+(``--plot``'s folder is checked, a real write probe, before the model is loaded), or 3 where some text's output was
+not finite (above). A run folder still being
 trained (its run lock held, :mod:`experiments.runfolder.runlock`) is named as such with its owner (pid, user, host,
 start); one whose owner died before the run finished says so and how to resume it. ``--legacy`` reads a run
 folder from before bundles (no ``bundle.json``; unverified: see :mod:`experiments.app.bundle`).
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import queue
 import stat
@@ -44,7 +51,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence
 from energies.errors import CheckpointError, ConfigError
 from unfold.cli import check_device, folder_arg, folder_problem, positive_int, run_main
 from unfold.encoders import check_batch_size, check_inference_layers
-from unfold.plugins import add_import_arg
+from unfold.plugins import add_import_arg, plugin_output
 from unfold.strict_json import dumps as json_dumps
 
 from ..runfolder.atomic import atomic_open
@@ -56,6 +63,13 @@ PROG = "unfold-predict"
 PLOT_MAX = 48
 #: seconds a batch waits for more texts after its first (then it is predicted with what has come)
 LINGER = 0.05
+#: the longest line (text) read, in bytes of UTF-8 without its line break: 1 MiB. Lines are read at most this much at
+#: a time (memory stays bounded whatever the input: ``/dev/zero``, a file with no line break); a longer line is
+#: refused naming its number -- the model reads only the first ``data.max_len`` tokens of a text anyway
+MAX_LINE_BYTES = 2 ** 20
+#: the exit status when the model's output for some text was not finite (NaN or infinite probabilities): those
+#: texts get no line (no label), each is named on stderr; the other texts' lines are printed
+NONFINITE_EXIT = 3
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -76,10 +90,13 @@ def _check_texts(texts: Sequence[str]) -> None:
         raise ConfigError(f"--text number {empty[0] + 1} is empty: there is nothing to classify")
     for i, t in enumerate(texts):
         try:
-            t.encode("utf-8")
+            size = len(t.encode("utf-8"))
         except UnicodeEncodeError as exc:
             raise ConfigError(f"--text number {i + 1}: not UTF-8 text (a lone surrogate {t[exc.start]!a} at "
                               f"character {exc.start}: the argument's bytes are not UTF-8)") from None
+        if size > MAX_LINE_BYTES:
+            raise ConfigError(f"--text number {i + 1} is {size:,} bytes long, more than the {MAX_LINE_BYTES:,} "
+                              "bytes (1 MiB) a text may hold")
 
 
 def _where(path: str) -> str:
@@ -104,15 +121,39 @@ def _decoded_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[str]:
                 yield text
 
 
+def _bounded_lines(read_line, where: str) -> Iterator[bytes]:
+    """The byte lines of a stream (``read_line(size)``: a ``readline`` that returns at most ``size`` bytes), each
+    read in at most `MAX_LINE_BYTES` + 1 bytes: memory stays bounded whatever the input. A line longer than
+    `MAX_LINE_BYTES` (its line break not counted) is a ConfigError naming ``where`` and the line's number."""
+    number = 0
+    while True:
+        raw = read_line(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise ConfigError(f"{where}: line {number} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB), the most a "
+                              "line may hold (the model reads only a text's first data.max_len tokens): cut the "
+                              "line, or break the input into lines")
+        yield raw
+
+
+def _stdin_line(size: int) -> bytes:
+    """One line of stdin as bytes, at most ``size`` of them (characters where stdin has no byte buffer)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is not None:
+        return stream.readline(size)
+    return sys.stdin.readline(size).encode("utf-8", "surrogateescape")
+
+
 def _file_texts(path: str) -> Iterator[str]:
-    """The texts of one ``--file`` (``-``: stdin), read line by line (:func:`_decoded_lines`)."""
+    """The texts of one ``--file`` (``-``: stdin), read line by line, each line bounded (`_bounded_lines`,
+    :func:`_decoded_lines`)."""
     if path == "-":
-        stream = getattr(sys.stdin, "buffer", None)
-        raw = stream if stream is not None else (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
-        yield from _decoded_lines(raw, _where(path))
+        yield from _decoded_lines(_bounded_lines(_stdin_line, _where(path)), _where(path))
         return
     with open(path, "rb") as fh:
-        yield from _decoded_lines(fh, _where(path))
+        yield from _decoded_lines(_bounded_lines(fh.readline, _where(path)), _where(path))
 
 
 def iter_texts(texts: Sequence[str], files: Sequence[str]) -> Iterator[str]:
@@ -189,7 +230,9 @@ class TextFeed:
 
     def batches(self, first: str, batch_size: int, linger: float = LINGER) -> Iterator[List[str]]:
         """Batches of the texts, ``first`` leading: each up to ``batch_size`` texts, closed early when no text
-        comes within ``linger`` seconds of its first one (so that a line typed alone is answered at once)."""
+        comes within ``linger`` seconds of its first one (so that a line typed alone is answered at once). An error
+        of the reader (a bad line) ends the batch it is met in: that batch is yielded first, the error raised
+        after, so that every text before the bad line is answered."""
         pending: Optional[str] = first
         while True:
             if pending is None:
@@ -203,6 +246,9 @@ class TextFeed:
                     item = self.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
+                except Exception as exc:    # the reader's error (a bad line): the texts before it answered first
+                    yield batch
+                    raise exc
                 if item is self.END:
                     yield batch
                     return
@@ -379,28 +425,53 @@ def main(argv=None) -> int:
             check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
         check_batch_size(args.batch_size, "--batch-size")
         feed = TextFeed(iter_texts(args.text, args.file), args.batch_size)
+        out = sys.stdout                        # the answer's stream; plug-ins' prints go to stderr meanwhile
         try:
-            first = feed.get()
-            if first is feed.END:
-                raise ConfigError(NO_TEXT)
-            plotted: Optional[List[str]] = None
-            if args.plot:                       # the figure needs every text: at most PLOT_MAX, held
-                plotted = _plot_texts(feed, first)
-            _check_run(args.run_dir)
-            trained = _load(args)
-            layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
-            if plotted is not None:
-                batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
-                                                for s in range(0, len(plotted), args.batch_size))
-                predictions = [q for b in trained.predict_batches(batches, layers=layers) for q in b]
-                plot_energies(predictions, args.plot)   # first: a failed write leaves no half-printed answer
-                return _print([predictions], args.json)
-            return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json)
+            with plugin_output():
+                return _predict(args, feed, out)
         finally:
             feed.close()
 
     with _warnings_to_stderr():
         return run_main(PROG, body, argv)
+
+
+def _predict(args: argparse.Namespace, feed: TextFeed, out) -> int:
+    """The command's work once its options are checked: the texts of ``feed`` predicted and written to ``out``
+    (`_print`), or first drawn (``--plot``); returns the exit status."""
+    first = feed.get()
+    if first is feed.END:
+        raise ConfigError(NO_TEXT)
+    plotted: Optional[List[str]] = None
+    if args.plot:                       # the figure needs every text: at most PLOT_MAX, held
+        plotted = _plot_texts(feed, first)
+    _check_run(args.run_dir)
+    trained = _load(args)
+    layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
+    if plotted is not None:
+        batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
+                                        for s in range(0, len(plotted), args.batch_size))
+        predictions = [q for b in trained.predict_batches(batches, layers=layers) for q in b]
+        drawn = [q for q in predictions if finite(q)]
+        if drawn:
+            plot_energies(drawn, args.plot)     # first: a failed write leaves no half-printed answer
+        return _print([predictions], args.json, out)
+    return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json, out)
+
+
+def finite(pred: Prediction) -> bool:
+    """Whether the model's output for a text is finite: every class probability a finite number (a NaN or infinite
+    logit makes them NaN). A text whose output is not gets no label: `unfold-predict` names it on stderr."""
+    return all(math.isfinite(p) for p in pred.probabilities.values())
+
+
+def nonfinite_message(number: int, pred: Prediction) -> str:
+    """The stderr line's message for text ``number`` (from 1) whose output is not finite."""
+    text = " ".join(pred.text.split())
+    shown = text if len(text) <= 60 else text[:59] + "…"
+    probs = ", ".join(f"{k} {v}" for k, v in pred.probabilities.items())
+    return (f"text {number} {shown!r}: the model's output is not finite (probabilities: {probs}; its weights or "
+            "this input overflow the model's arithmetic): no label")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -460,16 +531,27 @@ def _load(args: argparse.Namespace):
         raise
 
 
-def _print(batches: Iterable[List[Prediction]], as_json: bool) -> int:
-    """Each batch's lines written and flushed as soon as it is done. A reader that stops reading (``| head``)
-    ends the run quietly (exit 0). An error after some lines were printed says how many were."""
-    printed = 0
-    out = sys.stdout
+def _print(batches: Iterable[List[Prediction]], as_json: bool, out=None) -> int:
+    """Each batch's lines written to ``out`` (default stdout) and flushed as soon as it is done. A text whose
+    output is not finite (`finite`) gets no line: it is named on stderr (``error:`` line, at once) and the
+    exit status is `NONFINITE_EXIT` once every text is done. A reader that stops reading (``| head``) ends the run
+    quietly (exit 0). An error after some lines were printed says how many were."""
+    printed = seen = failed = 0
+    out = sys.stdout if out is None else out
     try:
         for batch in batches:
-            out.write("".join((json_line(q.to_dict()) if as_json else plain_line(q)) + "\n" for q in batch))
+            good = []
+            for q in batch:
+                seen += 1
+                if finite(q):
+                    good.append(q)
+                    continue
+                failed += 1
+                sys.stderr.write(f"{PROG}: error: {nonfinite_message(seen, q)}\n")
+                sys.stderr.flush()
+            out.write("".join((json_line(q.to_dict()) if as_json else plain_line(q)) + "\n" for q in good))
             out.flush()
-            printed += len(batch)
+            printed += len(good)
     except BrokenPipeError:
         try:                                   # nothing more can be written: the interpreter's last flush neither
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
@@ -477,10 +559,10 @@ def _print(batches: Iterable[List[Prediction]], as_json: bool) -> int:
             pass
         return 0
     except ConfigError as exc:
-        if printed:
-            raise ConfigError(f"{exc} (the {printed} line(s) before it were answered above)") from None
+        if seen:
+            raise ConfigError(f"{exc} (the {seen} text(s) before it were answered above)") from None
         raise
-    return 0
+    return NONFINITE_EXIT if failed else 0
 
 
 class _warnings_to_stderr:

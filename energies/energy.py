@@ -8,7 +8,7 @@ import torch
 
 from .errors import EnergyError
 from .graphs import TokenGraph, check_tokens
-from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
+from .terms import (ACCUM_DTYPE, Centering, PassStats, EnergyTerm, FeedForward, NonNegativity, PairwiseAttention,
                     Rescaling, Residual)
 
 __all__ = ["Energy", "attention_energy", "feedforward_energy", "layernorm_energy", "nonnegativity_energy"]
@@ -123,6 +123,31 @@ class Energy(torch.nn.Module):
             except NotImplementedError:
                 continue
         return c
+
+    def value_error(self, Y: torch.Tensor, graph: TokenGraph, values: Dict[str, torch.Tensor], curvature
+                    ) -> torch.Tensor:
+        """The bound (float64) on ``|sum_k pass value_k - sum_k value_k|`` at Y: the sum of the terms'
+        :meth:`~energies.terms.EnergyTerm.value_error` (what the layers' own passes read against the independent
+        evaluation), for the terms in ``values``, over statistics of Y computed once
+        ([PassStats][energies.terms.PassStats]).
+
+        Args:
+            Y: the tokens the passes read, in their dtype: ``(B, n, d)``, or ``(T+1, B, n, d)`` for several
+                boundaries at once.
+            graph: the token graph of the B examples.
+            values: the passes' values ``{name: (B,)}`` (or ``(T+1, B)``).
+            curvature: the summed per-token curvature bound of the passes at Y (scalar, ``(B, n)`` or
+                ``(T+1, B, n)``).
+
+        Returns:
+            The bound per example, ``(B,)`` or ``(T+1, B)`` (+inf where a term's rounding is unknown).
+        """
+        stats = PassStats(Y, graph, curvature)
+        err = torch.zeros(Y.shape[:-2], dtype=torch.float64, device=Y.device)
+        with torch.no_grad():
+            for name, v in values.items():
+                err = err + self.terms[name].value_error(stats, v)
+        return err
 
     @property
     def indicators(self):

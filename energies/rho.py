@@ -15,7 +15,7 @@ Register new penalties with :func:`register_rho`; build from a spec string with
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -69,6 +69,24 @@ class Rho(torch.nn.Module):
         """``sup_{z >= 0} rho'(z) = rho'(0)`` (rho' is non-increasing for a concave rho): the largest
         edge weight, which gives a curvature bound independent of Y (``curvature="constant"``)."""
         return float(self.derivative(torch.zeros((), dtype=torch.float64, device="cpu")))   # (not under a device context)
+
+    def sign_range(self) -> Tuple[float, float]:
+        """``(rho(0), sup_z rho(z))`` as floats: the range of a non-decreasing rho on ``[0, inf)`` (its value at 0 and
+        far out, at z = 1e300; NaN there reads as +inf), computed once per penalty. A rho that keeps one sign there
+        has ``sum_e |rho(z_e)| = |sum_e rho(z_e)|``, which a pass's rounding bound uses
+        (:meth:`energies.terms.PairwiseAttention.value_error`).
+
+        Returns:
+            ``(low, high)``, ``low <= high``.
+        """
+        cached = self.__dict__.get("_sign_range")
+        if cached is None:
+            z = torch.tensor([0.0, 1e300], dtype=torch.float64, device="cpu")
+            with torch.no_grad():
+                low, high = (float(v) for v in self.value(z))
+            cached = (low, math.inf if math.isnan(high) else max(low, high))
+            self.__dict__["_sign_range"] = cached
+        return cached
 
     def kernel_sensitivity(self) -> float:
         """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error

@@ -26,6 +26,7 @@ from .rho import Rho, get_rho
 
 __all__ = [
     "MMParts",
+    "PassStats",
     "EnergyTerm",
     "PairwiseAttention",
     "Residual",
@@ -223,6 +224,60 @@ def _check_methods(cls) -> None:
             setattr(cls, attr, staticmethod(_checked(fn.__func__)))
 
 
+class PassStats:
+    """Statistics of the tokens at which the layers' passes read the terms' values, shared by the terms' rounding
+    bounds (:meth:`EnergyTerm.value_error`), each computed once on first use (float64 results, no host read).
+
+    ``Y`` may hold several boundaries at once, ``(..., B, n, d)`` (the trace stacks Y_0..Y_T), against the graph's
+    ``(B, n)`` mask; every statistic then has shape ``(..., B)``.
+
+    Args:
+        Y: the tokens, in the dtype the passes read them (its eps is :attr:`eps`), padded slots ignored.
+        graph: the token graph (its mask marks the real tokens).
+        curvature: the passes' summed per-token curvature bound at Y (scalar or ``(..., B, n)``).
+    """
+
+    def __init__(self, Y: torch.Tensor, graph: TokenGraph, curvature):
+        self.Y, self.graph = Y.detach(), graph
+        self.curvature = curvature
+        #: the unit roundoff of the passes' dtype
+        self.eps = torch.finfo(Y.dtype).eps
+        self.n, self.d = Y.shape[-2], Y.shape[-1]
+
+    @functools.cached_property
+    def real(self) -> torch.Tensor:
+        """Real tokens per example, ``n_r``."""
+        return self.graph.mask.sum(-1, dtype=ACCUM_DTYPE)
+
+    @functools.cached_property
+    def _norms(self):
+        m = self.graph.mask[..., None]
+        Y = torch.where(m, self.Y, torch.zeros((), dtype=self.Y.dtype, device=self.Y.device))
+        mean = Y.sum(-2, keepdim=True) / self.real.clamp_min(1.0).to(Y.dtype)[..., None, None]
+        return (torch.where(m, Y - mean, Y).square().sum(-1, dtype=ACCUM_DTYPE), Y.square().sum((-2, -1), dtype=ACCUM_DTYPE))
+
+    @property
+    def spread(self) -> torch.Tensor:
+        """``max_u |y_u - mean|^2`` over the real tokens."""
+        return self._norms[0].amax(-1)
+
+    @property
+    def sq(self) -> torch.Tensor:
+        """``sum_u |y_u|^2`` over the real tokens."""
+        return self._norms[1]
+
+    @functools.cached_property
+    def curv_sum(self) -> torch.Tensor:
+        """``sum_u max(c_u, 0)`` over the real tokens."""
+        c = torch.as_tensor(self.curvature, dtype=ACCUM_DTYPE, device=self.Y.device).clamp_min(0.0)
+        return torch.where(self.graph.mask, c, torch.zeros((), dtype=ACCUM_DTYPE, device=self.Y.device)).sum(-1)
+
+    @functools.cached_property
+    def edges(self) -> torch.Tensor:
+        """Undirected edges per example, ``N_E``."""
+        return self.graph.degree().sum(-1, dtype=ACCUM_DTYPE) / 2
+
+
 class EnergyTerm(torch.nn.Module):
     """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`. Every public method that
     takes ``(Y, graph)`` (value, grad, curvature, mm, pass_value, prox, ... in this class and every subclass,
@@ -268,6 +323,28 @@ class EnergyTerm(torch.nn.Module):
         """The value as the layers' own pass computes it (Y's dtype, float64 sums); ``value`` is the
         independent float64 evaluation. Equal up to rounding."""
         return self.value(Y, graph)
+
+    def value_error(self, stats: PassStats, value: torch.Tensor) -> torch.Tensor:
+        """A bound (float64, the shape of ``value``) on ``|pass value - value|``: how far the value a layer's own pass
+        reads (:meth:`pass_value`, :meth:`mm`, :meth:`pass_value_and_curvature`, in the tokens' dtype) may lie from
+        the independent evaluation :meth:`value`, the one the trace's exact re-evaluation makes. The trace rechecks a
+        step exactly whenever its pass-read change lies within these bounds of the tolerance.
+
+        The default: 0 where the class reads its pass values through :meth:`value` itself (the same evaluation of
+        the same tokens), +inf where it overrides a pass without stating a bound (its steps are then always
+        rechecked: unknown rounding is never read as descent).
+
+        Args:
+            stats: the statistics of the tokens the pass read ([PassStats][energies.terms.PassStats]).
+            value: the pass's value there, ``(..., B)``.
+
+        Returns:
+            The bound per example (+inf where unknown).
+        """
+        cls = type(self)
+        own = all(getattr(cls, m) is getattr(EnergyTerm, m) for m in ("pass_value", "mm", "pass_value_and_curvature",
+                                                                      "joint_mm", "joint_pass_values"))
+        return torch.full(value.shape, 0.0 if own else math.inf, dtype=ACCUM_DTYPE, device=value.device)
 
     def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True) -> MMParts:
         """:class:`MMParts` at Y, the ingredients of a majorized step (one pass where possible); ``value`` is None
@@ -532,6 +609,35 @@ class PairwiseAttention(EnergyTerm):
         deg = None if self.curvature_kind == "constant" else self._pass(Y, graph, num=False).deg
         return self._curvature_from(Y, graph, deg)
 
+    def value_error(self, stats, value):
+        """The rounding bound of a kernel pass's energy (:meth:`EnergyTerm.value_error`), one rule for every
+        registered kernel and dtype, with eps = eps(Y's dtype) (a kernel widened by the precision guard rounds
+        less), ``M = ||W||_2^2 max_u |y_u - mean|^2`` and ``n_r`` real tokens:
+
+            err = 2 eps [ c_z M (sum_u c_u / 4 + ||W||^2 n_r / 2)  +  c_s (|V| + tau n_r / 2 + 2 tau N_E s) ],
+            c_z = 2 (d + d_h) + 16,   c_s = n + d + 16.
+
+        First part: each edge's z errs by at most ``c_z eps ||W||^2 max|y - mean|^2 / tau``
+        (:data:`~energies.kernels.guard.EXPANSION_Z_ULPS`: ``(a d_h + b)`` for the expansion, ieee or 3xTF32;
+        ``2 (d_h + 2)`` for explicit differences, whose z is at most ``2 M / tau``; ``2 d`` more for mapping the
+        tokens by W), and moves ``tau rho(z)`` by ``tau rho'(z) |dz|``; ``sum_e rho'(z_e) ||W||^2 = sum_u deg_u
+        ||W||^2 / 2 <= sum_u c_u / 4`` (the curvature bound ``c_u >= 2 deg_u ||W||^2``); the softmax kernel's
+        log-sum-exp adds the self terms (``n_r / 2``). Second part: the sums of ``tau rho`` over at most n
+        neighbours in the pass's dtype, and the softmax kernel's ``exp(LSE_u + log beta_u) - 1`` (``n_r`` ones, with
+        the factor ``tau / 2``); ``sum_e tau |rho(z_e)|`` is ``|V|`` when rho keeps one sign on ``[0, inf)``, else
+        at most ``|V| + 2 tau N_E |rho(0)|`` (``s`` = 1, ``N_E`` the edges: rho rises from ``rho(0) < 0``). The
+        factor 2 covers the change of rho' across ``dz``. Checked against 50-digit and explicit float64
+        evaluations for every kernel (tests/test_trace_sound.py)."""
+        w2 = self.metric_norm2().to(device=value.device, dtype=ACCUM_DTYPE)
+        dh = stats.d if self.metric is None else self.metric.shape[1]
+        zpart = (2 * (stats.d + dh) + 16) * w2 * stats.spread * (stats.curv_sum / 4 + w2 * stats.real / 2)
+        spread = value.to(ACCUM_DTYPE).abs() + self.tau * stats.real / 2
+        low, high = self.rho.sign_range()
+        if low < 0 < high:      # rho changes sign on [0, inf): sum |rho| is not |V|
+            spread = spread + 2 * self.tau * abs(low) * stats.edges
+        err = 2 * stats.eps * (zpart + (stats.n + stats.d + 16) * spread)
+        return torch.nan_to_num(err, nan=math.inf)
+
     def metric_norm2(self) -> torch.Tensor:
         """``||W||_2^2`` (1 without a metric; cached while W is unchanged)."""
         if self.metric is None:
@@ -617,6 +723,11 @@ class Residual(EnergyTerm):
         R = self._r(Y, graph)
         return 0.5 * _f64_sum(R * R)
 
+    def value_error(self, stats, value):
+        """``16 eps |V|``: the pass forms ``r = y - b`` and ``r^2`` in Y's dtype (3 roundings, relative) and sums
+        them by :func:`_f64_sum` (within ``4 eps sum r^2``); :meth:`value` does it all in float64."""
+        return 16.0 * stats.eps * value.to(ACCUM_DTYPE).abs()
+
     def describe(self):
         return "B=0" if self.B is None else f"B{tuple(self.B.shape)}"
 
@@ -692,6 +803,13 @@ class FeedForward(EnergyTerm):
 
     def pass_value(self, Y, graph):
         return 0.5 * _f64_sum(self.grad(Y, graph) * Y)
+
+    def value_error(self, stats, value):
+        """``(d + 16) eps ||W||_F sum_u |y_u|^2 / 2``: the pass's product ``Y W`` in Y's dtype errs per entry by at
+        most ``d eps (|Y| |W|)_uj <= d eps |y_u| ||W_j||``, so ``sum Y o (Y W)`` by ``d eps ||W||_F sum_u |y_u|^2``;
+        the product with Y and :func:`_f64_sum` add at most ``5 eps`` of the same sum."""
+        frob = torch.linalg.matrix_norm(self.W.detach().to(device=value.device, dtype=ACCUM_DTYPE))
+        return 0.5 * (stats.d + 16) * stats.eps * frob * stats.sq
 
     def curvature(self, Y, graph):
         """max(lambda_max(W), 0): the Hessian of each token's 1/2 y^T W y is W (cached while W is unchanged). A

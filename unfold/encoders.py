@@ -38,7 +38,7 @@ import contextlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -320,22 +320,46 @@ class Encoder(nn.Module):
         raise NotImplementedError
 
     def finish(self, Y, energy, graph, values, res, states, trace, keep_states, guaranteed, layers_used=None,
-               ran=None, X=None) -> EncoderOutput:
+               ran=None, X=None, curvatures=None) -> EncoderOutput:
         """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass).
         ``layers_used`` ``(B,)``: each example's depth; ``ran``: one ``(B,)`` bool per layer, the examples it ran
         for (:class:`~unfold.trace.EnergyTrace`), or None (all). With the trace on, ``states`` holds Y_0..Y_T-1 and
-        ``X`` the energy's anchor: the trace's exact re-evaluation (:meth:`exact_values`)."""
+        ``X`` the energy's anchor: the trace's exact re-evaluation (:meth:`exact_values`). ``res``: the resolution at
+        Y_0..Y_T-1 (:func:`~unfold.trace.resolution`), or, with ``curvatures`` (the passes' curvature bounds at
+        Y_0..Y_T-1), computed here for all boundaries at once with the values' rounding bound (:meth:`bounds`)."""
         if keep_states or trace:
             states.append(Y)
         energies = None
         if trace:
             vals, curv = self.trace_values(energy, Y, graph)
             values.append(vals)
-            res.append(resolution(energy, Y, graph, curv))
+            errors = None
+            if curvatures is None:
+                res.append(resolution(energy, Y, graph, curv))
+            else:
+                res, errors = self.bounds(energy, graph, states, values, curvatures + [curv])
             # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
             energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran,
-                                               exact=None if X is None else self.exact_values(X, graph, states))
+                                               exact=None if X is None else self.exact_values(X, graph, states),
+                                               error=errors if X is not None else None)
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
+
+    @staticmethod
+    def bounds(energy: Energy, graph: TokenGraph, states: List[torch.Tensor], values: List[Dict[str, torch.Tensor]],
+               curvatures: list) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """``(resolution, error)`` at every boundary Y_0..Y_T, one ``(B,)`` each: the tolerance's resolution
+        (:func:`~unfold.trace.resolution`) and the passes' rounding bound
+        (:meth:`~energies.energy.Energy.value_error`), for all boundaries in one batch of device ops (no host read).
+        ``states``: Y_0..Y_T; ``values``: the passes' values there; ``curvatures``: their curvature bounds (scalar or
+        ``(B, n)`` each). The tokens are read in the dtype the passes read them (:func:`trace_dtype`)."""
+        B, n = graph.mask.shape
+        with torch.no_grad():
+            Ys = torch.stack([Y.detach() for Y in states])
+            Ys = Ys.to(trace_dtype(Ys.dtype))
+            C = torch.stack([torch.as_tensor(c, device=Ys.device).to(ACCUM_DTYPE).expand(B, n) for c in curvatures])
+            res = resolution(energy, Ys, graph, C)
+            err = energy.value_error(Ys, graph, {k: torch.stack([v[k] for v in values]) for k in values[0]}, C)
+        return list(res.unbind(0)), list(err.unbind(0))
 
     @staticmethod
     def exact_total(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -590,7 +614,7 @@ class GuaranteedEncoder(Encoder):
         T = self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)
         eps = check_stop_rel(self.stop_rel)       # an attribute a study may set: checked where it is used
         values: List[Dict[str, torch.Tensor]] = []
-        res: List[torch.Tensor] = []
+        curvs: list = []                          # the passes' curvature bounds at Y_0..Y_T-1
         states: List[torch.Tensor] = []
         ran: List[torch.Tensor] = []              # stop rule: per layer, the examples it ran for (device bools)
         active = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
@@ -611,12 +635,12 @@ class GuaranteedEncoder(Encoder):
                 Y_next = torch.where(active[:, None, None], Y_next, Y)
             if trace:
                 values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
-                res.append(resolution(energy, Y, graph, curv))
+                curvs.append(curv)
             Y = Y_next
         layers_used = (torch.stack(ran, 1).sum(1) if ran else
                        torch.full((X.shape[0],), T, dtype=torch.long, device=X.device))
-        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, 0.0 < self.alpha <= 1.0,
-                           layers_used, ran or None, X=X)
+        return self.finish(Y, energy, graph, values, [], states, trace, keep_states, 0.0 < self.alpha <= 1.0,
+                           layers_used, ran or None, X=X, curvatures=curvs)
 
     def extra_repr(self) -> str:
         parts = [f"d={self.d}", f"heads={self.heads}", f"d_head={self.d_head}", f"layers={self.layers}",
@@ -655,7 +679,7 @@ class _TracedStack(Encoder):
                               f"(0 .. {self.layers}: the first layers only)")
         energy = self.energy(X) if trace else None
         values: List[Dict[str, torch.Tensor]] = []
-        res: List[torch.Tensor] = []
+        curvs: list = []
         states: List[torch.Tensor] = []
         Y = X
         blocks = list(self.blocks_for())[:layers]
@@ -665,10 +689,10 @@ class _TracedStack(Encoder):
             if trace:
                 vals, curv = self.trace_values(energy, Y, graph)
                 values.append(vals)
-                res.append(resolution(energy, Y, graph, curv))
+                curvs.append(curv)
             Y = graph.zero_padded(self.apply_block(block, Y, mask, graph))
-        return self.finish(Y, energy, graph, values, res, states, trace, keep_states, False,
-                           torch.full((X.shape[0],), len(blocks), dtype=torch.long, device=X.device), X=X)
+        return self.finish(Y, energy, graph, values, [], states, trace, keep_states, False,
+                           torch.full((X.shape[0],), len(blocks), dtype=torch.long, device=X.device), X=X, curvatures=curvs)
 
 
 class FreeLayer(nn.Module):

@@ -143,38 +143,47 @@ class EnergyTrace(OrderedDict):
         indicators: names of the indicator terms (+inf legitimate on them).
         ran: ``(S, T)`` bool, the layers that ran for each example, or None (every layer ran for every example).
         exact: ``exact(t) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), or None.
+        error: ``(S, T+1)`` float64, a bound on how far the stored values' total lies from the independent
+            evaluation's at each Y_t (:attr:`error`), or None (the values are the independent evaluation).
         **kw: the dict's items by keyword, as for :class:`~collections.OrderedDict`.
     """
 
     def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
                  ran: Optional[torch.Tensor] = None, exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
-                 **kw):
+                 error: Optional[torch.Tensor] = None, **kw):
         super().__init__(*args, **kw)
         self.resolution = resolution
         self.indicators = tuple(indicators)
         self.ran = ran
         #: ``exact(t) -> {term: (S,)}``: every term's independent evaluation at Y_t (explicit differences, float64
         #: sums: exact to rounding at any scale), or None. A verdict reads the kernels' own passes, whose energy errs
-        #: by up to the precision guard's bound (about ``eps max|y - mean|^2 / tau`` in z); where those values flag a
-        #: step, :func:`report_from_values` asks this before the step counts (:attr:`DescentReport.rechecked`)
+        #: by up to :attr:`error`; where those values flag a step, or lie within that error of the tolerance,
+        #: :func:`report_from_values` asks this before the step is judged (:attr:`DescentReport.rechecked`)
         self.exact = exact
-        #: flagged steps already decided by the exact evaluation (:func:`settle`), and how many of them it cleared
+        #: ``(S, T+1)``: a bound on ``|sum_k value_k - sum_k exact_k|`` at each Y_t, the rounding of the kernels'
+        #: passes (:meth:`~energies.energy.Energy.value_error`), or None. A step whose read change lies within
+        #: ``error_t + error_t+1`` of its tolerance is decided by :attr:`exact`, so that no real rise above the
+        #: tolerance is read as a fall
+        self.error = error
+        #: steps already decided by the exact evaluation (:func:`settle`), and how many of the flagged ones it cleared
         self.rechecked = self.cleared = 0
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
                     indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None,
                     ran: Optional[List[torch.Tensor]] = None,
-                    exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None) -> "EnergyTrace":
+                    exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
+                    error: Optional[List[torch.Tensor]] = None) -> "EnergyTrace":
         """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
         no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent
         (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
-        ``exact``: :attr:`exact`."""
+        ``exact``: :attr:`exact`; ``error``: one ``(S,)`` bound per boundary (:attr:`error`), or None."""
         trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
                     # dynamo could not compile a generator handed to the dict ('remaining_items')
                     resolution=torch.stack(resolution, dim=1), indicators=indicators,
-                    ran=torch.stack(ran, dim=1) if ran else None)
+                    ran=torch.stack(ran, dim=1) if ran else None,
+                    error=torch.stack(error, dim=1).to(ACCUM_DTYPE) if error else None)
         if mask is not None:
             empty = ~mask.any(1)[:, None]
             for k, v in trace.items():
@@ -356,9 +365,10 @@ class DescentReport:
             False).
         term_nonfinite: ``{name: (S, T)}`` bool, the same per term.
         ran: ``(S, T)`` bool, the layers that ran for each example (None: all).
-        rechecked: steps the kernels' own values flagged that an exact re-evaluation decided
-            (:attr:`EnergyTrace.exact`).
-        cleared: how many of those the exact values cleared (rounding of the kernel pass, not an increase).
+        rechecked: steps an exact re-evaluation decided (:attr:`EnergyTrace.exact`): those the kernels' own values
+            flag, and those whose read change lies within the values' rounding bound of the tolerance
+            (:attr:`EnergyTrace.error`).
+        cleared: how many of those the exact values found within the tolerance (not an increase).
     """
 
     terms: Dict[str, torch.Tensor]
@@ -694,11 +704,23 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
                          ["layer"] * (T1 - 1), indicators=indicators, res=res, ran=ran)
     prior = (getattr(values_in, "rechecked", 0), getattr(values_in, "cleared", 0))    # settled already
     report = judge(values)
-    flagged = report.increases.any(1)                           # (S,): every example with a failed step
+    window = report.increases | _within_error(report, getattr(values_in, "error", None), ran)
+    flagged = window.any(1)                    # (S,): every example with a step the kernels' values cannot decide
     if exact is None or not bool(flagged.any()):
         report.rechecked, report.cleared = prior
         return report
-    return _confirm(report, flagged, exact, values, judge, prior, T1, device)
+    return _confirm(report, flagged, window, exact, values, judge, prior, T1, device)
+
+
+def _within_error(report: DescentReport, error: Optional[torch.Tensor], ran: Optional[torch.Tensor]) -> torch.Tensor:
+    """``(S, T)`` bool: the steps whose read change ``E_t+1 - E_t`` exceeds ``tol_t - error_t - error_t+1``, so that
+    the values, each within its ``error`` of the independent evaluation, cannot tell whether the exact change exceeds
+    ``tol_t``; all False without ``error``. Frozen layers (``ran`` False) are no steps."""
+    if error is None:
+        return torch.zeros_like(report.increases)
+    err = error.to(device=report.tol.device, dtype=ACCUM_DTYPE)
+    near = ~((report.after - report.before) <= report.tol - err[:, :-1] - err[:, 1:])     # NaN: cannot tell
+    return near if ran is None else near & ran
 
 
 def _check_values(values, dtype, resolution) -> Tuple[int, int, torch.device]:
@@ -753,10 +775,11 @@ def _check_ran(ran: Optional[torch.Tensor], S: int, T1: int, device: torch.devic
                         f"after), got rows {bad} that skip layer 1 or run a layer after a skipped one")
 
 
-def _confirm(report: DescentReport, flagged: torch.Tensor, exact, values: Dict[str, torch.Tensor], judge,
-             prior: Tuple[int, int], T1: int, device: torch.device) -> DescentReport:
-    """The verdict again with the ``flagged`` examples' rows taken from the exact evaluation, counting what it
-    rechecked and cleared (on top of ``prior``, a settled trace's counts)."""
+def _confirm(report: DescentReport, flagged: torch.Tensor, window: torch.Tensor, exact, values: Dict[str, torch.Tensor],
+             judge, prior: Tuple[int, int], T1: int, device: torch.device) -> DescentReport:
+    """The verdict again with the ``flagged`` examples' rows taken from the exact evaluation, counting the steps it
+    decided (``window``: flagged by the kernels' values or within their error of the tolerance) and how many of those
+    it cleared (on top of ``prior``, a settled trace's counts)."""
     # a step the kernels' values flag counts only if the exact evaluation confirms it: the flagged examples' whole
     # rows are re-evaluated (both sides of every step from one evaluation), the others keep the kernels' values
     redo = [exact(t) for t in range(T1)]
@@ -764,8 +787,9 @@ def _confirm(report: DescentReport, flagged: torch.Tensor, exact, values: Dict[s
     values = {k: torch.where(rows, torch.stack([r[k].to(device=device, dtype=ACCUM_DTYPE) for r in redo], 1), v)
               for k, v in values.items()}
     confirmed = judge(values)
-    confirmed.rechecked = prior[0] + int(report.increases.sum())
-    confirmed.cleared = prior[1] + int(report.increases.sum()) - int(confirmed.increases.sum())
+    decided = int(window.sum())
+    confirmed.rechecked = prior[0] + decided
+    confirmed.cleared = prior[1] + decided - int((confirmed.increases & window).sum())
     return confirmed
 
 

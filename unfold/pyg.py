@@ -26,10 +26,15 @@ passing): nothing is derived twice. The energy at the layer's input comes from t
 
 Graph inputs: a ``(2, E)`` integer ``edge_index`` (or a ``torch_geometric.EdgeIndex``), a sparse adjacency
 ``adj_t`` (a ``torch.sparse`` COO/CSR/CSC matrix, or a ``torch_sparse.SparseTensor``), and ``batch`` (the
-node-to-graph vector of a mini-batch) for per-graph energies. Preprocessing (validation, canonical edges,
-the batch layout) reads the indices on the host; ``cached=True`` does it once and reuses it, as PyG's
-``GCNConv(cached=True)`` (transductive settings: one graph). Node features are checked for shape always and
-for finiteness only with ``validate=True`` or under ``torch_geometric.debug()`` (a host read).
+node-to-graph vector of a mini-batch) for per-graph energies. Node ids are read on the host (checked, each
+undirected edge kept once) with ``validate=True``, under ``torch_geometric.debug()``, for ids on the CPU outside
+``torch.compile``, with ``cached=True`` (once, then reused, as PyG's ``GCNConv(cached=True)``: transductive
+settings, one graph) and with ``batch`` (the layout's sizes come from the ids). Otherwise (ids on a GPU or
+``meta``, or a compiled forward) nothing is read: the edges stay a list of fixed shape whose repeats and self
+loops weigh 0 (:meth:`~energies.graphs.TokenGraph.from_listed`), ids out of range fail ``torch._assert_async``,
+and the forward compiles whole (0 graph breaks, ``tests/test_pyg_compile.py``) and runs on ``meta``. Node
+features are checked for shape always and for finiteness only with ``validate=True`` or under
+``torch_geometric.debug()`` (a host read).
 """
 from __future__ import annotations
 
@@ -182,10 +187,13 @@ class UnfoldedAttentionConv(MessagePassing):
             return self._cached_layout
         ei = _edge_tensor(edge_index)               # refuses a non-square adjacency first
         _check_adjacency_size(edge_index, num_nodes)
-        if ei.device.type == "meta":
+        device = ei.device if device is None else torch.device(device)
+        checked = self.cached or batch is not None or self._reads_ids(ei)
+        if ei.device.type == "meta" and (checked or device.type != "meta"):
             raise GraphError("edge_index is on the meta device: its node ids are read on the host (give it on cpu or "
                              "on x's device)")
-        device = ei.device if device is None else device
+        if not checked:     # no host read: a graph of fixed shape (compiles whole, runs on meta)
+            return NodeLayout(TokenGraph.from_listed(ei.to(device), num_nodes, name="pyg"), None, num_nodes)
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= num_nodes):
             raise GraphError(f"edge_index holds node ids in [{int(ei.min())}, {int(ei.max())}], "
                              f"outside [0, {num_nodes}) for {num_nodes} nodes")
@@ -207,6 +215,14 @@ class UnfoldedAttentionConv(MessagePassing):
         if self.cached:
             self._cached_layout = out
         return out
+
+    def _reads_ids(self, ei: torch.Tensor) -> bool:
+        """Whether the node ids are checked (read on the host): with ``validate=True`` or under
+        ``torch_geometric.debug()``, and for ids on the CPU outside ``torch.compile`` (no device to wait for);
+        not for ids on a GPU or ``meta`` with validation off, nor while compiling (a graph break)."""
+        if self.validate or torch_geometric.is_debug_enabled():
+            return True
+        return ei.device.type == "cpu" and not torch.compiler.is_compiling()
 
     def _tokens(self, x: torch.Tensor, lay: NodeLayout) -> torch.Tensor:
         """Node rows ``(N, d)`` -> tokens ``(G, n_max, d)`` of the layout."""
@@ -234,9 +250,9 @@ class UnfoldedAttentionConv(MessagePassing):
                 raise TokenError(f"x0 has shape {tuple(x0.shape)}, x has {tuple(x.shape)}")
             if x0.device != x.device and x.device.type != "meta":
                 raise TokenError(f"x0 is on {x0.device}, x on {x.device}: give both on one device")
-        if self.validate or torch_geometric.is_debug_enabled():   # host reads: behind the switch
+        if self.validate or torch_geometric.is_debug_enabled():   # host reads: behind the switch (meta: no values)
             for name, t in (("x", x), ("x0", x0)):
-                if t is not None and not bool(torch.isfinite(t).all()):
+                if t is not None and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
                     raise TokenError(f"{name} must be a finite floating tensor (dtype {x.dtype}; NaN/Inf not allowed)")
 
     # ------------------------------------------------------------------ the energy and the step

@@ -9,7 +9,7 @@ import torch
 from ..errors import GraphError, TokenError
 from ..memory import check_memory
 
-from .edges import MAX_SLOTS, _check_mask, canonical_edges, check_int
+from .edges import MAX_SLOTS, _check_mask, canonical_edges, check_int, listed_edges
 
 
 #: the integer dtype of each floating dtype's width: a padding mask applied as a bitwise AND (:func:`mask_bits`)
@@ -174,6 +174,9 @@ class TokenGraph:
         #: the edge list before the current mask dropped any (fixed shape whatever the mask: :meth:`with_mask` keeps
         #: it and :meth:`fixed_edges` weighs its edges by the mask on the device); None for the complete graph
         self._all: Optional[torch.Tensor] = None
+        #: a bool per edge of ``_all`` for a graph from :meth:`from_listed` (False: a repeat or a self loop of the
+        #: listing, weighing 0); None where every listed edge is one of the graph's
+        self._keep: Optional[torch.Tensor] = None
         #: for a shift-invariant graph (window, strided, dilated): its offsets o >= 1, the edges being every pair
         #: ``{i, i + o}`` of real tokens of each example (the tiled layout of the Triton kernel uses them); else None
         self.offsets = _check_offsets(offsets, self.num_nodes)
@@ -189,6 +192,44 @@ class TokenGraph:
             self._all = self._edges
             if self.offsets is not None:
                 self._check_pattern()
+
+    @classmethod
+    def from_listed(cls, edge_index: torch.Tensor, num_nodes: int, name: str = "listed") -> "TokenGraph":
+        """One example of ``num_nodes`` real tokens on the edge list's device, its edges those of ``edge_index`` in a
+        list of fixed shape (``energies.graphs.edges.listed_edges``): each undirected edge once, self loops and
+        repeats (either orientation) listed but weighing 0 in :meth:`fixed_edges`, dropped by :meth:`edges`.
+
+        No host read and no shape that depends on the ids: a compiled forward builds it without a graph break, and
+        it builds on ``meta``. The ids are checked on their device, not read: ids outside ``[0, num_nodes)`` fail
+        ``torch._assert_async`` (a RuntimeError on the CPU, a device-side assert on a GPU; nothing on ``meta``,
+        which holds no ids). The constructor's :func:`~energies.graphs.edges.canonical_edges` reads them once and
+        names the first bad edge (a GraphError).
+
+        Args:
+            edge_index: a ``(2, m)`` integer tensor of node ids in ``[0, num_nodes)``, either orientation or both.
+            num_nodes: the nodes, a Python int >= 1 (a tensor's shape).
+            name: a label for reports.
+
+        Returns:
+            The graph, on ``edge_index``'s device.
+
+        Raises:
+            GraphError: ``edge_index`` not a ``(2, m)`` integer tensor (metadata only: the ids are not read).
+            RuntimeError: an id outside ``[0, num_nodes)`` (on the CPU; on a GPU a device-side assert).
+        """
+        if (not isinstance(edge_index, torch.Tensor) or edge_index.ndim != 2 or edge_index.shape[0] != 2
+                or edge_index.dtype.is_floating_point or edge_index.dtype.is_complex or edge_index.dtype == torch.bool):
+            got = getattr(edge_index, "shape", type(edge_index).__name__)
+            raise GraphError(f"edge_index must be a (2, m) integer tensor, got {got} {getattr(edge_index, 'dtype', '')}")
+        bound = num_nodes if isinstance(num_nodes, int) else "num_nodes"     # a symbolic size is not printed
+        torch._assert_async(((edge_index >= 0) & (edge_index < num_nodes)).all(),
+                            f"edge_index holds node ids outside [0, {bound}) for {bound} nodes")
+        g = object.__new__(cls)
+        g.batch_size, g.num_nodes, g.name, g.is_complete, g.offsets, g._edges = 1, num_nodes, name, False, None, None
+        g.mask = torch.ones(1, num_nodes, dtype=torch.bool, device=edge_index.device)
+        src, dst, g._keep = listed_edges(edge_index, num_nodes)
+        g._all = torch.stack([src, dst])
+        return g
 
     def _check_pattern(self) -> None:
         """The edges between real tokens are exactly the pairs ``{i, i + o}`` of real tokens, o in :attr:`offsets`
@@ -264,6 +305,7 @@ class TokenGraph:
         g.mask = self.mask.to(device)
         g._edges = None if self._edges is None else self._edges.to(device)
         g._all = None if self._all is None else self._all.to(device)
+        g._keep = None if self._keep is None else self._keep.to(device)
         g.__dict__.pop("_layouts", None)
         return g
 
@@ -283,7 +325,8 @@ class TokenGraph:
         """``(src, dst, valid)``: the edge list of fixed shape (``u < v`` flat ids, whatever the mask) and a bool per
         edge, True where both tokens are real, or None where every listed edge is real; all device ops, no host read
         (the edge kernel, degrees and the dense adjacency use it). The complete graph lists all pairs of slots of
-        each example, weighed by the mask (so it runs on ``meta`` too, and without a sync on a GPU)."""
+        each example, weighed by the mask (so it runs on ``meta`` too, and without a sync on a GPU). A graph from
+        :meth:`from_listed` also lists its repeats and self loops as loops ``(u, u)``, ``valid`` False there."""
         if self.is_complete and self._edges is None:
             src, dst = self._all_pairs()
             flat = self.mask.reshape(-1)
@@ -293,7 +336,8 @@ class TokenGraph:
             return src, dst, None
         src, dst = self._all
         flat = self.mask.reshape(-1)
-        return src, dst, flat[src] & flat[dst]
+        valid = flat[src] & flat[dst]
+        return src, dst, valid if self._keep is None else valid & self._keep
 
     def edges(self) -> torch.Tensor:
         """``(2, m)`` flat ids ``u < v``, each undirected edge once (materialised if complete)."""

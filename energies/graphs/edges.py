@@ -1,9 +1,9 @@
-"""Edge lists and masks checked: :func:`canonical_edges` (every undirected edge once, ``u < v``, ids in range), the
-padding mask from lengths and its checks, and the integer and number checks of graph arguments (raising
-:class:`~energies.errors.GraphError`)."""
+"""Edge lists and masks checked: :func:`canonical_edges` (every undirected edge once, ``u < v``, ids in range; its
+sync-free counterpart of fixed shape, ``listed_edges``, checks nothing), the padding mask from lengths and its
+checks, and the integer and number checks of graph arguments (raising :class:`~energies.errors.GraphError`)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -129,6 +129,33 @@ def canonical_edges(edge_index, total: int, n: int, lenient: bool = False) -> to
     hi_ids = torch.maximum(ei[0], ei[1])
     canon = torch.unique(lo_ids * total + hi_ids)  # sorted, each undirected edge once
     return torch.stack([canon // total, canon % total])
+
+
+def listed_edges(edge_index: torch.Tensor, total: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The undirected edges of a ``(2, m)`` integer edge list over ids in ``[0, total)``, in a list of fixed shape:
+    the sync-free counterpart of ``canonical_edges(edge_index, total, total, lenient=True)``.
+
+    Each listed pair becomes ``u <= v``, the pairs are sorted, and a bool per position says whether it is the first
+    listing of an undirected edge ``u < v`` (False for a self loop and for a repeat, in either orientation, which
+    are rewritten as the loop ``(u, u)``: a dense adjacency written from the list stays exact). Device ops only, no
+    host read, and the shapes do not depend on the ids: the path a compiled forward takes (``torch.compile`` traces
+    it whole) and a ``meta`` forward runs. Nothing here checks the ids (``TokenGraph.from_listed`` does, on the
+    device; :func:`canonical_edges` reads them, naming the first bad edge).
+
+    Args:
+        edge_index: a ``(2, m)`` integer tensor of ids in ``[0, total)`` (on any device, ``meta`` included).
+        total: the number of ids (token slots), ``total * total`` within int64.
+
+    Returns:
+        ``(src, dst, keep)``: two ``(m,)`` int64 tensors of ids, ``src <= dst``, sorted by ``(src, dst)``, and the
+        ``(m,)`` bool tensor True on each undirected edge's one kept position (``src < dst``).
+    """
+    ei = edge_index.to(torch.long)
+    key, _ = torch.sort(torch.minimum(ei[0], ei[1]) * total + torch.maximum(ei[0], ei[1]))
+    src, dst = key // total, key % total
+    first = torch.cat([torch.ones_like(key[:1], dtype=torch.bool), key[1:] != key[:-1]])
+    keep = first & (src != dst)
+    return src, torch.where(keep, dst, src), keep
 
 
 def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:

@@ -37,5 +37,7 @@ def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
         v = _f64(tau * rho.value(z))
         if valid is not None:
             v = torch.where(valid, v, torch.zeros((), dtype=v.dtype, device=v.device))
-        e = torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, v)
+        # one example: a sum (inductor's CPU code for a scatter into one slot fails, torch 2.13)
+        e = (v.sum(0, keepdim=True) if B == 1 else
+             torch.zeros(B, dtype=torch.float64, device=Y.device).index_add(0, src // n, v))
     return PairwisePass(agg, deg.reshape(B, n), e)

@@ -135,6 +135,17 @@ class Registry(dict):
             raise self.error(f"{self.label}: the name {why}; a part cannot take it -- register it under a new name")
         super().__setitem__(name, part)
 
+    def update(self, *args, **kwargs) -> None:
+        """``dict.update``, each name checked as `__setitem__` checks it (the dict's own update would skip it)."""
+        for name, part in dict(*args, **kwargs).items():
+            self[name] = part
+
+    def setdefault(self, name, part=None):
+        """``dict.setdefault``, a new name checked as `__setitem__` checks it."""
+        if name not in self:
+            self[name] = part
+        return self[name]
+
     def add_aliases(self, aliases: Mapping[str, str]) -> Dict[str, str]:
         """Declare other names of registered parts (``{"softmax": "exp"}``): mapped by the kind's spec reader, and
         from then on refused to `register` (no part may take an alias: it would change what the alias

@@ -223,6 +223,18 @@ def test_lines_are_read_in_bounded_pieces():
         list(_bounded_lines(io.BytesIO(b"ok\n" + b"z" * (MAX_LINE_BYTES + 1)).readline, "w"))
 
 
+
+def test_a_text_stdin_without_a_byte_buffer_is_bounded_in_bytes(monkeypatch):
+    """stdin replaced by a text stream (no ``.buffer``): a line of MAX_LINE_BYTES characters of two bytes each is
+    over the bound, line break or not."""
+    from energies.errors import ConfigError
+    from experiments.app.predict import MAX_LINE_BYTES, _file_texts
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ok\n" + "é" * (MAX_LINE_BYTES // 2 + 1) + "\n"))
+    with pytest.raises(ConfigError, match="line 2 is longer"):
+        list(_file_texts("-"))
+
+
 def test_a_text_argument_over_the_bound_is_refused(bundle, tmp_path):
     from experiments.app.predict import MAX_LINE_BYTES, _check_texts
     from energies.errors import ConfigError
@@ -254,6 +266,11 @@ def test_a_plugin_cannot_take_an_alias_or_an_unreachable_name(registries):
             register_graph(name)(lambda n, k=1, batch_size=1, mask=None, seed=0: window(n, 1, batch_size))
     with pytest.raises(EnergyError, match="already a registered part"):
         RHOS.add_aliases({"exp": "relu"})
+    for door in (lambda: RHOS.update({"softmax": Other}), lambda: RHOS.update(softmax=Other),
+                 lambda: RHOS.setdefault("softmax", Other)):           # the dict's other doors
+        with pytest.raises(EnergyError, match="alias"):
+            door()
+    assert "softmax" not in RHOS
 
 
 # --------------------------------------------------------------------------------- a stray file shadows a config

@@ -131,7 +131,7 @@ def _bounded_lines(read_line, where: str) -> Iterator[bytes]:
         if not raw:
             return
         number += 1
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:      # its bytes, the line break not counted
             raise ConfigError(f"{where}: line {number} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB), the most a "
                               "line may hold (the model reads only a text's first data.max_len tokens): cut the "
                               "line, or break the input into lines")

@@ -681,7 +681,8 @@ def _predict_proc(folder, argv, stdin_bytes, cwd):
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_stdin_reads_by_the_files_rule(base, tmp_path, json_flag):
-    """The same invalid bytes from stdin and from a file: both refused with the same reason, nothing printed.
+    """The same invalid bytes from stdin and from a file: both refused with the same reason; a file before anything
+    is printed, stdin after the lines before the bad one are answered (line 1 only).
     Before: stdin was read surrogate-escaped (rc 0, and ``--json`` printed lone surrogates), the file refused."""
     path = tmp_path / "bad.txt"
     path.write_bytes(BAD_BYTES)
@@ -689,12 +690,17 @@ def test_stdin_reads_by_the_files_rule(base, tmp_path, json_flag):
     for argv, data in ((["--file", "-"], BAD_BYTES), (["--file", str(path)], b"")):
         proc = _predict_proc(str(base[0]), argv + json_flag, data, str(tmp_path))
         err = proc.stderr.decode("utf-8")
-        assert proc.returncode == 2 and proc.stdout == b"", (argv, proc.returncode, proc.stdout[:300], err[-2000:])
+        answered = proc.stdout.decode("utf-8").splitlines()
+        expected = 1 if data else 0                     # stdin: line 1's answer, printed before line 2 is refused
+        assert proc.returncode == 2 and len(answered) == expected, (argv, proc.returncode, proc.stdout[:300],
+                                                                    err[-2000:])
+        assert all("good great" in line for line in answered)
         assert "Traceback" not in err
         lines.append(err.strip().splitlines()[-1])
     for line in lines:
         assert "not UTF-8" in line and "byte 11" in line and "line 2" in line, line
-    assert lines[0].split(": not UTF-8")[1] == lines[1].split(": not UTF-8")[1]
+    assert lines[0].split(": not UTF-8")[1].split(" (the 1 text(s) before")[0] == lines[1].split(": not UTF-8")[1]
+    assert lines[0].endswith("(the 1 text(s) before it were answered above)")
     assert "--file - (stdin)" in lines[0]
     good = _predict_proc(str(base[0]), ["--file", "-", "--json"], "good great\ncafé w1\n".encode(), str(tmp_path))
     assert good.returncode == 0, good.stderr.decode()[-2000:]       # control: valid UTF-8 on stdin is read

@@ -243,14 +243,24 @@ class PassStats:
         #: the unit roundoff of the passes' dtype
         self.eps = torch.finfo(Y.dtype).eps
         self.n, self.d = Y.shape[-2], Y.shape[-1]
+        self._cache: dict = {}
 
-    @functools.cached_property
+    def _once(self, name: str, compute):
+        """The statistic ``name``, computed on first use (a plain dict: no lock for a compiler to trace)."""
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    @property
     def real(self) -> torch.Tensor:
         """Real tokens per example, ``n_r``."""
-        return self.graph.mask.sum(-1, dtype=ACCUM_DTYPE)
+        return self._once("real", lambda: self.graph.mask.sum(-1, dtype=ACCUM_DTYPE))
 
-    @functools.cached_property
+    @property
     def _norms(self):
+        return self._once("norms", self._centred_norms)
+
+    def _centred_norms(self):
         m = self.graph.mask[..., None]
         Y = torch.where(m, self.Y, torch.zeros((), dtype=self.Y.dtype, device=self.Y.device))
         mean = Y.sum(-2, keepdim=True) / self.real.clamp_min(1.0).to(Y.dtype)[..., None, None]
@@ -266,16 +276,18 @@ class PassStats:
         """``sum_u |y_u|^2`` over the real tokens."""
         return self._norms[1]
 
-    @functools.cached_property
+    @property
     def curv_sum(self) -> torch.Tensor:
         """``sum_u max(c_u, 0)`` over the real tokens."""
-        c = torch.as_tensor(self.curvature, dtype=ACCUM_DTYPE, device=self.Y.device).clamp_min(0.0)
-        return torch.where(self.graph.mask, c, torch.zeros((), dtype=ACCUM_DTYPE, device=self.Y.device)).sum(-1)
+        def compute():
+            c = torch.as_tensor(self.curvature, dtype=ACCUM_DTYPE, device=self.Y.device).clamp_min(0.0)
+            return torch.where(self.graph.mask, c, torch.zeros((), dtype=ACCUM_DTYPE, device=self.Y.device)).sum(-1)
+        return self._once("curv_sum", compute)
 
-    @functools.cached_property
+    @property
     def edges(self) -> torch.Tensor:
         """Undirected edges per example, ``N_E``."""
-        return self.graph.degree().sum(-1, dtype=ACCUM_DTYPE) / 2
+        return self._once("edges", lambda: self.graph.degree().sum(-1, dtype=ACCUM_DTYPE) / 2)
 
 
 class EnergyTerm(torch.nn.Module):

@@ -267,3 +267,23 @@ def test_the_false_alarm_grid_stays_at_zero(kernel, dtype):
             X[0, 0] = frac * SWITCH[dtype] * torch.randn(3, dtype=torch.float64, generator=g).sign() / math.sqrt(3)
             rep = _encoder(kernel, dtype, layers=6)(X.to(dtype), trace=True).report()
             assert rep.num_increases == 0, (seed, frac, rep.violations[:1])
+
+
+def test_the_bounds_are_computed_when_read_from_the_forward_pass_alone():
+    """Resolution and rounding bound are computed when a verdict first reads them (a forward nobody judges does not
+    pay for them), from what the forward computed: an in-place optimiser-like update of the weights in between
+    changes neither; a value set before the first read stays."""
+    torch.manual_seed(1)
+    enc = GuaranteedEncoder(d=4, heads=2, layers=3, rho="exp", tau=1.0).double()
+    X = torch.randn(2, 5, 4, dtype=torch.float64)
+    first, second = enc(X, trace=True).energies, enc(X, trace=True).energies
+    assert first.__dict__["_bounds"] is not None                      # nothing computed yet
+    res, err = first.resolution.clone(), first.error.clone()
+    assert first.__dict__["_bounds"] is None and err.shape == res.shape == (2, 4) and (err > 0).all()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.mul_(3.0)
+    assert torch.equal(second.error, err) and torch.equal(second.resolution, res)
+    third = enc(X, trace=True).energies
+    third.error = None
+    assert third.error is None and third.resolution is not None

@@ -333,33 +333,36 @@ class Encoder(nn.Module):
         if trace:
             vals, curv = self.trace_values(energy, Y, graph)
             values.append(vals)
-            errors = None
+            bounds = None
             if curvatures is None:
                 res.append(resolution(energy, Y, graph, curv))
-            else:
-                res, errors = self.bounds(energy, graph, states, values, curvatures + [curv])
+            else:       # read when the verdict is: what it reads of the energy (the spectral bounds, W's norm) are
+                # tensors computed in this forward, not views of the parameters an optimiser step may move
+                bounds = self.bounds(energy, graph, [Y.detach() for Y in states], curvatures + [curv], X is not None)
             # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
             energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran,
                                                exact=None if X is None else self.exact_values(X, graph, states),
-                                               error=errors if X is not None else None)
+                                               bounds=bounds)
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
 
     @staticmethod
-    def bounds(energy: Energy, graph: TokenGraph, states: List[torch.Tensor], values: List[Dict[str, torch.Tensor]],
-               curvatures: list) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
-        """``(resolution, error)`` at every boundary Y_0..Y_T, one ``(B,)`` each: the tolerance's resolution
-        (:func:`~unfold.trace.resolution`) and the passes' rounding bound
-        (:meth:`~energies.energy.Energy.value_error`), for all boundaries in one batch of device ops (no host read).
-        ``states``: Y_0..Y_T; ``values``: the passes' values there; ``curvatures``: their curvature bounds (scalar or
+    def bounds(energy: Energy, graph: TokenGraph, states: List[torch.Tensor], curvatures: list, rounding: bool = True):
+        """``bounds(trace) -> (resolution, error)``, both ``(S, T+1)`` over the boundaries Y_0..Y_T (``states``):
+        the tolerance's resolution (:func:`~unfold.trace.resolution`) and, with ``rounding``, the passes' rounding
+        bound (:meth:`~energies.energy.Energy.value_error`; None without), for all boundaries in one batch of device
+        ops (no host read), from the trace's values and the passes' curvature bounds ``curvatures`` (scalar or
         ``(B, n)`` each). The tokens are read in the dtype the passes read them (:func:`trace_dtype`)."""
         B, n = graph.mask.shape
-        with torch.no_grad():
-            Ys = torch.stack([Y.detach() for Y in states])
-            Ys = Ys.to(trace_dtype(Ys.dtype))
-            C = torch.stack([torch.as_tensor(c, device=Ys.device).to(ACCUM_DTYPE).expand(B, n) for c in curvatures])
-            res = resolution(energy, Ys, graph, C)
-            err = energy.value_error(Ys, graph, {k: torch.stack([v[k] for v in values]) for k in values[0]}, C)
-        return list(res.unbind(0)), list(err.unbind(0))
+
+        def compute(trace) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+            with torch.no_grad():
+                Ys = torch.stack(states)
+                Ys = Ys.to(trace_dtype(Ys.dtype))
+                C = torch.stack([torch.as_tensor(c, device=Ys.device).to(ACCUM_DTYPE).expand(B, n) for c in curvatures])
+                res = resolution(energy, Ys, graph, C).T
+                err = energy.value_error(Ys, graph, {k: v.T for k, v in trace.items()}, C).T if rounding else None
+            return res, err
+        return compute
 
     @staticmethod
     def exact_total(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -634,7 +637,7 @@ class GuaranteedEncoder(Encoder):
                 ran.append(active)
                 Y_next = torch.where(active[:, None, None], Y_next, Y)
             if trace:
-                values.append(OrderedDict((k, v.detach()) for k, v in vals.items()))
+                values.append(OrderedDict((k, v.detach() if v.requires_grad else v) for k, v in vals.items()))
                 curvs.append(curv)
             Y = Y_next
         layers_used = (torch.stack(ran, 1).sum(1) if ran else

@@ -145,14 +145,19 @@ class EnergyTrace(OrderedDict):
         exact: ``exact(t) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), or None.
         error: ``(S, T+1)`` float64, a bound on how far the stored values' total lies from the independent
             evaluation's at each Y_t (:attr:`error`), or None (the values are the independent evaluation).
+        bounds: ``bounds(trace) -> (resolution, error)``, computed when either is first read, or None.
         **kw: the dict's items by keyword, as for :class:`~collections.OrderedDict`.
     """
 
     def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
                  ran: Optional[torch.Tensor] = None, exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
-                 error: Optional[torch.Tensor] = None, **kw):
+                 error: Optional[torch.Tensor] = None,
+                 bounds: Optional[Callable[["EnergyTrace"], Tuple[torch.Tensor, torch.Tensor]]] = None, **kw):
         super().__init__(*args, **kw)
-        self.resolution = resolution
+        #: ``bounds(trace) -> (resolution, error)``, both ``(S, T+1)``: computed when either is first read (a verdict
+        #: reads them; a forward that nobody judges does not pay for them), then dropped
+        self._bounds = bounds
+        self._resolution, self._error = resolution, error
         self.indicators = tuple(indicators)
         self.ran = ran
         #: ``exact(t) -> {term: (S,)}``: every term's independent evaluation at Y_t (explicit differences, float64
@@ -160,34 +165,62 @@ class EnergyTrace(OrderedDict):
         #: by up to :attr:`error`; where those values flag a step, or lie within that error of the tolerance,
         #: :func:`report_from_values` asks this before the step is judged (:attr:`DescentReport.rechecked`)
         self.exact = exact
-        #: ``(S, T+1)``: a bound on ``|sum_k value_k - sum_k exact_k|`` at each Y_t, the rounding of the kernels'
-        #: passes (:meth:`~energies.energy.Energy.value_error`), or None. A step whose read change lies within
-        #: ``error_t + error_t+1`` of its tolerance is decided by :attr:`exact`, so that no real rise above the
-        #: tolerance is read as a fall
-        self.error = error
         #: steps already decided by the exact evaluation (:func:`settle`), and how many of the flagged ones it cleared
         self.rechecked = self.cleared = 0
+
+    def _pending(self, name: str):
+        bounds = self.__dict__.get("_bounds")
+        if bounds is not None:
+            self._bounds = None
+            self._resolution, self._error = bounds(self)
+        return self.__dict__.get(name)
+
+    @property
+    def resolution(self) -> Optional[torch.Tensor]:
+        """``(S, T+1)``: the tolerance's resolution part at each Y_t (:func:`resolution`), or None (0)."""
+        return self._pending("_resolution")
+
+    @resolution.setter
+    def resolution(self, value: Optional[torch.Tensor]) -> None:
+        self._pending("_resolution")              # what is pending is computed first, so that this value stays
+        self._resolution = value
+
+    @property
+    def error(self) -> Optional[torch.Tensor]:
+        """``(S, T+1)``: a bound on ``|sum_k value_k - sum_k exact_k|`` at each Y_t, the rounding of the kernels'
+        passes (:meth:`~energies.energy.Energy.value_error`), or None. A step whose read change lies within
+        ``error_t + error_t+1`` of its tolerance is decided by :attr:`exact`, so that no real rise above the
+        tolerance is read as a fall."""
+        return self._pending("_error")
+
+    @error.setter
+    def error(self, value: Optional[torch.Tensor]) -> None:
+        self._pending("_error")              # what is pending is computed first, so that this value stays
+        self._error = value
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],
                     indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None,
                     ran: Optional[List[torch.Tensor]] = None,
                     exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
-                    error: Optional[List[torch.Tensor]] = None) -> "EnergyTrace":
+                    error: Optional[List[torch.Tensor]] = None,
+                    bounds: Optional[Callable[["EnergyTrace"], Tuple[torch.Tensor, torch.Tensor]]] = None
+                    ) -> "EnergyTrace":
         """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
         no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent
         (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
-        ``exact``: :attr:`exact`; ``error``: one ``(S,)`` bound per boundary (:attr:`error`), or None."""
+        ``exact``: :attr:`exact`; ``error``: one ``(S,)`` bound per boundary (:attr:`error`), or None; ``bounds``:
+        computes ``(resolution, error)`` when first read, in place of both lists."""
         trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
                     # dynamo could not compile a generator handed to the dict ('remaining_items')
-                    resolution=torch.stack(resolution, dim=1), indicators=indicators,
+                    resolution=torch.stack(resolution, dim=1) if resolution else None, indicators=indicators,
                     ran=torch.stack(ran, dim=1) if ran else None,
-                    error=torch.stack(error, dim=1).to(ACCUM_DTYPE) if error else None)
+                    error=torch.stack(error, dim=1).to(ACCUM_DTYPE) if error else None, bounds=bounds)
         if mask is not None:
             empty = ~mask.any(1)[:, None]
             for k, v in trace.items():
-                trace[k] = torch.where(empty, torch.full_like(v, math.nan), v)
+                trace[k] = v.masked_fill(empty, math.nan)
             if exact is not None:
                 inner, none = exact, empty[:, 0]
 

@@ -287,3 +287,26 @@ def test_the_bounds_are_computed_when_read_from_the_forward_pass_alone():
     third = enc(X, trace=True).energies
     third.error = None
     assert third.error is None and third.resolution is not None
+
+
+@pytest.mark.parametrize("graph", ["complete", "window:2", "strided:2", "random:0.4"])
+def test_the_recheck_evaluates_the_flagged_examples_alone_and_alike(graph):
+    """``exact(t, rows)`` is ``exact(t)`` of those rows (their states, anchors and graph,
+    [TokenGraph.select][energies.graphs.TokenGraph.select]), padded examples included, so that a recheck costs the
+    flagged examples only."""
+    torch.manual_seed(2)
+    enc = GuaranteedEncoder(d=4, heads=2, layers=2, rho="exp", tau=1.0, graph=graph).double()
+    X = torch.randn(5, 7, 4, dtype=torch.float64)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    mask[3, 2:] = False
+    exact = enc(X, mask, trace=True).energies.exact
+    rows = torch.tensor([3, 1])
+    for t in range(3):
+        whole, part = exact(t), exact(t, rows)
+        for k in whole:
+            torch.testing.assert_close(part[k], whole[k][rows], rtol=1e-13, atol=1e-13)
+    g = enc.token_graph(mask)
+    sub = g.select(rows)
+    assert sub.batch_size == 2 and torch.equal(sub.mask, mask[rows])
+    assert torch.equal(sub.degree(), g.degree()[rows])

@@ -379,7 +379,8 @@ class Encoder(nn.Module):
         return total
 
     def exact_values(self, X: torch.Tensor, graph: TokenGraph, states: List[torch.Tensor]):
-        """``exact(t) -> {term: (B,)}``: every term's independent evaluation at Y_t (:attr:`EnergyTrace.exact`:
+        """``exact(t, rows=None) -> {term: (B,)}``: every term's independent evaluation at Y_t, of the examples
+        ``rows`` only when given (:attr:`EnergyTrace.exact`:
         explicit differences, exact to rounding at any scale), of the energy as it was in this forward pass. A
         verdict asks it only for the examples the kernels' own values flag, when it is read (``report()``, maybe
         after an optimiser step has moved the weights), so the weights are kept as they are now: one detached copy
@@ -387,10 +388,12 @@ class Encoder(nn.Module):
         weights = {name: p.detach().clone() for name, p in self.named_parameters()}
         B, states = X.detach(), [Y.detach() for Y in states]
 
-        def exact(t: int) -> Dict[str, torch.Tensor]:
-            Y = states[t]
+        def exact(t: int, rows: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+            Y, anchor, g = states[t], B, graph
+            if rows is not None:              # the examples asked for only: their states, anchors and graph
+                Y, anchor, g = Y[rows], B[rows], graph.select(rows)
             with torch.no_grad(), full_precision(Y.device), _swapped(self, weights):
-                return term_values_or_nan(self.energy(B.to(trace_dtype(B.dtype))), Y.to(trace_dtype(Y.dtype)), graph)
+                return term_values_or_nan(self.energy(anchor.to(trace_dtype(anchor.dtype))), Y.to(trace_dtype(Y.dtype)), g)
         return exact
 
     @staticmethod

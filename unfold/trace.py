@@ -142,7 +142,8 @@ class EnergyTrace(OrderedDict):
         resolution: ``(S, T+1)`` :func:`resolution` at each Y_t, or None (the tolerance's resolution part is 0).
         indicators: names of the indicator terms (+inf legitimate on them).
         ran: ``(S, T)`` bool, the layers that ran for each example, or None (every layer ran for every example).
-        exact: ``exact(t) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), or None.
+        exact: ``exact(t, rows=None) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), of
+            the examples ``rows`` (a 1-D index tensor) only when given, or None.
         error: ``(S, T+1)`` float64, a bound on how far the stored values' total lies from the independent
             evaluation's at each Y_t (:attr:`error`), or None (the values are the independent evaluation).
         bounds: ``bounds(trace) -> (resolution, error)``, computed when either is first read, or None.
@@ -160,7 +161,8 @@ class EnergyTrace(OrderedDict):
         self._resolution, self._error = resolution, error
         self.indicators = tuple(indicators)
         self.ran = ran
-        #: ``exact(t) -> {term: (S,)}``: every term's independent evaluation at Y_t (explicit differences, float64
+        #: ``exact(t, rows=None) -> {term: (S,)}``: every term's independent evaluation at Y_t, of the examples
+        #: ``rows`` only when given (explicit differences, float64
         #: sums: exact to rounding at any scale), or None. A verdict reads the kernels' own passes, whose energy errs
         #: by up to :attr:`error`; where those values flag a step, or lie within that error of the tolerance,
         #: :func:`report_from_values` asks this before the step is judged (:attr:`DescentReport.rechecked`)
@@ -224,8 +226,9 @@ class EnergyTrace(OrderedDict):
             if exact is not None:
                 inner, none = exact, empty[:, 0]
 
-                def exact(t):
-                    return {k: torch.where(none, torch.full_like(v, math.nan), v) for k, v in inner(t).items()}
+                def exact(t, rows=None):
+                    vals, no = (inner(t), none) if rows is None else (inner(t, rows), none[rows])
+                    return {k: v.masked_fill(no, math.nan) for k, v in vals.items()}
         trace.exact = exact
         return trace
 
@@ -815,10 +818,11 @@ def _confirm(report: DescentReport, flagged: torch.Tensor, window: torch.Tensor,
     it cleared (on top of ``prior``, a settled trace's counts)."""
     # a step the kernels' values flag counts only if the exact evaluation confirms it: the flagged examples' whole
     # rows are re-evaluated (both sides of every step from one evaluation), the others keep the kernels' values
-    redo = [exact(t) for t in range(T1)]
-    rows = flagged.to(device)[:, None]
-    values = {k: torch.where(rows, torch.stack([r[k].to(device=device, dtype=ACCUM_DTYPE) for r in redo], 1), v)
-              for k, v in values.items()}
+    rows = flagged.nonzero().reshape(-1)
+    redo = [exact(t, rows) for t in range(T1)]
+    values = {k: v.clone() for k, v in values.items()}
+    for k, v in values.items():
+        v[rows.to(device)] = torch.stack([r[k].to(device=device, dtype=ACCUM_DTYPE) for r in redo], 1)
     confirmed = judge(values)
     decided = int(window.sum())
     confirmed.rechecked = prior[0] + decided

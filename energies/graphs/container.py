@@ -254,6 +254,29 @@ class TokenGraph:
     def total_nodes(self) -> int:
         return self.batch_size * self.num_nodes
 
+    def select(self, rows: torch.Tensor) -> "TokenGraph":
+        """The graph of the examples ``rows`` (a 1-D integer tensor of distinct example indices, in the order
+        given): their masks and their edges, renumbered; the same name and offsets.
+
+        Args:
+            rows: the examples to keep.
+
+        Returns:
+            A graph of ``len(rows)`` examples of ``num_nodes`` slots.
+        """
+        rows = rows.to(device=self.mask.device, dtype=torch.long).reshape(-1)
+        mask = self.mask[rows]
+        if self.is_complete:
+            return TokenGraph(int(rows.numel()), self.num_nodes, mask, name=self.name, offsets=self.offsets)
+        src, dst = self.edges()
+        n = self.num_nodes
+        where = torch.full((self.batch_size,), -1, dtype=torch.long, device=src.device)
+        where[rows.to(src.device)] = torch.arange(rows.numel(), device=src.device)
+        new = where[src // n]
+        keep = new >= 0
+        ei = torch.stack([new[keep] * n + src[keep] % n, new[keep] * n + dst[keep] % n])
+        return TokenGraph(int(rows.numel()), n, mask, edge_index=ei, name=self.name, offsets=self.offsets)
+
     def zero_padded(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``(B, n, ...)`` with padded slots set to zero (so NaN/Inf there cannot leak through 0 * x); real
         slots bit for bit. Floating x: a bitwise AND with the slot mask (:func:`mask_bits`, exact and NaN-safe,

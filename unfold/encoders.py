@@ -393,7 +393,8 @@ class Encoder(nn.Module):
             if rows is not None:              # the examples asked for only: their states, anchors and graph
                 Y, anchor, g = Y[rows], B[rows], graph.select(rows)
             with torch.no_grad(), full_precision(Y.device), _swapped(self, weights):
-                return term_values_or_nan(self.energy(anchor.to(trace_dtype(anchor.dtype))), Y.to(trace_dtype(Y.dtype)), g)
+                return term_values_or_nan(self.energy(anchor.to(trace_dtype(anchor.dtype))), Y.to(ACCUM_DTYPE), g,
+                                          explicit=True)
         return exact
 
     @staticmethod

@@ -520,18 +520,22 @@ def _nonfinite_examples(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return ~(torch.isfinite(Y) | ~graph.mask[..., None]).flatten(1).all(1)
 
 
-def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> Dict[str, torch.Tensor]:
+def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph, explicit: bool = False
+                       ) -> Dict[str, torch.Tensor]:
     """Every term's value at Y ``{name: (B,)}``; an example whose real tokens are not all finite gets NaN in
-    every term (where :meth:`Energy.term_values` would refuse the whole batch)."""
+    every term (where :meth:`Energy.term_values` would refuse the whole batch). ``explicit``: a term that has an
+    ``explicit_value`` (the pairwise term: explicit differences of its features, exact to rounding at any scale in
+    Y's dtype, at a fraction of ``value``'s cost with a metric) is evaluated by it."""
     dead = _nonfinite_examples(Y, graph)
-    return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead)
+    return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead, explicit)
 
 
-def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[torch.Tensor] = None
-          ) -> Dict[str, torch.Tensor]:
+def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[torch.Tensor] = None,
+          explicit: bool = False) -> Dict[str, torch.Tensor]:
     """Term values at Y; examples marked ``dead`` (their tokens went non-finite) get NaN."""
     with torch.no_grad():
-        vals = dict(energy.term_values(Y, graph))
+        vals = ({name: getattr(t, "explicit_value", t.value)(Y, graph).to(ACCUM_DTYPE)
+                 for name, t in energy.terms.items()} if explicit else dict(energy.term_values(Y, graph)))
     if dead is not None and bool(dead.any()):
         vals = {k: torch.where(dead, torch.full_like(v, math.nan), v) for k, v in vals.items()}
     return vals
@@ -816,13 +820,20 @@ def _confirm(report: DescentReport, flagged: torch.Tensor, window: torch.Tensor,
     """The verdict again with the ``flagged`` examples' rows taken from the exact evaluation, counting the steps it
     decided (``window``: flagged by the kernels' values or within their error of the tolerance) and how many of those
     it cleared (on top of ``prior``, a settled trace's counts)."""
-    # a step the kernels' values flag counts only if the exact evaluation confirms it: the flagged examples' whole
-    # rows are re-evaluated (both sides of every step from one evaluation), the others keep the kernels' values
-    rows = flagged.nonzero().reshape(-1)
-    redo = [exact(t, rows) for t in range(T1)]
+    # a step the kernels' values flag, or that lies within their error of the tolerance, is judged on the exact
+    # evaluation of both its ends; the other examples keep the kernels' values
+    # only the boundaries of the steps in the window are evaluated: a step outside it, judged with one end exact and
+    # the other read, still changes E by at most tol_t (each end within its error of the exact value)
+    need = torch.zeros(window.shape[0], T1, dtype=torch.bool, device=window.device)
+    need[:, :-1] |= window
+    need[:, 1:] |= window
     values = {k: v.clone() for k, v in values.items()}
-    for k, v in values.items():
-        v[rows.to(device)] = torch.stack([r[k].to(device=device, dtype=ACCUM_DTYPE) for r in redo], 1)
+    for t in range(T1):
+        rows = need[:, t].nonzero().reshape(-1)
+        if rows.numel():
+            redo = exact(t, rows)
+            for k, v in values.items():
+                v[rows.to(device), t] = redo[k].to(device=device, dtype=ACCUM_DTYPE)
     confirmed = judge(values)
     decided = int(window.sum())
     confirmed.rechecked = prior[0] + decided

@@ -88,6 +88,12 @@ class Rho(torch.nn.Module):
             self.__dict__["_sign_range"] = cached
         return cached
 
+    def slope_per_value(self) -> float:
+        """A k with ``rho'(z) <= k |rho(z)|`` for every z >= 0, or inf where none holds (the default): then the edge
+        weights of a pass sum to at most ``k |sum_e rho(z_e)|``, a rounding bound's shortcut
+        (:meth:`energies.terms.PairwiseAttention.value_error`)."""
+        return math.inf
+
     def kernel_sensitivity(self) -> float:
         """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error
         in z. The kernels that compute z by an expansion keep that error times this below their bound
@@ -149,6 +155,10 @@ class ExpRho(Rho):
 
     def derivative(self, z):
         return torch.exp(-z)
+
+    def slope_per_value(self):
+        """1: ``rho'(z) = exp(-z) = |rho(z)|``."""
+        return 1.0
 
     def triton(self):
         return _triton("exp")

@@ -626,14 +626,17 @@ class PairwiseAttention(EnergyTerm):
         registered kernel and dtype, with eps = eps(Y's dtype) (a kernel widened by the precision guard rounds
         less), ``M = ||W||_2^2 max_u |y_u - mean|^2`` and ``n_r`` real tokens:
 
-            err = 2 eps [ c_z M (sum_u c_u / 4 + ||W||^2 n_r / 2)  +  c_s (|V| + tau n_r / 2 + 2 tau N_E s) ],
-            c_z = 2 (d + d_h) + 16,   c_s = n + d + 16.
+            err = 2 eps [ c_z M (G + ||W||^2 n_r / 2)  +  c_s (|V| + tau n_r / 2 + 2 tau N_E s) ],
+            G = min(sum_u c_u / 4, ||W||^2 k |V| / tau),
+            c_z = 2 d_h + 20 + 2 d ||W||_F / ||W||_2 (2 d + 20 without a metric),   c_s = n + d + 16.
 
         First part: each edge's z errs by at most ``c_z eps ||W||^2 max|y - mean|^2 / tau``
         (:data:`~energies.kernels.guard.EXPANSION_Z_ULPS`: ``(a d_h + b)`` for the expansion, ieee or 3xTF32;
-        ``2 (d_h + 2)`` for explicit differences, whose z is at most ``2 M / tau``; ``2 d`` more for mapping the
-        tokens by W), and moves ``tau rho(z)`` by ``tau rho'(z) |dz|``; ``sum_e rho'(z_e) ||W||^2 = sum_u deg_u
-        ||W||^2 / 2 <= sum_u c_u / 4`` (the curvature bound ``c_u >= 2 deg_u ||W||^2``); the softmax kernel's
+        ``2 (d_h + 2)`` for explicit differences, whose z is at most ``2 M / tau``; mapping the tokens by W rounds
+        each feature vector by up to ``d eps |y| ||W||_F``, hence ``2 d ||W||_F / ||W||_2`` more), and moves
+        ``tau rho(z)`` by ``tau rho'(z) |dz|``; ``G`` bounds ``sum_e rho'(z_e) ||W||^2 = sum_u deg_u ||W||^2 / 2``:
+        by ``sum_u c_u / 4`` (the curvature bound ``c_u >= 2 deg_u ||W||^2``) and, where ``rho' <= k |rho|``
+        ([Rho.slope_per_value][energies.rho.Rho.slope_per_value]: k = 1 for exp), by ``||W||^2 k |V| / tau``; the softmax kernel's
         log-sum-exp adds the self terms (``n_r / 2``). Second part: the sums of ``tau rho`` over at most n
         neighbours in the pass's dtype, and the softmax kernel's ``exp(LSE_u + log beta_u) - 1`` (``n_r`` ones, with
         the factor ``tau / 2``); ``sum_e tau |rho(z_e)|`` is ``|V|`` when rho keeps one sign on ``[0, inf)``, else
@@ -641,9 +644,15 @@ class PairwiseAttention(EnergyTerm):
         factor 2 covers the change of rho' across ``dz``. Checked against 50-digit and explicit float64
         evaluations for every kernel (tests/test_trace_sound.py)."""
         w2 = self.metric_norm2().to(device=value.device, dtype=ACCUM_DTYPE)
-        dh = stats.d if self.metric is None else self.metric.shape[1]
-        zpart = (2 * (stats.d + dh) + 16) * w2 * stats.spread * (stats.curv_sum / 4 + w2 * stats.real / 2)
-        spread = value.to(ACCUM_DTYPE).abs() + self.tau * stats.real / 2
+        V = value.to(ACCUM_DTYPE).abs()
+        if self.metric is None:
+            cz = 2 * stats.d + 20
+        else:           # mapping y by W rounds each feature vector by up to d eps |y| ||W||_F
+            frob2 = torch.linalg.matrix_norm(self.metric.detach().to(device=value.device, dtype=ACCUM_DTYPE)) ** 2
+            cz = 2 * self.metric.shape[1] + 20 + 2 * stats.d * (frob2 / w2.clamp_min(1e-300)).sqrt()
+        weights = torch.minimum(stats.curv_sum / 4, w2 * self.rho.slope_per_value() * V / self.tau)
+        zpart = cz * w2 * stats.spread * (weights + w2 * stats.real / 2)
+        spread = V + self.tau * stats.real / 2
         low, high = self.rho.sign_range()
         if low < 0 < high:      # rho changes sign on [0, inf): sum |rho| is not |V|
             spread = spread + 2 * self.tau * abs(low) * stats.edges

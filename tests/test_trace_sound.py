@@ -310,3 +310,10 @@ def test_the_recheck_evaluates_the_flagged_examples_alone_and_alike(graph):
     sub = g.select(rows)
     assert sub.batch_size == 2 and torch.equal(sub.mask, mask[rows])
     assert torch.equal(sub.degree(), g.degree()[rows])
+
+
+def test_select_refuses_repeated_or_out_of_range_examples():
+    g = E.graph_from_spec("random:0.5", 6, batch_size=4)
+    for rows in ([1, 1], [0, 2, 2], [4], [-1]):
+        with pytest.raises(E.GraphError, match="distinct"):
+            g.select(torch.tensor(rows))

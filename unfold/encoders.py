@@ -334,20 +334,22 @@ class Encoder(nn.Module):
             vals, curv = self.trace_values(energy, Y, graph)
             values.append(vals)
             bounds = None
+            exact = None if X is None else self.exact_values(X, graph, states)
             if curvatures is None:
                 res.append(resolution(energy, Y, graph, curv))
-            else:       # read when the verdict is: what it reads of the energy (the spectral bounds, W's norm) are
-                # tensors computed in this forward, not views of the parameters an optimiser step may move
-                bounds = self.bounds(energy, graph, [Y.detach() for Y in states], curvatures + [curv], X is not None)
+            else:       # read when the verdict is, of the energy as it was in this forward (the weights kept for
+                # the exact evaluation), not of parameters an optimiser step may have moved since
+                bounds = self.bounds((lambda: energy) if exact is None else exact.rebuild, graph,
+                                     [Y.detach() for Y in states], curvatures + [curv], exact is not None)
             # an example with no real token has no energy to descend: NaN (on the CPU it is refused up front)
-            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran,
-                                               exact=None if X is None else self.exact_values(X, graph, states),
+            energies = EnergyTrace.from_layers(values, res, energy.indicators, mask=graph.mask, ran=ran, exact=exact,
                                                bounds=bounds)
         return EncoderOutput(Y, energies, states if keep_states else None, guaranteed, layers_used)
 
     @staticmethod
-    def bounds(energy: Energy, graph: TokenGraph, states: List[torch.Tensor], curvatures: list, rounding: bool = True):
-        """``bounds(trace) -> (resolution, error)``, both ``(S, T+1)`` over the boundaries Y_0..Y_T (``states``):
+    def bounds(energy_fn, graph: TokenGraph, states: List[torch.Tensor], curvatures: list, rounding: bool = True):
+        """``bounds(trace) -> (resolution, error)``, both ``(S, T+1)`` over the boundaries Y_0..Y_T (``states``) of
+        the energy ``energy_fn()`` (called when they are read):
         the tolerance's resolution (:func:`~unfold.trace.resolution`) and, with ``rounding``, the passes' rounding
         bound (:meth:`~energies.energy.Energy.value_error`; None without), for all boundaries in one batch of device
         ops (no host read), from the trace's values and the passes' curvature bounds ``curvatures`` (scalar or
@@ -355,6 +357,7 @@ class Encoder(nn.Module):
         B, n = graph.mask.shape
 
         def compute(trace) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+            energy = energy_fn()
             with torch.no_grad():
                 Ys = torch.stack(states)
                 Ys = Ys.to(trace_dtype(Ys.dtype))
@@ -395,6 +398,12 @@ class Encoder(nn.Module):
             with torch.no_grad(), full_precision(Y.device), _swapped(self, weights):
                 return term_values_or_nan(self.energy(anchor.to(trace_dtype(anchor.dtype))), Y.to(ACCUM_DTYPE), g,
                                           explicit=True)
+
+        def rebuild() -> Energy:
+            """The energy of this forward pass, built from the kept weights."""
+            with torch.no_grad(), _swapped(self, weights):
+                return self.energy(B)
+        exact.rebuild = rebuild
         return exact
 
     @staticmethod

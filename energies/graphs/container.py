@@ -263,8 +263,14 @@ class TokenGraph:
 
         Returns:
             A graph of ``len(rows)`` examples of ``num_nodes`` slots.
+
+        Raises:
+            GraphError: an index repeated or out of range.
         """
         rows = rows.to(device=self.mask.device, dtype=torch.long).reshape(-1)
+        if rows.unique().numel() != rows.numel() or not bool(((rows >= 0) & (rows < self.batch_size)).all()):
+            raise GraphError(f"select needs distinct example indices in [0, {self.batch_size}), got "
+                             f"{rows.tolist()[:8]}")
         mask = self.mask[rows]
         if self.is_complete:
             return TokenGraph(int(rows.numel()), self.num_nodes, mask, name=self.name, offsets=self.offsets)

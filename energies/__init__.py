@@ -33,14 +33,14 @@ from .graphs.window import window
 from .rho import RHOS, CauchyRho, ExpRho, LpRho, ReluRho, Rho, SoftplusRho, check_rho, get_rho, register_rho
 from .kernels import KERNELS, Kernel, kernel_names, register_kernel
 from .terms import (ACCUM_DTYPE, Centering, EnergyTerm, FeedForward, MMParts, NonNegativity, PairwiseAttention,
-                    Rescaling, Residual)
+                    PassStats, Rescaling, Residual)
 
 
 #: the public API, stated (not computed) so that tools reading the source (the API reference) see it
 __all__ = [
     "ACCUM_DTYPE", "CauchyRho", "Centering", "CheckpointError", "ConfigError", "DescentError", "Energy",
     "EnergyError", "EnergyTerm", "ExpRho", "FeedForward", "GRAPHS", "GraphError", "InputError", "KERNELS",
-    "Kernel", "LpRho", "MMParts", "NonNegativity", "PairwiseAttention", "RHOS", "ReluRho", "Rescaling",
+    "Kernel", "LpRho", "MMParts", "NonNegativity", "PairwiseAttention", "PassStats", "RHOS", "ReluRho", "Rescaling",
     "Residual", "Rho", "SoftplusRho", "StepError", "TokenError", "TokenGraph", "UnfoldError",
     "attention_energy", "check_graph_spec", "check_rho", "check_tokens", "complete", "dilated", "feedforward_energy",
     "from_edge_index", "from_pyg", "get_rho", "graph_from_spec", "kernel_names", "layernorm_energy",

@@ -129,7 +129,7 @@ class Energy(torch.nn.Module):
         """The bound (float64) on ``|sum_k pass value_k - sum_k value_k|`` at Y: the sum of the terms'
         :meth:`~energies.terms.EnergyTerm.value_error` (what the layers' own passes read against the independent
         evaluation), for the terms in ``values``, over statistics of Y computed once
-        ([PassStats][energies.terms.PassStats]).
+        ([PassStats][energies.PassStats]).
 
         Args:
             Y: the tokens the passes read, in their dtype: ``(B, n, d)``, or ``(T+1, B, n, d)`` for several

@@ -347,7 +347,7 @@ class EnergyTerm(torch.nn.Module):
         rechecked: unknown rounding is never read as descent).
 
         Args:
-            stats: the statistics of the tokens the pass read ([PassStats][energies.terms.PassStats]).
+            stats: the statistics of the tokens the pass read ([PassStats][energies.PassStats]).
             value: the pass's value there, ``(..., B)``.
 
         Returns:

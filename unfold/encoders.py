@@ -383,13 +383,17 @@ class Encoder(nn.Module):
 
     def exact_values(self, X: torch.Tensor, graph: TokenGraph, states: List[torch.Tensor]):
         """``exact(t, rows=None) -> {term: (B,)}``: every term's independent evaluation at Y_t, of the examples
-        ``rows`` only when given (:attr:`EnergyTrace.exact`:
-        explicit differences, exact to rounding at any scale), of the energy as it was in this forward pass. A
+        ``rows`` only when given (:attr:`EnergyTrace.exact`: explicit differences in float64 for float64 tokens,
+        the guarded float64 passes for tokens judged in float32), of the energy as it was in this forward pass. A
         verdict asks it only for the examples the kernels' own values flag, when it is read (``report()``, maybe
         after an optimiser step has moved the weights), so the weights are kept as they are now: one detached copy
         of the parameters (device copies, no host read), swapped in while the energy is rebuilt from ``X``."""
         weights = {name: p.detach().clone() for name, p in self.named_parameters()}
         B, states = X.detach(), [Y.detach() for Y in states]
+        # float64 tokens: explicit differences (their rounding is that of the tolerance's own dtype); tokens judged in
+        # float32: the guarded float64 passes, whose rounding bound (value_error at float64's eps) is 2^-29 of the
+        # float32 one, at the cost of a layer's pass instead of explicit differences (d_h times the work)
+        how = True if trace_dtype(states[0].dtype) == ACCUM_DTYPE else "pass"
 
         def exact(t: int, rows: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
             Y, anchor, g = states[t], B, graph
@@ -397,7 +401,7 @@ class Encoder(nn.Module):
                 Y, anchor, g = Y[rows], B[rows], graph.select(rows)
             with torch.no_grad(), full_precision(Y.device), _swapped(self, weights):
                 return term_values_or_nan(self.energy(anchor.to(trace_dtype(anchor.dtype))), Y.to(ACCUM_DTYPE), g,
-                                          explicit=True)
+                                          explicit=how)
 
         def rebuild() -> Energy:
             """The energy of this forward pass, built from the kept weights."""

@@ -520,22 +520,29 @@ def _nonfinite_examples(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
     return ~(torch.isfinite(Y) | ~graph.mask[..., None]).flatten(1).all(1)
 
 
-def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph, explicit: bool = False
+def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph, explicit: Union[bool, str] = False
                        ) -> Dict[str, torch.Tensor]:
     """Every term's value at Y ``{name: (B,)}``; an example whose real tokens are not all finite gets NaN in
     every term (where :meth:`Energy.term_values` would refuse the whole batch). ``explicit``: a term that has an
     ``explicit_value`` (the pairwise term: explicit differences of its features, exact to rounding at any scale in
-    Y's dtype, at a fraction of ``value``'s cost with a metric) is evaluated by it."""
+    Y's dtype, at a fraction of ``value``'s cost with a metric) is evaluated by it; ``"pass"``: every term by its
+    own pass in Y's dtype (for float64 tokens: the guarded float64 kernels, within their rounding bound
+    ``value_error``)."""
     dead = _nonfinite_examples(Y, graph)
     return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead, explicit)
 
 
 def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[torch.Tensor] = None,
-          explicit: bool = False) -> Dict[str, torch.Tensor]:
+          explicit: Union[bool, str] = False) -> Dict[str, torch.Tensor]:
     """Term values at Y; examples marked ``dead`` (their tokens went non-finite) get NaN."""
     with torch.no_grad():
-        vals = ({name: getattr(t, "explicit_value", t.value)(Y, graph).to(ACCUM_DTYPE)
-                 for name, t in energy.terms.items()} if explicit else dict(energy.term_values(Y, graph)))
+        if explicit == "pass":
+            vals = {name: t.pass_value(Y, graph).to(ACCUM_DTYPE) for name, t in energy.terms.items()}
+        elif explicit:
+            vals = {name: getattr(t, "explicit_value", t.value)(Y, graph).to(ACCUM_DTYPE)
+                    for name, t in energy.terms.items()}
+        else:
+            vals = dict(energy.term_values(Y, graph))
     if dead is not None and bool(dead.any()):
         vals = {k: torch.where(dead, torch.full_like(v, math.nan), v) for k, v in vals.items()}
     return vals

@@ -211,10 +211,10 @@ def _planted_runs(planted, kernel, dtype, seeds=range(4), fracs=(0.5, 0.95, 1.3)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_no_planted_rise_above_the_tolerance_is_missed(planted, kernel, dtype):
     """Shift or scaling of every real token after layer index 1, sized to raise the exact energy by 1.25, 3, 30 and
-    1000 tol_1, on inputs at half the guard's switch, just below it and past it (3 seeds): every one is reported as
-    an increase at that layer (0 missed of 72; 24 for Triton), each planted rise confirmed above tol_1 in 50-digit arithmetic, and
+    1000 tol_1, on inputs at half the guard's switch, just below it and past it (2 seeds): every one is reported as
+    an increase at that layer (0 missed of 48; 24 for Triton), each planted rise confirmed above tol_1 in 50-digit arithmetic, and
     no other step is flagged."""
-    seeds = range(1 if kernel == "triton" else 3)         # (Triton's interpreter runs each program in Python)
+    seeds = range(1 if kernel == "triton" else 2)         # (Triton's interpreter runs each program in Python)
     missed, count = [], 0
     for trace, rise, tol, case in _planted_runs(planted, kernel, dtype, seeds):
         assert rise > tol, (case, float(rise), tol)                         # the fault is real

@@ -162,8 +162,8 @@ class EnergyTrace(OrderedDict):
         self.indicators = tuple(indicators)
         self.ran = ran
         #: ``exact(t, rows=None) -> {term: (S,)}``: every term's independent evaluation at Y_t, of the examples
-        #: ``rows`` only when given (explicit differences, float64
-        #: sums: exact to rounding at any scale), or None. A verdict reads the kernels' own passes, whose energy errs
+        #: ``rows`` only when given (float64: explicit differences, or the guarded float64 passes for a trace judged in
+        #: float32, whose rounding is 2^-29 of that trace's), or None. A verdict reads the kernels' own passes, whose energy errs
         #: by up to :attr:`error`; where those values flag a step, or lie within that error of the tolerance,
         #: :func:`report_from_values` asks this before the step is judged (:attr:`DescentReport.rechecked`)
         self.exact = exact
@@ -205,20 +205,18 @@ class EnergyTrace(OrderedDict):
                     indicators: Iterable[str] = (), mask: Optional[torch.Tensor] = None,
                     ran: Optional[List[torch.Tensor]] = None,
                     exact: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
-                    error: Optional[List[torch.Tensor]] = None,
                     bounds: Optional[Callable[["EnergyTrace"], Tuple[torch.Tensor, torch.Tensor]]] = None
                     ) -> "EnergyTrace":
         """A trace from one ``{term: (S,)}`` dict and one ``(S,)`` resolution per layer boundary Y_0..Y_T.
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
         no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent
         (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
-        ``exact``: :attr:`exact`; ``error``: one ``(S,)`` bound per boundary (:attr:`error`), or None; ``bounds``:
-        computes ``(resolution, error)`` when first read, in place of both lists."""
+        ``exact``: :attr:`exact`; ``bounds``: computes ``(resolution, error)`` when first read (:attr:`error`), in
+        place of the resolution list."""
         trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
                     # dynamo could not compile a generator handed to the dict ('remaining_items')
                     resolution=torch.stack(resolution, dim=1) if resolution else None, indicators=indicators,
-                    ran=torch.stack(ran, dim=1) if ran else None,
-                    error=torch.stack(error, dim=1).to(ACCUM_DTYPE) if error else None, bounds=bounds)
+                    ran=torch.stack(ran, dim=1) if ran else None, bounds=bounds)
         if mask is not None:
             empty = ~mask.any(1)[:, None]
             for k, v in trace.items():

@@ -213,14 +213,18 @@ class EnergyTrace(OrderedDict):
         (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
         ``exact``: :attr:`exact`; ``bounds``: computes ``(resolution, error)`` when first read (:attr:`error`), in
         place of the resolution list."""
-        trace = cls([(k, torch.stack([v[k] for v in values], dim=1)) for k in values[0]],   # a list: torch 2.11's
-                    # dynamo could not compile a generator handed to the dict ('remaining_items')
+        names = list(values[0])
+        # every term at every boundary in one stack (S, T+1, K), NaN-filled at once: each term a (S, T+1) view
+        table = torch.stack([v[k] for v in values for k in names], dim=1).unflatten(1, (len(values), len(names)))
+        if mask is not None:
+            empty = ~mask.any(1)
+            table = table.masked_fill(empty[:, None, None], math.nan)
+        trace = cls([(k, table[..., i]) for i, k in enumerate(names)],   # a list: torch 2.11's dynamo could not
+                    # compile a generator handed to the dict ('remaining_items')
                     resolution=torch.stack(resolution, dim=1) if resolution else None, indicators=indicators,
                     ran=torch.stack(ran, dim=1) if ran else None, bounds=bounds)
         if mask is not None:
-            empty = ~mask.any(1)[:, None]
-            for k, v in trace.items():
-                trace[k] = v.masked_fill(empty, math.nan)
+            empty = empty[:, None]
             if exact is not None:
                 inner, none = exact, empty[:, 0]
 

@@ -5,7 +5,9 @@ bundles (:mod:`experiments.app.bundle`) build from, so that neither imports the 
   encoder registered as ``model.mode``, a linear head), the library's errors renamed to config keys;
 * :func:`check_buildable`: the same on the meta device, every model-level rule checked before any data is read;
 * :func:`build_data`, :func:`train_examples`: the splits, vocabulary, encoded tensors and GloVe matrix a run
-  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.runfolder.fingerprint`).
+  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.runfolder.fingerprint`);
+* `build_tokenizer`: the word vocabulary or subword tokenizer ``data.tokenizer`` names; `train_texts`: a
+  dataset's unlabelled text (its training texts, labels ignored).
 """
 from __future__ import annotations
 
@@ -85,8 +87,14 @@ def check_buildable(cfg: Dict[str, Any]) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding."))
 
 
-def build_data(cfg: Dict[str, Any]):
-    """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them."""
+def build_data(cfg: Dict[str, Any], mask_token: bool = False):
+    """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them.
+
+    The vocabulary is the tokenizer ``data.tokenizer`` names (`build_tokenizer`): a word
+    [Vocab][experiments.data.text.Vocab] or a [SubwordTokenizer][experiments.data.subword.SubwordTokenizer], both
+    [TextTokenizer][experiments.data.subword.TextTokenizer]s. ``mask_token``: the word vocabulary gets ``<mask>``
+    at id 2 (masked-token training); False keeps the ids of earlier versions. A trained subword tokenizer always
+    has ``[MASK]`` at id 2."""
     from .. import data as D
 
     dc = cfg["data"]
@@ -98,16 +106,51 @@ def build_data(cfg: Dict[str, Any]):
     log.info(f"read {splits.name}: {len(train)}/{len(splits.val)}/{len(splits.test)} train/val/test examples, "
              f"{splits.num_classes} classes ({time.perf_counter() - t0:.1f} s); tokenising ...")
     t0 = time.perf_counter()
-    vocab = D.Vocab.build([D.tokenize(t) for t, _ in train], min_freq=dc["min_freq"], max_size=dc["max_vocab"])
+    vocab = build_tokenizer(cfg, train, mask_token)
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
                (("train", train), ("val", splits.val), ("test", splits.test))}
-    log.info(f"vocabulary: {len(vocab)} words (data.min_freq={dc['min_freq']}); texts encoded to "
-             f"data.max_len={dc['max_len']} tokens ({time.perf_counter() - t0:.1f} s)")
+    what = f"{len(vocab)} words (data.min_freq={dc['min_freq']})" if vocab.kind == "words" else \
+        f"{len(vocab)} subword tokens (data.tokenizer={dc['tokenizer']})"
+    log.info(f"vocabulary: {what}; texts encoded to data.max_len={dc['max_len']} tokens "
+             f"({time.perf_counter() - t0:.1f} s)")
     glove = None
     if dc["glove"] != "none":
         glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
         log.info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
     return splits, vocab, tensors, glove
+
+
+def build_tokenizer(cfg: Dict[str, Any], train: list, mask_token: bool = False):
+    """The tokenizer ``data.tokenizer`` names, learnt from the run's training texts: the lines of ``data.texts``
+    where set (read as a stream, `experiments.data.stream.iter_text_lines`), else the texts of ``train`` (the
+    training examples, `train_examples`; never a validation or test text). ``words``: the word vocabulary
+    (``data.min_freq``, ``data.max_vocab``; ``mask_token``: with ``<mask>`` at id 2); ``bpe:N`` / ``wordpiece:N``:
+    trained, deterministically (``data.min_freq``: the fewest occurrences of a merged pair); a path: that
+    ``tokenizer.json``, which must have a mask token when ``mask_token`` asks for one."""
+    from .. import data as D
+    from ..data.subword import SubwordTokenizer
+
+    dc = cfg["data"]
+    spec = D.parse_tokenizer_spec(dc["tokenizer"])
+    stream = (lambda: D.iter_text_lines(dc["texts"])) if dc["texts"] is not None else None
+    if spec.kind == "words":
+        tokens = [D.tokenize(t) for t, _ in train] if stream is None else map(D.tokenize, stream())
+        return D.Vocab.build(tokens, min_freq=dc["min_freq"], max_size=dc["max_vocab"], mask_token=mask_token)
+    if spec.kind == "file":
+        tok = SubwordTokenizer.load(spec.path)
+        if mask_token and tok.mask_id is None:
+            raise D.DataError(f"data.tokenizer={spec.path}: the tokenizer has no mask token ([MASK] or <mask>), "
+                              "which masked-token training needs")
+        return tok
+    return SubwordTokenizer.train(spec.kind, spec.size, stream or [t for t, _ in train], min_freq=dc["min_freq"])
+
+
+def train_texts(cfg: Dict[str, Any], splits) -> list:
+    """The unlabelled text of a dataset: the texts of the training examples a run uses (the training split, its
+    first ``train.max_train_examples`` when set), labels ignored; never a validation or test text, so that a
+    model pretrained on them is still tested on texts it has not seen."""
+    limit = cfg["train"]["max_train_examples"]
+    return [t for t, _ in (splits.train if limit is None else splits.train[:limit])]
 
 
 def train_examples(cfg: Dict[str, Any], splits) -> list:
@@ -123,5 +166,7 @@ def train_examples(cfg: Dict[str, Any], splits) -> list:
 
 
 def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
-    """The data fingerprint of a run (:mod:`experiments.runfolder.fingerprint`): vocabulary, the splits as trained on."""
-    return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names)
+    """The data fingerprint of a run (:mod:`experiments.runfolder.fingerprint`): vocabulary (a subword tokenizer's
+    whole ``tokenizer.json`` included), the splits as trained on."""
+    return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names,
+                            tokenizer=vocab.tokenizer_digest)

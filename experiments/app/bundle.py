@@ -6,7 +6,10 @@ folder is one) is the layout the Hugging Face ecosystem shares models in:
 * ``model.safetensors``: the weights (the state dict), read with ``safetensors`` (a JSON header and raw tensor
   bytes: no pickle, nothing in it can run); its header's metadata names the bundle format and version;
 * ``config.json``: the resolved config the model was built from (:func:`experiments.app.build.build_model`);
-* ``vocab.json``: the vocabulary, ids in order (:class:`experiments.data.Vocab`);
+* ``vocab.json``: the vocabulary, ids in order (:class:`experiments.data.Vocab`); or, for a model with a subword
+  tokenizer (``data.tokenizer`` other than ``words``), ``tokenizer.json`` instead: the Hugging Face ``tokenizers``
+  file (`experiments.data.subword.SubwordTokenizer`), read as JSON and checked, hashed like the other files and
+  covered by the data fingerprint;
 * ``graph.npy``, where ``model.graph`` is an edge-list file: the graph the model was trained on, copied when the
   run started (:mod:`experiments.app.graph_pin`). The graph is part of the model: the bundle predicts with this
   copy, checked against its sha256, never with the file ``model.graph`` names, which may since have been edited,
@@ -127,8 +130,11 @@ SAFETENSORS, CONFIG_JSON, CARD, CONFIG_YAML = "model.safetensors", "config.json"
 #: model.safetensors' metadata: one key, so that the file's bytes are the same at every save (safetensors writes
 #: several metadata keys in no fixed order)
 META = {"format": f"{FORMAT}/{VERSION}"}
-#: the files of a format-2 bundle besides its weights (and graph.npy, where there is one)
+#: the files of a format-2 bundle besides its weights (and graph.npy, where there is one); a subword model has
+#: tokenizer.json in place of vocab.json (`VOCAB_FILES`)
 FILES_V2 = (CONFIG_JSON, "vocab.json", CARD)
+#: the vocabulary's file: the word vocabulary's, or a subword tokenizer's (format 2 only)
+VOCAB_FILES = ("vocab.json", "tokenizer.json")
 MANIFEST_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fingerprint", "sha256")
 #: keys a manifest may hold besides :data:`MANIFEST_KEYS` (``graph``: the pinned edge-list graph, where there is one;
 #: format 2: ``metrics`` and ``command``, what the model card says)
@@ -178,22 +184,36 @@ def _open_regular(path: str):
     return os.fdopen(fd, "rb")
 
 
+def _vocab_file(config: Dict[str, Any]) -> str:
+    """The vocabulary's file of a model built from ``config``: ``tokenizer.json`` for a subword tokenizer."""
+    return VOCAB_FILES[0] if config["data"].get("tokenizer", "words") == "words" else VOCAB_FILES[1]
+
+
+def _manifest_vocab(manifest: Optional[Dict[str, Any]]) -> str:
+    """The vocabulary's file a manifest hashes (``vocab.json`` where there is no manifest)."""
+    hashes = manifest.get("sha256") if manifest is not None else None
+    return VOCAB_FILES[1] if manifest is not None and manifest.get("version") == 2 and isinstance(hashes, dict) \
+        and VOCAB_FILES[1] in hashes else VOCAB_FILES[0]
+
+
 def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
                           fingerprint: Optional[Dict[str, Any]], dataset: Optional[str] = None,
                           graph: Optional[str] = None, metrics: Optional[Dict[str, Any]] = None,
-                          command: Optional[str] = None) -> str:
+                          command: Optional[str] = None, vocab_file: str = "vocab.json") -> str:
     """Write ``folder/bundle.json`` (atomic) for the files already in ``folder``; returns its path. ``weights``
     ``model.safetensors`` writes format 2 (hashing ``config.json``, ``vocab.json``, ``README.md``, with the card's
     ``metrics`` and ``command``), ``best.pt``/``model.pt`` format 1 (``config.yaml``, ``vocab.json``: how bundles
     were written before, kept for reading and testing them). ``graph``: the config's ``model.graph``; where it is
-    an edge-list file, ``folder/graph.npy`` (its copy) must be there and is hashed with the others."""
-    manifest = _manifest(folder, weights, label_names, fingerprint, dataset, graph, metrics, command)
+    an edge-list file, ``folder/graph.npy`` (its copy) must be there and is hashed with the others. ``vocab_file``:
+    ``tokenizer.json`` for a subword model (format 2)."""
+    manifest = _manifest(folder, weights, label_names, fingerprint, dataset, graph, metrics, command,
+                         vocab_file=vocab_file)
     return _write_manifest(folder, manifest)
 
 
 def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint: Optional[Dict[str, Any]],
               dataset: Optional[str], graph: Optional[str], metrics: Optional[Dict[str, Any]],
-              command: Optional[str], with_card: bool = True) -> Dict[str, Any]:
+              command: Optional[str], with_card: bool = True, vocab_file: str = "vocab.json") -> Dict[str, Any]:
     """The manifest of the files in ``folder`` (`write_bundle_manifest`), each file hashed from disk; the
     card's digest left out unless ``with_card`` (the manifest the card itself binds, made before it is written)."""
     names = [str(n) for n in label_names]
@@ -203,7 +223,10 @@ def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint
     if version == 1 and weights not in WEIGHTS:
         raise CheckpointError(f"a bundle's weights are {SAFETENSORS} (or, format 1, one of {list(WEIGHTS)}), got "
                               f"{weights!r}")
-    files = (weights,) + (FILES_V2 if version == 2 else (CONFIG_YAML, "vocab.json")) \
+    if vocab_file not in VOCAB_FILES or (version == 1 and vocab_file != VOCAB_FILES[0]):
+        raise CheckpointError(f"a bundle's vocabulary file is vocab.json (or, format 2, tokenizer.json), got "
+                              f"{vocab_file!r}")
+    files = (weights,) + ((CONFIG_JSON, vocab_file, CARD) if version == 2 else (CONFIG_YAML, "vocab.json")) \
         + ((GRAPH_FILE,) if is_graph_file(graph) else ())
     hashes = {name: _sha256(os.path.join(folder, name)) for name in files if with_card or name != CARD}
     manifest = {"format": FORMAT, "version": version, "weights": weights, "label_names": names,
@@ -319,7 +342,7 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
     lines = [f"# {config.get('name', 'model')}: an energy-based unfolded transformer ({mode})", "",
              f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))}) whose layers "
              "are steps that lower an energy (unfolded optimisation). Files: `model.safetensors` (weights), "
-             "`config.json` (resolved config), `vocab.json`, `bundle.json` (format, label names, sha256 of every "
+             f"`config.json` (resolved config), `{_vocab_file(config)}`, `bundle.json` (format, label names, sha256 of every "
              "file)" + (", `graph.npy` (the token graph trained on)" if is_graph_file(config["model"]["graph"])
                          else "") + ".", "", "## Descent verdict", ""]
     lines += _card_verdict(m, config)
@@ -374,7 +397,8 @@ def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, 
                  graph_file: Optional[bytes] = None, metrics: Optional[Dict[str, Any]] = None,
                  command: Optional[str] = None) -> str:
     """Write a format-2 bundle of ``state`` into ``folder`` (module docstring), each file atomically, ``bundle.json``
-    last: ``model.safetensors``, ``config.json``, ``vocab.json`` (``vocab`` None: the one there is kept),
+    last: ``model.safetensors``, ``config.json``, ``vocab.json`` or, for a subword tokenizer, ``tokenizer.json``
+    (``vocab``: the vocabulary or tokenizer; None: the one there is kept),
     ``graph.npy`` (where ``model.graph`` is an edge-list file: ``graph_file``'s bytes; None: the copy there is
     kept), ``README.md`` (:func:`model_card`). A non-finite weight is refused before anything is written. Returns
     the path of ``bundle.json``."""
@@ -383,17 +407,22 @@ def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, 
         raise CheckpointError(f"{folder}: not saved: model weight {bad[0]!r} is not finite ({bad[1]})")
     _write_bytes(_safetensors_bytes(state), os.path.join(folder, SAFETENSORS))
     _write_text(json_dumps(config, indent=1, ensure_ascii=False) + "\n", os.path.join(folder, CONFIG_JSON))
+    vocab_file = _vocab_file(config)
     if vocab is not None:
-        vocab.save(os.path.join(folder, "vocab.json"))
+        if getattr(vocab, "file_name", VOCAB_FILES[0]) != vocab_file:
+            raise CheckpointError(f"{folder}: not saved: config data.tokenizer={config['data'].get('tokenizer')!r} "
+                                  f"is saved as {vocab_file}, and the model's vocabulary is a {type(vocab).__name__}")
+        vocab.save(os.path.join(folder, vocab_file))
     spec = config["model"]["graph"]
     if is_graph_file(spec) and graph_file is not None:
         write_edges(graph_file, folder)
     card_metrics = _card_metrics(metrics)
-    bound = _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec, card_metrics, command, False)
+    bound = _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec, card_metrics, command, False,
+                      vocab_file=vocab_file)
     card = model_card(config, label_names, dataset, fingerprint, card_metrics, command, binding=_card_binding(bound))
     _write_text(card, os.path.join(folder, CARD))
     return _write_manifest(folder, _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec,
-                                             card_metrics, command))
+                                             card_metrics, command, vocab_file=vocab_file))
 
 
 def write_run_bundle(run_dir: str, state: Dict[str, torch.Tensor], config: Dict[str, Any],
@@ -463,7 +492,7 @@ PRIOR_WARNINGS = 10
 #: a Hugging Face Hub model id (``owner/name``): what from_pretrained downloads when no such local folder exists
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}")
 #: the files a bundle can hold: all that from_pretrained downloads from the Hub (never a .pt checkpoint)
-BUNDLE_FILES = (BUNDLE, SAFETENSORS, CONFIG_JSON, "vocab.json", CARD, GRAPH_FILE)
+BUNDLE_FILES = (BUNDLE, SAFETENSORS, CONFIG_JSON, *VOCAB_FILES, CARD, GRAPH_FILE)
 
 
 @dataclass
@@ -673,13 +702,14 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         terms = {k: v.detach().double().cpu() for k, v in res.energies.items()}
         inc, nonfinite = rep.increases.sum(1).cpu(), rep.nonfinite.sum(1).cpu()
         lengths = mask.sum(1).cpu()
-        unknown = ((ids == self.vocab.UNK) & mask).sum(1).cpu()
+        unknown_at = ((ids == self.vocab.unk_id) & mask).cpu()
+        unknown = unknown_at.sum(1)
         out: List[Prediction] = []
         for i, text in enumerate(chunk):
             k = int(probs[i].argmax())
             n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
             ok = n_inc == 0 and n_bad == 0
-            words = list(dict.fromkeys(w for w in kept[i] if w not in self.vocab))[:UNKNOWN_WORDS_SHOWN]
+            words = list(dict.fromkeys(w for j, w in enumerate(kept[i]) if unknown_at[i, j]))[:UNKNOWN_WORDS_SHOWN]
             out.append(Prediction(
                 text=text, label=self.label_names[k], label_id=k,
                 probabilities={name: float(p) for name, p in zip(self.label_names, probs[i])},
@@ -790,8 +820,8 @@ def _check_manifest_files(path: str, manifest: Dict[str, Any], version: int) -> 
         raise _key_error(path, "graph", graph, f"must be null or {{'spec': the edge-list file model.graph names, "
                                                f"'file': {GRAPH_FILE!r}}}")
     hashes = manifest["sha256"]
-    files = {manifest["weights"], *(FILES_V2 if version == 2 else (CONFIG_YAML, "vocab.json"))} \
-        | ({GRAPH_FILE} if graph is not None else set())
+    files = {manifest["weights"], *((CONFIG_JSON, _manifest_vocab(manifest), CARD) if version == 2
+                                    else (CONFIG_YAML, "vocab.json"))} | ({GRAPH_FILE} if graph is not None else set())
     if not isinstance(hashes, dict) or set(hashes) != files or not all(
             isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in hashes.values()):
         raise CheckpointError(f"{path}: key 'sha256' is wrong: sha256 must map exactly {sorted(files)} to 64-digit "
@@ -819,6 +849,19 @@ def _read_vocab(path: str):
         return Vocab(itos)
     except DataError as exc:
         raise CheckpointError(f"{path}: key 'itos' is not a vocabulary ({exc})") from None
+
+
+def _read_tokenizer(path: str, manifest: Dict[str, Any]):
+    """``tokenizer.json`` as a `experiments.data.subword.SubwordTokenizer`, read from the very bytes checked against
+    the manifest's sha256; every problem naming the file."""
+    from ..data import DataError
+    from ..data.subword import SubwordTokenizer
+
+    data = _read_checked(path, manifest, VOCAB_FILES[1])
+    try:
+        return SubwordTokenizer.from_json(data, path)
+    except DataError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def _legacy_problem(folder: str, weights: str, state: Any) -> Optional[str]:
@@ -944,11 +987,16 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
     state = _read_weights(wpath, manifest, version, weights)
     if manifest is None:
         _refuse_unbundled(folder, weights, state, legacy)
-    for name in (config_name, "vocab.json"):
+    vocab_name = _manifest_vocab(manifest)
+    for name in (config_name, vocab_name):
         if not os.path.lexists(os.path.join(folder, name)):
             raise CheckpointError(f"{os.path.join(folder, name)}: missing")
     cfg, build_cfg, graph_bytes, edges = _bundle_config(folder, manifest, version, config_path, config_bytes)
-    vocab = _read_vocab(os.path.join(folder, "vocab.json"))
+    vocab = _read_vocab(os.path.join(folder, "vocab.json")) if vocab_name == VOCAB_FILES[0] \
+        else _read_tokenizer(os.path.join(folder, vocab_name), manifest)
+    if vocab_name != _vocab_file(cfg):
+        raise CheckpointError(f"{os.path.join(folder, vocab_name)}: {config_path} has data.tokenizer="
+                              f"{cfg['data']['tokenizer']!r}, whose vocabulary is saved as {_vocab_file(cfg)}")
     sd = _checked_state(wpath, state, cfg, config_path)
     label_names, fingerprint, dataset, metrics, command = _bundle_labels(folder, manifest, version, cfg)
     model = _built_model(wpath, config_path, sd, cfg, build_cfg, len(vocab), label_names, edges)
@@ -970,7 +1018,7 @@ def _check_bundle_files(folder: str, manifest: Optional[Dict[str, Any]], version
         if version == 2:
             config_bytes = _read_checked(config_path, manifest, CONFIG_JSON)
             card_bytes = _read_checked(os.path.join(folder, CARD), manifest, CARD)
-        for name in ((CONFIG_YAML,) if version == 1 else ()) + ("vocab.json",):
+        for name in ((CONFIG_YAML,) if version == 1 else ()) + (_manifest_vocab(manifest),):
             path = os.path.join(folder, name)
             if _sha256(path) != manifest["sha256"][name]:
                 raise CheckpointError(f"{path} changed since {BUNDLE} was written (sha256 differs): the weights, "
@@ -1007,7 +1055,7 @@ def _check_fingerprint_parts(folder: str, manifest: Dict[str, Any], vocab: Any, 
         return
     from ..runfolder.fingerprint import mismatched_parts
 
-    bad = mismatched_parts(fp, vocab.itos, label_names)
+    bad = mismatched_parts(fp, vocab.itos, label_names, tokenizer=vocab.tokenizer_digest)
     path = os.path.join(folder, BUNDLE)
     if "label_names" in bad:
         raise CheckpointError(f"{path}: key 'label_names' = {show(label_names)} is not what key 'data_fingerprint' "
@@ -1015,7 +1063,7 @@ def _check_fingerprint_parts(folder: str, manifest: Dict[str, Any], vocab: Any, 
                               "would be reported under other labels")
     if "vocab" in bad:
         then = (fp.get("sizes") or {}).get("vocab")
-        raise CheckpointError(f"{os.path.join(folder, 'vocab.json')}: its {len(vocab.itos)} tokens in id order are not "
+        raise CheckpointError(f"{os.path.join(folder, vocab.file_name)}: its {len(vocab.itos)} tokens in id order are not "
                               f"the vocabulary key 'data_fingerprint' of {path} records ({then} tokens): token ids "
                               "would be read as other words")
 
@@ -1334,7 +1382,8 @@ def _state_to_save(trained: TrainedModel, folder: str) -> Dict[str, torch.Tensor
     if isinstance(fp, dict) and trained.vocab is not None:     # the bundle could not be loaded back
         from ..runfolder.fingerprint import mismatched_parts
 
-        wrong = mismatched_parts(fp, list(trained.vocab.itos), [str(n) for n in trained.label_names])
+        wrong = mismatched_parts(fp, list(trained.vocab.itos), [str(n) for n in trained.label_names],
+                                 tokenizer=getattr(trained.vocab, "tokenizer_digest", None))
         if wrong:
             raise CheckpointError(f"{folder}: not saved: the model's data_fingerprint does not describe its own "
                                   f"{' and '.join(wrong)} (recomputed from them): the fingerprint belongs to "

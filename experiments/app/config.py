@@ -140,6 +140,21 @@ def _check_graph(spec: str) -> None:
         check_graph_spec(spec)
 
 
+def _check_tokenizer(spec: str) -> None:
+    from ..data.subword import parse_tokenizer_spec    # the data package's own rule, one definition
+
+    parse_tokenizer_spec(spec)
+
+
+def _subword_sizes() -> tuple:
+    from ..data.subword import MAX_SUBWORD_VOCAB, MIN_SUBWORD_VOCAB
+
+    return MIN_SUBWORD_VOCAB, MAX_SUBWORD_VOCAB
+
+
+_SUBWORD = _subword_sizes()
+
+
 def _check_splits(value) -> None:
     from ..data.hf import check_split_map    # the loader's own rule, one definition
 
@@ -224,6 +239,14 @@ SCHEMA: Dict[str, Any] = {
                          Range(1, MAX_COUNT, integer=True), (int,)),
         "glove": Key("finetune", "word vectors: none (learned from scratch) | frozen | finetune (GloVe 6B 50d)",
                      Choice(("none", "frozen", "finetune"))),
+        "tokenizer": Key("words", "how texts become tokens: words (the word vocabulary; GloVe applies) | bpe:N | "
+                         "wordpiece:N (a subword tokenizer of N entries learnt from the training texts) | a "
+                         "tokenizer.json file", Text(f"words | bpe:N | wordpiece:N (N an integer in [{_SUBWORD[0]}, "
+                                                     f"{_SUBWORD[1]}]) | path/to/tokenizer.json",
+                                                     check=_check_tokenizer)),
+        "texts": Key(None, "unlabelled text: a text file or a folder of *.txt files, one text a line, read as a "
+                     "stream; the vocabulary or tokenizer is learnt from it (null: from the training split)",
+                     Text(), (str,)),
         "data_dir": Key(None, "where data files are found and fetched to (null: $UNFOLD_DATA or "
                         "~/.cache/unfolded-transformers)", Text(), (str,)),
         "text_field": Key("text", "the column holding the text (CSV, JSONL, Hugging Face datasets)", Text()),
@@ -442,9 +465,48 @@ def _check_cross(cfg: Dict[str, Any]) -> None:
                           f"weight-shared encoders that take it (guaranteed), not to model.mode={mode!r}: set "
                           "model.stop_rel=null")
     _check_listops(cfg["data"])
+    _check_subword(cfg["data"])
     if tc["monitor"] not in (None, "off") and not tc["trace"]:
         raise ConfigError(f"config key 'train.monitor'={tc['monitor']!r} watches the training energy trace, which "
                           "train.trace=false turns off: set train.trace=true or train.monitor=off")
+
+
+def _check_subword(dc: Dict[str, Any]) -> None:
+    """A subword tokenizer (``data.tokenizer`` other than words) takes no GloVe word vectors and no
+    ``data.max_vocab`` (its size is its own N): both refused naming the two keys, never silently ignored."""
+    spec = dc["tokenizer"]
+    if spec == "words":
+        return
+    if dc["glove"] != "none":
+        raise ConfigError(f"config key 'data.glove'={_show(dc['glove'])} gives GloVe vectors to words, and "
+                          f"data.tokenizer={_show(spec)} makes subword tokens: set data.glove=none (or "
+                          "data.tokenizer=words)")
+    if dc["max_vocab"] is not None:
+        raise ConfigError(f"config key 'data.max_vocab'={dc['max_vocab']} caps the word vocabulary; "
+                          f"data.tokenizer={_show(spec)} has its own size: set data.max_vocab=null")
+
+
+def check_config_files(cfg: Dict[str, Any]) -> None:
+    """The files a config names for its data, checked when the config is loaded (:func:`load_config_sources`),
+    not when a bundle's config is read (a bundle holds its own tokenizer and needs none of them):
+    ``data.texts`` must be a readable text file or folder of ``*.txt`` files, and ``data.tokenizer``, where it
+    is a path, a readable ``tokenizer.json`` (a `DataError` naming the file, read as the trainer reads it)."""
+    from ..data.core import DataError
+    from ..data.stream import check_text_source
+    from ..data.subword import SubwordTokenizer, parse_tokenizer_spec
+
+    dc = cfg["data"]
+    if dc["texts"] is not None:
+        try:
+            check_text_source(dc["texts"])
+        except UnfoldError as exc:
+            raise ConfigError(f"config key 'data.texts'={_show(dc['texts'])}: {exc}") from None
+    spec = parse_tokenizer_spec(dc["tokenizer"])
+    if spec.kind == "file":
+        try:
+            SubwordTokenizer.load(spec.path)
+        except DataError as exc:
+            raise DataError(f"config key 'data.tokenizer'={_show(spec.path)}: {exc}") from None
 
 
 def _check_listops(dc: Dict[str, Any]) -> None:
@@ -696,6 +758,7 @@ def load_config_sources(path: Optional[str] = None, overrides: Iterable[str] = (
             sources["name"] = f"config {path}"
     apply_overrides(cfg, overrides, sources)
     validate(cfg)
+    check_config_files(cfg)
     leaves: Dict[str, str] = {}
 
     def walk(node, prefix):
@@ -755,6 +818,9 @@ CROSS_RULES = (
     "`data.listops_*` apply to `data.dataset=listops` only (elsewhere leave them null); there "
     "`listops_min_len <= listops_max_len <= data.max_len` (null: the LRA value).",
     "`train.monitor` warn or strict needs `train.trace=true`.",
+    "`data.tokenizer` other than `words` (a subword tokenizer) needs `data.glove=none` and `data.max_vocab=null`.",
+    "`data.texts` (checked when a config is loaded, not in a bundle): a readable text file or a folder of `*.txt` "
+    "files; `data.tokenizer` as a path: a readable `tokenizer.json`.",
 )
 
 

@@ -54,6 +54,7 @@ from unfold.encoders import check_batch_size, check_inference_layers
 from unfold.plugins import add_import_arg, plugin_output
 from unfold.strict_json import dumps as json_dumps
 
+from ..data.stream import MAX_LINE_BYTES, bounded_lines, decoded_lines
 from ..runfolder.atomic import atomic_open
 from .bundle import BUNDLE, Prediction, load_model
 from ..runfolder.runlock import RUN_FILES, RunFolderError, lock_owner
@@ -63,10 +64,10 @@ PROG = "unfold-predict"
 PLOT_MAX = 48
 #: seconds a batch waits for more texts after its first (then it is predicted with what has come)
 LINGER = 0.05
-#: the longest line (text) read, in bytes of UTF-8 without its line break: 1 MiB. Lines are read at most this much at
-#: a time (memory stays bounded whatever the input: ``/dev/zero``, a file with no line break); a longer line is
-#: refused naming its number -- the model reads only the first ``data.max_len`` tokens of a text anyway
-MAX_LINE_BYTES = 2 ** 20
+# MAX_LINE_BYTES (experiments.data.stream): the longest line (text) read, in bytes of UTF-8 without its line break:
+# 1 MiB. Lines are read at most this much at a time (memory stays bounded whatever the input: ``/dev/zero``, a file
+# with no line break); a longer line is refused naming its number -- the model reads only the first
+# ``data.max_len`` tokens of a text anyway
 #: the exit status when the model's output for some text was not finite (NaN or infinite probabilities): those
 #: texts get no line (no label), each is named on stderr; the other texts' lines are printed
 NONFINITE_EXIT = 3
@@ -107,35 +108,17 @@ def _decoded_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[str]:
     """The texts of ``raw_lines`` (byte lines, each ending with ``\\n`` but maybe the last) one by one: each decoded
     as strict UTF-8 (:func:`_decode`'s rule and message: byte offset and line counted over the whole input),
     split at every line break ``str.splitlines`` knows, blank ones skipped -- the texts ``_decode(all).splitlines()``
-    gives, without holding more than one line."""
-    offset = 0
-    for number, raw in enumerate(raw_lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{where}: not UTF-8 text ({exc.reason} at byte {offset + exc.start}, line {number})"
-                              ) from None
-        offset += len(raw)
-        for text in line.splitlines():
-            if text.strip():
-                yield text
+    gives, without holding more than one line (`experiments.data.stream.decoded_lines`, refusing with a
+    ConfigError)."""
+    return decoded_lines(raw_lines, where, ConfigError)
 
 
 def _bounded_lines(read_line, where: str) -> Iterator[bytes]:
     """The byte lines of a stream (``read_line(size)``: a ``readline`` that returns at most ``size`` bytes), each
     read in at most `MAX_LINE_BYTES` + 1 bytes: memory stays bounded whatever the input. A line longer than
-    `MAX_LINE_BYTES` (its line break not counted) is a ConfigError naming ``where`` and the line's number."""
-    number = 0
-    while True:
-        raw = read_line(MAX_LINE_BYTES + 1)
-        if not raw:
-            return
-        number += 1
-        if len(raw) - raw.endswith(b"\n") > MAX_LINE_BYTES:      # its bytes, the line break not counted
-            raise ConfigError(f"{where}: line {number} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB), the most a "
-                              "line may hold (the model reads only a text's first data.max_len tokens): cut the "
-                              "line, or break the input into lines")
-        yield raw
+    `MAX_LINE_BYTES` (its line break not counted) is a ConfigError naming ``where`` and the line's number
+    (`experiments.data.stream.bounded_lines`, the rule unlabelled text files are read by too)."""
+    return bounded_lines(read_line, where, MAX_LINE_BYTES, ConfigError)
 
 
 def _stdin_line(size: int) -> bytes:

@@ -402,7 +402,7 @@ def _claim_folder(run: Run, claim) -> None:
     clean_temporaries(run.run_dir)
     if not run.resume:
         atomic_write_text(dump_config(run.cfg), os.path.join(run.run_dir, "config.yaml"))
-        run.vocab.save(os.path.join(run.run_dir, "vocab.json"))
+        run.vocab.save(os.path.join(run.run_dir, run.vocab.file_name))    # vocab.json or tokenizer.json
     if run.graph is not None and (not run.resume or not os.path.isfile(os.path.join(run.run_dir, GRAPH_FILE))):
         write_edges(run.graph[1], run.run_dir)
 

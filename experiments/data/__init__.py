@@ -22,6 +22,10 @@ Submodules, one concern each (the names the rest of the code uses are re-exporte
 * :mod:`~experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
 * :mod:`~experiments.data.text`: :func:`tokenize`, :class:`Vocab`, :func:`encode` (padding) and :func:`batches`.
 * :mod:`~experiments.data.glove`: :func:`load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
+* `experiments.data.subword`: subword tokenizers of the Hugging Face ``tokenizers`` library (`SubwordTokenizer`:
+  ``bpe:N``, ``wordpiece:N``, a ``tokenizer.json``) and `TextTokenizer`, the interface both kinds share.
+* `experiments.data.stream`: unlabelled text read as a stream in bounded memory (`iter_text_lines`: a text
+  file or a folder of ``*.txt`` files, one text a line).
 The command line over this package, ``unfold-data fetch|export|inspect``, is the application's
 (:mod:`experiments.app.data_cli`; ``inspect``, what ``unfold-train`` would read, reads configs:
 :mod:`experiments.app.inspect_data`), so that this package imports nothing of the application.
@@ -62,6 +66,8 @@ from .hf import check_split_map
 from .load import config_options, load_configured, load_dataset
 from .sources import SOURCES, fetch
 from .store import DATA_DIR_ENV, DEFAULT_DATA_DIR, MANIFEST, check_folder, data_dir
+from .stream import MAX_LINE_BYTES, check_text_source, iter_text_lines
+from .subword import SubwordTokenizer, TextTokenizer, TokenizerSpec, parse_tokenizer_spec
 from .text import URL_TOKEN, Vocab, batches, encode, tokenize
 
 __all__ = [
@@ -69,5 +75,6 @@ __all__ = [
     "GLOVE_VOCAB", "MANIFEST", "RT_FILE", "RT_LABELS", "SOURCES", "SPLIT_NAMES", "Splits", "URL_TOKEN",
     "Vocab", "batches", "check_classes", "check_folder", "config_options", "load_configured", "check_label_names", "label_key", "check_split_map", "data_dir", "encode", "export", "fetch",
     "folder_arg", "load_dataset", "load_glove", "output_folder_arg", "read_parquet_strings", "split_examples",
-    "split_seed_arg", "tokenize",
+    "split_seed_arg", "tokenize", "MAX_LINE_BYTES", "check_text_source", "iter_text_lines", "SubwordTokenizer",
+    "TextTokenizer", "TokenizerSpec", "parse_tokenizer_spec",
 ]

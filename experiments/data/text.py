@@ -60,14 +60,21 @@ def tokenize(text: str) -> list[str]:
 
 
 class Vocab:
-    """Token <-> id table. Ids 0 and 1 are ``<pad>`` and ``<unk>``; the rest by frequency.
+    """Token <-> id table. Ids 0 and 1 are ``<pad>`` and ``<unk>``, then ``<mask>`` at id 2 where the vocabulary
+    was built with one (``Vocab.build(..., mask_token=True)``); the rest by frequency.
 
-    ``itos`` is the list of tokens by id, ``stoi`` the inverse dict.
+    ``itos`` is the list of tokens by id, ``stoi`` the inverse dict. The word kind of
+    `experiments.data.subword.TextTokenizer` (``kind``, ``file_name``, ``pad_id``, ``unk_id``, ``mask_id``,
+    ``special_ids``, ``id_to_token``, ``encode_texts``, ``tokenizer_digest``).
     """
 
     PAD, UNK = 0, 1
     PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
     SPECIALS = (PAD_TOKEN, UNK_TOKEN)
+    #: the mask token (id 2 where present) and how a text writes it (the same as for subword tokenizers)
+    MASK, MASK_TOKEN, MASK_TEXT = 2, "<mask>", "[MASK]"
+    kind, file_name, tokenizer_digest = "words", "vocab.json", None
+    pad_id, unk_id = PAD, UNK
 
     def __init__(self, itos: Sequence[str]):
         itos = list(itos)
@@ -79,12 +86,14 @@ class Vocab:
         self.stoi = {t: i for i, t in enumerate(itos)}
 
     @classmethod
-    def build(cls, token_lists, min_freq: int = 1, max_size: int | None = None) -> Vocab:
+    def build(cls, token_lists, min_freq: int = 1, max_size: int | None = None, mask_token: bool = False) -> Vocab:
         """Vocabulary of the tokens seen at least ``min_freq`` times in ``token_lists``.
 
         Tokens are ordered by decreasing count, ties by the token string (so the result does not
         depend on the order of the input); ``max_size`` caps the number of ordinary tokens (the
-        two specials come on top). Occurrences of the special strings themselves are ignored.
+        specials come on top). Occurrences of the special strings themselves are ignored.
+        ``mask_token``: add ``<mask>`` at id 2 (for masked-token training; the ordinary tokens then start at 3).
+        False, the default, gives the vocabulary of earlier versions, id for id.
         """
         if isinstance(min_freq, bool) or not isinstance(min_freq, int) or min_freq < 1:
             raise DataError(f"min_freq must be an integer >= 1, got {min_freq!r}")
@@ -93,12 +102,13 @@ class Vocab:
         counts = collections.Counter()
         for tokens in token_lists:
             counts.update(tokens)
-        for s in cls.SPECIALS:
+        specials = cls.SPECIALS + ((cls.MASK_TOKEN,) if mask_token else ())
+        for s in specials:
             counts.pop(s, None)
         kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
         if max_size is not None:
             kept = kept[:max_size]
-        return cls(list(cls.SPECIALS) + kept)
+        return cls(list(specials) + kept)
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -116,6 +126,39 @@ class Vocab:
         """Ids of ``tokens``; unknown tokens map to ``UNK``."""
         get = self.stoi.get
         return [get(t, self.UNK) for t in tokens]
+
+    @property
+    def mask_id(self) -> int | None:
+        """The id of ``<mask>`` (2), None where the vocabulary has none."""
+        return self.MASK if len(self.itos) > self.MASK and self.itos[self.MASK] == self.MASK_TOKEN else None
+
+    @property
+    def special_ids(self) -> tuple:
+        """The ids of the special tokens: ``<pad>``, ``<unk>`` and ``<mask>`` where there is one."""
+        return (self.PAD, self.UNK) + ((self.MASK,) if self.mask_id is not None else ())
+
+    def id_to_token(self, i: int) -> str:
+        """The token of id ``i``."""
+        return self.itos[i]
+
+    def tokens_of(self, text: str) -> list[str]:
+        """The tokens of ``text`` (`tokenize`); with a mask token, each ``[MASK]`` written in the text is one
+        ``<mask>`` token."""
+        if self.mask_id is None or self.MASK_TEXT not in text:
+            return tokenize(text)
+        pieces = [tokenize(p) for p in text.split(self.MASK_TEXT)]
+        return [t for i, p in enumerate(pieces) for t in ([self.MASK_TOKEN] if i else []) + p]
+
+    def encode_texts(self, texts: Sequence[str], max_len: int | None = None, tokens: list | None = None) -> list:
+        """The ids of each text's first ``max_len`` tokens (`tokens_of`; None: all); ``tokens``: a list receiving
+        each text's kept token strings. A text with no token gives an empty list."""
+        rows = []
+        for text in texts:
+            kept = self.tokens_of(text)[:max_len]
+            rows.append(self.encode(kept))
+            if tokens is not None:
+                tokens.append(kept)
+        return rows
 
     def to_json(self) -> str:
         """JSON text ``{"itos": [...]}`` (read back by :meth:`from_json`)."""
@@ -147,7 +190,8 @@ class Vocab:
 
 
 def encode(examples: Sequence[tuple[str, int]], vocab: Vocab, max_len: int, tokens: list | None = None):
-    """Tokenise, map to ids and pad ``examples`` into tensors.
+    """Tokenise, map to ids and pad ``examples`` into tensors. ``vocab``: a `Vocab` or any
+    `experiments.data.subword.TextTokenizer` (its ``encode_texts``, ``pad_id``, ``unk_id``).
 
     Returns ``ids`` (N, L) long, ``mask`` (N, L) bool (True at real tokens) and ``labels`` (N,)
     long, with ``L = min(max_len, longest example)``. Longer texts keep their first ``max_len``
@@ -158,16 +202,10 @@ def encode(examples: Sequence[tuple[str, int]], vocab: Vocab, max_len: int, toke
     """
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
         raise DataError(f"max_len must be an integer >= 1, got {max_len!r}")
-    rows = []
-    for text, _ in examples:
-        kept = tokenize(text)[:max_len]
-        ids = vocab.encode(kept)
-        if tokens is not None:
-            tokens.append(kept)
-        rows.append(ids or [Vocab.UNK])
+    rows = [r or [vocab.unk_id] for r in vocab.encode_texts([text for text, _ in examples], max_len, tokens)]
     n = len(rows)
     L = max((len(r) for r in rows), default=1)
-    ids = torch.full((n, L), Vocab.PAD, dtype=torch.long)
+    ids = torch.full((n, L), vocab.pad_id, dtype=torch.long)
     mask = torch.zeros((n, L), dtype=torch.bool)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)

@@ -27,11 +27,19 @@ def _digest(items: Iterable) -> str:
     return h.hexdigest()
 
 
+def _vocab_digest(vocab_itos: Sequence[str], tokenizer: Optional[str]) -> str:
+    """The ``vocab`` part: the tokens in id order, and for a subword tokenizer the digest of its whole JSON."""
+    items = list(vocab_itos) if tokenizer is None else [*vocab_itos, {"tokenizer.json": tokenizer}]
+    return _digest(items)
+
+
 def data_fingerprint(vocab_itos: Sequence[str], train: Sequence, val: Sequence, test: Sequence,
-                     label_names: Optional[Sequence[str]]) -> Dict[str, object]:
-    """``{part: sha256 hex}`` for :data:`PARTS`, plus the split sizes (for the message)."""
+                     label_names: Optional[Sequence[str]], tokenizer: Optional[str] = None) -> Dict[str, object]:
+    """``{part: sha256 hex}`` for :data:`PARTS`, plus the split sizes (for the message). ``tokenizer``: for a
+    subword tokenizer, the sha256 of its ``tokenizer.json`` (canonical text), covered by the ``vocab`` part with
+    the tokens (None, the word vocabulary: the tokens alone, as before)."""
     rows = {"train": train, "val": val, "test": test}
-    out: Dict[str, object] = {"vocab": _digest(vocab_itos)}
+    out: Dict[str, object] = {"vocab": _vocab_digest(vocab_itos, tokenizer)}
     for name, examples in rows.items():
         out[name] = _digest([str(t), int(y)] for t, y in examples)
     out["label_names"] = _digest(list(label_names or []))
@@ -51,7 +59,8 @@ def compare_fingerprints(stored: Dict[str, object], now: Dict[str, object]) -> L
     return diff
 
 
-def mismatched_parts(stored: Dict[str, object], vocab_itos: Sequence[str], label_names: Sequence[str]) -> List[str]:
+def mismatched_parts(stored: Dict[str, object], vocab_itos: Sequence[str], label_names: Sequence[str],
+                     tokenizer: Optional[str] = None) -> List[str]:
     """The parts among ``vocab`` and ``label_names`` whose digest (or, for the vocabulary, size) in ``stored`` (a
     `data_fingerprint`) is not that of ``vocab_itos`` (tokens in id order) and ``label_names`` (in class id
     order); empty when both match.
@@ -60,13 +69,14 @@ def mismatched_parts(stored: Dict[str, object], vocab_itos: Sequence[str], label
         stored: the fingerprint recorded when the model was trained.
         vocab_itos: the vocabulary as loaded, tokens in id order.
         label_names: the label names as loaded, in class id order.
+        tokenizer: for a subword tokenizer, the sha256 of its canonical ``tokenizer.json`` (`data_fingerprint`).
 
     Returns:
         The names of the parts that differ (a subset of ``["vocab", "label_names"]``, in that order).
     """
     out = []
     size = (stored.get("sizes") or {}).get("vocab") if isinstance(stored.get("sizes"), dict) else None
-    if stored.get("vocab") != _digest(list(vocab_itos)) or (size is not None and size != len(vocab_itos)):
+    if stored.get("vocab") != _vocab_digest(vocab_itos, tokenizer) or (size is not None and size != len(vocab_itos)):
         out.append("vocab")
     if stored.get("label_names") != _digest(list(label_names)):
         out.append("label_names")

@@ -56,7 +56,8 @@ RUN_FILES = ("metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "e
 #: what a run writes besides: replaced with it by ``--overwrite`` (two runs never share a log or a metrics file)
 RUN_LOGS = ("train.log", "metrics.csv", "tensorboard")
 #: every name a run writes in its folder: what ``--overwrite`` replaces; anything else is not the run's and is kept
-RUN_OUTPUTS = RUN_FILES + RUN_LOGS + ("config.yaml", "config.json", "README.md", "vocab.json", "energy_descent.png",
+RUN_OUTPUTS = RUN_FILES + RUN_LOGS + ("config.yaml", "config.json", "README.md", "vocab.json", "tokenizer.json",
+                                      "energy_descent.png",
                                       "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt")
 #: written into a seed's folder by the sweep before the trainer starts: not content (kept, moved with the folder)
 SWEEP_LOG = "sweep.log"

@@ -190,6 +190,7 @@ def ws(tmp_path_factory):
 DATA, TFIDF, PLOT = "experiments.app.data_cli", "experiments.app.tfidf", "experiments.app.plot_energy"
 SPLINE = "experiments.studies.spline_probe"
 DESCENT, ACT, SBM, BENCH = "experiments.studies.descent", "experiments.studies.activations", "experiments.studies.pyg_sbm", "experiments.studies.bench"
+STREAM = "experiments.studies.stream_memory"
 
 
 def export(dataset, *more):
@@ -378,6 +379,11 @@ CASES = [
     (SBM, ["--epochs", "-5"], ["--epochs", "'-5'"]),
     (SBM, ["--seed", "-1"], ["--seed", "'-1'"]),
     # --- experiments.studies.bench
+    (STREAM, ["--size-mb", "0"], ["--size-mb", "0"]),
+    (STREAM, ["--tokenizer", "words"], ["--tokenizer", "'words'"]),
+    (STREAM, ["--tokenizer", "bpe:3"], ["--tokenizer", "'bpe:3'"]),
+    (STREAM, ["--batch-size", "0"], ["--batch-size", "0"]),
+    (STREAM, ["--quick", "--out", "no/such/folder/x.json"], ["--out", "no/such/folder/x.json"]),
     (BENCH, ["nope"], ["suite", "'nope'", "energy"]),
     (BENCH, [], ["suite", "required"]),
     (BENCH, ["energy", "--device", "foo"], ["--device", "'foo'"]),

@@ -30,7 +30,7 @@ TINY = os.path.join(ROOT, "experiments", "configs", "tiny.yaml")
 CLIS = ["experiments.studies.activations", "experiments.studies.bench", "experiments.studies.convex_heads", "experiments.app.data_cli",
         "experiments.studies.depth", "experiments.studies.descent", "experiments.app.plot_energy", "experiments.app.predict",
         "experiments.studies.pyg_sbm", "experiments.studies.spline_probe", "experiments.app.sweep", "experiments.app.tfidf",
-        "experiments.app.train", "experiments.studies.variants", "unfold.check"]
+        "experiments.app.train", "experiments.studies.variants", "unfold.check", "experiments.studies.stream_memory"]
 #: a small, fast unfold.check run
 CHECK = ["--samples", "2", "--layers", "3", "--n", "8", "--d", "4", "--json"]
 

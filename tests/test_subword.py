@@ -290,3 +290,13 @@ def test_unfold_predict_reads_the_subword_bundle(run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[0])
     assert out["unknown_tokens"] == 1 and out["unknown_words"] == ["✓"] and out["verdict"] == "descent"
+
+
+def test_the_guide_python_block_runs_as_written(capsys):
+    text = open(os.path.join(ROOT, "docs", "guides", "tokenizers.md"), encoding="utf-8").read()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "tokenizers.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "['[PAD]', '[UNK]', '[MASK]'] 0 1 2"
+    assert lines[1].startswith("[[") and ", 2, " in lines[1] and lines[1].endswith(", 1]]")
+    assert lines[2] == "['<pad>', '<unk>', '<mask>', 'a', 'cat', 'film'] 2"

@@ -1,13 +1,14 @@
 """Convex attention, MLP-Mixer, FNO and MLP heads solved to global optimality, with certificates.
 
-* :mod:`convex.heads`: the heads as linear maps of block variables Z (``make_head``, ``HEADS``), their
+* `convex.heads`: the heads as linear maps of block variables Z (``make_head``, ``HEADS``), their
   adjoints, the lift from non-convex multi-head weights and the map back;
-* :mod:`convex.losses`: squared and softmax cross-entropy losses with their conjugates and Hessian products;
-* :mod:`convex.solver`: proximal gradient / monotone FISTA with singular-value thresholding, and
+* `convex.losses`: squared and softmax cross-entropy losses with their conjugates and Hessian products;
+* `convex.solver`: proximal gradient / monotone FISTA with singular-value thresholding, and
   ``method="newton"`` (FISTA warm-up, then proximal steps alternating with trust-region Newton-CG steps on
   the Burer-Monteiro factors), duality gap, ``beta_max``, ranks, and the objective traced per iteration.
 
-Layer: beside :mod:`unfold`. May import: :mod:`energies` and :mod:`unfold`, nothing else of the project.
+Layer: beside [`unfold`][unfold]. May import: [`energies`][energies] and [`unfold`][unfold], nothing else of the
+project.
 """
 from .heads import HEADS, Head, make_head, register_head
 from .losses import LOSSES, get_loss, register_loss

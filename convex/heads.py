@@ -72,8 +72,8 @@ class Head:
     ``"13"`` for ``sa_linear``). ``prepare(X, mask)`` turns data into what ``forward`` and ``adjoint`` read;
     everything is linear in the blocks ``Z = [Z_1, ..., Z_G]``.
 
-    Subclasses are registered with :func:`register_head` and built by :func:`make_head`; their own options
-    (``gates``, ``groups``) are keyword arguments of their constructors.
+    Subclasses are registered with [`register_head`][convex.register_head] and built by [`make_head`][convex.make_head];
+    their own options (``gates``, ``groups``) are keyword arguments of their constructors.
 
     Args:
         d: the feature dimension, an int >= 1.
@@ -101,9 +101,10 @@ class Head:
         raise NotImplementedError
 
     def prepare(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict:
-        """The data the operators read (with ``prepared_by``, the head's :meth:`signature`). Refuses
-        (:class:`TokenError`) no examples, features that are not float32 or float64 (the solver's SVDs take no
-        other), non-finite features, and features whose products overflow (every prepared tensor must be finite)."""
+        """The data the operators read (with ``prepared_by``, the head's [`signature`][convex.Head.signature]). Refuses
+        ([`TokenError`][energies.TokenError]) no examples, features that are not float32 or float64 (the solver's SVDs
+        take no other), non-finite features, and features whose products overflow (every prepared tensor must be
+        finite)."""
         if not isinstance(X, torch.Tensor) or X.ndim != 3 or X.shape[1:] != (self.s, self.d):
             raise TokenError(f"head {self.name} needs features (N, s={self.s}, d={self.d}), "
                              f"got {tuple(getattr(X, 'shape', ()))}")
@@ -137,7 +138,8 @@ class Head:
 
     def signature(self) -> tuple:
         """What the prepared data depend on: the class, its name and every int/str attribute (d, s, c, seed, gates,
-        groups); :meth:`prepare` records it and the solver refuses data prepared by a head of another signature."""
+        groups); [`prepare`][convex.Head.prepare] records it and the solver refuses data prepared by a head of another
+        signature."""
         return (type(self).__qualname__, self.name,
                 *sorted((k, v) for k, v in vars(self).items() if isinstance(v, (int, str)) and not isinstance(v, bool)))
 
@@ -153,7 +155,7 @@ class Head:
         return W1.reshape(-1), W2.reshape(-1)
 
     def unfactor(self, g: int, u: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(u, v)`` -> non-convex head weights (inverse of :meth:`factor`)."""
+        """``(u, v)`` -> non-convex head weights (inverse of [`factor`][convex.Head.factor])."""
         raise NotImplementedError
 
     def nonconvex(self, heads: Weights, data: dict) -> torch.Tensor:
@@ -161,9 +163,11 @@ class Head:
         raise NotImplementedError
 
     def lift(self, heads: Weights) -> List[torch.Tensor]:
-        """The blocks ``Z_g = sum_j u_j v_j^T`` of non-convex heads ``[(g, W1_j, W2_j), ...]`` (:meth:`factor`); each
-        head is checked first: g a block index, W1 and W2 floating tensors of the shapes :meth:`unfactor` gives
-        (a :class:`ConfigError` names the head and what is wrong)."""
+        """The blocks ``Z_g = sum_j u_j v_j^T`` of non-convex heads ``[(g, W1_j, W2_j), ...]``
+        ([`factor`][convex.Head.factor]); each head is checked first: g a block index, W1 and W2 floating tensors of the
+        shapes [`unfactor`][convex.Head.unfactor] gives (a [`ConfigError`][energies.ConfigError] names the head and what
+        is
+        wrong)."""
         blocks = self.blocks()
         if not isinstance(heads, (list, tuple)):
             raise ConfigError(f"head {self.name}: lift needs a list of (g, W1, W2), got {type(heads).__name__}")
@@ -500,8 +504,8 @@ class MixerGated(MixerLinear):
 
     Batched over the feature k and all gates at once: ``B_k = X[:, :, k] [Z4_1[:, :, k, :] .. Z4_m[:, :, k, :]]``
     ``(N, (j, o, p))``, then ``yhat[p] = sum_{k, j, o} W[k, i, (j, o)] B_k[i, (j, o, p)]`` with the pooled
-    gate weights ``W[k, i, (j, o)] = pi_io M_j[i, o, k]`` (laid out once by :meth:`prepare`); the adjoint
-    is ``Z4_j[:, :, k, :] = X[:, :, k]^T (W[k] (x) R)``."""
+    gate weights ``W[k, i, (j, o)] = pi_io M_j[i, o, k]`` (laid out once by [`prepare`][convex.Head.prepare]); the
+    adjoint is ``Z4_j[:, :, k, :] = X[:, :, k]^T (W[k] (x) R)``."""
 
     equation = "133"
 
@@ -553,7 +557,7 @@ def make_head(name: str, d: int, s: int, c: int, **options) -> Head:
             ``seed``, the gates' seed (default 0). A head refuses an option it does not take.
 
     Returns:
-        The :class:`Head`, ready for ``prepare(X, mask)``.
+        The [`Head`][convex.Head], ready for ``prepare(X, mask)``.
 
     Raises:
         ConfigError: an unknown name (the valid ones listed), an option the head does not take, or a value out

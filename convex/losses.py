@@ -31,8 +31,8 @@ class Loss:
 
     def targets(self, Y, N: int, c: int, like: torch.Tensor) -> torch.Tensor:
         """The targets as a finite ``(N, c)`` tensor of ``like``'s dtype and device, from either integer class
-        labels ``(N,)`` in ``[0, c)`` (one-hot) or a floating ``(N, c)`` matrix; a :class:`ConfigError` names
-        what is wrong (a label out of range, NaN or Inf, the wrong shape)."""
+        labels ``(N,)`` in ``[0, c)`` (one-hot) or a floating ``(N, c)`` matrix; a [`ConfigError`][energies.ConfigError]
+        names what is wrong (a label out of range, NaN or Inf, the wrong shape)."""
         if not isinstance(Y, torch.Tensor):
             raise ConfigError(f"targets must be a tensor: labels (N={N},) or a matrix (N={N}, c={c}), "
                               f"got {type(Y).__name__}")
@@ -131,10 +131,10 @@ def get_loss(name) -> Loss:
     its conjugate for the duality gap (module docstring; the dual of eq. 38 reads ``l*``).
 
     Args:
-        name: ``squared`` or ``cross_entropy`` (any name in ``LOSSES``), or a :class:`Loss`, returned as it is.
+        name: ``squared`` or ``cross_entropy`` (any name in ``LOSSES``), or a `Loss`, returned as it is.
 
     Returns:
-        A :class:`Loss`: a new instance of the registered class, or ``name`` itself when it is one.
+        A `Loss`: a new instance of the registered class, or ``name`` itself when it is one.
 
     Raises:
         ConfigError: an unknown name (the valid ones listed).

@@ -32,7 +32,7 @@ its certificate says so, and the next proximal step adds the missing direction).
 steps converge superlinearly where FISTA's rate is set by the conditioning of A and of the loss.
 
 The objective of every kept iterate is recorded as an energy trace
-(:func:`unfold.trace.report_from_values`, terms ``loss`` and ``penalty``), like the layers'.
+([`unfold.trace.report_from_values`][unfold.report_from_values], terms ``loss`` and ``penalty``), like the layers'.
 
 Certificates (Fenchel duality; the dual is ``max -l*(V)`` s.t. ``max_g ||A_g*(V)||_2 <= beta``):
 at the dual point ``V = t grad l(A(Z))``, ``t = min(1, beta / max_g ||A_g*(grad l)||_2)``, the gap
@@ -71,7 +71,7 @@ RHO_MIN = 1e-4  # a Newton candidate must realise this fraction of the decrease 
 
 
 def _svt_factors(Z: torch.Tensor, tau: float):
-    """``(U_k, S_k, Vh_k)`` with ``S_k = (sigma - tau)_+ > 0``: the factors of :func:`svt`'s result."""
+    """``(U_k, S_k, Vh_k)`` with ``S_k = (sigma - tau)_+ > 0``: the factors of [`svt`][convex.svt]'s result."""
     U, S, Vh = torch.linalg.svd(Z, full_matrices=False)
     S = torch.clamp(S - tau, min=0.0)
     k = int((S > 0).sum())
@@ -128,7 +128,7 @@ def rank(Z: Sequence[torch.Tensor], rtol: float = 1e-9) -> List[int]:
 
     At the optimum this is the number of non-convex heads the solution needs per block: ``r = rank(Z*)`` heads
     reach the optimum of the non-convex problem (eq. 12; the map of Appendix A.2 after eq. 52), and
-    :func:`map_back` keeps the singular pairs by the same rule.
+    [`map_back`][convex.map_back] keeps the singular pairs by the same rule.
 
     Args:
         Z: the blocks ``[Z_1, ..., Z_G]``, 2-D tensors.
@@ -171,7 +171,7 @@ def _dual_norm(G: Sequence[torch.Tensor]) -> float:
 
 
 def _problem(head: Head, data: dict, Y, loss) -> "tuple[Loss, torch.Tensor]":
-    """``(loss, targets)`` checked against the head and its prepared data (:meth:`Head.prepare`): the
+    """``(loss, targets)`` checked against the head and its prepared data ([`Head.prepare`][convex.Head.prepare]): the
     targets as a finite ``(N, c)`` tensor (integer labels in [0, c) are one-hot encoded)."""
     if not isinstance(head, Head):
         raise ConfigError(f"head must be a convex.Head, got {type(head).__name__}")
@@ -205,10 +205,10 @@ def beta_max(head: Head, data: dict, Y: torch.Tensor, loss="cross_entropy") -> f
     ``max_g ||A_g*(V)||_2 <= beta``; Z = 0 is optimal iff the dual point ``V = grad l(0)`` satisfies it.
 
     Args:
-        head: the convex head (:func:`convex.make_head`).
+        head: the convex head ([`convex.make_head`][convex.make_head]).
         data: the dict that ``head.prepare(X, mask)`` returns.
         Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
-        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+        loss: ``cross_entropy`` or ``squared``, or a `Loss`.
 
     Returns:
         beta_max as a float (the largest singular value over the blocks, from a full SVD).
@@ -230,17 +230,17 @@ def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tenso
     Fenchel duality (eq. 38, Lemma A.2): at the dual point ``V = t grad l(A(Z))``,
     ``t = min(1, beta / max_g ||A_g*(grad l)||_2)`` (feasible: the dual constraint holds), the gap
     ``P(Z) + l*(V) >= 0`` bounds ``P(Z) - P*`` (module docstring). A certificate is never made of non-finite
-    values: a :class:`TokenError` says what overflowed; nor of a dual value above the objective by more than
-    rounding (weak duality broken: the loss's conjugate is wrong), which would read as a zero gap.
+    values: a [`TokenError`][energies.TokenError] says what overflowed; nor of a dual value above the objective by more
+    than rounding (weak duality broken: the loss's conjugate is wrong), which would read as a zero gap.
 
     Args:
-        head: the convex head (:func:`convex.make_head`).
+        head: the convex head ([`convex.make_head`][convex.make_head]).
         data: the dict that ``head.prepare(X, mask)`` returns.
         Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
         Z: the blocks, a list of finite floating tensors of the shapes ``head.blocks()`` (moved to the
             features' dtype and device).
         beta: the nuclear-norm weight, a finite number > 0.
-        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+        loss: ``cross_entropy`` or ``squared``, or a `Loss`.
 
     Returns:
         A dict of floats: ``objective`` (P), ``loss``, ``penalty`` (``beta sum_g ||Z_g||_*``), ``dual``
@@ -260,7 +260,7 @@ def certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tenso
 def _certificate(head: Head, data: dict, Y: torch.Tensor, Z: Sequence[torch.Tensor], beta: float,
                  loss: Loss, R: Optional[torch.Tensor] = None, G: Optional[List[torch.Tensor]] = None
                  ) -> Dict[str, float]:
-    """:func:`certificate` on arguments already checked (the solver's own calls). ``R = A(Z)`` and
+    """[`certificate`][convex.certificate] on arguments already checked (the solver's own calls). ``R = A(Z)`` and
     ``G = A*(grad l(R))`` may be passed when the caller has just computed them from this very Z (the same
     computation, not an approximation)."""
     R = head.forward(Z, data) if R is None else R
@@ -299,7 +299,7 @@ def _blocks(head: Head, Z, what: str, like: Optional[torch.Tensor] = None) -> Li
 
 @dataclass
 class ConvexSolution:
-    """What :func:`solve` returns: the solution of the convex program ``min l(A(Z)) + beta sum_g ||Z_g||_*``
+    """What [`solve`][convex.solve] returns: the solution of the convex program ``min l(A(Z)) + beta sum_g ||Z_g||_*``
     (the head's equation, e.g. eq. 13) with its certificate (eq. 38) and the traced objective.
 
     Attributes:
@@ -310,10 +310,10 @@ class ConvexSolution:
         iterations: steps of fista/pg; for newton the same unit of work: FISTA and proximal steps, Hessian-vector
             products and Newton candidates, each one application of A and one of A* (what ``max_iter`` bounds).
         converged: whether the relative duality gap reached ``tol``.
-        certificate: :func:`certificate` at Z (objective, dual, duality gap absolute and relative, optimality
-            ratio).
-        beta_max: :func:`beta_max` of the problem (Z = 0 iff beta >= beta_max).
-        ranks: :func:`rank` of each block (rtol 1e-9).
+        certificate: [`certificate`][convex.certificate] at Z (objective, dual, duality gap absolute and relative,
+            optimality ratio).
+        beta_max: [`beta_max`][convex.beta_max] of the problem (Z = 0 iff beta >= beta_max).
+        ranks: [`rank`][convex.rank] of each block (rtol 1e-9).
         seconds: wall-clock seconds of the solve, from after the argument checks to the end.
         trace: per-iteration float64 ``{"loss": (1, K+1), "penalty": (1, K+1)}`` of the kept iterates (one
             column per FISTA / proximal step and per Newton step).
@@ -340,7 +340,8 @@ class ConvexSolution:
 
     @property
     def rank(self) -> int:
-        """The total rank, the sum of :attr:`ranks`: the number of non-convex heads :func:`map_back` gives."""
+        """The total rank, the sum of [`ranks`][convex.ConvexSolution.ranks]: the number of non-convex heads
+        [`map_back`][convex.map_back] gives."""
         return sum(self.ranks)
 
     def report(self) -> DescentReport:
@@ -348,7 +349,8 @@ class ConvexSolution:
         return report_from_values(self.trace, torch.float64, guaranteed=True)
 
     def objective_curve(self) -> torch.Tensor:
-        """The objective P of every kept iterate, ``(K+1,)`` float64 (loss + penalty of :attr:`trace`)."""
+        """The objective P of every kept iterate, ``(K+1,)`` float64 (loss + penalty of
+        [`trace`][convex.ConvexSolution.trace])."""
         return sum(self.trace.values())[0]
 
 
@@ -371,7 +373,7 @@ def _balanced(U: torch.Tensor, V: torch.Tensor):
 
 
 class _Run:
-    """State of one :func:`solve` call: the kept iterate ``Z`` with ``R = A(Z)`` and its objective, the step
+    """State of one [`solve`][convex.solve] call: the kept iterate ``Z`` with ``R = A(Z)`` and its objective, the step
     size, the trace and the operator counts."""
 
     def __init__(self, head, data, Y, beta, loss, Z, fixed_lipschitz):
@@ -628,7 +630,7 @@ def _steihaug(g, hvp, radius: float, forcing: float, max_products: int):
 
 
 def _checked(head, data, Y, beta, loss, method, max_iter, tol, check_every, warmup, cg_iters, fixed_lipschitz):
-    """:func:`solve`'s arguments checked (the first refused in this order: method, beta, loss and targets, the
+    """[`solve`][convex.solve]'s arguments checked (the first refused in this order: method, beta, loss and targets, the
     budgets, newton's need of a Hessian): ``(beta, loss, targets, max_iter, tol, check_every, warmup, cg_iters,
     fixed_lipschitz)``."""
     if not isinstance(method, str) or method not in METHODS:
@@ -687,7 +689,8 @@ def _iterate(run: _Run, method: str, max_iter: int, tol: float, check_every: int
 
 def _solution(run: _Run, method: str, it: int, converged: bool, cert: Dict[str, float], kept: int,
               t0: float) -> ConvexSolution:
-    """The :class:`ConvexSolution` of a finished run (trace, ``beta_max``, ranks, seconds since ``t0``)."""
+    """The [`ConvexSolution`][convex.ConvexSolution] of a finished run (trace, ``beta_max``, ranks, seconds since
+    ``t0``)."""
     trace = {"loss": torch.tensor([run.losses], dtype=torch.float64),
              "penalty": torch.tensor([run.pens], dtype=torch.float64)}
     bmax = beta_max(run.head, run.data, run.Y, run.loss)
@@ -704,24 +707,24 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
     """Minimise the head's convex program ``l(A(Z)) + beta sum_g ||Z_g||_*`` (its equation: ``head.equation``,
     e.g. eq. 13 for ``sa_linear``; module docstring); stops when the relative duality gap is below ``tol``
     (checked every ``check_every`` FISTA/pg steps, after every Newton round) or after ``max_iter`` iterations
-    (for ``newton``: units of work, see :attr:`ConvexSolution.iterations`).
+    (for ``newton``: units of work, see [`ConvexSolution.iterations`][convex.ConvexSolution.iterations]).
 
     ``method``: ``fista`` (monotone FISTA), ``pg`` (plain proximal gradient) or ``newton`` (``warmup``
     FISTA steps, then proximal steps alternating with trust-region Newton-CG steps of at most ``cg_iters``
-    Hessian-vector products on the Burer-Monteiro factors; needs a loss with :meth:`Loss.hess`). The gap of
+    Hessian-vector products on the Burer-Monteiro factors; needs a loss with `Loss.hess`). The gap of
     the first-order methods stalls in flat directions of ill-conditioned problems (once a step's decrease of
     P is below float64's resolution of P, no candidate is seen to descend); the Newton steps of ``newton``
     still descend measurably there and reach gaps of about 1e-9 to 1e-14 on the problems measured (it stops
-    where no step can be seen to descend any more, see :func:`_newton`). ``fixed_lipschitz``: a constant L,
+    where no step can be seen to descend any more, see `_newton`). ``fixed_lipschitz``: a constant L,
     no backtracking (for experiments and negative controls: an L below the true constant breaks the
     majorization, and the trace shows it).
 
     Args:
-        head: the convex head (:func:`convex.make_head`): the linear map A of the block variables Z.
+        head: the convex head ([`convex.make_head`][convex.make_head]): the linear map A of the block variables Z.
         data: the dict that ``head.prepare(X, mask)`` returns.
         Y: the targets: integer labels in [0, c) (one-hot encoded) or an ``(N, c)`` tensor.
         beta: the nuclear-norm weight, > 0.
-        loss: ``cross_entropy`` or ``squared``, or a :class:`~convex.losses.Loss`.
+        loss: ``cross_entropy`` or ``squared``, or a `Loss`.
         method: ``fista``, ``pg`` or ``newton`` (above).
         max_iter: the iteration budget, >= 1.
         tol: the relative duality gap at which it stops (its certificate), >= 0.
@@ -732,8 +735,8 @@ def solve(head: Head, data: dict, Y: torch.Tensor, beta: float, loss="cross_entr
         cg_iters: Hessian-vector products per Newton-CG step, >= 1.
 
     Returns:
-        A :class:`ConvexSolution`: Z, whether the gap reached ``tol``, the certificate (the duality gap and its
-        parts), the ranks, and the loss and penalty traced per iteration.
+        A [`ConvexSolution`][convex.ConvexSolution]: Z, whether the gap reached ``tol``, the certificate (the duality
+        gap and its parts), the ranks, and the loss and penalty traced per iteration.
 
     Raises:
         ConfigError: an argument refused (named with its value), or ``newton`` with a loss without a Hessian.
@@ -754,16 +757,17 @@ def map_back(head: Head, Z: Sequence[torch.Tensor], rtol: float = 1e-9):
 
     This is the map from a solution of the convex program (eq. 13) to one of the non-convex problem (eq. 12)
     in the proof of Theorem 3.1 (Appendix A.2, after eq. 52: ``W1_j = sqrt(sigma_j) vec^-1(u_j)``,
-    ``W2_j = sqrt(sigma_j) vec^-1(v_j)^T``); each head's :meth:`Head.unfactor` does the reshaping.
+    ``W2_j = sqrt(sigma_j) vec^-1(v_j)^T``); each head's [`Head.unfactor`][convex.Head.unfactor] does the reshaping.
 
     Args:
-        head: the convex head Z belongs to (:func:`convex.make_head`).
+        head: the convex head Z belongs to ([`convex.make_head`][convex.make_head]).
         Z: the blocks, a list of finite floating tensors of the shapes ``head.blocks()``.
-        rtol: the relative threshold on the singular values (as :func:`rank`), a finite number >= 0.
+        rtol: the relative threshold on the singular values (as [`rank`][convex.rank]), a finite number >= 0.
 
     Returns:
         A list of ``(g, W1_j, W2_j)``: the block and the non-convex head's weights, in the shapes
-        :meth:`Head.unfactor` gives (what :meth:`Head.nonconvex` and :meth:`Head.lift` read).
+        [`Head.unfactor`][convex.Head.unfactor] gives (what [`Head.nonconvex`][convex.Head.nonconvex] and
+        [`Head.lift`][convex.Head.lift] read).
 
     Raises:
         ConfigError: rtol, the head, or the blocks (finite float32 or float64 tensors) are refused.

@@ -1,23 +1,24 @@
 """Energy functions of token matrices on token graphs.
 
 Every layer of an unfolded transformer is one majorization-minimization step on one of these
-energies (see :mod:`unfold`). Main objects:
+energies (see [`unfold`][unfold]). Main objects:
 
-* :class:`TokenGraph` and builders :func:`complete`, :func:`window`, :func:`strided`,
-  :func:`dilated`, :func:`star`, :func:`random`, :func:`from_edge_index`, :func:`from_pyg`;
-* penalties rho (:func:`get_rho`: ``exp``, ``relu``, ``softplus``, ``cauchy``, ``lp``), validated on value and
-  derivative when built, each value at full relative precision;
-* pairwise kernels (:data:`KERNELS`, :func:`register_kernel`: ``edges``, ``dense``, ``softmax``, ``fused``,
-  ``streamed``, ``banded``), selected by name or ``auto``;
-* terms (:class:`PairwiseAttention`, :class:`Residual`, :class:`FeedForward`,
-  :class:`NonNegativity`, :class:`Centering`, :class:`Rescaling`) and the composite :class:`Energy`;
-  each term owns its value, gradient, curvature bound and Jacobi diagonal (:class:`MMParts`) and, for an
-  indicator, its proximal map.
+* [`TokenGraph`][energies.TokenGraph] and builders [`complete`][energies.complete], [`window`][energies.window],
+  [`strided`][energies.strided], [`dilated`][energies.dilated], [`star`][energies.star], [`random`][energies.random],
+  [`from_edge_index`][energies.from_edge_index], [`from_pyg`][energies.from_pyg];
+* penalties rho ([`get_rho`][energies.get_rho]: ``exp``, ``relu``, ``softplus``, ``cauchy``, ``lp``), validated on value
+  and derivative when built, each value at full relative precision;
+* pairwise kernels ([`KERNELS`][energies.KERNELS], [`register_kernel`][energies.register_kernel]: ``edges``, ``dense``,
+  ``softmax``, ``fused``, ``streamed``, ``banded``), selected by name or ``auto``;
+* terms ([`PairwiseAttention`][energies.PairwiseAttention], [`Residual`][energies.Residual],
+  [`FeedForward`][energies.FeedForward], [`NonNegativity`][energies.NonNegativity], [`Centering`][energies.Centering],
+  [`Rescaling`][energies.Rescaling]) and the composite [`Energy`][energies.Energy]; each term owns its value, gradient,
+  curvature bound and Jacobi diagonal ([`MMParts`][energies.MMParts]) and, for an indicator, its proximal map.
 
-Layer: the bottom of the project. May import: nothing of the project outside :mod:`energies` (torch, numpy;
-PyG and Triton lazily). The code of graphs and kernels is in :mod:`energies.graphs` and :mod:`energies.kernels`, one
-builder or kernel a file (every kernel's code under :mod:`energies.kernels`), their public names re-exported by
-:mod:`energies.graphs` and :mod:`energies.kernels`.
+Layer: the bottom of the project. May import: nothing of the project outside [`energies`][energies] (torch, numpy;
+PyG and Triton lazily). The code of graphs and kernels is in `energies.graphs` and `energies.kernels`, one
+builder or kernel a file (every kernel's code under `energies.kernels`), their public names re-exported by
+`energies.graphs` and `energies.kernels`.
 """
 from .energy import Energy, attention_energy, feedforward_energy, layernorm_energy, nonnegativity_energy
 from .errors import CheckpointError, ConfigError, DescentError, EnergyError, GraphError, InputError, StepError, TokenError, UnfoldError

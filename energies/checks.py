@@ -1,5 +1,5 @@
 """Argument checks shared by the framework's constructors: each returns the value converted, or raises the
-caller's error type (a :class:`~energies.errors.UnfoldError` subclass) naming the argument and the value.
+caller's error type (a [`UnfoldError`][energies.UnfoldError] subclass) naming the argument and the value.
 
 They run once, when an object is built or an input enters, never in a forward pass (no host sync there).
 """
@@ -80,7 +80,7 @@ def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional
     return iv
 
 
-#: the rules of :func:`check_number`: name -> (predicate on a float, wording)
+#: the rules of `check_number`: name -> (predicate on a float, wording)
 NUMBER_RULES = {
     "finite": (math.isfinite, "a finite number"),
     "positive": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
@@ -100,7 +100,7 @@ def check_flag(value, what: str, error: type = UnfoldError, numpy_bool: bool = F
 
 
 def check_number(value, what: str, rule: str = "finite", error: type = UnfoldError) -> float:
-    """``value`` as a float obeying ``rule`` (a key of :data:`NUMBER_RULES`: ``finite``, ``positive``,
+    """``value`` as a float obeying ``rule`` (a key of `NUMBER_RULES`: ``finite``, ``positive``,
     ``nonnegative``, ``nonnegative_or_inf``, ``unit`` = (0, 1], ``probability`` = [0, 1]); a bool or a
     non-number is refused."""
     ok, wording = NUMBER_RULES[rule]

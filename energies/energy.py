@@ -21,14 +21,14 @@ class Energy(torch.nn.Module):
     ``Energy(attention=PairwiseAttention(), residual=Residual())`` or ``Energy([(name, term), ...])``.
     ``a + b`` merges two energies; a term object present in both is counted once, two different
     terms with the same name are kept apart as ``name`` and ``name@2``. The curvature bound of its MM
-    surrogate is the sum of its smooth terms' bounds, ``c_u = sum_k c^k_u`` (:meth:`curvature`).
+    surrogate is the sum of its smooth terms' bounds, ``c_u = sum_k c^k_u`` ([`curvature`][energies.Energy.curvature]).
 
     Args:
         terms: the terms as ``(name, term)`` pairs or a ``{name: term}`` dict, in order; None for none.
         **named: more terms by keyword, ``name=term``, after ``terms``.
 
     Raises:
-        EnergyError: a term that is not an :class:`~energies.terms.EnergyTerm`, a name that is not a non-empty
+        EnergyError: a term that is not an [`EnergyTerm`][energies.EnergyTerm], a name that is not a non-empty
             string without '.', or ``terms`` not pairs nor a dict (the message names it).
     """
 
@@ -77,7 +77,7 @@ class Energy(torch.nn.Module):
 
     def groups(self) -> List[List[Tuple[str, EnergyTerm]]]:
         """The ``(name, term)`` pairs in order, consecutive smooth terms of one class together (the runs that class's
-        :meth:`~energies.terms.EnergyTerm.joint_mm` / ``joint_pass_values`` may serve in one pass, such as the
+        [`joint_mm`][energies.EnergyTerm.joint_mm] / ``joint_pass_values`` may serve in one pass, such as the
         attention heads of a multi-head energy), each indicator alone."""
         out: List[List[Tuple[str, EnergyTerm]]] = []
         for name, term in self.terms.items():
@@ -113,7 +113,8 @@ class Energy(torch.nn.Module):
 
     def curvature(self, Y: torch.Tensor, graph: TokenGraph):
         """``c_u = sum_k c^k_u`` over the smooth terms (scalar or ``(B, n)``): the per-token curvature bound of
-        the energy's MM surrogate at Y (:meth:`EnergyTerm.curvature`); a term without one counts 0."""
+        the energy's MM surrogate at Y ([`EnergyTerm.curvature`][energies.EnergyTerm.curvature]); a term without one
+        counts 0."""
         c = 0.0
         for term in self.terms.values():
             if term.is_indicator:
@@ -127,7 +128,7 @@ class Energy(torch.nn.Module):
     def value_error(self, Y: torch.Tensor, graph: TokenGraph, values: Dict[str, torch.Tensor], curvature
                     ) -> torch.Tensor:
         """The bound (float64) on ``|sum_k pass value_k - sum_k value_k|`` at Y: the sum of the terms'
-        :meth:`~energies.terms.EnergyTerm.value_error` (what the layers' own passes read against the independent
+        [`value_error`][energies.EnergyTerm.value_error] (what the layers' own passes read against the independent
         evaluation), for the terms in ``values``, over statistics of Y computed once
         ([PassStats][energies.PassStats]).
 
@@ -163,13 +164,13 @@ def attention_energy(rho="exp", tau: float = 1.0, B: Optional[torch.Tensor] = No
     """E1(Y) = sum_{{u,v} in E} tau rho(||y_u - y_v||^2 / (2 tau)) + 1/2 ||Y - B||^2 (supplement eq. 33, F.4).
 
     Args:
-        rho: the concave penalty (:func:`energies.get_rho` spec or object).
+        rho: the concave penalty ([`energies.get_rho`][energies.get_rho] spec or object).
         tau: the temperature, > 0.
         B: the residual's anchor ``(n, d)`` or ``(B, n, d)``; None for ``B = 0``.
         kernel: the pairwise kernel or ``auto``.
 
     Returns:
-        The :class:`Energy` with the terms ``attention`` and ``residual``.
+        The [`Energy`][energies.Energy] with the terms ``attention`` and ``residual``.
     """
     return Energy(attention=PairwiseAttention(rho, tau, kernel), residual=Residual(B))
 
@@ -179,11 +180,11 @@ def feedforward_energy(W: torch.Tensor, B: Optional[torch.Tensor] = None) -> Ene
     ``max(lambda_max(W), 0) + 1`` per token.
 
     Args:
-        W: the symmetric weight ``(d, d)`` (checked: finite and symmetric, :class:`~energies.terms.FeedForward`).
+        W: the symmetric weight ``(d, d)`` (checked: finite and symmetric, [`FeedForward`][energies.FeedForward]).
         B: the residual's anchor ``(n, d)`` or ``(B, n, d)``; None for ``B = 0``.
 
     Returns:
-        The :class:`Energy` with the terms ``ffn`` and ``residual``.
+        The [`Energy`][energies.Energy] with the terms ``ffn`` and ``residual``.
     """
     return Energy(ffn=FeedForward(W), residual=Residual(B))
 
@@ -196,7 +197,7 @@ def layernorm_energy(radius: Optional[float] = None) -> Energy:
         radius: r, > 0; None for r = sqrt(d), the norm of a LayerNorm output.
 
     Returns:
-        The :class:`Energy` with the terms ``center`` and ``rescale``.
+        The [`Energy`][energies.Energy] with the terms ``center`` and ``rescale``.
     """
     return Energy(center=Centering(), rescale=Rescaling(radius))
 
@@ -206,7 +207,7 @@ def nonnegativity_energy() -> Energy:
     ReLU (main paper Thm 5.1; supplement eq. 49).
 
     Returns:
-        The :class:`Energy` with the one term ``relu`` (:class:`~energies.terms.NonNegativity`).
+        The [`Energy`][energies.Energy] with the one term ``relu`` ([`NonNegativity`][energies.NonNegativity]).
     """
     return Energy(relu=NonNegativity())
 

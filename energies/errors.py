@@ -2,7 +2,7 @@
 
 Every public entry point raises one of these with a message that names the
 field and the offending value, never a raw error from deep inside torch.
-All derive from :class:`UnfoldError`, itself a :class:`ValueError`, so callers
+All derive from [`UnfoldError`][energies.UnfoldError], itself a `ValueError`, so callers
 that already catch ``ValueError`` keep working.
 """
 
@@ -33,8 +33,8 @@ class ConfigError(UnfoldError):
 
 class InputError(TokenError, ConfigError):
     """A model's input tensor (token ids, tokens, padding mask) is malformed: wrong shape or device, an empty batch,
-    an example with no real token. A :class:`TokenError`; also a :class:`ConfigError`, the name under which the
-    encoders refused these inputs before, so that callers catching either keep working."""
+    an example with no real token. A [`TokenError`][energies.TokenError]; also a [`ConfigError`][energies.ConfigError],
+    the name under which the encoders refused these inputs before, so that callers catching either keep working."""
 
 
 class DescentError(UnfoldError):

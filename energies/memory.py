@@ -3,13 +3,13 @@ allocate *before* anything is allocated or written; a request that cannot fit is
 error, naming the sizes that make it (option or parameter and value), the estimate and what is available -- never
 left to the allocator's untyped error halfway through (or to swap).
 
-Used by the graph builders and :meth:`~energies.graphs.container.TokenGraph.edges` (edge lists), the ``dense``
+Used by the graph builders and [`edges`][energies.TokenGraph.edges] (edge lists), the ``dense``
 kernel (``B x n x n`` matrices), the encoders (their weights), ``unfold-check`` (tokens, edges, dense matrices)
 and the application (training's weights and optimiser state, ``unfold-data export`` of generated data). The
 estimates are lower bounds of the peak (temporaries come on top), so a refusal is never wrong; a request just below
 the line may still fail in the allocator, whose error the callers that can (training) report as well.
 
-Layer: :mod:`energies` (imports nothing of the project), so every layer above may use it.
+Layer: [`energies`][energies] (imports nothing of the project), so every layer above may use it.
 """
 from __future__ import annotations
 
@@ -55,10 +55,10 @@ MIN_CHECKED = 2 ** 26
 
 def check_memory(need: float, what: str, error: Type[Exception], hint: str = "", device=None) -> None:
     """Refuse (``error(message)``) a request of about ``need`` bytes of host memory that this process cannot
-    allocate (:func:`memory_available`). ``what`` names the request by its sizes (``"--samples 1000000 x --n 10
+    allocate (`memory_available`). ``what`` names the request by its sizes (``"--samples 1000000 x --n 10
     x --d 10 float64 tokens"``), ``hint`` says what to change. Requests on a device other than the CPU (``device``
     given and not ``cpu``/``meta``) are not judged here; a ``meta`` request allocates nothing and passes too, and so
-    does one below :data:`MIN_CHECKED` bytes."""
+    does one below `MIN_CHECKED` bytes."""
     if need < MIN_CHECKED or (device is not None and getattr(device, "type", str(device)) != "cpu"):
         return
     import torch

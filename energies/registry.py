@@ -1,9 +1,9 @@
 """Registries for pluggable parts (graphs, penalties rho, kernels, steps, encoders, heads, losses), torchdeq-style:
-one shape for every kind, :class:`Registry` -- a dict of name -> part with ``register(name)``, ``lookup(name)``,
+one shape for every kind, `Registry` -- a dict of name -> part with ``register(name)``, ``lookup(name)``,
 ``names()`` and ``check(name)``, and one wording for an unknown name (``unknown KIND 'x'; valid: [...]``).
 
 A name is taken once: registering a name already in a registry (a plug-in's ``exp``, a second ``edges``) is refused
-with the registry's typed error naming the registry and the name (:func:`claim`), never a silent replacement -- a
+with the registry's typed error naming the registry and the name (`claim`), never a silent replacement -- a
 replaced entry would reach some paths and not others (caches keyed by name, parts built before the import). The
 same object registered again under its own name is a no-op (a module imported twice under one name).
 
@@ -64,7 +64,7 @@ def registrar(table: Dict[str, object], attr: Optional[str] = None, registry: st
         ``register_step``, ``register_encoder``, ``register_head``, ``register_loss``, ... are each one registry's
         ``register``), after which every spec, config and CLI that takes a part of this kind accepts ``name``.
 
-        A name is taken once (:func:`claim`): a second part under a taken name, or one part under a second name,
+        A name is taken once (`claim`): a second part under a taken name, or one part under a second name,
         is refused; the same part registered again under its own name is a no-op.
 
         Args:
@@ -109,8 +109,8 @@ class Registry(dict):
 
     Args:
         kind: what the parts are, as messages name them (``unknown {kind} 'x'; valid: [...]``).
-        error: the typed error of the kind's layer (:class:`~energies.errors.EnergyError`, ``StepError``, ...).
-        attr: the attribute that :meth:`register` sets on a registered class to its name (``"name"``, ``"kind"``),
+        error: the typed error of the kind's layer ([`EnergyError`][energies.EnergyError], ``StepError``, ...).
+        attr: the attribute that `register` sets on a registered class to its name (``"name"``, ``"kind"``),
             or None.
         where: the import path of the table, for messages (``"energies.rho.RHOS"``).
         reserved: ``reserved(name)``: why a name cannot be registered (the kind's specs could not select it), or
@@ -175,5 +175,5 @@ class Registry(dict):
         return name
 
     def lookup(self, name):
-        """The part registered as ``name``, or :meth:`check`'s refusal (``get`` stays the plain dict's)."""
+        """The part registered as ``name``, or `check`'s refusal (``get`` stays the plain dict's)."""
         return self[self.check(name)]

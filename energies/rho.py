@@ -9,8 +9,8 @@ Because rho is concave, its tangent at z0 majorizes it,
 the MM step is ``gamma_uv = rho'(z_uv)``: each rho *is* an attention kernel. Validity
 of the MM step needs ``rho' >= 0`` (non-decreasing) and ``rho'`` non-increasing (concave).
 
-Register new penalties with :func:`register_rho`; build from a spec string with
-:func:`get_rho` (``"exp"``, ``"relu:1.5"``, ``"softplus:1.5:0.5"``, ``"cauchy"``, ``"lp:1"``).
+Register new penalties with [`register_rho`][energies.register_rho]; build from a spec string with
+[`get_rho`][energies.get_rho] (``"exp"``, ``"relu:1.5"``, ``"softplus:1.5:0.5"``, ``"cauchy"``, ``"lp:1"``).
 """
 from __future__ import annotations
 
@@ -30,13 +30,15 @@ __all__ = ["check_rho", "Rho", "ExpRho", "ReluRho", "SoftplusRho", "CauchyRho", 
 class Rho(torch.nn.Module):
     """A penalty rho of the attention energy ``sum_{{u,v} in E} tau rho(z_uv)`` (supplement eq. 33): ``value(z)`` is
     rho, ``derivative(z)`` is rho' (the kernel gamma, Algorithm 3 step 1), for z >= 0; concave and non-decreasing
-    (``rho' >= 0``, rho' non-increasing, so ``rho'' <= 0``), which :func:`check_rho` verifies on every penalty built.
+    (``rho' >= 0``, rho' non-increasing, so ``rho'' <= 0``), which [`check_rho`][energies.check_rho] verifies on every
+    penalty built.
 
     A module without parameters, so that the modules holding it (terms, encoders, convs) carry it and hooks
     reach its kinks: a piecewise rho evaluates its ReLU through an ``nn.ReLU`` submodule (``ReluRho.kink``),
     which forward hooks see (the spline probe records and freezes sign patterns this way). ``rho(z)`` is
-    ``rho.value(z)``. A subclass implements :meth:`value` and :meth:`derivative` (and, where it knows them,
-    :meth:`kernel_sensitivity`, :meth:`spec`, :meth:`triton`) and is registered with :func:`register_rho`.
+    ``rho.value(z)``. A subclass implements [`value`][energies.Rho.value] and [`derivative`][energies.Rho.derivative]
+    (and, where it knows them, [`kernel_sensitivity`][energies.Rho.kernel_sensitivity], [`spec`][energies.Rho.spec],
+    [`triton`][energies.Rho.triton]) and is registered with [`register_rho`][energies.register_rho].
 
     Args:
         *args: a subclass's constructor arguments, the spec's ``:`` arguments in order (accepted here by
@@ -48,7 +50,7 @@ class Rho(torch.nn.Module):
 
     def __new__(cls, *args, **kwargs):
         # a module from the start, so that a subclass whose __init__ skips super().__init__() may still assign
-        # parameters or modules (as it could when Rho was a plain class)
+        # parameters or modules
         obj = super().__new__(cls)
         torch.nn.Module.__init__(obj)
         return obj
@@ -74,7 +76,7 @@ class Rho(torch.nn.Module):
         """``(rho(0), sup_z rho(z))`` as floats: the range of a non-decreasing rho on ``[0, inf)`` (its value at 0 and
         far out, at z = 1e300; NaN there reads as +inf), computed once per penalty. A rho that keeps one sign there
         has ``sum_e |rho(z_e)| = |sum_e rho(z_e)|``, which a pass's rounding bound uses
-        (:meth:`energies.terms.PairwiseAttention.value_error`).
+        ([`energies.terms.PairwiseAttention.value_error`][energies.PairwiseAttention.value_error]).
 
         Returns:
             ``(low, high)``, ``low <= high``.
@@ -91,13 +93,13 @@ class Rho(torch.nn.Module):
     def slope_per_value(self) -> float:
         """A k with ``rho'(z) <= k |rho(z)|`` for every z >= 0, or inf where none holds (the default): then the edge
         weights of a pass sum to at most ``k |sum_e rho(z_e)|``, a rounding bound's shortcut
-        (:meth:`energies.terms.PairwiseAttention.value_error`)."""
+        ([`energies.terms.PairwiseAttention.value_error`][energies.PairwiseAttention.value_error])."""
         return math.inf
 
     def kernel_sensitivity(self) -> float:
         """``sup_z |rho''(z)| / rho'(0)``: how much the largest edge weight changes, relatively, per unit of error
         in z. The kernels that compute z by an expansion keep that error times this below their bound
-        (:func:`energies.kernels.expansion_dtype`). Subclasses give it in closed form; the default estimates
+        (`energies.kernels.expansion_dtype`). Subclasses give it in closed form; the default estimates
         it from differences of rho' on the validation grid, times 4."""
         g = self.derivative(_GRID)
         slope = ((g[:-1] - g[1:]).abs() / (_GRID[1:] - _GRID[:-1])).max()
@@ -107,11 +109,11 @@ class Rho(torch.nn.Module):
         return self.name
 
     def triton(self):
-        """``(value, derivative, second, params)`` for the Triton kernel (:mod:`energies.kernels.triton.pairwise`): three
+        """``(value, derivative, second, params)`` for the Triton kernel (`energies.kernels.triton.pairwise`): three
         ``@triton.jit`` functions ``f(z, p0, p1, p2, p3)`` giving rho, rho' and rho'' on a tile of z >= 0, and up to
         four float parameters; None (the default) where the penalty has none, which the ``triton`` kernel then
         declines. The built-in penalties return ``(name, params)`` instead, naming their functions in
-        :mod:`energies.kernels.triton.rho`."""
+        `energies.kernels.triton.rho`."""
         return None
 
     def __repr__(self) -> str:
@@ -122,18 +124,18 @@ RHOS: Registry = Registry("rho", EnergyError, "name", "energies.rho.RHOS")
 
 
 register_rho = RHOS.register
-"""``@register_rho("name")`` registers a penalty class (a :class:`Rho`), so that :func:`get_rho` builds it from
-``name[:arg[:arg]]``; its constructor takes the spec's ``:`` arguments.
+"""``@register_rho("name")`` registers a penalty class (a [`Rho`][energies.Rho]), so that [`get_rho`][energies.get_rho]
+builds it from ``name[:arg[:arg]]``; its constructor takes the spec's ``:`` arguments.
 
 Args:
-    name: the penalty's name, a non-empty string not taken (a taken name is refused with an :class:`EnergyError`
-        naming the registry and the name).
+    name: the penalty's name, a non-empty string not taken (a taken name is refused with an
+        [`EnergyError`][energies.EnergyError] naming the registry and the name).
 
 Returns:
     The class decorator; it sets the class's ``name`` to ``name`` and returns the class.
 """
 
-#: other names of a registered penalty, mapped by :func:`get_rho` when the spec is parsed (not registrations: the
+#: other names of a registered penalty, mapped by `get_rho` when the spec is parsed (not registrations: the
 #: penalty built is the registered one, and its ``spec()`` stays the canonical name, so saved configs and bundles
 #: read the same). ``softmax``: the README's name for the exp penalty (softmax attention, supplement eq. 35).
 RHO_ALIASES: Dict[str, str] = RHOS.add_aliases({"softmax": "exp"})
@@ -206,7 +208,7 @@ class ReluRho(Rho):
 
 
 def _finite_positive(rho: str, field: str, value) -> float:
-    """A rho parameter as a float: finite and > 0, else an :class:`EnergyError` naming it."""
+    """A rho parameter as a float: finite and > 0, else an [`EnergyError`][energies.EnergyError] naming it."""
     try:
         v = math.nan if isinstance(value, (bool, np.bool_, str, bytes)) or (
             isinstance(value, torch.Tensor) and value.dtype == torch.bool) else float(value)
@@ -232,7 +234,7 @@ def softplus_integral_neg(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
     value keeps full relative precision (60 terms: error below 1e-18 relative)."""
     w = torch.sigmoid(u)
     # Horner's rule, w (1 + w (1/4 + w (1/9 + ...))): positive terms and w <= 1/2, so the rounding stays within a
-    # few eps relative; no (..., terms) tensor of powers (40x faster on large tiles than summing w^k / k^2)
+    # few eps relative; no (..., terms) tensor of powers is allocated (as summing w^k / k^2 would)
     acc = torch.full_like(w, 1.0 / (terms * terms))
     for k in range(terms - 1, 0, -1):
         acc = torch.addcmul(torch.full_like(w, 1.0 / (k * k)), acc, w)
@@ -240,7 +242,7 @@ def softplus_integral_neg(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
 
 
 def softplus_integral(u: torch.Tensor, terms: int = 60) -> torch.Tensor:
-    """``F(u) = int_{-inf}^u softplus(s) ds`` for any u: :func:`softplus_integral_neg` for u <= 0 and
+    """``F(u) = int_{-inf}^u softplus(s) ds`` for any u: `softplus_integral_neg` for u <= 0 and
     ``F(u) = u^2 / 2 + pi^2 / 6 - F(-u)`` for u > 0 (from ``softplus(s) = s + softplus(-s)``)."""
     a = torch.where(u <= 0, u, -u)
     neg = softplus_integral_neg(a, terms)
@@ -265,7 +267,7 @@ class SoftplusRho(Rho):
 
     Evaluation keeps full relative precision for every z >= 0 (no difference of large values):
     ``rho' = max(c - z, 0) + t softplus(-|c - z| / t)`` (no overflow for any c / t), and with
-    F = :func:`softplus_integral_neg`,
+    F = `softplus_integral_neg`,
 
     * z < 2t: 16-point Gauss-Legendre quadrature of rho' on [0, z];
     * 2t <= z <= c: ``z (c - z / 2) + t^2 (F((z - c) / t) - F(-c / t))`` (both parts >= 0; the difference of F
@@ -408,15 +410,15 @@ class LpRho(Rho):
 
 def _triton(name: str, *params: float):
     """A built-in penalty's Triton functions, named (``(name, params)``, the parameters padded to four): the functions
-    themselves are in :mod:`energies.kernels.triton.rho`, which the kernel resolves the name with (this module,
+    themselves are in `energies.kernels.triton.rho`, which the kernel resolves the name with (this module,
     below the kernels, imports none of them)."""
     return name, tuple(float(p) for p in params) + (0.0,) * (4 - len(params))
 
 
 def kernel_sensitivity(rho: Rho) -> float:
     """``rho.kernel_sensitivity()``, computed once per penalty object (its parameters do not change): the kernels
-    ask for it on every pass. Computed when the penalty is built (:func:`get_rho`), so that no later pass, hooked
-    or compiled, evaluates it."""
+    ask for it on every pass. Computed when the penalty is built ([`get_rho`][energies.get_rho]), so that no later pass,
+    hooked or compiled, evaluates it."""
     cached = rho.__dict__.get("_kernel_sensitivity")
     if cached is None:
         cached = rho.__dict__["_kernel_sensitivity"] = float(rho.kernel_sensitivity())
@@ -426,19 +428,19 @@ def kernel_sensitivity(rho: Rho) -> float:
 
 def get_rho(spec) -> Rho:
     """A penalty rho (concave, non-decreasing: the attention energy's ``tau rho(z)`` per edge, supplement eq. 33) from
-    a :class:`Rho` or a spec.
+    a [`Rho`][energies.Rho] or a spec.
 
     Args:
-        spec: a :class:`Rho` (checked), or ``name[:arg[:arg]]`` such as ``"lp:1"`` or ``"softplus:2:0.5"``; ``name``
-            is registered in :data:`RHOS` or an alias of :data:`RHO_ALIASES` (``"softmax"`` builds ``exp``, whose
-            spec stays ``"exp"``).
+        spec: a [`Rho`][energies.Rho] (checked), or ``name[:arg[:arg]]`` such as ``"lp:1"`` or ``"softplus:2:0.5"``;
+            ``name`` is registered in [`RHOS`][energies.RHOS] or an alias of `RHO_ALIASES` (``"softmax"`` builds
+            ``exp``, whose spec stays ``"exp"``).
 
     Returns:
         The penalty, its value and derivative validated and its kernel sensitivity computed once.
 
     Raises:
         EnergyError: an unknown name (the registered ones listed), arguments that are not numbers, too many or out
-            of the penalty's range (e.g. ``relu:0``), or a penalty that fails :func:`check_rho`.
+            of the penalty's range (e.g. ``relu:0``), or a penalty that fails [`check_rho`][energies.check_rho].
     """
     if isinstance(spec, Rho):
         check_rho(spec)
@@ -464,7 +466,7 @@ def get_rho(spec) -> Rho:
 
 
 _CHECKED: Dict[str, bool] = {}
-#: z grid of :func:`check_rho`: 0 and 241 points from 1e-12 to 1e12 (ratio 10^0.1)
+#: z grid of `check_rho`: 0 and 241 points from 1e-12 to 1e12 (ratio 10^0.1)
 _GRID = torch.cat([torch.zeros(1), torch.logspace(-12, 12, 241)]).to(torch.float64)
 #: far points where value and derivative must still be finite (a bounded rho such as relu:C must not overflow)
 _FAR = torch.tensor([1e20, 1e50, 1e100, 1e200, 1e300], dtype=torch.float64)
@@ -474,8 +476,8 @@ _VALUE_SLACK = 1e-9
 
 def check_rho(rho: Rho) -> None:
     """Validate a penalty once per spec on a grid of z in [0, 1e12] (the conditions of a valid MM step, supplement
-    eq. 33 with Algorithm 3: rho' >= 0 and rho' non-increasing); an :class:`EnergyError` names the first z where a
-    property fails:
+    eq. 33 with Algorithm 3: rho' >= 0 and rho' non-increasing); an [`EnergyError`][energies.EnergyError] names the
+    first z where a property fails:
 
     * ``rho(z)`` and ``rho'(z)`` finite, on the grid and at z = 1e20 ... 1e300 (a rho whose value is NaN or
       inf would make every energy, and so every descent verdict, meaningless);
@@ -484,13 +486,13 @@ def check_rho(rho: Rho) -> None:
       ``rho'(z2) (z2 - z1) <= rho(z2) - rho(z1) <= rho'(z1) (z2 - z1)`` (checked with a slack of
       1e-9 times the values compared, for float64 rounding); this also shows rho is non-decreasing.
 
-    A spec that passed once (by class and :meth:`Rho.spec`) is not checked again.
+    A spec that passed once (by class and [`Rho.spec`][energies.Rho.spec]) is not checked again.
 
     Args:
-        rho: the penalty (a :class:`Rho`).
+        rho: the penalty (a [`Rho`][energies.Rho]).
 
     Raises:
-        EnergyError: ``rho`` not a :class:`Rho` instance, a value or derivative not finite, rho' negative or
+        EnergyError: ``rho`` not a [`Rho`][energies.Rho] instance, a value or derivative not finite, rho' negative or
             increasing, or value and derivative that disagree; the message names the spec and z.
     """
     if not isinstance(rho, Rho):

@@ -1,6 +1,6 @@
 """Energy terms E(Y) of token matrices on token graphs.
 
-Every term maps tokens ``Y`` ``(B, n, d)`` on a :class:`~energies.graphs.TokenGraph` to one value
+Every term maps tokens ``Y`` ``(B, n, d)`` on a [`TokenGraph`][energies.TokenGraph] to one value
 per example ``(B,)``, evaluated in float64 (the accumulation dtype of every check), summed over
 real tokens only. ``grad`` is the analytic gradient (zero on padded slots), which the update
 steps use and the tests compare against autograd of ``value``.
@@ -44,7 +44,8 @@ ACCUM_DTYPE = torch.float64
 
 
 class MMParts(NamedTuple):
-    """What a smooth term gives a majorized step at Y (:meth:`EnergyTerm.mm`), from one pass where it can.
+    """What a smooth term gives a majorized step at Y ([`EnergyTerm.mm`][energies.EnergyTerm.mm]), from one pass where
+    it can.
 
     ``grad`` ``(B, n, d)``: the gradient at Y (zero on padded slots); ``curvature`` (scalar or ``(B, n)``): a
     per-token bound c_u on the Hessian of the term's MM surrogate, so that
@@ -70,7 +71,7 @@ class MMParts(NamedTuple):
 
 
 #: optimiser steps taken in this process, counted by a global post-step hook of ``torch.optim`` (registered by the first
-#: :func:`version_cached`): part of every cache key, because not every optimiser moves the version counters of the
+#: `version_cached`): part of every cache key, because not every optimiser moves the version counters of the
 #: parameters it writes (``torch.optim.AdamW(fused=True)`` does not, torch 2.13)
 _OPTIMISER_STEPS = [0]
 _STEP_HOOK: list = []
@@ -89,7 +90,7 @@ def version_cached(owner, attr: str, tensor: torch.Tensor, compute):
     swaps a parameter's data under the same object). Not seen: a write through ``tensor.data`` outside an
     optimiser step (``.data`` has a version counter of its own). Computed afresh, never stored, while compiling
     (dynamo does not trace version counters), for an inference tensor (no version counter) and for a tensor without
-    storage (a ``torch.func`` wrapper). For values that need no autograd (spectral bounds from :func:`finite_f64`,
+    storage (a ``torch.func`` wrapper). For values that need no autograd (spectral bounds from `finite_f64`,
     which detaches): a cached tensor outlives the graph of the forward that computed it."""
     if torch.compiler.is_compiling() or tensor.is_inference():
         return compute(tensor)
@@ -147,9 +148,9 @@ def finite_f64(W: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(W), W, torch.zeros((), dtype=W.dtype, device=W.device))
 
 
-#: the dtype in which :func:`_f64_sum` accumulates a tensor of each dtype (half types in float32)
+#: the dtype in which `_f64_sum` accumulates a tensor of each dtype (half types in float32)
 _PASS_ACCUM = {torch.float64: torch.float64, torch.float32: torch.float32}
-#: most elements :func:`_f64_sum` adds in one cascade (its error measured within 2 eps sum|x| up to here)
+#: most elements `_f64_sum` adds in one cascade (its error measured within 2 eps sum|x| up to here)
 SUM_CHUNK = 1 << 22
 
 
@@ -175,8 +176,8 @@ def _f64_sum(x: torch.Tensor) -> torch.Tensor:
 def check_Y_graph(Y, graph, name: str = "Y") -> None:
     """A term's tokens against its graph, from metadata only (no host read, no device sync: fine in the layers' hot
     path): ``Y`` a floating ``(B, n, d)`` tensor with ``(B, n)`` the graph's ``(batch_size, num_nodes)``, on the
-    graph's device; else a :class:`~energies.errors.TokenError` naming ``name``, its shape or device and the graph's
-    (a :class:`~energies.errors.GraphError` when ``graph`` is not a graph). Never torch's untyped RuntimeError from
+    graph's device; else a [`TokenError`][energies.TokenError] naming ``name``, its shape or device and the graph's
+    (a [`GraphError`][energies.GraphError] when ``graph`` is not a graph). Never torch's untyped RuntimeError from
     deep inside a kernel."""
     if not isinstance(Y, torch.Tensor):
         raise TokenError(f"{name} must be a torch.Tensor of tokens (B, n, d), got {type(Y).__name__}")
@@ -192,7 +193,7 @@ def check_Y_graph(Y, graph, name: str = "Y") -> None:
 
 
 #: the public methods of a term that take ``(Y, graph, ...)``: each checks Y against the graph first
-#: (:func:`check_Y_graph`), in every subclass (:meth:`EnergyTerm.__init_subclass__`); the static ``joint_*`` take
+#: (`check_Y_graph`), in every subclass (`EnergyTerm.__init_subclass__`); the static ``joint_*`` take
 #: ``(terms, Y, graph, ...)``
 _Y_GRAPH_METHODS = ("value", "explicit_value", "grad", "curvature", "pass_value_and_curvature", "pass_value", "mm", "prox", "forward",
                     "neighbour_sums", "messages", "mm_pass")
@@ -226,13 +227,15 @@ def _check_methods(cls) -> None:
 
 class PassStats:
     """Statistics of the tokens at which the layers' passes read the terms' values, shared by the terms' rounding
-    bounds (:meth:`EnergyTerm.value_error`), each computed once on first use (float64 results, no host read).
+    bounds ([`EnergyTerm.value_error`][energies.EnergyTerm.value_error]), each computed once on first use (float64
+    results, no host read).
 
     ``Y`` may hold several boundaries at once, ``(..., B, n, d)`` (the trace stacks Y_0..Y_T), against the graph's
     ``(B, n)`` mask; every statistic then has shape ``(..., B)``.
 
     Args:
-        Y: the tokens, in the dtype the passes read them (its eps is :attr:`eps`), padded slots ignored.
+        Y: the tokens, in the dtype the passes read them (its eps is [`eps`][energies.PassStats.eps]), padded slots
+            ignored.
         graph: the token graph (its mask marks the real tokens).
         curvature: the passes' summed per-token curvature bound at Y (scalar or ``(..., B, n)``).
     """
@@ -291,13 +294,14 @@ class PassStats:
 
 
 class EnergyTerm(torch.nn.Module):
-    """One named term of an energy. Subclasses implement :meth:`value` and :meth:`grad`. Every public method that
-    takes ``(Y, graph)`` (value, grad, curvature, mm, pass_value, prox, ... in this class and every subclass,
-    plug-ins included) checks Y against the graph first (:func:`check_Y_graph`: shapes and device, metadata only).
+    """One named term of an energy. Subclasses implement [`value`][energies.EnergyTerm.value] and
+    [`grad`][energies.EnergyTerm.grad]. Every public method that takes ``(Y, graph)`` (value, grad, curvature, mm,
+    pass_value, prox, ... in this class and every subclass, plug-ins included) checks Y against the graph first
+    (`check_Y_graph`: shapes and device, metadata only).
 
     A term E_k(Y) maps tokens ``(B, n, d)`` to one float64 value per example ``(B,)``; a smooth term also gives
-    a per-token curvature bound c^k_u of its MM surrogate (:meth:`curvature`), an indicator its proximal map
-    (:meth:`prox`) instead.
+    a per-token curvature bound c^k_u of its MM surrogate ([`curvature`][energies.EnergyTerm.curvature]), an indicator
+    its proximal map ([`prox`][energies.EnergyTerm.prox]) instead.
     """
 
     name = "term"
@@ -318,13 +322,14 @@ class EnergyTerm(torch.nn.Module):
         """A per-token bound c_u (scalar or ``(B, n)``) on the Hessian of the term's MM surrogate at Y:
         H <= diag(c) (x) I_d, so ``E(Y + D) <= E(Y) + <grad E(Y), D> + sum_u c_u |D_u|^2 / 2`` for every D (the
         surrogate majorizes the term). Smooth terms only; indicators have a proximal map instead. It sets
-        both the step (:class:`~unfold.prox.ProxMMStep`) and the resolution part of the descent tolerance
-        (:func:`unfold.trace.resolution`)."""
+        both the step ([`ProxMMStep`][unfold.ProxMMStep]) and the resolution part of the descent tolerance
+        (`unfold.trace.resolution`)."""
         raise NotImplementedError(f"{type(self).__name__} has no curvature bound")
 
     def min_curvature(self) -> float:
-        """A lower bound, over every Y, of the per-token curvature bound :meth:`curvature` (0 unless a term
-        knows better): a proximal MM step needs the sum over its terms to be positive, checked when built."""
+        """A lower bound, over every Y, of the per-token curvature bound [`curvature`][energies.EnergyTerm.curvature] (0
+        unless a term knows better): a proximal MM step needs the sum over its terms to be positive, checked when
+        built."""
         return 0.0
 
     def pass_value_and_curvature(self, Y: torch.Tensor, graph: TokenGraph):
@@ -338,13 +343,14 @@ class EnergyTerm(torch.nn.Module):
 
     def value_error(self, stats: PassStats, value: torch.Tensor) -> torch.Tensor:
         """A bound (float64, the shape of ``value``) on ``|pass value - value|``: how far the value a layer's own pass
-        reads (:meth:`pass_value`, :meth:`mm`, :meth:`pass_value_and_curvature`, in the tokens' dtype) may lie from
-        the independent evaluation :meth:`value`, the one the trace's exact re-evaluation makes. The trace rechecks a
-        step exactly whenever its pass-read change lies within these bounds of the tolerance.
+        reads ([`pass_value`][energies.EnergyTerm.pass_value], [`mm`][energies.EnergyTerm.mm],
+        [`pass_value_and_curvature`][energies.EnergyTerm.pass_value_and_curvature], in the tokens' dtype) may lie from
+        the independent evaluation [`value`][energies.EnergyTerm.value], the one the trace's exact re-evaluation makes.
+        The trace rechecks a step exactly whenever its pass-read change lies within these bounds of the tolerance.
 
-        The default: 0 where the class reads its pass values through :meth:`value` itself (the same evaluation of
-        the same tokens), +inf where it overrides a pass without stating a bound (its steps are then always
-        rechecked: unknown rounding is never read as descent).
+        The default: 0 where the class reads its pass values through [`value`][energies.EnergyTerm.value] itself (the
+        same evaluation of the same tokens), +inf where it overrides a pass without stating a bound (its steps are then
+        always rechecked: unknown rounding is never read as descent).
 
         Args:
             stats: the statistics of the tokens the pass read ([PassStats][energies.PassStats]).
@@ -359,23 +365,25 @@ class EnergyTerm(torch.nn.Module):
         return torch.full(value.shape, 0.0 if own else math.inf, dtype=ACCUM_DTYPE, device=value.device)
 
     def mm(self, Y: torch.Tensor, graph: TokenGraph, value: bool = True) -> MMParts:
-        """:class:`MMParts` at Y, the ingredients of a majorized step (one pass where possible); ``value`` is None
-        unless asked for. The default: :meth:`grad`, :meth:`curvature` (also as the Jacobi diagonal: a term
-        whose curvature bound is exact on each token, such as the residual, says so by this default)."""
+        """[`MMParts`][energies.MMParts] at Y, the ingredients of a majorized step (one pass where possible); ``value``
+        is None unless asked for. The default: [`grad`][energies.EnergyTerm.grad],
+        [`curvature`][energies.EnergyTerm.curvature] (also as the Jacobi diagonal: a term whose curvature bound is exact
+        on each token, such as the residual, says so
+        by this default)."""
         c = self.curvature(Y, graph)
         return MMParts(self.grad(Y, graph), c, (self.value(Y, graph) if value else None), c)
 
     @staticmethod
     def joint_mm(terms, Y: torch.Tensor, graph: TokenGraph, value: bool = True):
-        """:meth:`mm` of several terms of this class at once where one pass can serve them all (a list of
-        :class:`MMParts`, one per term, equal to each term's own), else None: each term's own :meth:`mm`
-        then. The MM step groups consecutive terms of one class this way."""
+        """[`mm`][energies.EnergyTerm.mm] of several terms of this class at once where one pass can serve them all (a
+        list of [`MMParts`][energies.MMParts], one per term, equal to each term's own), else None: each term's own
+        [`mm`][energies.EnergyTerm.mm] then. The MM step groups consecutive terms of one class this way."""
         return None
 
     @staticmethod
     def joint_pass_values(terms, Y: torch.Tensor, graph: TokenGraph):
-        """:meth:`pass_value_and_curvature` of several terms at once (a list of pairs), or None (see
-        :meth:`joint_mm`)."""
+        """[`pass_value_and_curvature`][energies.EnergyTerm.pass_value_and_curvature] of several terms at once (a list
+        of pairs), or None (see [`joint_mm`][energies.EnergyTerm.joint_mm])."""
         return None
 
     def prox(self, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
@@ -442,17 +450,17 @@ class PairwiseAttention(EnergyTerm):
     shorter steps. Without a metric the surrogate's Jacobi diagonal is ``D_gamma`` (supplement eq. 37).
 
     Args:
-        rho: the concave, non-decreasing penalty: a :class:`~energies.rho.Rho` or a spec for
-            :func:`~energies.rho.get_rho` (default ``"exp"``: softmax attention, supplement eq. 35).
+        rho: the concave, non-decreasing penalty: a [`Rho`][energies.Rho] or a spec for
+            [`get_rho`][energies.get_rho] (default ``"exp"``: softmax attention, supplement eq. 35).
         tau: the temperature, finite and > 0 (default 1).
-        kernel: the pairwise kernel, a registered name (:func:`~energies.kernels.kernel_names`) or ``"auto"``.
+        kernel: the pairwise kernel, a registered name ([`kernel_names`][energies.kernel_names]) or ``"auto"``.
         metric: W ``(d, d_h)``, a floating tensor (queries = keys = W^T y); None for the identity.
         curvature: the curvature bound, ``"adaptive"`` (``2 D_gamma ||W||_2^2``) or ``"constant"``
             (``2 rho'(0) deg(u) ||W||_2^2``; needs a finite rho'(0)).
         metric_norm2: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once);
             None to compute it from W (cached while W is unchanged).
         guard: the expansion kernels' precision guard (one host read per pass): widen the dtype or fall back to
-            explicit differences where the expansion cannot resolve z (:func:`~energies.kernels.pairwise_pass`).
+            explicit differences where the expansion cannot resolve z (`pairwise_pass`).
         validate: check the arguments here (curvature's name, tau, the kernel's name, the metric's shape and
             dtype); False for a model that builds this term per forward from arguments it checked itself.
 
@@ -485,7 +493,7 @@ class PairwiseAttention(EnergyTerm):
         self.metric = metric
         #: ``||W||_2^2`` when the caller computed it (a model computing all heads' norms at once), else from W
         self._given_norm2 = metric_norm2
-        #: precision guard of the expansion kernels (one host read per pass; :func:`~energies.kernels.pairwise_pass`)
+        #: precision guard of the expansion kernels (one host read per pass; `pairwise_pass`)
         self.guard = bool(guard)
 
     def _check(self, tau, kernel, metric, curvature) -> float:
@@ -531,19 +539,20 @@ class PairwiseAttention(EnergyTerm):
 
     def explicit_value(self, Y, graph):
         """The value from explicit differences of centred features ``W^T (y - mean)`` in Y's dtype (the precision
-        guard's exact side, :func:`~energies.kernels.explicit_energy`): exact to rounding at any scale like
-        :meth:`value`, at the cost of one pass (:meth:`value` maps every pair's difference by W in float64)."""
+        guard's exact side, `explicit_energy`): exact to rounding at any scale like
+        [`value`][energies.PairwiseAttention.value], at the cost of one pass
+        ([`value`][energies.PairwiseAttention.value] maps every pair's difference by W in float64)."""
         return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y), validate=False)
 
     def neighbour_sums(self, Y, graph):
         """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast
-        in its dtype, :func:`_kernel_call`)."""
+        in its dtype, `_kernel_call`)."""
         return _kernel_call(Y, lambda Yk: weighted_neighbour_sums(self.features(Yk), graph, self.rho, self.tau,
                                                                   self.kernel, validate=False))
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
-        """The layers' kernel pass on the features W^T y (:func:`~energies.kernels.pairwise_pass`); under
-        ``torch.autocast`` on the tokens in its dtype (:func:`_kernel_call`)."""
+        """The layers' kernel pass on the features W^T y (`pairwise_pass`); under
+        ``torch.autocast`` on the tokens in its dtype (`_kernel_call`)."""
         W = self._metric(Y)
         return _kernel_call(Y, lambda Yk: pairwise_pass(Yk, graph, self.rho, self.tau, self.kernel, energy=energy,
                                                         num=num, metric=W, guard=self.guard, validate=False))
@@ -570,7 +579,7 @@ class PairwiseAttention(EnergyTerm):
 
     @staticmethod
     def _joint(terms, Y, graph, energy: bool, num: bool):
-        """One pass for heads that differ only in their metric (:func:`~energies.kernels.pairwise_pass_heads`),
+        """One pass for heads that differ only in their metric (`pairwise_pass_heads`),
         or None."""
         t0 = terms[0]
         if len(terms) < 2 or any(type(t) is not PairwiseAttention or t.metric is None or t.rho.spec() != t0.rho.spec()
@@ -582,13 +591,15 @@ class PairwiseAttention(EnergyTerm):
 
     @staticmethod
     def joint_mm(terms, Y, graph, value: bool = True):
-        """The heads of a multi-head energy in one kernel call (:meth:`EnergyTerm.joint_mm`)."""
+        """The heads of a multi-head energy in one kernel call
+        ([`EnergyTerm.joint_mm`][energies.EnergyTerm.joint_mm])."""
         outs = PairwiseAttention._joint(terms, Y, graph, value, True)
         return None if outs is None else [t._parts(Y, graph, out) for t, out in zip(terms, outs)]
 
     @staticmethod
     def joint_pass_values(terms, Y, graph):
-        """The heads' energy-only passes in one call (:meth:`EnergyTerm.joint_pass_values`)."""
+        """The heads' energy-only passes in one call
+        ([`EnergyTerm.joint_pass_values`][energies.EnergyTerm.joint_pass_values])."""
         outs = PairwiseAttention._joint(terms, Y, graph, True, False)
         return None if outs is None else [(out.energy, t._curvature_from(Y, graph, out.deg))
                                           for t, out in zip(terms, outs)]
@@ -622,16 +633,16 @@ class PairwiseAttention(EnergyTerm):
         return self._curvature_from(Y, graph, deg)
 
     def value_error(self, stats, value):
-        """The rounding bound of a kernel pass's energy (:meth:`EnergyTerm.value_error`), one rule for every
-        registered kernel and dtype, with eps = eps(Y's dtype) (a kernel widened by the precision guard rounds
-        less), ``M = ||W||_2^2 max_u |y_u - mean|^2`` and ``n_r`` real tokens:
+        """The rounding bound of a kernel pass's energy ([`EnergyTerm.value_error`][energies.EnergyTerm.value_error]),
+        one rule for every registered kernel and dtype, with eps = eps(Y's dtype) (a kernel widened by the precision
+        guard rounds less), ``M = ||W||_2^2 max_u |y_u - mean|^2`` and ``n_r`` real tokens:
 
             err = 2 eps [ c_z M (G + ||W||^2 n_r / 2)  +  c_s (|V| + tau n_r / 2 + 2 tau N_E s) ],
             G = min(sum_u c_u / 4, ||W||^2 k |V| / tau),
             c_z = 2 d_h + 20 + 2 d ||W||_F / ||W||_2 (2 d + 20 without a metric),   c_s = n + d + 16.
 
         First part: each edge's z errs by at most ``c_z eps ||W||^2 max|y - mean|^2 / tau``
-        (:data:`~energies.kernels.guard.EXPANSION_Z_ULPS`: ``(a d_h + b)`` for the expansion, ieee or 3xTF32;
+        (`EXPANSION_Z_ULPS`: ``(a d_h + b)`` for the expansion, ieee or 3xTF32;
         ``2 (d_h + 2)`` for explicit differences, whose z is at most ``2 M / tau``; mapping the tokens by W rounds
         each feature vector by up to ``d eps |y| ||W||_F``, hence ``2 d ||W||_F / ||W||_2`` more), and moves
         ``tau rho(z)`` by ``tau rho'(z) |dz|``; ``G`` bounds ``sum_e rho'(z_e) ||W||^2 = sum_u deg_u ||W||^2 / 2``:
@@ -746,7 +757,7 @@ class Residual(EnergyTerm):
 
     def value_error(self, stats, value):
         """``16 eps |V|``: the pass forms ``r = y - b`` and ``r^2`` in Y's dtype (3 roundings, relative) and sums
-        them by :func:`_f64_sum` (within ``4 eps sum r^2``); :meth:`value` does it all in float64."""
+        them by `_f64_sum` (within ``4 eps sum r^2``); [`value`][energies.Residual.value] does it all in float64."""
         return 16.0 * stats.eps * value.to(ACCUM_DTYPE).abs()
 
     def describe(self):
@@ -828,7 +839,7 @@ class FeedForward(EnergyTerm):
     def value_error(self, stats, value):
         """``(d + 16) eps ||W||_F sum_u |y_u|^2 / 2``: the pass's product ``Y W`` in Y's dtype errs per entry by at
         most ``d eps (|Y| |W|)_uj <= d eps |y_u| ||W_j||``, so ``sum Y o (Y W)`` by ``d eps ||W||_F sum_u |y_u|^2``;
-        the product with Y and :func:`_f64_sum` add at most ``5 eps`` of the same sum."""
+        the product with Y and `_f64_sum` add at most ``5 eps`` of the same sum."""
         frob = torch.linalg.matrix_norm(self.W.detach().to(device=value.device, dtype=ACCUM_DTYPE))
         return 0.5 * (stats.d + 16) * stats.eps * frob * stats.sq
 

@@ -1,6 +1,6 @@
 """Token graphs: one representation for complete and sparse graphs, batched, with padding.
 
-A :class:`TokenGraph` describes ``B`` sequences of ``n`` token slots each. Slot ``i``
+A [`TokenGraph`][energies.TokenGraph] describes ``B`` sequences of ``n`` token slots each. Slot ``i``
 of example ``b`` has the flat id ``b * n + i`` (PyTorch Geometric's batching
 convention). The graph is *undirected by definition*: it holds each undirected
 edge ``{u, v}`` exactly once, canonically as ``u < v`` (supplement B.1 sums over
@@ -10,23 +10,23 @@ orientation(s) the user wrote it in.
 A padding ``mask`` (``True`` where a token is real) removes padded slots from the
 graph: they are in no edge, and energies skip them in every term.
 
-The complete graph is kept implicit (``edge_index is None``); :meth:`TokenGraph.edges`
+The complete graph is kept implicit (``edge_index is None``); [`TokenGraph.edges`][energies.TokenGraph.edges]
 materialises it as all pairs ``u < v`` of real tokens when an edge list is needed.
 
 One builder a file (as PyG's ``nn/conv/``), apart from the container, the registry and the cache:
 
-* :mod:`.edges`: edge lists and masks checked (:func:`~.edges.canonical_edges`, :func:`~.edges.mask_from_lengths`);
-* :mod:`.container`: :class:`~.container.TokenGraph` and :func:`~.container.check_tokens`;
-* :mod:`.registry`: :data:`~.registry.GRAPHS`, :func:`~.registry.register_graph` and what builders share;
-* the builders, registered in this order when this package is imported: :mod:`.complete`, :mod:`.window`,
-  :mod:`.strided`, :mod:`.dilated`, :mod:`.star`, :mod:`.random_graph` (``random``);
-* :mod:`.edge_list` (:func:`~.edge_list.from_edge_index`, :func:`~.edge_list.from_pyg`), :mod:`.spec`
-  (:func:`~.spec.graph_from_spec`), :mod:`.cache` (:class:`~.cache.GraphCache`).
+* `edges`: edge lists and masks checked (`canonical_edges`, [`mask_from_lengths`][energies.mask_from_lengths]);
+* `container`: [`TokenGraph`][energies.TokenGraph] and [`check_tokens`][energies.check_tokens];
+* `registry`: [`GRAPHS`][energies.GRAPHS], [`register_graph`][energies.register_graph] and what builders share;
+* the builders, registered in this order when this package is imported: `complete`, `window`,
+  `strided`, `dilated`, `star`, `random_graph` (``random``);
+* `edge_list` ([`from_edge_index`][energies.from_edge_index], [`from_pyg`][energies.from_pyg]), `spec`
+  ([`graph_from_spec`][energies.graph_from_spec]), `cache` (`GraphCache`).
 
 This package is the documented import path of their public names (``from energies.graphs import TokenGraph,
 window, register_graph, ...``; the builders are also ``energies.window`` etc.). May import: energies' errors, checks
 and registry helpers; nothing else of the project. A new graph is one new file that imports
-:mod:`.registry` (and :class:`~.container.TokenGraph`) and decorates its builder with ``register_graph``.
+`registry` (and [`TokenGraph`][energies.TokenGraph]) and decorates its builder with ``register_graph``.
 """
 from . import complete, window, strided, dilated, star, random_graph  # noqa: F401  (registers them, in this order)
 from . import edge_list, spec, cache  # noqa: F401

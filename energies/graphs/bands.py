@@ -1,7 +1,7 @@
 """How a shift-invariant graph's offsets are laid out in blocks: the band (block size and keys per query) and the
-residue classes of a stride (:func:`banded_plan`), and the tokens regrouped by residue class and back
-(:func:`to_classes`, :func:`from_classes`, :func:`class_mask`). Shared by the CPU's ``banded`` kernel
-(:mod:`energies.kernels.banded`) and the GPU's ``triton`` kernel (:mod:`energies.kernels.triton`)."""
+residue classes of a stride (`banded_plan`), and the tokens regrouped by residue class and back
+(`to_classes`, `from_classes`, `class_mask`). Shared by the CPU's ``banded`` kernel
+(`energies.kernels.banded`) and the GPU's ``triton`` kernel (`energies.kernels.triton`)."""
 from __future__ import annotations
 
 import functools
@@ -63,7 +63,7 @@ def class_mask(mask: torch.Tensor, k: int) -> torch.Tensor:
 
 def to_classes(t: torch.Tensor, k: int) -> torch.Tensor:
     """``(B, H, n, ...) -> (B k, H, m, ...)``: row ``b k + r`` holds the tokens ``r, r + k, ...`` of example b
-    (residue class r), padded with zeros to ``m = ceil(n / k)``; rows as in :func:`class_mask`."""
+    (residue class r), padded with zeros to ``m = ceil(n / k)``; rows as in `class_mask`."""
     B, H, n = t.shape[:3]
     m = -(-n // k)
     t = torch.nn.functional.pad(t, (0, 0) * (t.ndim - 3) + (0, m * k - n))
@@ -72,7 +72,7 @@ def to_classes(t: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def from_classes(t: torch.Tensor, k: int, n: int) -> torch.Tensor:
-    """The inverse of :func:`to_classes`: ``(B k, H, m, ...) -> (B, H, n, ...)`` (the padding dropped)."""
+    """The inverse of `to_classes`: ``(B k, H, m, ...) -> (B, H, n, ...)`` (the padding dropped)."""
     Bk, H, m = t.shape[:3]
     t = t.reshape(Bk // k, k, H, m, *t.shape[3:]).movedim(1, 3)
     return t.reshape(Bk // k, H, m * k, *t.shape[4:])[:, :, :n]

@@ -1,4 +1,4 @@
-"""The graph cache: :class:`GraphCache`, the graphs of one spec for batches of masks, built on the mask's device once
+"""The graph cache: `GraphCache`, the graphs of one spec for batches of masks, built on the mask's device once
 per shape (or per mask pattern for a builder whose edges depend on the mask)."""
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ class GraphCache:
     """Token graphs of one spec for batches of masks, built on the mask's device and cached by shape.
 
     ``cache(mask)`` equals ``graph_from_spec(spec, n, batch_size=B, mask=mask, seed=seed)`` on the mask's device.
-    The complete graph is implicit: built per call from the mask with no host read. A :data:`MASK_FREE` spec is
-    built once per ``(B, n, device)`` and masked on the device (:meth:`TokenGraph.with_mask`: one selection of
-    the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it is built
-    on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns; on ``meta``
-    (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask.
+    The complete graph is implicit: built per call from the mask with no host read. A `MASK_FREE` spec is
+    built once per ``(B, n, device)`` and masked on the device ([`TokenGraph.with_mask`][energies.TokenGraph.with_mask]:
+    one selection of the edges). Any other spec (``star``, user graphs not declared mask-free) depends on the mask: it
+    is built on the host from the mask (one read) and cached by the mask's bytes, up to ``maxsize`` patterns; on
+    ``meta`` (no values: a forward there computes shapes) it is the graph of all-real examples under the meta mask.
 
     ``edges``: the ``2 x m`` edge list of a file spec, already read (a pinned graph, as a model bundle holds it):
     the graphs are built from this array, never from the file, which may since have changed or gone."""

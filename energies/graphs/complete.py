@@ -16,7 +16,7 @@ def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGrap
         seed: unused (every builder takes it).
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph` built with ``edge_index=None`` (``is_complete``; no edge
+        The [`TokenGraph`][energies.TokenGraph] built with ``edge_index=None`` (``is_complete``; no edge
         list).
     """
     n, batch_size, _ = _sizes(n, batch_size, seed)

@@ -1,5 +1,6 @@
-"""The container: :class:`TokenGraph` (B examples of n token slots, each undirected edge once, padded slots in no
-edge; the complete graph implicit), the bitwise padding masks it applies, and :func:`check_tokens`."""
+"""The container: [`TokenGraph`][energies.TokenGraph] (B examples of n token slots, each undirected edge once, padded
+slots in no edge; the complete graph implicit), the bitwise padding masks it applies, and
+[`check_tokens`][energies.check_tokens]."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -12,7 +13,7 @@ from ..memory import check_memory
 from .edges import MAX_SLOTS, _check_mask, canonical_edges, check_int, listed_edges
 
 
-#: the integer dtype of each floating dtype's width: a padding mask applied as a bitwise AND (:func:`mask_bits`)
+#: the integer dtype of each floating dtype's width: a padding mask applied as a bitwise AND (`mask_bits`)
 SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
                   torch.bfloat16: torch.int16}
 
@@ -102,7 +103,7 @@ def _route(*xs: torch.Tensor) -> int:
 
 
 def select_bits(a: torch.Tensor, b: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """``a`` where ``bits`` are set, ``b`` where they are not (see :func:`mask_bits`), bit for bit: -0.0 and
+    """``a`` where ``bits`` are set, ``b`` where they are not (see `mask_bits`), bit for bit: -0.0 and
     NaN payloads kept; gradients (backward and forward mode) routed alike."""
     route = _route(a, b)
     return (_select_bits(a, b, bits) if route == 0 else
@@ -113,15 +114,15 @@ def mask_bits(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``x`` (floating) AND ``bits`` (an integer of x's width, broadcast against x, each entry all ones or all
     zeros): x bit for bit where the bits are set, exactly +0.0 where they are not, whatever x holds there (NaN
     and inf included); the gradient (backward and forward mode) is masked alike. The padding masks of
-    :class:`TokenGraph` use it."""
+    [`TokenGraph`][energies.TokenGraph] use it."""
     route = _route(x)
     return _and_bits(x, bits) if route == 0 else _MaskBits.apply(x, bits) if route == 1 else _MaskBitsFunc.apply(x, bits)
 
 
 def _check_offsets(offsets, n: int) -> Optional[Tuple[int, ...]]:
-    """A shift-invariant graph's offsets as :attr:`TokenGraph.offsets` keeps them: integers >= 1 (a bool, a
-    fraction, a string or o < 1 refused, :class:`GraphError`), sorted, once each, those >= n dropped (they join no
-    pair); None for None."""
+    """A shift-invariant graph's offsets as [`TokenGraph.offsets`][energies.TokenGraph.offsets] keeps them: integers >=
+    1 (a bool, a fraction, a string or o < 1 refused, [`GraphError`][energies.GraphError]), sorted, once each, those >=
+    n dropped (they join no pair); None for None."""
     if offsets is None:
         return None
     if isinstance(offsets, (str, bytes)) or not hasattr(offsets, "__iter__"):
@@ -136,7 +137,7 @@ class TokenGraph:
     eq. 9's plain self-attention, kept implicit).
 
     Edges touching a padded slot are dropped: padded tokens are in no edge. The edge list is validated and
-    canonicalised once (:func:`~energies.graphs.edges.canonical_edges`: each undirected edge once, ``u < v``).
+    canonicalised once (`canonical_edges`: each undirected edge once, ``u < v``).
 
     Args:
         batch_size: ``B``, an integer >= 1; token tensors are ``(B, n, d)``.
@@ -144,7 +145,7 @@ class TokenGraph:
         mask: ``(B, n)`` bool (or ``(n,)`` for one example; a numpy array is copied), ``True`` where the slot holds
             a real token; ``None`` means all real.
         edge_index: ``None`` for the complete graph, else a ``(2, m)`` integer tensor of *flat* ids in
-            ``[0, B * n)`` (see :func:`from_edge_index` for per-example ids). Each undirected edge
+            ``[0, B * n)`` (see [`from_edge_index`][energies.from_edge_index] for per-example ids). Each undirected edge
             once in either orientation, or in both: the same graph either way; no self loop, no edge between
             examples.
         name: a label for reports (``"complete"``, ``"window:2"``, ...).
@@ -171,10 +172,10 @@ class TokenGraph:
         self.mask = _check_mask(mask, self.batch_size, self.num_nodes)
         self.is_complete = edge_index is None
         self._edges: Optional[torch.Tensor] = None
-        #: the edge list before the current mask dropped any (fixed shape whatever the mask: :meth:`with_mask` keeps
-        #: it and :meth:`fixed_edges` weighs its edges by the mask on the device); None for the complete graph
+        #: the edge list before the current mask dropped any (fixed shape whatever the mask: `with_mask` keeps
+        #: it and `fixed_edges` weighs its edges by the mask on the device); None for the complete graph
         self._all: Optional[torch.Tensor] = None
-        #: a bool per edge of ``_all`` for a graph from :meth:`from_listed` (False: a repeat or a self loop of the
+        #: a bool per edge of ``_all`` for a graph from `from_listed` (False: a repeat or a self loop of the
         #: listing, weighing 0); None where every listed edge is one of the graph's
         self._keep: Optional[torch.Tensor] = None
         #: for a shift-invariant graph (window, strided, dilated): its offsets o >= 1, the edges being every pair
@@ -197,12 +198,13 @@ class TokenGraph:
     def from_listed(cls, edge_index: torch.Tensor, num_nodes: int, name: str = "listed") -> "TokenGraph":
         """One example of ``num_nodes`` real tokens on the edge list's device, its edges those of ``edge_index`` in a
         list of fixed shape (``energies.graphs.edges.listed_edges``): each undirected edge once, self loops and
-        repeats (either orientation) listed but weighing 0 in :meth:`fixed_edges`, dropped by :meth:`edges`.
+        repeats (either orientation) listed but weighing 0 in [`fixed_edges`][energies.TokenGraph.fixed_edges], dropped
+        by [`edges`][energies.TokenGraph.edges].
 
         No host read and no shape that depends on the ids: a compiled forward builds it without a graph break, and
         it builds on ``meta``. The ids are checked on their device, not read: ids outside ``[0, num_nodes)`` fail
         ``torch._assert_async`` (a RuntimeError on the CPU, a device-side assert on a GPU; nothing on ``meta``,
-        which holds no ids). The constructor's :func:`~energies.graphs.edges.canonical_edges` reads them once and
+        which holds no ids). The constructor's `canonical_edges` reads them once and
         names the first bad edge (a GraphError).
 
         Args:
@@ -232,10 +234,11 @@ class TokenGraph:
         return g
 
     def _check_pattern(self) -> None:
-        """The edges between real tokens are exactly the pairs ``{i, i + o}`` of real tokens, o in :attr:`offsets`
-        (the kernels that read the offsets, ``banded`` and the Triton tiles, would otherwise pass over another graph
-        than the edge list: the step would descend one energy and the trace evaluate another). Each kept edge's span
-        is an offset, and there are as many as such pairs: the same set. One host read, at construction."""
+        """The edges between real tokens are exactly the pairs ``{i, i + o}`` of real tokens, o in
+        [`offsets`][energies.TokenGraph.offsets] (the kernels that read the offsets, ``banded`` and the Triton tiles,
+        would otherwise pass over another graph than the edge list: the step would descend one energy and the trace
+        evaluate another). Each kept edge's span is an offset, and there are as many as such pairs: the same set. One
+        host read, at construction."""
         e, m = self._edges, self.mask
         offs = torch.tensor(self.offsets, dtype=e.dtype, device=e.device)
         spans_ok = bool(torch.isin(e[1] - e[0], offs).all()) if e.numel() else True
@@ -285,7 +288,7 @@ class TokenGraph:
 
     def zero_padded(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``(B, n, ...)`` with padded slots set to zero (so NaN/Inf there cannot leak through 0 * x); real
-        slots bit for bit. Floating x: a bitwise AND with the slot mask (:func:`mask_bits`, exact and NaN-safe,
+        slots bit for bit. Floating x: a bitwise AND with the slot mask (`mask_bits`, exact and NaN-safe,
         at the speed of a copy: ``torch.where`` with a broadcast bool mask is not vectorised on CPU, 5x slower)."""
         if x.dtype in SAME_WIDTH_INT:
             return mask_bits(x, self._slot_bits(x))
@@ -293,7 +296,7 @@ class TokenGraph:
 
     def keep_padded(self, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
         """``new`` on real slots, ``old`` on padded ones: padded slots pass through every step unchanged.
-        Floating tensors of one dtype and shape: bit for bit, by :func:`select_bits`."""
+        Floating tensors of one dtype and shape: bit for bit, by `select_bits`."""
         if new.dtype in SAME_WIDTH_INT and old.dtype == new.dtype and old.shape == new.shape:
             return select_bits(new, old, self._slot_bits(new))
         return torch.where(self._slot_mask(new), new, old)
@@ -340,9 +343,10 @@ class TokenGraph:
 
     def with_mask(self, mask) -> "TokenGraph":
         """The same edges under a new padding mask ``(B, n)`` (on the graph's device): edges touching a padded
-        slot count no more. Right for graphs whose edges do not depend on the mask (:data:`MASK_FREE` builders).
+        slot count no more. Right for graphs whose edges do not depend on the mask (`MASK_FREE` builders).
         No host read: the edge list keeps its shape (the kernels weigh each edge by the mask,
-        :meth:`fixed_edges`); :meth:`edges` compacts it when asked."""
+        [`fixed_edges`][energies.TokenGraph.fixed_edges]); [`edges`][energies.TokenGraph.edges] compacts it when
+        asked."""
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)
         g.__dict__.pop("_bits", None)
@@ -355,7 +359,8 @@ class TokenGraph:
         edge, True where both tokens are real, or None where every listed edge is real; all device ops, no host read
         (the edge kernel, degrees and the dense adjacency use it). The complete graph lists all pairs of slots of
         each example, weighed by the mask (so it runs on ``meta`` too, and without a sync on a GPU). A graph from
-        :meth:`from_listed` also lists its repeats and self loops as loops ``(u, u)``, ``valid`` False there."""
+        [`from_listed`][energies.TokenGraph.from_listed] also lists its repeats and self loops as loops ``(u, u)``,
+        ``valid`` False there."""
         if self.is_complete and self._edges is None:
             src, dst = self._all_pairs()
             flat = self.mask.reshape(-1)
@@ -382,7 +387,7 @@ class TokenGraph:
 
     def _all_pairs(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """Flat ids ``u < v`` of every pair of slots within each example (the complete graph before the mask);
-        a list that cannot fit in memory is refused before it is built (:func:`energies.memory.check_memory`: the
+        a list that cannot fit in memory is refused before it is built (`energies.memory.check_memory`: the
         ids, the mask's pick and the kept copy, 40 bytes a pair)."""
         n = self.num_nodes
         pairs = self.batch_size * n * (n - 1) // 2

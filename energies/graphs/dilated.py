@@ -19,7 +19,7 @@ def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, see
         seed: unused (every builder takes it).
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph` named ``dilated:K:R``, with its offsets
+        The [`TokenGraph`][energies.TokenGraph] named ``dilated:K:R``, with its offsets
         (shift-invariant: the ``banded`` kernel's case).
 
     Raises:

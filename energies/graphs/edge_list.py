@@ -1,4 +1,5 @@
-"""Graphs from a user edge list (:func:`from_edge_index`) and from a PyG ``Data``/``Batch`` (:func:`from_pyg`)."""
+"""Graphs from a user edge list ([`from_edge_index`][energies.from_edge_index]) and from a PyG ``Data``/``Batch``
+([`from_pyg`][energies.from_pyg])."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -30,7 +31,7 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
         name: a label for reports.
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph`.
+        The [`TokenGraph`][energies.TokenGraph].
 
     Raises:
         GraphError: a size that is not an integer >= 1, ``shared`` not a bool, or an edge list that fails its

@@ -1,6 +1,6 @@
-"""Edge lists and masks checked: :func:`canonical_edges` (every undirected edge once, ``u < v``, ids in range; its
+"""Edge lists and masks checked: `canonical_edges` (every undirected edge once, ``u < v``, ids in range; its
 sync-free counterpart of fixed shape, ``listed_edges``, checks nothing), the padding mask from lengths and its
-checks, and the integer and number checks of graph arguments (raising :class:`~energies.errors.GraphError`)."""
+checks, and the integer and number checks of graph arguments (raising [`GraphError`][energies.GraphError])."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -140,7 +140,7 @@ def listed_edges(edge_index: torch.Tensor, total: int) -> Tuple[torch.Tensor, to
     are rewritten as the loop ``(u, u)``: a dense adjacency written from the list stays exact). Device ops only, no
     host read, and the shapes do not depend on the ids: the path a compiled forward takes (``torch.compile`` traces
     it whole) and a ``meta`` forward runs. Nothing here checks the ids (``TokenGraph.from_listed`` does, on the
-    device; :func:`canonical_edges` reads them, naming the first bad edge).
+    device; `canonical_edges` reads them, naming the first bad edge).
 
     Args:
         edge_index: a ``(2, m)`` integer tensor of ids in ``[0, total)`` (on any device, ``meta`` included).
@@ -159,17 +159,17 @@ def listed_edges(edge_index: torch.Tensor, total: int) -> Tuple[torch.Tensor, to
 
 
 def check_int(value, what: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
-    """:func:`energies.checks.check_int` raising :class:`GraphError`."""
+    """`energies.checks.check_int` raising [`GraphError`][energies.GraphError]."""
     return checks.check_int(value, what, minimum, maximum, GraphError)
 
 
 def check_number(value, what: str, rule: str = "finite") -> float:
-    """:func:`energies.checks.check_number` raising :class:`GraphError`."""
+    """`energies.checks.check_number` raising [`GraphError`][energies.GraphError]."""
     return checks.check_number(value, what, rule, GraphError)
 
 
 def check_seed(value, what: str = "seed") -> int:
-    """:func:`energies.checks.check_seed` raising :class:`GraphError`."""
+    """`energies.checks.check_seed` raising [`GraphError`][energies.GraphError]."""
     return checks.check_seed(value, what, GraphError)
 
 

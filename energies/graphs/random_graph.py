@@ -10,7 +10,7 @@ from .edges import check_number
 from .registry import _check_edges, _sizes, register_graph
 
 
-#: up to this many candidate pairs per example, :func:`random` draws one uniform number per pair (its
+#: up to this many candidate pairs per example, `random` draws one uniform number per pair (its
 #: realisations for a seed are those of every earlier version); above, it draws the edge count and then the
 #: edges themselves: the same distribution in O(n + |E|) time and memory.
 RANDOM_PAIRWISE_MAX = 2 ** 21
@@ -44,7 +44,7 @@ def _upper_pairs(k: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
 def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     """Erdos-Renyi graph: each pair ``u < v`` of each example is an edge with probability ``p``, independently.
 
-    O(n + |E|) time and memory above :data:`RANDOM_PAIRWISE_MAX` candidate pairs per example. The edges are drawn
+    O(n + |E|) time and memory above `RANDOM_PAIRWISE_MAX` candidate pairs per example. The edges are drawn
     over all n slots whatever the mask (so the graph is ``mask_free``); those touching a padded slot are dropped.
 
     Args:
@@ -55,7 +55,7 @@ def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> T
         seed: the generator's seed, an integer in [0, 2^63): the same seed gives the same edges.
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph` named ``random:P``.
+        The [`TokenGraph`][energies.TokenGraph] named ``random:P``.
 
     Raises:
         GraphError: a size that is not an integer >= 1, p outside [0, 1], a seed out of range, or more expected

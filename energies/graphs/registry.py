@@ -1,6 +1,6 @@
-"""The graph-builder registry (:data:`GRAPHS`, :func:`register_graph`, :data:`MASK_FREE`) and what builders share:
-validated sizes (:func:`_sizes`), the edge budget (:data:`MAX_EDGES`), patterns of pairs at offsets. Imports no
-builder: a builder (in this package or a plug-in) imports this and :class:`~energies.graphs.container.TokenGraph`."""
+"""The graph-builder registry ([`GRAPHS`][energies.GRAPHS], [`register_graph`][energies.register_graph], `MASK_FREE`)
+and what builders share: validated sizes (`_sizes`), the edge budget (`MAX_EDGES`), patterns of pairs at offsets.
+Imports no builder: a builder (in this package or a plug-in) imports this and [`TokenGraph`][energies.TokenGraph]."""
 from __future__ import annotations
 
 import os
@@ -29,7 +29,7 @@ GRAPHS: Registry = Registry("graph", GraphError, None, "energies.graphs.GRAPHS",
 
 
 #: builders whose edges do not depend on the mask: building with a mask equals building without one and dropping
-#: the edges at padded slots (:meth:`TokenGraph.with_mask`), so that :class:`GraphCache` builds them once per shape
+#: the edges at padded slots (`TokenGraph.with_mask`), so that `GraphCache` builds them once per shape
 MASK_FREE = set()
 _register = GRAPHS.register
 
@@ -39,8 +39,8 @@ def register_graph(name: str, mask_free: bool = False):
 
     Args:
         name: the graph's name (refused when taken: the registry's wording).
-        mask_free: declare that its edges do not depend on the mask (see :data:`MASK_FREE`), so that
-            :class:`~energies.graphs.cache.GraphCache` builds it once per shape.
+        mask_free: declare that its edges do not depend on the mask (see `MASK_FREE`), so that
+            `GraphCache` builds it once per shape.
 
     Returns:
         The decorator, for ``f(n, *args, batch_size=1, mask=None, seed=0) -> TokenGraph``.
@@ -54,7 +54,7 @@ def register_graph(name: str, mask_free: bool = False):
 
 
 def _sizes(n, batch_size, seed=0) -> Tuple[int, int, int]:
-    """A builder's ``(n, batch_size, seed)`` validated (the sizes integers >= 1 with at most :data:`MAX_SLOTS`
+    """A builder's ``(n, batch_size, seed)`` validated (the sizes integers >= 1 with at most `MAX_SLOTS`
     slots in all, the seed in [0, 2**63))."""
     n, batch_size = check_int(n, "n (tokens per example)", 1), check_int(batch_size, "batch_size", 1)
     if n * batch_size > MAX_SLOTS:
@@ -68,13 +68,13 @@ MAX_EDGES = 2 ** 28
 
 
 #: bytes a builder holds per edge at its peak: the (2, m) int64 pattern, its offset copy over the batch and the
-#: container's validated list (three (2, m) int64 tensors; a lower bound, for :func:`energies.memory.check_memory`)
+#: container's validated list (three (2, m) int64 tensors; a lower bound, for `energies.memory.check_memory`)
 EDGE_BYTES = 3 * 2 * 8
 
 
 def _check_edges(count: float, batch_size: int, what: str) -> None:
-    """Refuse, before any allocation, a graph of more than :data:`MAX_EDGES` edges in all, or whose edge list
-    cannot fit in the memory this process may allocate (:func:`energies.memory.check_memory`)."""
+    """Refuse, before any allocation, a graph of more than `MAX_EDGES` edges in all, or whose edge list
+    cannot fit in the memory this process may allocate (`energies.memory.check_memory`)."""
     if count * batch_size > MAX_EDGES:
         raise GraphError(f"{what} would have {count:.3g} edges per example x batch_size {batch_size}, more than "
                          f"the {MAX_EDGES} edges a builder materialises; use a smaller n, radius or p (or 'complete', "
@@ -85,7 +85,7 @@ def _check_edges(count: float, batch_size: int, what: str) -> None:
 
 def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str, offsets=None) -> TokenGraph:
     """Offset a per-example ``(2, m)`` pattern over the batch and build the graph (``offsets``: the pattern is every
-    pair ``{i, i + o}``, :attr:`TokenGraph.offsets`)."""
+    pair ``{i, i + o}``, [`TokenGraph.offsets`][energies.TokenGraph.offsets])."""
     offs = torch.arange(batch_size)[:, None] * n
     src = (offs + pairs[0][None]).reshape(-1)
     dst = (offs + pairs[1][None]).reshape(-1)
@@ -95,7 +95,7 @@ def _from_pattern(pairs: torch.Tensor, n: int, batch_size: int, mask, name: str,
 def _pairs_at_offsets(n: int, offsets, batch_size: int = 1, what: str = "graph") -> torch.Tensor:
     """All pairs ``(i, i + o)`` inside ``[0, n)`` for the given positive offsets: O(|E|) memory. The callers
     pass offsets below n only (at most n - 1 of them), so time and memory are O(n + |E|) whatever the spec;
-    more than :data:`MAX_EDGES` edges in all is refused before anything is allocated."""
+    more than `MAX_EDGES` edges in all is refused before anything is allocated."""
     offsets = [o for o in offsets if 0 < o < n]
     _check_edges(sum(n - o for o in offsets), batch_size, what)
     src, dst = [], []

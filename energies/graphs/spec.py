@@ -1,4 +1,5 @@
-"""Graphs by spec: :func:`graph_from_spec` (``complete | window:K | ... | FILE.npy``), read from the registry."""
+"""Graphs by spec: [`graph_from_spec`][energies.graph_from_spec] (``complete | window:K | ... | FILE.npy``), read from
+the registry."""
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,8 @@ def _spec_arity(builder) -> Tuple[int, int]:
 
 def edge_array_graph(arr: np.ndarray, n: int, batch_size: int = 1, mask=None, name: str = "edge list") -> TokenGraph:
     """The graph of a ``2 x m`` integer edge list read from a ``.npy`` file (``name``: the file, for messages), as
-    a file spec builds it: :func:`graph_from_spec` reads the file, a pinned graph
-    (:class:`~energies.graphs.cache.GraphCache` with ``edges``) holds the array it was read into."""
+    a file spec builds it: [`graph_from_spec`][energies.graph_from_spec] reads the file, a pinned graph
+    (`GraphCache` with ``edges``) holds the array it was read into."""
     if not isinstance(arr, np.ndarray) or not np.issubdtype(arr.dtype, np.integer):
         raise GraphError(f"graph file {name!r} must hold integers, got "
                          f"{f'dtype {arr.dtype}' if isinstance(arr, np.ndarray) else type(arr).__name__}")
@@ -61,7 +62,7 @@ def _canonical_arg(text: str) -> str:
 def canonical_spec(spec: str) -> str:
     """The one spelling of a graph spec, for identity (two specs naming one graph are one variant): a registered
     graph as ``NAME:ARG:...`` with every argument its builder takes, defaults filled in
-    (``dilated:4`` -> ``dilated:4:1``), each number in one spelling (:func:`_canonical_arg`, ASCII digits only:
+    (``dilated:4`` -> ``dilated:4:1``), each number in one spelling (`_canonical_arg`, ASCII digits only:
     ``window:08`` and ``window:8``, ``random:.05`` and ``random:0.05`` are one graph); an edge-list file as its
     real path. A spec this cannot read is returned as it is (building it says what is wrong)."""
     if not isinstance(spec, str):
@@ -92,8 +93,9 @@ def check_graph_spec(spec, error=GraphError, files: bool = True) -> str:
     be a readable ``.npy`` array (its contents are checked where a graph of n tokens is built from it).
 
     Args:
-        spec: the spec, as :func:`graph_from_spec` takes it.
-        error: the caller's typed error (the encoder's ConfigError), raised with :func:`graph_from_spec`'s message.
+        spec: the spec, as [`graph_from_spec`][energies.graph_from_spec] takes it.
+        error: the caller's typed error (the encoder's ConfigError), raised with
+            [`graph_from_spec`][energies.graph_from_spec]'s message.
         files: read an edge-list file now; False leaves it to the first graph built (an encoder whose file a model
             bundle pins: the graphs come from the bundle's copy, whatever became of the file).
 
@@ -101,7 +103,7 @@ def check_graph_spec(spec, error=GraphError, files: bool = True) -> str:
         ``spec``, unchanged.
 
     Raises:
-        GraphError: (or ``error``) a spec :func:`graph_from_spec` refuses.
+        GraphError: (or ``error``) a spec [`graph_from_spec`][energies.graph_from_spec] refuses.
     """
     try:
         if isinstance(spec, str) and (spec.endswith(".npy") or os.path.sep in spec):
@@ -129,7 +131,7 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
         seed: the seed of a random graph.
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph`, each undirected edge held once.
+        The [`TokenGraph`][energies.TokenGraph], each undirected edge held once.
 
     Raises:
         GraphError: an unknown name (the registered ones listed), bad arguments or sizes, an invalid edge list.

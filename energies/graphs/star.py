@@ -25,7 +25,7 @@ def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
         seed: unused (every builder takes it).
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph` named ``star`` (an example with fewer than two real
+        The [`TokenGraph`][energies.TokenGraph] named ``star`` (an example with fewer than two real
         tokens has no edge).
 
     Raises:

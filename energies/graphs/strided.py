@@ -23,7 +23,7 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
         seed: unused (every builder takes it).
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph` named ``strided:K``, with its offsets (shift-invariant:
+        The [`TokenGraph`][energies.TokenGraph] named ``strided:K``, with its offsets (shift-invariant:
         the ``banded`` kernel's case).
 
     Raises:

@@ -18,7 +18,7 @@ def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> Tok
         seed: unused (every builder takes it).
 
     Returns:
-        The :class:`~energies.graphs.container.TokenGraph`, with its offsets (shift-invariant: the ``banded``
+        The [`TokenGraph`][energies.TokenGraph], with its offsets (shift-invariant: the ``banded``
         kernel's case).
     """
     n, batch_size, _ = _sizes(n, batch_size, seed)

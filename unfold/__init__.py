@@ -1,22 +1,24 @@
-"""Update rules that descend the energies of :mod:`energies`, unrolled into layers.
+"""Update rules that descend the energies of [`energies`][energies], unrolled into layers.
 
-* steps: :class:`AttentionStep` (exact and ``printed``), :class:`FeedForwardStep`,
-  :class:`GradientStep`, :class:`ReLUProxStep`, :class:`CenterStep`, :class:`RescaleStep`,
-  :class:`Sequence` (alternating steps, Thm 4.1), :func:`layernorm_step`;
-* :func:`unroll` (an unrolled model is an iterator over steps) and :func:`trace_descent`
+* steps: [`AttentionStep`][unfold.AttentionStep] (exact and ``printed``), [`FeedForwardStep`][unfold.FeedForwardStep],
+  [`GradientStep`][unfold.GradientStep], [`ReLUProxStep`][unfold.ReLUProxStep], [`CenterStep`][unfold.CenterStep],
+  [`RescaleStep`][unfold.RescaleStep], [`Sequence`][unfold.Sequence] (alternating steps, Thm 4.1),
+  [`layernorm_step`][unfold.layernorm_step];
+* [`unroll`][unfold.unroll] (an unrolled model is an iterator over steps) and [`trace_descent`][unfold.trace_descent]
   (per-example, per-layer, per-term energy trace: every step a verdict, descent, increase or
   non-finite, under a stated tolerance rule);
-* :func:`mm_step`: the one MM step every MM layer takes (:class:`ProxMMStep`, :class:`AttentionStep`'s exact
-  update, the encoders, the PyG conv);
-* encoders (:data:`ENCODERS`, :func:`register_encoder`): :class:`GuaranteedEncoder`, :class:`FreeEncoder`,
-  :class:`TorchEncoder`, ``(B, n, d)`` tokens and a mask to ``Y_T`` and the energy trace;
-* :class:`SequenceClassifier` (embedding, encoder, pooling, head) and :class:`UnfoldedTransformer` (the
-  experiments' classifier in one constructor);
-* :class:`Attention`: standard attention with a softmax, relu or softplus activation;
+* [`mm_step`][unfold.mm_step]: the one MM step every MM layer takes ([`ProxMMStep`][unfold.ProxMMStep],
+  [`AttentionStep`][unfold.AttentionStep]'s exact update, the encoders, the PyG conv);
+* encoders ([`ENCODERS`][unfold.ENCODERS], [`register_encoder`][unfold.register_encoder]):
+  [`GuaranteedEncoder`][unfold.GuaranteedEncoder], [`FreeEncoder`][unfold.FreeEncoder],
+  [`TorchEncoder`][unfold.TorchEncoder], ``(B, n, d)`` tokens and a mask to ``Y_T`` and the energy trace;
+* [`SequenceClassifier`][unfold.SequenceClassifier] (embedding, encoder, pooling, head) and
+  [`UnfoldedTransformer`][unfold.UnfoldedTransformer] (the experiments' classifier in one constructor);
+* [`Attention`][unfold.Attention]: standard attention with a softmax, relu or softplus activation;
 * ``python -m unfold.check``: the descent checker.
 
-Layer: the layers on :mod:`energies`. May import: :mod:`energies`, nothing else of the project (no config keys,
-no run folders: :mod:`experiments.app` builds models from these registries).
+Layer: the layers on [`energies`][energies]. May import: [`energies`][energies], nothing else of the project (no config
+keys, no run folders: `experiments.app` builds models from these registries).
 """
 from .steps import (STEPS, UPDATES, AttentionStep, CenterStep, FeedForwardStep, GradientStep, ReLUProxStep,
                     RescaleStep, Sequence, Step, layernorm_step, register_step, theorem41_bound)

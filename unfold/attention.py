@@ -20,7 +20,7 @@ context, linear in x, cubic in both (Theorem 3.3). m_j is the number of keys que
 constant for a given mask, so it keeps outputs of order one, makes an example's output independent
 of how much padding its batch has, and leaves the spline degree unchanged.
 
-The activation is a module (``nn.ReLU``, ``nn.Softplus``, :class:`RowSoftmax`), so that hooks see
+The activation is a module (``nn.ReLU``, ``nn.Softplus``, `RowSoftmax`), so that hooks see
 every pre-activation (the spline probe reads ReLU sign patterns this way).
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Attention(nn.Module):
     Args:
         d: the token width, >= 1.
         heads: the number of heads, >= 1.
-        activation: ``softmax``, ``relu`` or ``softplus`` (:data:`ACTIVATIONS`).
+        activation: ``softmax``, ``relu`` or ``softplus`` ([`ACTIVATIONS`][unfold.ACTIVATIONS]).
         causal: the masked attention of eq. 8-9 (query j sees keys i <= j only).
         temperature: t of the softplus activation ``t Softplus(S / t)``, > 0 (unused by the others).
         bias: give the query, key, value and output maps a bias.

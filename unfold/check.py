@@ -5,7 +5,7 @@ and penalty, traces the energy at every layer per example and per term, and repo
 step whose energy went up by more than the stated tolerance. A check larger than ``MAX_WORK`` (layers x features x
 (pairs + token slots)) is refused before any work; one past ``NOTE_WORK`` is announced on stderr. Exits 0 whether or not increases
 occur (the output says), and 2 with one ``error:`` line on a bad option or a bad file (the project's
-error contract, :func:`unfold.cli.run_main`): every option is checked before any work, and nothing is
+error contract, `unfold.cli.run_main`): every option is checked before any work, and nothing is
 written unless the run succeeds (the plot lands whole or not at all).
 """
 from __future__ import annotations
@@ -51,8 +51,8 @@ class CheckError(UnfoldError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options: argparse converters (:mod:`unfold.cli`) refuse what is not a number, or not a finite one;
-    :func:`_validate` checks each range, device, file and path by name, before any work."""
+    """The options: argparse converters (`unfold.cli`) refuse what is not a number, or not a finite one;
+    `_validate` checks each range, device, file and path by name, before any work."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_import_arg(p)
@@ -152,7 +152,7 @@ def _validate(args) -> None:
 
 
 def _check_memory(args) -> None:
-    """The one memory rule (:func:`energies.memory.check_memory`) before anything is allocated: the random tokens
+    """The one memory rule (`energies.memory.check_memory`) before anything is allocated: the random tokens
     (their float64 draw and about six copies in ``--dtype``: the states, the residual's B, the step's sums) and, for
     ``--kernel dense``, its ``(samples, n, n)`` matrices, for ``--kernel edges`` on the complete graph its list of
     pairs; refused naming the options and values. Other edge lists are judged by the graph builders before they
@@ -285,7 +285,7 @@ def _print_human(out: dict, file=None) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """The checker under the project's error contract (:func:`unfold.cli.run_main`); argparse exits 2 itself
+    """The checker under the project's error contract (`unfold.cli.run_main`); argparse exits 2 itself
     on an unknown option or a value its converter refuses."""
     return run_main(PROG, lambda: _main(argv), argv)
 

@@ -1,10 +1,11 @@
 """A sequence classifier composed of parts: embedding -> encoder -> pooling -> head.
 
 ``SequenceClassifier(embedding, encoder, head)``: any module mapping ids ``(B, n)`` to tokens ``(B, n, d)``
-(:class:`TokenEmbedding` by default), any registered :class:`~unfold.encoders.Encoder` (or any module with the
-same call), masked mean pooling over real tokens, and any head ``(B, d) -> (B, classes)``. ``forward(ids, mask)``
-returns a :class:`ModelOutput`: logits, the energy trace of every layer (``trace=True``) and its verdict
-(:meth:`ModelOutput.report`). The mask is bool (True = real token) or an integer 0/1 attention mask.
+([`TokenEmbedding`][unfold.TokenEmbedding] by default), any registered [`Encoder`][unfold.Encoder] (or any module with
+the same call), masked mean pooling over real tokens, and any head ``(B, d) -> (B, classes)``. ``forward(ids, mask)``
+returns a [`ModelOutput`][unfold.ModelOutput]: logits, the energy trace of every layer (``trace=True``) and its verdict
+([`ModelOutput.report`][unfold.ModelOutput.report]). The mask is bool (True = real token) or an integer 0/1 attention
+mask.
 """
 from __future__ import annotations
 
@@ -48,20 +49,21 @@ def upgrade_state_dict(state: dict, prefix: str = "") -> dict:
 
 @dataclass
 class ModelOutput:
-    """What :class:`SequenceClassifier` returns: the logits and the encoder's energy trace E(Y_0) .. E(Y_T), whose
-    verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` (:mod:`unfold.trace`) :meth:`report` gives.
+    """What [`SequenceClassifier`][unfold.SequenceClassifier] returns: the logits and the encoder's energy trace E(Y_0)
+    .. E(Y_T), whose verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` (`unfold.trace`) [`report`][unfold.ModelOutput.report]
+    gives.
 
     Attributes:
         logits: ``(B, classes)``, the head's output.
-        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`: also
+        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an [`EnergyTrace`][unfold.EnergyTrace]: also
             the tolerance's resolution at each Y_t and the indicator terms' names; None when not traced).
         states: per-layer states ``[Y_0, ..., Y_T]`` when ``keep_states=True``, else None.
         guaranteed: whether every layer is guaranteed to descend the traced energy (the encoder's claim).
         states_dtype: dtype in which the trace evaluated the energies of the states, which sets the tolerance of
-            :meth:`report`: the states' dtype, float32 for half-type states (:func:`~unfold.encoders.trace_dtype`).
+            [`report`][unfold.ModelOutput.report]: the states' dtype, float32 for half-type states (`trace_dtype`).
         inputs: ``(X, mask)``: the embedded tokens the layers started from (detached; for re-checks).
         layers_used: ``(B,)`` int64 on the device: the layers each example ran (fewer than T where the encoder's
-            ``stop_rel`` stopped it; :class:`~unfold.encoders.GuaranteedEncoder`), or None when the encoder does not
+            ``stop_rel`` stopped it; [`GuaranteedEncoder`][unfold.GuaranteedEncoder]), or None when the encoder does not
             say.
     """
 
@@ -78,13 +80,14 @@ class ModelOutput:
         return report_from_values(self.energies, self.states_dtype, tol_factor, self.guaranteed)
 
 
-#: the positional signals of :class:`TokenEmbedding` (``positional``); ``True`` is ``learned``, ``False`` ``none``
+#: the positional signals of `TokenEmbedding` (``positional``); ``True`` is ``learned``, ``False`` ``none``
 POSITIONAL = ("learned", "sinusoidal", "none")
 
 
 def positional_kind(value, name: str = "positional") -> str:
-    """``value`` as one of :data:`POSITIONAL`: ``True`` (configs and bundles written before the choice) is
-    ``learned``, ``False`` is ``none``; anything else is a :class:`ConfigError` naming ``name`` and the value."""
+    """``value`` as one of `POSITIONAL`: ``True`` (configs and bundles written before the choice) is
+    ``learned``, ``False`` is ``none``; anything else is a [`ConfigError`][energies.ConfigError] naming ``name`` and the
+    value."""
     if value is True or value is False:
         return "learned" if value else "none"
     if isinstance(value, str) and value in POSITIONAL:
@@ -110,7 +113,7 @@ class TokenEmbedding(nn.Module):
     """ids ``(B, n)`` -> tokens ``(B, n, d)``: an embedding table (``embed_dim`` wide, optionally ``pretrained``
     and frozen), a linear map to ``d``, a positional signal added (``positional``, for ``n <= max_len``) and
     dropout: ``X = drop(proj(embed(ids)) + P[:n])``, ``P`` learned (``"learned"`` or ``True``: a parameter
-    table, ``pos.weight``), :func:`sinusoidal_positions` (``"sinusoidal"``: fixed, computed in the forward pass,
+    table, ``pos.weight``), `sinusoidal_positions` (``"sinusoidal"``: fixed, computed in the forward pass,
     nothing in the state dict) or zero (``"none"`` or ``False``). ``P`` acts before the encoder: the energy the
     layers descend stays a function of their states ``Y`` alone.
 
@@ -159,9 +162,9 @@ class TokenEmbedding(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(B, n)`` of any integer dtype (:func:`check_ids`: refused otherwise, :class:`TokenError`
-        naming ids and the value), on the embedding's device (metadata: a meta or CPU mix is named, never torch's
-        error); their range ``[0, vocab_size)`` is checked where :func:`~unfold.encoders.host_checks` (the CPU;
+        """Token ids ``(B, n)`` of any integer dtype (`check_ids`: refused otherwise,
+        [`TokenError`][energies.TokenError] naming ids and the value), on the embedding's device (metadata: a meta or
+        CPU mix is named, never torch's error); their range ``[0, vocab_size)`` is checked where `host_checks` (the CPU;
         never ``meta``; an accelerator with ``validate``), so that a bad id is named, not torch's IndexError."""
         if isinstance(ids, torch.Tensor):
             check_device(ids, self, "ids")
@@ -182,11 +185,11 @@ _WIDEN = (torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32)
 
 
 def check_ids(ids, vocab_size: int, validate: bool = False) -> torch.Tensor:
-    """Token ids as the embedding takes them: a ``(B, n)`` tensor of an integer dtype (else :class:`TokenError`
-    naming ids and the dtype or shape). int8/int16/uint8/uint16/uint32 are widened to int64 (value for value);
-    uint64 is read as its int64 bits. Where :func:`~unfold.encoders.host_checks` (CPU, or ``validate``; never meta)
-    every id must lie in ``[0, vocab_size)``, else a :class:`TokenError` naming the first bad id by its true value
-    (a uint64 id of 2^64 - 1 is named so, not as the -1 of its int64 bits) and its position."""
+    """Token ids as the embedding takes them: a ``(B, n)`` tensor of an integer dtype (else
+    [`TokenError`][energies.TokenError] naming ids and the dtype or shape). int8/int16/uint8/uint16/uint32 are widened
+    to int64 (value for value); uint64 is read as its int64 bits. Where `host_checks` (CPU, or ``validate``; never meta)
+    every id must lie in ``[0, vocab_size)``, else a [`TokenError`][energies.TokenError] naming the first bad id by its
+    true value (a uint64 id of 2^64 - 1 is named so, not as the -1 of its int64 bits) and its position."""
     if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TokenError(f"ids must be an integer tensor of token ids, got "
                          f"{getattr(ids, 'dtype', type(ids).__name__)}")
@@ -231,15 +234,15 @@ def masked_mean(Y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class SequenceClassifier(nn.Module):
     """embedding -> encoder -> masked mean pooling -> dropout -> head (module docstring). Inputs are checked at
-    this boundary by the rule of :func:`~unfold.encoders.host_checks`: their type, dtype, shape and device always
-    (:class:`~energies.errors.InputError` / :class:`~energies.errors.TokenError` naming ids or the mask); their
+    this boundary by the rule of `host_checks`: their type, dtype, shape and device always
+    ([`InputError`][energies.InputError] / [`TokenError`][energies.TokenError] naming ids or the mask); their
     values (ids in the vocabulary, no example without a real token) on the CPU, and with ``validate=True`` on any
     device but meta (a host read; off the CPU the default leaves it to the data loader, and the trace marks an
     example with no real token as failed). The encoder's layer loop reads nothing.
 
     Args:
-        embedding: a module mapping ids ``(B, n)`` to tokens ``(B, n, d)`` (:class:`TokenEmbedding`).
-        encoder: a registered :class:`~unfold.encoders.Encoder` (or any module with the same call).
+        embedding: a module mapping ids ``(B, n)`` to tokens ``(B, n, d)`` ([`TokenEmbedding`][unfold.TokenEmbedding]).
+        encoder: a registered [`Encoder`][unfold.Encoder] (or any module with the same call).
         head: a module ``(B, d) -> (B, classes)``.
         dropout: the dropout probability on the pooled tokens, in [0, 1].
         validate: check the inputs' values on any device but meta (host reads: a debugging switch).
@@ -258,7 +261,7 @@ class SequenceClassifier(nn.Module):
                 attention_mask: Optional[torch.Tensor] = None) -> ModelOutput:
         """``ids`` and ``mask`` (or Hugging Face's ``input_ids`` and ``attention_mask``, 0/1 integers); ``layers``
         unrolls the shared step more or fewer times than trained (weight-shared encoders; an untied stack refuses
-        it, :func:`~unfold.encoders.check_inference_layers`, checked before anything runs)."""
+        it, `check_inference_layers`, checked before anything runs)."""
         check_inference_layers(self.encoder, layers)
         if mask is not None and attention_mask is not None:
             raise ConfigError("pass mask or attention_mask, not both")

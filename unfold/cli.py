@@ -1,16 +1,16 @@
 """What every command-line entry point of the project shares: one way to fail.
 
-:func:`run_main` runs a CLI body and turns what can go wrong into one line on stderr and an exit code:
+`run_main` runs a CLI body and turns what can go wrong into one line on stderr and an exit code:
 
-* a framework error (:class:`~energies.errors.UnfoldError`, bad input) -> ``PROG: error: MESSAGE``, exit 2;
+* a framework error ([`UnfoldError`][energies.UnfoldError], bad input) -> ``PROG: error: MESSAGE``, exit 2;
 * an operating-system error (missing file, a folder where a file was expected, permission denied, disk full)
   -> ``PROG: error: MESSAGE (PATH)``, exit 2;
 * Ctrl-C -> ``PROG: interrupted``, exit 130 (the shell's convention, 128 + SIGINT);
 * anything else is a bug: ``PROG: internal error: TYPE: MESSAGE``, exit 1, with the traceback only when
   ``UNFOLD_DEBUG=1`` is set.
 
-argparse ``type=`` converters for the checks every CLI repeats (:func:`positive_int`, :func:`finite_float`,
-...) raise :class:`argparse.ArgumentTypeError`, which argparse reports as
+argparse ``type=`` converters for the checks every CLI repeats (`positive_int`, `finite_float`,
+...) raise `argparse.ArgumentTypeError`, which argparse reports as
 ``PROG: error: argument --FLAG: ...`` with exit 2.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _os_message(exc: OSError) -> str:
 
 def run_main(prog: str, body: Callable[[], int], argv: Optional[Sequence[str]] = None) -> int:
     """Run ``body()`` (which returns the exit code) with the project's error contract (module docstring).
-    Plug-ins are loaded first, under the same contract (:mod:`unfold.plugins`): the entry-point group, then
+    Plug-ins are loaded first, under the same contract (`unfold.plugins`): the entry-point group, then
     every ``--import MODULE`` / ``--import=MODULE`` of ``argv`` (default ``sys.argv[1:]``) before a bare ``--``
     (none for ``--help``)."""
     try:
@@ -100,7 +100,7 @@ def seed_int(text: str) -> int:
 
 
 def _float_rule(rule: str) -> Callable[[str], float]:
-    """An argparse converter for a float obeying :data:`energies.checks.NUMBER_RULES` ``[rule]`` (one
+    """An argparse converter for a float obeying `energies.checks.NUMBER_RULES` ``[rule]`` (one
     definition of each numeric rule for constructors and command lines)."""
     ok, wording = NUMBER_RULES[rule]
     return lambda text: _number(float, text, ok, wording)
@@ -143,7 +143,7 @@ def folder_problem(path, writable: bool = False):
 
 
 def folder_arg(text: str) -> str:
-    """argparse ``type=``: a folder that exists or can be created (not a file); see :func:`folder_problem`."""
+    """argparse ``type=``: a folder that exists or can be created (not a file); see `folder_problem`."""
     why = folder_problem(text)
     if why:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
@@ -151,7 +151,7 @@ def folder_arg(text: str) -> str:
 
 
 def output_folder_arg(text: str) -> str:
-    """argparse ``type=``: a folder that can be written (existing or to be created); see :func:`folder_problem`."""
+    """argparse ``type=``: a folder that can be written (existing or to be created); see `folder_problem`."""
     why = folder_problem(text, writable=True)
     if why:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
@@ -168,7 +168,7 @@ def resolve_device(spec):
 
 def check_device(spec: str, what: str = "--device", error: type = UnfoldError):
     """``spec`` as a device this machine runs the model on, before any work: ``cpu``, ``auto``
-    (:func:`resolve_device`), or ``cuda[:K]`` with CUDA present and ``K`` in range; anything else raises ``error``
+    (`resolve_device`), or ``cuda[:K]`` with CUDA present and ``K`` in range; anything else raises ``error``
     naming ``what`` (the flag or config key)."""
     import torch
 

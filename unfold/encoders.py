@@ -1,9 +1,9 @@
 """Encoders: ``(B, n, d)`` tokens and a padding mask (or a token graph) -> ``Y_T`` and the energy trace.
 
-Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :data:`ENCODERS`:
+Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in [`ENCODERS`][unfold.ENCODERS]:
 
-* :class:`GuaranteedEncoder` (``"guaranteed"``): one MM step with weights shared over the T layers
-  (:func:`unfold.mm.mm_step`, ``"bound"`` preconditioner), on
+* [`GuaranteedEncoder`][unfold.GuaranteedEncoder] (``"guaranteed"``): one MM step with weights shared over the T layers
+  ([`unfold.mm.mm_step`][unfold.mm_step], ``"bound"`` preconditioner), on
 
       E(Y) = sum_h sum_{{u,v} in G} tau rho(||W_h^T (y_u - y_v)||^2 / (2 tau))     (one term per head)
              + 1/2 ||Y - B||^2 + 1/2 tr(Y S Y^T) + indicator(Y >= 0)
@@ -13,24 +13,25 @@ Embedding-agnostic layer stacks, each an ``nn.Module``, registered by name in :d
   the symmetric S with I + S >= eps I, so E is bounded below). Read as a network: multi-head attention with
   queries = keys = W_h^T y and value/output map W_h W_h^T, a symmetric feed-forward map S, the initial
   residual, ReLU, and a per-token step 1 / c_u. Every layer descends E for ANY parameter values (proof in
-  :mod:`unfold.prox`), trained or not. The energy at layer t is read off the same pass that computes layer t;
+  `unfold.prox`), trained or not. The energy at layer t is read off the same pass that computes layer t;
   only E(Y_T) costs one more (energy-only) pass. ``curvature="constant"``: the per-token step uses rho'(0) x
   degree in place of the weighted degree (a cubic spline per layer with rho = relu:C, Lai, Lim, Liu, Theorem 3.3).
-* :class:`FreeEncoder` (``"free"``): untied standard post-LN transformer layers whose attention (softmax,
-  relu or softplus, :class:`~unfold.attention.Attention`) is restricted to the token graph; ``norm="none"``
+* [`FreeEncoder`][unfold.FreeEncoder] (``"free"``): untied standard post-LN transformer layers whose attention (softmax,
+  relu or softplus, [`Attention`][unfold.Attention]) is restricted to the token graph; ``norm="none"``
   drops the LayerNorms. Traced against the token-space attention energy
   E1(Y) = sum_G tau rho(||y_u - y_v||^2 / 2tau) + 1/2 ||Y - B||^2: it shows how far a standard layer strays.
-* :class:`TorchEncoder` (``"baseline"``): ``torch.nn.TransformerEncoder`` of the same width and depth (complete
-  graph), traced with the same E1; a relu or softplus ``attention`` replaces its self-attention.
+* [`TorchEncoder`][unfold.TorchEncoder] (``"baseline"``): ``torch.nn.TransformerEncoder`` of the same width and depth
+  (complete graph), traced with the same E1; a relu or softplus ``attention`` replaces its self-attention.
 
-``encoder(X, mask)`` returns an :class:`EncoderOutput` (``Y``, ``energies``, ``states``, ``report()``). The
-forward pass does no host read off the CPU with the trace off (``validate=False``, the default): the token graph
-is built on the tokens' device and cached (:class:`~energies.graphs.GraphCache`), the energy's terms are built
+``encoder(X, mask)`` returns an [`EncoderOutput`][unfold.EncoderOutput] (``Y``, ``energies``, ``states``, ``report()``).
+The forward pass does no host read off the CPU with the trace off (``validate=False``, the default): the token graph
+is built on the tokens' device and cached (`GraphCache`), the energy's terms are built
 without checks (their inputs are the encoder's own tensors), the kernels run without their precision guard (on a
 GPU the guard would mean a host read or both paths); ``validate=True`` checks the inputs (finite real tokens, no
 empty example) and turns the guard on, and the trace turns it on too. On the CPU the guard is always on: its one
 read of the tokens' scale is of host memory (nothing to wait for), and without it an extreme scale (``tau=1e-10``)
-gives NaN logits from the expansion where the traced forward is exact (issue 25). Nothing here knows of config files: :mod:`experiments` builds encoders from this registry.
+gives NaN logits from the expansion where the traced forward is exact. Nothing here knows of config files:
+`experiments` builds encoders from this registry.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "Guarante
 
 ENCODERS: Registry = Registry("encoder", ConfigError, "kind", "unfold.ENCODERS")
 register_encoder = ENCODERS.register
-"""``@register_encoder("name")`` on an :class:`Encoder` subclass: selectable by name (``model.mode=name``)."""
+"""``@register_encoder("name")`` on an [`Encoder`][unfold.Encoder] subclass: selectable by name
+(``model.mode=name``)."""
 
 CURVATURES = PairwiseAttention.CURVATURES
 NORMS = ("post", "none")
@@ -84,18 +86,18 @@ def host_checks(t: torch.Tensor, validate: bool = False) -> bool:
 
 
 def check_empty_rows(mask: torch.Tensor, validate: bool = False) -> None:
-    """An example with no real token (mask row all False) is refused (:class:`InputError`, a TokenError) where
-    :func:`host_checks`: it has no tokens to encode, and the trace of its padding would read as descent over steps
+    """An example with no real token (mask row all False) is refused ([`InputError`][energies.InputError], a TokenError)
+    where `host_checks`: it has no tokens to encode, and the trace of its padding would read as descent over steps
     of nothing. Where the check does not run (an accelerator without ``validate``), the trace gives such an example
-    NaN energies (:meth:`~unfold.trace.EnergyTrace.from_layers`), so every one of its steps fails the verdict."""
+    NaN energies ([`from_layers`][unfold.EnergyTrace.from_layers]), so every one of its steps fails the verdict."""
     if host_checks(mask, validate) and mask.shape[1] and not bool(mask.any(1).all()):
         rows = (~mask.any(1)).nonzero().flatten()[:5].tolist()
         raise InputError(f"mask: every example needs at least one real token (mask row all False): example(s) {rows}")
 
 
 def check_device(t: torch.Tensor, module: nn.Module, what: str) -> None:
-    """``t`` on the device of ``module``'s parameters (metadata only), else a :class:`InputError` naming ``what``:
-    a mix of devices (meta ids into a CPU model) is named, not torch's error from deep inside a layer."""
+    """``t`` on the device of ``module``'s parameters (metadata only), else a [`InputError`][energies.InputError] naming
+    ``what``: a mix of devices (meta ids into a CPU model) is named, not torch's error from deep inside a layer."""
     param = next(module.parameters(), None)
     if param is not None and t.device != param.device:
         raise InputError(f"{what} are on {t.device}, the model on {param.device}: move one to the other")
@@ -103,17 +105,17 @@ def check_device(t: torch.Tensor, module: nn.Module, what: str) -> None:
 
 @dataclass
 class EncoderOutput:
-    """What an :class:`Encoder` returns: ``Y_T`` and the energy trace E(Y_0) .. E(Y_T), whose verdict
-    ``E(Y_t+1) <= E(Y_t) + tol_t`` (:mod:`unfold.trace`) :meth:`report` gives.
+    """What an [`Encoder`][unfold.Encoder] returns: ``Y_T`` and the energy trace E(Y_0) .. E(Y_T), whose verdict
+    ``E(Y_t+1) <= E(Y_t) + tol_t`` (`unfold.trace`) [`report`][unfold.EncoderOutput.report] gives.
 
     Attributes:
         Y: ``(B, n, d)`` tokens after the last layer.
-        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an :class:`~unfold.trace.EnergyTrace`), or
+        energies: ``{term: (B, T+1)}`` float64 energies at Y_0 .. Y_T (an [`EnergyTrace`][unfold.EnergyTrace]), or
             None (not traced).
         states: ``[Y_0, ..., Y_T]`` with ``keep_states=True``, else None.
         guaranteed: whether every layer is guaranteed to descend the traced energy.
         layers_used: ``(B,)`` int64 on the tokens' device: the layers each example ran (its depth; < T where
-            ``stop_rel`` stopped it, :class:`GuaranteedEncoder`).
+            ``stop_rel`` stopped it, [`GuaranteedEncoder`][unfold.GuaranteedEncoder]).
     """
 
     Y: torch.Tensor
@@ -123,7 +125,7 @@ class EncoderOutput:
     layers_used: Optional[torch.Tensor] = None
 
     def report(self, tol_factor: float = 64.0) -> DescentReport:
-        """The verdict of every layer step of the trace (:func:`~unfold.trace.report_from_values`)."""
+        """The verdict of every layer step of the trace ([`report_from_values`][unfold.report_from_values])."""
         if self.energies is None:
             raise ConfigError("no energy trace: call the encoder with trace=True")
         return report_from_values(self.energies, trace_dtype(self.Y.dtype), tol_factor, self.guaranteed)
@@ -133,8 +135,8 @@ def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens",
     """A padding mask as bool ``(B, n)``: None means all real, an integer 0/1 attention mask (Hugging Face's
     convention) is read as ``mask != 0``; its shape must be ``shape`` and its device ``device``. A floating mask is
     refused: torch's float attention masks are additive (0 keeps, -inf drops), the opposite reading of a 0/1 mask.
-    Whether an integer mask holds only 0 and 1 is a host read, checked (:func:`check_mask_values`) only with
-    ``validate=True``. Every refusal is an :class:`InputError` naming the mask."""
+    Whether an integer mask holds only 0 and 1 is a host read, checked (`check_mask_values`) only with
+    ``validate=True``. Every refusal is an [`InputError`][energies.InputError] naming the mask."""
     if mask is None:
         return torch.ones(tuple(shape), dtype=torch.bool, device=device)
     if not isinstance(mask, torch.Tensor):
@@ -174,10 +176,10 @@ def _choice(value, what: str, valid) -> str:
 
 
 def check_stop_rel(value, what: str = "stop_rel", error: type = ConfigError) -> Optional[float]:
-    """The energy-chosen depth's threshold EPS (:class:`GuaranteedEncoder`): None or 0 mean off (None returned),
-    else a finite real number in (0, 1) (a float returned); anything else is an ``error`` naming ``what`` and the
-    value. EPS >= 1 would stop every example after its first layer (a relative decrease is below 1 unless the
-    energy crosses zero), a negative EPS never stops one."""
+    """The energy-chosen depth's threshold EPS ([`GuaranteedEncoder`][unfold.GuaranteedEncoder]): None or 0 mean off
+    (None returned), else a finite real number in (0, 1) (a float returned); anything else is an ``error`` naming
+    ``what`` and the value. EPS >= 1 would stop every example after its first layer (a relative decrease is below 1
+    unless the energy crosses zero), a negative EPS never stops one."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -196,14 +198,15 @@ MAX_INFERENCE_LAYERS = 4096
 
 def check_inference_layers(encoder, layers, what: str = "layers", error: type = ConfigError,
                            first: bool = False) -> Optional[int]:
-    """The one depth rule, applied by :meth:`Encoder.forward` (so by every model, encoder and command line):
-    ``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
-    [1, :data:`MAX_INFERENCE_LAYERS`], and only for a weight-shared encoder (:attr:`Encoder.weight_shared`: one
-    step unrolled any number of times); an untied stack (free, baseline) has no layer beyond its last, and fewer
-    layers would drop trained ones: refused, an ``error`` naming ``what``, the value and the encoder.
-    ``first=True`` (``first_layers=`` of :meth:`Encoder.forward`): the explicit prefix of an untied stack, its first
-    1 .. ``encoder.layers`` layers (the studies that probe a stack layer by layer); refused for a weight-shared
-    encoder, whose depth is ``layers``."""
+    """The one depth rule, applied by [`Encoder.forward`][unfold.Encoder.forward] (so by every model, encoder and
+    command line): ``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
+    [1, `MAX_INFERENCE_LAYERS`], and only for a weight-shared encoder
+    ([`Encoder.weight_shared`][unfold.Encoder.weight_shared]: one step unrolled any number of times); an untied stack
+    (free, baseline) has no layer beyond its last, and fewer layers would drop trained ones: refused, an ``error``
+    naming ``what``, the value and the encoder. ``first=True`` (``first_layers=`` of
+    [`Encoder.forward`][unfold.Encoder.forward]): the explicit prefix of an untied stack, its first 1 ..
+    ``encoder.layers`` layers (the studies that probe a stack layer by layer); refused for a weight-shared encoder,
+    whose depth is ``layers``."""
     if layers is None:
         return None
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_INFERENCE_LAYERS:
@@ -229,15 +232,16 @@ MAX_BATCH_SIZE = 2 ** 20
 
 def check_batch_size(batch_size, what: str = "batch_size", error: type = ConfigError) -> int:
     """The one batch-size rule of the entry points that batch examples themselves (``TrainedModel.predict``,
-    ``evaluate_at``, ``unfold-predict --batch-size``): an integer in [1, :data:`MAX_BATCH_SIZE`] (the framework's
-    integer rule, :func:`energies.checks.check_int`: a bool, a fraction, NaN refused), else an ``error`` naming
+    ``evaluate_at``, ``unfold-predict --batch-size``): an integer in [1, `MAX_BATCH_SIZE`] (the framework's
+    integer rule, `energies.checks.check_int`: a bool, a fraction, NaN refused), else an ``error`` naming
     ``what`` and the value -- never an empty loop that evaluates nothing."""
     return check_int(batch_size, what, 1, MAX_BATCH_SIZE, error=error)
 
 
 def check_input_tokens(X, d: int) -> None:
     """Metadata checks of an encoder's tokens (no host read): a floating tensor ``(B, n, d)`` with ``B, n >= 1``,
-    else an :class:`InputError` naming X (an empty batch has no example to encode and no step to judge)."""
+    else an [`InputError`][energies.InputError] naming X (an empty batch has no example to encode and no step to
+    judge)."""
     if not isinstance(X, torch.Tensor):
         raise InputError(f"tokens X must be a (B, n, {d}) tensor, got {type(X).__name__}")
     if not X.dtype.is_floating_point:
@@ -250,22 +254,23 @@ def check_input_tokens(X, d: int) -> None:
 
 class Encoder(nn.Module):
     """Base of the registered encoders: ``forward(X, mask=None, graph=None, trace=False, keep_states=False,
-    layers=None) -> EncoderOutput``. Subclasses implement :meth:`layers_of` (the stack) and :meth:`energy`
-    (what is traced); the bookkeeping of the trace (E(Y_t) at every layer boundary, :mod:`unfold.trace`) is shared
-    here.
+    layers=None) -> EncoderOutput``. Subclasses implement [`run`][unfold.Encoder.run] (the stack) and
+    [`energy`][unfold.Encoder.energy] (what is traced); the bookkeeping of the trace (E(Y_t) at every layer boundary,
+    `unfold.trace`) is shared here.
 
     Args:
         d: the token width, an integer >= 1.
-        layers: T, the number of layers, an integer in [1, :data:`MAX_INFERENCE_LAYERS`] (the depth rule of an
+        layers: T, the number of layers, an integer in [1, `MAX_INFERENCE_LAYERS`] (the depth rule of an
             inference too: 10**30 shared layers would be an unroll that never ends).
-        graph: the token graph spec (``complete``, ``window:8``, ...; :func:`energies.graph_from_spec`).
+        graph: the token graph spec (``complete``, ``window:8``, ...;
+            [`energies.graph_from_spec`][energies.graph_from_spec]).
         validate: check tokens and masks at every forward (host reads: a debugging switch).
     """
 
     kind = "encoder"
     #: every layer descends the traced energy, for any parameters
     guaranteed = False
-    #: one step shared by every layer: the stack unrolls to any depth (``layers=``; :func:`check_inference_layers`)
+    #: one step shared by every layer: the stack unrolls to any depth (``layers=``; `check_inference_layers`)
     weight_shared = False
 
     def __init__(self, d: int, layers: int, graph: str = "complete", validate: bool = False):
@@ -280,13 +285,13 @@ class Encoder(nn.Module):
 
     def check_weights(self, entries: int, what: str) -> None:
         """Before the weights are allocated: ``entries`` float32 parameters (held twice while initialised) that
-        cannot fit in memory are refused, a :class:`ConfigError` naming the sizes (:func:`energies.memory.check_memory`,
-        the one memory rule), never the allocator's untyped error."""
+        cannot fit in memory are refused, a [`ConfigError`][energies.ConfigError] naming the sizes
+        (`energies.memory.check_memory`, the one memory rule), never the allocator's untyped error."""
         check_memory(8 * entries, f"{type(self).__name__} with d={self.d}, {what}: {entries:,} float32 weights",
                      ConfigError, "use a smaller d")
 
     def token_graph(self, mask: torch.Tensor) -> TokenGraph:
-        """The token graph of a ``(B, n)`` bool mask, on the mask's device (cached, :class:`GraphCache`)."""
+        """The token graph of a ``(B, n)`` bool mask, on the mask's device (cached, `GraphCache`)."""
         return self.graphs(mask)
 
     def energy(self, B: torch.Tensor) -> Energy:
@@ -295,7 +300,7 @@ class Encoder(nn.Module):
     def forward(self, X: torch.Tensor, mask: Optional[torch.Tensor] = None, graph: Optional[TokenGraph] = None,
                 trace: bool = False, keep_states: bool = False, layers: Optional[int] = None,
                 first_layers: Optional[int] = None) -> EncoderOutput:
-        """``layers``: unroll a weight-shared step that many times (:func:`check_inference_layers`, the one depth
+        """``layers``: unroll a weight-shared step that many times (`check_inference_layers`, the one depth
         rule: refused for an untied stack); ``first_layers``: run only the first layers of an untied stack (an
         explicit prefix, for probes)."""
         check_flag(trace, "trace", ConfigError), check_flag(keep_states, "keep_states", ConfigError)
@@ -323,10 +328,11 @@ class Encoder(nn.Module):
                ran=None, X=None, curvatures=None) -> EncoderOutput:
         """The output after the last layer: Y_T kept, E(Y_T) appended to the trace (one energy-only pass).
         ``layers_used`` ``(B,)``: each example's depth; ``ran``: one ``(B,)`` bool per layer, the examples it ran
-        for (:class:`~unfold.trace.EnergyTrace`), or None (all). With the trace on, ``states`` holds Y_0..Y_T-1 and
-        ``X`` the energy's anchor: the trace's exact re-evaluation (:meth:`exact_values`). ``res``: the resolution at
-        Y_0..Y_T-1 (:func:`~unfold.trace.resolution`), or, with ``curvatures`` (the passes' curvature bounds at
-        Y_0..Y_T-1), computed here for all boundaries at once with the values' rounding bound (:meth:`bounds`)."""
+        for ([`EnergyTrace`][unfold.EnergyTrace]), or None (all). With the trace on, ``states`` holds Y_0..Y_T-1 and
+        ``X`` the energy's anchor: the trace's exact re-evaluation ([`exact_values`][unfold.Encoder.exact_values]).
+        ``res``: the resolution at Y_0..Y_T-1 (`resolution`), or, with ``curvatures`` (the passes' curvature bounds at
+        Y_0..Y_T-1), computed here for all boundaries at once with the values' rounding bound
+        ([`bounds`][unfold.Encoder.bounds])."""
         if keep_states or trace:
             states.append(Y)
         energies = None
@@ -350,10 +356,10 @@ class Encoder(nn.Module):
     def bounds(energy_fn, graph: TokenGraph, states: List[torch.Tensor], curvatures: list, rounding: bool = True):
         """``bounds(trace) -> (resolution, error)``, both ``(S, T+1)`` over the boundaries Y_0..Y_T (``states``) of
         the energy ``energy_fn()`` (called when they are read):
-        the tolerance's resolution (:func:`~unfold.trace.resolution`) and, with ``rounding``, the passes' rounding
-        bound (:meth:`~energies.energy.Energy.value_error`; None without), for all boundaries in one batch of device
+        the tolerance's resolution (`resolution`) and, with ``rounding``, the passes' rounding
+        bound ([`value_error`][energies.Energy.value_error]; None without), for all boundaries in one batch of device
         ops (no host read), from the trace's values and the passes' curvature bounds ``curvatures`` (scalar or
-        ``(B, n)`` each). The tokens are read in the dtype the passes read them (:func:`trace_dtype`)."""
+        ``(B, n)`` each). The tokens are read in the dtype the passes read them (`trace_dtype`)."""
         B, n = graph.mask.shape
 
         def compute(trace) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -370,7 +376,7 @@ class Encoder(nn.Module):
     @staticmethod
     def exact_total(energy: Energy, Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
         """``E(Y)`` ``(B,)`` float64, every term evaluated exactly to rounding at any scale (a pairwise term from
-        explicit differences, :meth:`~energies.terms.PairwiseAttention.explicit_value`; the others' own values),
+        explicit differences, [`explicit_value`][energies.PairwiseAttention.explicit_value]; the others' own values),
         without a host read: what the energy-chosen depth decides on. The kernels' own values err by up to the
         precision guard's bound, so a decrease they read below ``stop_rel`` need not be one; the price is one
         explicit-difference pass per layer, only with ``stop_rel`` on."""
@@ -383,11 +389,12 @@ class Encoder(nn.Module):
 
     def exact_values(self, X: torch.Tensor, graph: TokenGraph, states: List[torch.Tensor]):
         """``exact(t, rows=None) -> {term: (B,)}``: every term's independent evaluation at Y_t, of the examples
-        ``rows`` only when given (:attr:`EnergyTrace.exact`: explicit differences in float64 for float64 tokens,
-        the guarded float64 passes for tokens judged in float32), of the energy as it was in this forward pass. A
-        verdict asks it only for the examples the kernels' own values flag, when it is read (``report()``, maybe
-        after an optimiser step has moved the weights), so the weights are kept as they are now: one detached copy
-        of the parameters (device copies, no host read), swapped in while the energy is rebuilt from ``X``."""
+        ``rows`` only when given ([`EnergyTrace.exact`][unfold.EnergyTrace.exact]: explicit differences in float64 for
+        float64 tokens, the guarded float64 passes for tokens judged in float32), of the energy as it was in this
+        forward pass. A verdict asks it only for the examples the kernels' own values flag, when it is read
+        (``report()``, maybe after an optimiser step has moved the weights), so the weights are kept as they are now:
+        one detached copy of the parameters (device copies, no host read), swapped in while the energy is rebuilt from
+        ``X``."""
         weights = {name: p.detach().clone() for name, p in self.named_parameters()}
         B, states = X.detach(), [Y.detach() for Y in states]
         # float64 tokens: explicit differences (their rounding is that of the tolerance's own dtype); tokens judged in
@@ -418,7 +425,7 @@ class Encoder(nn.Module):
         Always a float32 (or float64) evaluation, also under ``torch.autocast`` (mixed precision): autocast is off
         here, and tokens of a half type are read as float32 (exactly: every bfloat16 and float16 value is a float32
         value). So the energy a verdict judges is a float32 energy of the very tokens the (bfloat16) step produced,
-        never a bfloat16 one (:func:`trace_dtype`)."""
+        never a bfloat16 one (`trace_dtype`)."""
         vals: Dict[str, torch.Tensor] = OrderedDict()
         curv = 0.0
         Y = Y.to(trace_dtype(Y.dtype))
@@ -455,7 +462,8 @@ def trace_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype in which the trace evaluates and judges the energy of tokens of ``dtype``: float32 or float64 as
     they are, float32 for the half types (bfloat16, float16). The tolerance of a verdict is this dtype's (``tol =
     64 eps(float32) * ...``): with bfloat16's eps (2^-7 x 64 = half the energy) a verdict would accept almost any
-    rise. :meth:`Encoder.trace_values` evaluates in it; :meth:`EncoderOutput.report` judges in it."""
+    rise. [`Encoder.trace_values`][unfold.Encoder.trace_values] evaluates in it;
+    [`EncoderOutput.report`][unfold.EncoderOutput.report] judges in it."""
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
@@ -486,10 +494,10 @@ class GuaranteedEncoder(Encoder):
 
     **Depth chosen by the energy** (``stop_rel`` = EPS in (0, 1); None or 0: off): ``layers`` (or the forward's
     ``layers=``) is then a maximum T. With E_k the total energy at Y_k (float64, per example: the values the trace
-    records, read off the pass of layer k+1, :meth:`~unfold.prox.ProxMMStep.step_with_trace`), an example runs
+    records, read off the pass of layer k+1, [`step_with_trace`][unfold.ProxMMStep.step_with_trace]), an example runs
     layer 1, and runs layer k+1 (1 <= k < T) iff it ran layer k and
 
-        (E_{k-1} - E_k) / max(|E_{k-1}|, tiny)  >=  EPS                (:func:`~unfold.trace.keeps_going`)
+        (E_{k-1} - E_k) / max(|E_{k-1}|, tiny)  >=  EPS                (`keeps_going`)
 
     so its depth is the first k whose relative decrease falls below EPS (that layer is kept), else T. Both energies
     are known before layer k+1 is applied, so a stopped example's output is exactly Y_k of the full unroll. On the
@@ -499,17 +507,17 @@ class GuaranteedEncoder(Encoder):
 
     **Mixed precision** (a forward under ``torch.autocast(device, torch.bfloat16)``, ``train.precision=bfloat16``):
     the step may run in bfloat16, the energy a verdict judges may not. The step's products run in autocast's dtype
-    (the kernels get the tokens in bfloat16 with autocast off inside them, :func:`~energies.terms._kernel_call`;
+    (the kernels get the tokens in bfloat16 with autocast off inside them, `_kernel_call`;
     the products with W and S are autocast's), while the tokens between layers stay float32 (the step adds its
     bfloat16 direction to float32 tokens) and the energy's own weights -- W, S = A A^T - (1 - eps) I, the bounds
     ||W_h||^2 and lambda_max(S) -- are float32/float64, never rounded by autocast. At **every** layer boundary Y_0 ..
     Y_T (not a sample) the traced values come from a float32 energy-only pass with autocast off
-    (:meth:`Encoder.trace_values`) instead of the step's bfloat16 pass, and the verdict uses float32's tolerance
-    (:func:`trace_dtype`). So each verdict is what it says: a float32 evaluation (within 8 eps(float32) sum_k |E_k|
-    of the float64 energy, tests/test_mixed_precision.py) of the tokens the bfloat16 step actually produced found
-    ``E(Y_t+1) <= E(Y_t) + tol``; bfloat16 rounding that breaks the descent is counted as an increase, never hidden
-    in a bfloat16 tolerance (64 eps(bfloat16) would be half the energy). The price: with the trace on, one float32
-    energy-only pass per layer on top of the step (without autocast the energy is read off the step's own pass).
+    ([`Encoder.trace_values`][unfold.Encoder.trace_values]) instead of the step's bfloat16 pass, and the verdict uses
+    float32's tolerance (`trace_dtype`). So each verdict is what it says: a float32 evaluation (within 8 eps(float32)
+    sum_k |E_k| of the float64 energy, tests/test_mixed_precision.py) of the tokens the bfloat16 step actually produced
+    found ``E(Y_t+1) <= E(Y_t) + tol``; bfloat16 rounding that breaks the descent is counted as an increase, never
+    hidden in a bfloat16 tolerance (64 eps(bfloat16) would be half the energy). The price: with the trace on, one
+    float32 energy-only pass per layer on top of the step (without autocast the energy is read off the step's own pass).
     float64 tokens are left alone by autocast, and so is their trace.
 
     Args:
@@ -517,9 +525,9 @@ class GuaranteedEncoder(Encoder):
         heads: attention heads, each a pairwise term of the energy on its own metric W_h.
         d_head: each head's width (default ``d // heads``).
         layers: T, the layers (the shared step applied T times; with ``stop_rel``, the most).
-        rho: the penalty (:func:`energies.get_rho` spec or object).
+        rho: the penalty ([`energies.get_rho`][energies.get_rho] spec or object).
         tau: the temperature (default ``sqrt(d_head)``).
-        graph: the token graph spec (:func:`energies.graph_from_spec`).
+        graph: the token graph spec ([`energies.graph_from_spec`][energies.graph_from_spec]).
         alpha: the step size in (0, 1].
         ffn: include the symmetric feed-forward term S.
         relu: include the non-negativity indicator (its prox is the ReLU).
@@ -565,7 +573,7 @@ class GuaranteedEncoder(Encoder):
         self.reset_parameters()
 
     def kernel_problem(self, device) -> Optional[str]:
-        """Why this encoder's ``kernel`` cannot run on ``device`` (:func:`kernel_problem`), or None. The constructor
+        """Why this encoder's ``kernel`` cannot run on ``device`` (`kernel_problem`), or None. The constructor
         accepts a kernel that runs on some device (the triton kernel on a GPU, the fused one on the CPU); a caller
         that knows where the model will run (the trainer's build check, ``train.device``) asks here."""
         return kernel_problem(self.kernel, self.graph_spec, self.rho, device)
@@ -591,7 +599,7 @@ class GuaranteedEncoder(Encoder):
         constant, as it always has, so a cached value holds no autograd graph). Computed once per value of the
         weights and reused by every layer and every forward until the weights may have changed: a ``torch.optim``
         optimiser step (fused ones included), an in-place write that moves W's or A's version counter
-        (``load_state_dict``, ``copy_`` under ``no_grad``), ``.to()`` (:func:`~energies.terms.version_cached`; a write
+        (``load_state_dict``, ``copy_`` under ``no_grad``), ``.to()`` (`version_cached`; a write
         through ``W.data`` outside an optimiser step is not seen). In training (one forward per optimiser step) it is
         computed once per step, as before; forwards at fixed weights (validation, test, the float64 check, predict)
         reuse it -- on a GPU also sparing the host syncs torch documents for SVD and eigvalsh."""
@@ -716,7 +724,7 @@ class _TracedStack(Encoder):
 
 
 class FreeLayer(nn.Module):
-    """Standard transformer layer: attention (:class:`~unfold.attention.Attention`, activation softmax |
+    """Standard transformer layer: attention ([`Attention`][unfold.Attention], activation softmax |
     relu | softplus, restricted to the token graph) and a ReLU feed-forward map, each added to its
     input; post-LN (``norm="post"``) or the paper's add-only block (``norm="none"``, Lai, Lim, Liu
     eq. 6 / section 1.10: a spline of degree 3 with ReLU attention)."""
@@ -762,7 +770,7 @@ class FreeEncoder(_TracedStack):
         attention_temperature: the softplus activation's temperature.
         norm: ``post`` (post-LN) or ``none`` (the add-only block).
         graph: the token graph spec.
-        rho: the penalty of the traced E1 (:func:`energies.get_rho`).
+        rho: the penalty of the traced E1 ([`energies.get_rho`][energies.get_rho]).
         tau: the temperature of the traced E1 (default sqrt(d)).
         validate: check tokens and masks at every forward (host reads: a debugging switch).
     """
@@ -796,7 +804,7 @@ class FreeEncoder(_TracedStack):
 
 
 class _AsMultiheadAttention(nn.Module):
-    """:class:`~unfold.attention.Attention` behind ``nn.MultiheadAttention``'s call, so that
+    """[`Attention`][unfold.Attention] behind ``nn.MultiheadAttention``'s call, so that
     ``nn.TransformerEncoderLayer`` (the baseline) runs with a relu or softplus activation."""
 
     #: read by ``nn.TransformerEncoderLayer`` only to decide on its fused fast path, which needs
@@ -830,7 +838,7 @@ class TorchEncoder(_TracedStack):
         attention: ``softmax`` (torch's own attention), or ``relu`` / ``softplus`` in its place.
         attention_temperature: the softplus activation's temperature.
         graph: ``complete`` only (torch's encoder attends to every token).
-        rho: the penalty of the traced E1 (:func:`energies.get_rho`).
+        rho: the penalty of the traced E1 ([`energies.get_rho`][energies.get_rho]).
         tau: the temperature of the traced E1 (default sqrt(d)).
         validate: check tokens and masks at every forward (host reads: a debugging switch).
     """
@@ -873,7 +881,7 @@ def build_encoder(kind: str, **kwargs) -> Encoder:
         **kwargs: the encoder's constructor arguments.
 
     Returns:
-        The :class:`Encoder`.
+        The [`Encoder`][unfold.Encoder].
 
     Raises:
         ConfigError: an unknown ``kind`` (the registered names listed).

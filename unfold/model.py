@@ -1,8 +1,8 @@
 """``UnfoldedTransformer``: the classifier of the experiments in one constructor.
 
-``UnfoldedTransformer(vocab_size, num_classes, mode=...)`` is a :class:`~unfold.classifier.SequenceClassifier`
-of a :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``mode`` in
-:data:`unfold.encoders.ENCODERS` (``guaranteed``, ``free``, ``baseline`` or a plug-in's) and a linear head:
+``UnfoldedTransformer(vocab_size, num_classes, mode=...)`` is a [`SequenceClassifier`][unfold.SequenceClassifier]
+of a [`TokenEmbedding`][unfold.TokenEmbedding], the encoder registered as ``mode`` in
+[`unfold.encoders.ENCODERS`][unfold.ENCODERS] (``guaranteed``, ``free``, ``baseline`` or a plug-in's) and a linear head:
 a convenience for the keyword arguments of the three built-in encoders. To build your own model, compose the
 parts (README, "Use it in your own model").
 """
@@ -24,7 +24,7 @@ from .encoders import CURVATURES, ENCODERS, NORMS, build_encoder
 __all__ = ["UnfoldedTransformer", "ModelOutput", "MODES", "CURVATURES", "NORMS"]
 
 
-#: the encoder names (``model.mode``): the registry :data:`unfold.encoders.ENCODERS` itself (plug-ins included)
+#: the encoder names (``model.mode``): the registry `unfold.encoders.ENCODERS` itself (plug-ins included)
 MODES = ENCODERS
 
 #: arguments every mode uses (the embedding, the pooled tokens' dropout, the debug switch), never refused
@@ -44,7 +44,7 @@ def _at_default(value, default) -> bool:
 
 def _refuse_inapplicable(given, params, mode) -> None:
     """A ConfigError for the first argument in ``given`` that ``mode``'s encoder does not take (``params``) and
-    that is not at :class:`UnfoldedTransformer`'s default."""
+    that is not at [`UnfoldedTransformer`][unfold.UnfoldedTransformer]'s default."""
     defaults = inspect.signature(UnfoldedTransformer.__init__).parameters
     for key, value in given.items():
         if key in params or key in _EVERY_MODE:
@@ -70,7 +70,7 @@ class UnfoldedTransformer(SequenceClassifier):
         d_head: each head's width (guaranteed; default ``d // heads``).
         layers: T.
         mode: a registered encoder (``guaranteed``, ``free``, ``baseline`` or a plug-in's).
-        rho: the attention energy's penalty (:func:`energies.get_rho`).
+        rho: the attention energy's penalty ([`energies.get_rho`][energies.get_rho]).
         tau: the temperature (default sqrt(d_head) for guaranteed, sqrt(d) for the traced E1 of the others).
         graph: the token graph spec.
         alpha: the step size (guaranteed), in (0, 1].
@@ -93,7 +93,7 @@ class UnfoldedTransformer(SequenceClassifier):
         kernel: the pairwise kernel or ``auto``.
         validate: check inputs at every forward (host reads: a debugging switch).
         stop_rel: the energy-chosen depth's EPS (guaranteed; None or 0: off;
-            :class:`~unfold.encoders.GuaranteedEncoder`).
+            [`GuaranteedEncoder`][unfold.GuaranteedEncoder]).
     """
 
     def __init__(self, vocab_size: int, num_classes: int, d: int = 64, heads: int = 2, d_head: Optional[int] = None,

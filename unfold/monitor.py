@@ -2,7 +2,7 @@
 
 ``DescentMonitor(mode)`` with mode ``off`` (nothing checked), ``warn`` (violations counted and
 logged: where, layer, example, the terms that went up, the energies and the tolerance) or
-``strict`` (the first confirmed violation raises :class:`~energies.errors.DescentError` with the
+``strict`` (the first confirmed violation raises [`DescentError`][energies.DescentError] with the
 same detail). A non-finite energy (NaN, or inf on a term that is not an indicator) is a failure like
 an increase, and reported as one. Only layers whose descent is guaranteed are judged (a free or baseline model's trace
 is a diagnostic, not a promise). The tolerance is the trace's own rule (``tol_rule`` of the
@@ -94,7 +94,7 @@ class DescentMonitor:
 
         The whole batch is re-run (a token graph may depend on the batch, e.g. ``random:P``, so a sub-batch
         could be a different energy), its states are kept, and every term is evaluated at each state by
-        :meth:`~energies.energy.Energy.term_values` (explicit differences, not the kernel's own pass): what is
+        [`term_values`][energies.Energy.term_values] (explicit differences, not the kernel's own pass): what is
         confirmed is confirmed by an evaluation exact to rounding."""
         if out.inputs is None:
             raise DescentError("the descent monitor needs ModelOutput.inputs (the embedded tokens) to re-check")

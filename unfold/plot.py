@@ -1,4 +1,4 @@
-"""Energy-descent plots of a :class:`~unfold.trace.DescentReport` (matplotlib, Agg backend)."""
+"""Energy-descent plots of a [`DescentReport`][unfold.DescentReport] (matplotlib, Agg backend)."""
 from __future__ import annotations
 
 import os

@@ -4,10 +4,10 @@ command line reads its options or its config.
 A plug-in is an ordinary Python module whose import registers its parts with the library's registries
 (``@energies.rho.register_rho("myrho")``, ``@energies.graphs.register_graph("mygraph")``, ...). Two ways load one:
 
-* ``--import MODULE`` on any command line (:func:`add_import_arg`; repeatable), or :func:`import_plugins`
+* ``--import MODULE`` on any command line (`add_import_arg`; repeatable), or `import_plugins`
   from Python. The current folder is importable, as under ``python -m``: ``--import myplug`` finds
   ``./myplug.py``.
-* an installed package that declares a module in the entry-point group :data:`ENTRY_POINT_GROUP`
+* an installed package that declares a module in the entry-point group `ENTRY_POINT_GROUP`
   (`load_entry_points`): every command line loads those with no option, unless the environment variable
   `NO_PLUGINS_ENV` (``UNFOLD_NO_PLUGINS``) is ``1`` (also ``true``/``yes``; ``0``, ``false``, ``no`` or
   empty: loaded; any other value is refused, so that a typo never loads them silently). ``--import`` still
@@ -19,11 +19,11 @@ error (`plugin_output`), and the commands whose standard output is a result (``u
 write their result to the standard output they saved first -- so ``--json`` output is the program's JSON only.
 (A plug-in is code: one that writes to file descriptor 1 itself is not stopped.)
 
-:func:`unfold.cli.run_main` loads both before a command's body runs, and the ``--import`` option itself
+`unfold.cli.run_main` loads both before a command's body runs, and the ``--import`` option itself
 imports its module while the arguments are parsed, so a command called in process with an explicit argument
 list (``main([...])``) loads it too. A plug-in that cannot be found or fails on import -- any exception, and also
 ``SystemExit`` (``sys.exit(...)`` in the module) or ``KeyboardInterrupt`` raised by its import -- is a
-:class:`~energies.errors.ConfigError`: one line naming the module and the reason (exit 2 on a command line, before
+[`ConfigError`][energies.ConfigError]: one line naming the module and the reason (exit 2 on a command line, before
 the command writes anything).
 """
 from __future__ import annotations
@@ -115,9 +115,9 @@ def entry_points_disabled() -> bool:
 
 
 def load_entry_points() -> List[str]:
-    """Import every module of the entry-point group :data:`ENTRY_POINT_GROUP` (once per process; none where
+    """Import every module of the entry-point group `ENTRY_POINT_GROUP` (once per process; none where
     `entry_points_disabled`), their prints sent to standard error (`plugin_output`); returns the names
-    of the entry points loaded. One that fails raises a :class:`ConfigError` naming it and why."""
+    of the entry points loaded. One that fails raises a [`ConfigError`][energies.ConfigError] naming it and why."""
     global _entry_points_loaded
     if _entry_points_loaded or entry_points_disabled():
         return []
@@ -140,8 +140,8 @@ def load_entry_points() -> List[str]:
 def import_plugins(names: Iterable[str]) -> List[str]:
     """Import each module of ``names`` (dotted module names, each once per process) with the current folder
     importable, their prints sent to standard error (`plugin_output`); returns the names imported now. A
-    name that is not a module name, or a module that is not found or raises on import, is a :class:`ConfigError`
-    naming it and why (``--import NAME: REASON``)."""
+    name that is not a module name, or a module that is not found or raises on import, is a
+    [`ConfigError`][energies.ConfigError] naming it and why (``--import NAME: REASON``)."""
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):   # a str would be imported letter by letter
         raise ConfigError(f"import_plugins needs a list of module names, got {names!r}")
     done = []
@@ -169,7 +169,7 @@ def import_plugins(names: Iterable[str]) -> List[str]:
 class _ImportAction(argparse.Action):
     """``--import MODULE``: appended to ``plugins`` (argparse's ``append``) and imported at once (entry points
     first), so that a ``main(argv)`` called in process loads it before its body reads a registry. A failure
-    exits 2 with one ``PROG: error: ...`` line, like :func:`unfold.cli.run_main`."""
+    exits 2 with one ``PROG: error: ...`` line, like `unfold.cli.run_main`."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
@@ -204,8 +204,8 @@ def import_args(argv: Iterable) -> List[str]:
 
 
 def load_plugins(argv: Iterable) -> List[str]:
-    """What :func:`unfold.cli.run_main` does first: load the entry-point group, then import every
-    ``--import`` module of ``argv`` (:func:`import_args`); returns the modules imported now. Nothing is
+    """What `unfold.cli.run_main` does first: load the entry-point group, then import every
+    ``--import`` module of ``argv`` (`import_args`); returns the modules imported now. Nothing is
     loaded for ``-h`` / ``--help``, so that help shows even while an installed plug-in is broken."""
     argv = list(argv)
     options = argv[:argv.index("--")] if "--" in argv else argv

@@ -12,10 +12,12 @@ so the step
 
 is a proximal gradient step on a majorizer of E in the metric diag(c) / alpha (ReLU is the
 projection onto the orthant in any diagonal metric), and E(Y') <= E(Y): whatever W, S, B, tau.
-This is the layer of ../shared/NOTES.md ("One layer with a descent guarantee for any parameters"),
-with c_u = sum_h 2 deg_h(u) ||W_h||^2 + 1 + max(lambda_max(S), 0), deg_h(u) = sum_v rho'(z_uv) the
-weighted degree, or rho'(0) times the plain degree (a larger bound, constant in Y) for attention
-terms built with ``curvature="constant"``.
+For the attention energy with heads W_h, a residual and a symmetric feed-forward map S, the
+surrogate's Hessian is ``H = sum_h L_h (x) W_h W_h^T + I + S`` with L_h the graph Laplacian of the
+tangent weights rho'(z_uv); a Laplacian satisfies ``L <= 2 D`` (D its weighted degrees), so H is
+bounded by the per-token c_u = sum_h 2 deg_h(u) ||W_h||^2 + 1 + max(lambda_max(S), 0),
+deg_h(u) = sum_v rho'(z_uv) the weighted degree, or rho'(0) times the plain degree (a larger bound,
+constant in Y) for attention terms built with ``curvature="constant"``.
 """
 from __future__ import annotations
 
@@ -37,13 +39,14 @@ __all__ = ["ProxMMStep"]
 @register_step("prox_mm")
 class ProxMMStep(Step):
     """``Y <- prox( Y - alpha grad E(Y) / c(Y) )`` with the curvature bound c of every smooth term: the
-    ``"bound"`` form of :func:`unfold.mm.mm_step`, the one definition of the MM step.
+    ``"bound"`` form of [`unfold.mm.mm_step`][unfold.mm_step], the one definition of the MM step.
 
     Guarantee: E never increases, for any parameter values, when 0 < alpha <= 1 (module docstring).
-    The energy's value at Y is read off the same pass that computes the step (:meth:`step_with_energy`).
+    The energy's value at Y is read off the same pass that computes the step
+    ([`step_with_energy`][unfold.ProxMMStep.step_with_energy]).
 
     Args:
-        energy: E, an :class:`~energies.Energy` with at most one indicator term, whose smooth terms' curvature
+        energy: E, an [`Energy`][energies.Energy] with at most one indicator term, whose smooth terms' curvature
             bounds sum to a positive bound on every token (a Residual, Centering or Rescaling term).
         alpha: the step size, in (0, 1].
     """
@@ -73,8 +76,8 @@ class ProxMMStep(Step):
         return out, vals
 
     def step_with_trace(self, Y: torch.Tensor, graph: TokenGraph, values: bool = True):
-        """``(Y', values, c)``: :meth:`step_with_energy` and the curvature bound c ``(B, n)`` of the step (the
-        descent tolerance's resolution at Y uses it, :func:`unfold.trace.resolution`)."""
+        """``(Y', values, c)``: [`step_with_energy`][unfold.ProxMMStep.step_with_energy] and the curvature bound c
+        ``(B, n)`` of the step (the descent tolerance's resolution at Y uses it, `unfold.trace.resolution`)."""
         return _mm.mm_step(self.energy, Y, graph, self.alpha, "bound", values, validate=False)
 
     def update(self, Y, graph):

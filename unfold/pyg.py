@@ -7,19 +7,19 @@ zero when not given), heads h with metrics W_h ``(d, d_h)``:
     E(X) = sum_h sum_{{u,v} in E} tau rho( ||W_h^T (x_u - x_v)||^2 / (2 tau) ) + 1/2 ||X - B||^2
            [+ indicator(X >= 0) with ``relu=True``]                              (supplement eq. 33)
 
-One layer is one majorization-minimization step on E (:func:`unfold.mm.mm_step`, the step every MM layer of
+One layer is one majorization-minimization step on E ([`unfold.mm.mm_step`][unfold.mm_step], the step every MM layer of
 the framework takes), with ``gamma^h_uv = rho'(z^h_uv)``:
 
 * no metric (``head_channels=None``, one head): the Jacobi step of eq. 36-37,
   ``x_u <- (1 - alpha) x_u + alpha (sum_v gamma_uv x_v + b_u) / (1 + sum_v gamma_uv)``, computed as
   ``x_u + alpha (sum_v gamma_uv (x_v - x_u) + b_u - x_u) / (1 + deg_u)`` (exactly fixed at a fixed point):
-  :class:`~unfold.steps.AttentionStep`'s exact update;
-* learned metrics: the majorized proximal step of :class:`~unfold.prox.ProxMMStep`,
+  [`AttentionStep`][unfold.AttentionStep]'s exact update;
+* learned metrics: the majorized proximal step of [`ProxMMStep`][unfold.ProxMMStep],
   ``x_u <- [ReLU]( x_u - alpha grad_u E / c_u )``, ``c_u = 1 + sum_h 2 deg_h(u) ||W_h||_2^2``.
 
 Both never increase E, for any weights and any 0 < alpha <= 1. The energy terms are the library's own
-(:class:`~energies.terms.PairwiseAttention` per head, :class:`~energies.terms.Residual`,
-:class:`~energies.terms.NonNegativity`) on a :class:`~energies.graphs.TokenGraph` of the nodes, and the sums
+([`PairwiseAttention`][energies.PairwiseAttention] per head, [`Residual`][energies.Residual],
+[`NonNegativity`][energies.NonNegativity]) on a [`TokenGraph`][energies.TokenGraph] of the nodes, and the sums
 over edges are the registered ``edges`` kernel (gather/scatter over the canonical edge list, as PyG's message
 passing): nothing is derived twice. The energy at the layer's input comes from the same pass
 (``return_energy=True``).
@@ -31,7 +31,7 @@ undirected edge kept once) with ``validate=True``, under ``torch_geometric.debug
 ``torch.compile``, with ``cached=True`` (once, then reused, as PyG's ``GCNConv(cached=True)``: transductive
 settings, one graph) and with ``batch`` (the layout's sizes come from the ids). Otherwise (ids on a GPU or
 ``meta``, or a compiled forward) nothing is read: the edges stay a list of fixed shape whose repeats and self
-loops weigh 0 (:meth:`~energies.graphs.TokenGraph.from_listed`), ids out of range fail ``torch._assert_async``,
+loops weigh 0 ([`from_listed`][energies.TokenGraph.from_listed]), ids out of range fail ``torch._assert_async``,
 and the forward compiles whole (0 graph breaks, ``tests/test_pyg_compile.py``) and runs on ``meta``. Node
 features are checked for shape always and for finiteness only with ``validate=True`` or under
 ``torch_geometric.debug()`` (a host read).
@@ -93,7 +93,7 @@ def _check_adjacency_size(edge_index, num_nodes: int) -> None:
 
 def undirected_edges(edge_index, num_nodes: int) -> torch.Tensor:
     """Both orientations of every undirected edge once, no self loops; checks ids and dtype (the canonical
-    edges of :func:`energies.graphs.canonical_edges`, written both ways as PyG's message passing expects)."""
+    edges of `energies.graphs.canonical_edges`, written both ways as PyG's message passing expects)."""
     ei = _edge_tensor(edge_index)
     _check_adjacency_size(edge_index, num_nodes)
     ei = canonical_edges(ei, num_nodes, num_nodes, lenient=True)
@@ -111,7 +111,7 @@ class NodeLayout(NamedTuple):
 def _batch_counts(batch, num_nodes: int, device):
     """``(b, counts, G, n_max)`` of a PyG ``batch`` vector: the graph ids as long on ``device``, the nodes per graph,
     the number of graphs and the largest; refused (GraphError) where it is not a ``(num_nodes,)`` integer tensor,
-    holds negative ids, or lays out more token slots than :data:`MAX_SLOTS` or memory holds."""
+    holds negative ids, or lays out more token slots than `MAX_SLOTS` or memory holds."""
     if (not isinstance(batch, torch.Tensor) or batch.shape != (num_nodes,) or batch.dtype.is_floating_point
             or batch.dtype in (torch.bool, torch.complex64, torch.complex128)):
         raise GraphError(f"batch must be a ({num_nodes},) integer tensor, got "
@@ -135,7 +135,7 @@ def _batch_counts(batch, num_nodes: int, device):
 class UnfoldedAttentionConv(MessagePassing):
     """One attention MM step on a graph (module docstring). Usable like any PyG conv:
     ``x = conv(x, edge_index, x0)``; ``conv(x, edge_index, x0, return_energy=True)`` also returns the terms
-    of E at the input (float64: scalars, or ``(G,)`` per graph with ``batch``); :meth:`energy` evaluates E
+    of E at the input (float64: scalars, or ``(G,)`` per graph with ``batch``); `energy` evaluates E
     alone. Apply one conv T times for a true unrolled optimisation."""
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None, rho: str = "exp",
@@ -295,8 +295,9 @@ class UnfoldedAttentionConv(MessagePassing):
 
     def mm(self, x: torch.Tensor, edge_index, x0: Optional[torch.Tensor] = None, batch: Optional[torch.Tensor] = None):
         """``(direction, curvature)`` per node: the step is ``prox(x + alpha * direction)`` with
-        ``direction = -grad E / P`` (P the Jacobi diagonal or the curvature bound, :func:`unfold.mm.mm_direction`)
-        and ``curvature`` c_u the summed curvature bound (its majorizer's metric)."""
+        ``direction = -grad E / P`` (P the Jacobi diagonal or the curvature bound,
+        [`unfold.mm.mm_direction`][unfold.mm_direction]) and ``curvature`` c_u the summed curvature bound (its
+        majorizer's metric)."""
         lay, Y, energy = self._prepare(x, edge_index, x0, batch)
         direction, _, curv = _mm.mm_direction(energy, Y, lay.graph, self.preconditioner, validate=False)
         return self._nodes(direction, lay), (curv[0] if lay.slots is None else curv.reshape(-1)[lay.slots])

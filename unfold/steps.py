@@ -1,4 +1,4 @@
-"""Update steps that descend the energies of :mod:`energies`, one layer each.
+"""Update steps that descend the energies of [`energies`][energies], one layer each.
 
 Every step holds the energy it descends (``step.energy``, built from the *same* term objects the
 update reads its parameters from, so what is traced is what is descended), states the condition
@@ -62,10 +62,10 @@ def _check_energy(energy, owner: str) -> Energy:
 
 class Step(torch.nn.Module):
     """One update ``Y -> Y' = update(Y)`` (padded slots kept) descending ``self.energy`` under ``self.guarantee``:
-    one layer of the unrolled MM iteration (paper eq. 3), whose descent :func:`~unfold.trace.trace_descent` checks.
+    one layer of the unrolled MM iteration (paper eq. 3), whose descent [`trace_descent`][unfold.trace_descent] checks.
 
-    Subclasses set ``energy`` and implement :meth:`update` (and :meth:`guaranteed` where a theorem applies); the
-    base takes no constructor arguments.
+    Subclasses set ``energy`` and implement [`update`][unfold.Step.update] (and [`guaranteed`][unfold.Step.guaranteed]
+    where a theorem applies); the base takes no constructor arguments.
     """
 
     kind = "step"
@@ -106,8 +106,9 @@ class AttentionStep(Step):
 
         ``exact``:   y_u <- (1 - alpha) y_u + alpha (sum_{v in N(u)} gamma_uv y_v + b_u) / (1 + sum_{v in N(u)} gamma_uv)
 
-    computed as ``y_u + alpha (sum_v gamma_uv (y_v - y_u) + b_u - y_u) / (1 + deg_u)`` (:meth:`increment`): the
-    same point, from differences only, so that a fixed point stays exactly fixed at any token scale.
+    computed as ``y_u + alpha (sum_v gamma_uv (y_v - y_u) + b_u - y_u) / (1 + deg_u)``
+    ([`increment`][unfold.AttentionStep.increment]): the same point, from differences only, so that a fixed point stays
+    exactly fixed at any token scale.
 
     The self term is not in the numerator. Guarantee: E1 does not increase for any
     0 < alpha <= 1 (the surrogate's Hessian L_gamma + I <= 2 D and it majorizes E1).
@@ -117,15 +118,15 @@ class AttentionStep(Step):
     with N~(u) = N(u) + {u} and gamma_uu = rho'(0): eq. 38/39 as printed in the supplement. It is
     not the Jacobi step of E~ and can raise E1 (the negative control); B must be None.
 
-    Kernels (:mod:`energies.kernels`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
+    Kernels (`energies.kernels`): ``edges`` (any graph), ``dense`` (n x n weights), ``softmax``
     (complete graph, rho=exp: softmax over all keys with key bias log beta_v = -|y_v|^2/(2 tau), self
     included, self contribution removed from the output, so that the exact step is
     ``attn_u + p_uu (b_u - y_u)``), ``fused`` (the same softmax form in one flash-attention kernel
     call with a differentiable log-sum-exp, CPU), ``streamed`` (complete graph, any rho, key tiles),
-    ``auto`` (:func:`energies.kernels.pick_kernel`).
+    ``auto`` (`energies.kernels.pick_kernel`).
 
     Args:
-        rho: the penalty, a :class:`~energies.rho.Rho` or a spec (:func:`energies.get_rho`).
+        rho: the penalty, a [`Rho`][energies.Rho] or a spec ([`energies.get_rho`][energies.get_rho]).
         tau: the temperature, > 0.
         alpha: the step size, in (0, 1] (refused outside it: a StepError).
         B: the initial residual ``(B, n, d)`` of ``|Y - B|^2 / 2`` (supplement F.4), or None for ``B = 0``.
@@ -166,8 +167,8 @@ class AttentionStep(Step):
             exact:    (agg_u + b_u - y_u) / (1 + deg_u),      printed: agg_u / (deg_u + rho'(0)),
 
         so a token with no pull and ``b_u = y_u`` gets exactly 0 and a fixed point stays exactly fixed. The exact
-        increment is the Jacobi direction of :func:`unfold.mm.mm_direction` (the one definition of the MM step);
-        the printed one is its own rule (the negative control)."""
+        increment is the Jacobi direction of [`unfold.mm.mm_direction`][unfold.mm_direction] (the one definition of the
+        MM step); the printed one is its own rule (the negative control)."""
         if self.update_rule == "exact":
             return _mm.mm_direction(self.energy, Y, graph, "jacobi", validate=False)[0]
         agg, deg = self.pairwise.messages(Y, graph)
@@ -220,10 +221,10 @@ class GradientStep(Step):
     ``a / 2 ||grad||^2`` when ``a * L <= 1`` (Prop. A.1), L a Lipschitz bound of grad E, if given.
 
     Args:
-        energy: E, a smooth :class:`~energies.Energy`.
+        energy: E, a smooth [`Energy`][energies.Energy].
         step_size: a, > 0 (finite).
-        lipschitz: L, a Lipschitz bound of grad E (> 0), or None (then :meth:`guaranteed` is False; so it is for an
-            energy with an indicator term, which is not smooth).
+        lipschitz: L, a Lipschitz bound of grad E (> 0), or None (then [`guaranteed`][unfold.GradientStep.guaranteed] is
+            False; so it is for an energy with an indicator term, which is not smooth).
     """
 
     guarantee = "E never increases when step_size * L <= 1 (L: Lipschitz constant of grad E)"
@@ -278,7 +279,7 @@ class ReLUProxStep(Step):
 
     Alone it sends the indicator to 0. After a gradient step of size a <= 1/L on a smooth energy f
     (or an attention step with alpha <= 1/2), it completes a proximal gradient step that does not
-    increase f + indicator (supplement A.2, eq. 27); see :class:`Sequence`.
+    increase f + indicator (supplement A.2, eq. 27); see [`Sequence`][unfold.Sequence].
     """
 
     guarantee = "the indicator of Y >= 0 never increases (ReLU is its proximal map)"
@@ -329,7 +330,7 @@ class RescaleStep(TermMinimisingStep):
     the term's minimiser on every non-zero token (zero tokens stay put).
 
     Args:
-        radius: r, > 0, or None for r = sqrt(d) (:class:`~energies.terms.Rescaling`).
+        radius: r, > 0, or None for r = sqrt(d) ([`Rescaling`][energies.Rescaling]).
     """
 
     def __init__(self, radius: Optional[float] = None):
@@ -381,11 +382,11 @@ class Sequence(Step):
     * centring then rescaling (LayerNorm) on their own energy: each reaches its term's minimum and
       rescaling keeps the mean at zero.
 
-    Two gradient steps (Thm 4.1) are guaranteed per input only: see :meth:`theorem41`.
+    Two gradient steps (Thm 4.1) are guaranteed per input only: see [`theorem41`][unfold.Sequence.theorem41].
 
     Args:
-        steps: the steps, an iterable of at least one :class:`Step` (a Sequence among them is flattened into
-            :meth:`substeps`).
+        steps: the steps, an iterable of at least one [`Step`][unfold.Step] (a Sequence among them is flattened into
+            [`substeps`][unfold.Sequence.substeps]).
     """
 
     guarantee = "see the class docstring: only the listed combinations are claimed"
@@ -461,7 +462,7 @@ def layernorm_step(radius: Optional[float] = None) -> Sequence:
         radius: r, > 0, or None for r = sqrt(d).
 
     Returns:
-        The :class:`Sequence` ``[CenterStep(), RescaleStep(radius)]`` (guaranteed: each step reaches its term's
-        minimum).
+        The [`Sequence`][unfold.Sequence] ``[CenterStep(), RescaleStep(radius)]`` (guaranteed: each step reaches its
+        term's minimum).
     """
     return Sequence([CenterStep(), RescaleStep(radius)])

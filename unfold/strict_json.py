@@ -1,15 +1,15 @@
-"""Strict JSON: every JSON file and line this project writes goes through :func:`dumps`.
+"""Strict JSON: every JSON file and line this project writes goes through `dumps`.
 
 Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which are not JSON (RFC 8259) and break
-other readers. :func:`json_safe` turns non-finite floats into the strings ``"nan"``, ``"inf"``,
-``"-inf"`` (numpy and torch scalars first into Python numbers), and :func:`dumps` then writes with
+other readers. `json_safe` turns non-finite floats into the strings ``"nan"``, ``"inf"``,
+``"-inf"`` (numpy and torch scalars first into Python numbers), and `dumps` then writes with
 ``allow_nan=False``, so a non-finite number that slipped through fails loudly instead of writing invalid JSON.
 
-Reading: :func:`loads` / :func:`load` are the project's JSON readers for its own files (``bundle.json``,
+Reading: `loads` / `load` are the project's JSON readers for its own files (``bundle.json``,
 ``vocab.json``): strict JSON too (``NaN``/``Infinity`` refused, and so is a number such as ``1e400`` that
 ``float`` would read as inf), and a document nested more deeply than
-:data:`MAX_DEPTH` levels (``[[[[...`` 5,000 deep, which would exhaust Python's recursion limit inside the
-parser) is a :class:`ValueError` saying so, like any other malformed document, never a ``RecursionError``.
+`MAX_DEPTH` levels (``[[[[...`` 5,000 deep, which would exhaust Python's recursion limit inside the
+parser) is a `ValueError` saying so, like any other malformed document, never a ``RecursionError``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numbers
 
 __all__ = ["json_safe", "dumps", "loads", "load", "nesting_depth", "MAX_DEPTH"]
 
-#: the deepest nesting :func:`loads` reads (the project's files nest 3 levels; the parser would fail near 1,000)
+#: the deepest nesting `loads` reads (the project's files nest 3 levels; the parser would fail near 1,000)
 MAX_DEPTH = 100
 
 
@@ -75,7 +75,7 @@ def _finite_float(text: str) -> float:
 
 def loads(text):
     """The JSON value of ``text`` (str or UTF-8 bytes): strict (no NaN/Infinity, no number beyond float64's range),
-    at most :data:`MAX_DEPTH` levels deep; anything else raises :class:`ValueError` (``json.JSONDecodeError`` is
+    at most `MAX_DEPTH` levels deep; anything else raises `ValueError` (``json.JSONDecodeError`` is
     one) saying why."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
@@ -89,5 +89,5 @@ def loads(text):
 
 
 def load(fh):
-    """:func:`loads` of an open text (or binary) file."""
+    """`loads` of an open text (or binary) file."""
     return loads(fh.read())

@@ -10,7 +10,7 @@ swap the kernel:
 * ``softmax``: complete graph with rho = exp only: softmax over all keys of the logits
   ``-z_uv = (y_u.y_v - |y_v|^2 / 2 - |y_u|^2 / 2) / tau`` (the key bias ``log beta_v`` of supplement
   eq. 35, 39 plus a per-query constant, which the softmax ignores), self included, explicit n x n logits;
-* ``fused``: the same softmax in one flash-attention kernel call (:mod:`energies.kernels.fused_ops`): no n x n
+* ``fused``: the same softmax in one flash-attention kernel call (`energies.kernels.fused_ops`): no n x n
   matrix, the log-sum-exp differentiable, CPU only;
 * ``streamed``: complete graph, any rho, tiles of ``STREAM_TILE`` keys: O(B n tile) memory forward
   and backward (a custom autograd function recomputes one tile at a time in the backward pass).
@@ -27,11 +27,13 @@ gets exactly 0 and a fixed point of the step stays exactly fixed (``num_u = agg_
 also available). On the softmax kernels, with ``S_u = sum_v exp(-z_uv) = 1 + deg_u`` (self included)
 and ``P`` the softmax, ``agg_u = S_u (P Y - Y)_u``: the self term contributes ``p_uu (y_u - y_u) = 0``,
 so nothing has to be removed with a separately rounded diagonal logit, ``deg_u = expm1(LSE_u)`` and
-the energy is ``-tau/2 sum_u deg_u`` (../shared/NOTES.md).
+the energy is ``-tau/2 sum_u deg_u``: with rho(z) = -exp(-z), gamma_uv = exp(-z_uv) and the pairwise energy
+``sum_{{u,v}} -tau exp(-z_uv) = -tau/2 sum_{u != v} gamma_uv``, so the pass that computes the update also
+gives the energy (supplement eq. 35 for the softmax form of gamma).
 
 Precision at every scale. z depends on differences only, so the kernels that use the expansion
 ``|a|^2 + |b|^2 - 2 a.b`` (dense, softmax, fused, streamed) work on tokens centred per example; its
-rounding error is then about ``eps * max_u |y_u - mean|^2 / tau`` in z, which :func:`expansion_dtype`
+rounding error is then about ``eps * max_u |y_u - mean|^2 / tau`` in z, which `expansion_dtype`
 keeps below ``EXPANSION_Z_ERROR[dtype]`` by computing in float64, or, where even float64 cannot
 (``max |y|^2 / tau`` beyond ~4e6, or a tiny tau), by the streamed pass with explicit differences:
 a stable formulation of every kernel, chosen per call (one host read of the largest norm; skipped
@@ -39,18 +41,18 @@ under ``torch.compile``, where the kernel runs as asked).
 
 Where things are:
 
-* :mod:`.registry`: :class:`~.registry.PairwisePass`, :class:`~.registry.Kernel`, :data:`~.registry.KERNELS`,
-  :func:`~.registry.register_kernel` (a kernel declares its ``auto`` rule and its multi-head pass there);
-* :mod:`.guard`: the precision guard of the expansion kernels and the z helpers;
-* the kernels, registered in this order when this package is imported: :mod:`.triton` (``triton``: a
-  sub-package holding the Triton kernels, :mod:`.triton.pairwise`, and the penalties' Triton functions,
-  :mod:`.triton.rho`, imported only when it runs), :mod:`.softmax`, :mod:`.fused` (over the fused-attention ops
-  of :mod:`.fused_ops`, whose plain-torch reference op stands beside them), :mod:`.streamed`, :mod:`.dense`,
-  :mod:`.edges`, :mod:`.banded`;
-* :mod:`.dispatch`: :func:`~.dispatch.pick_kernel`, :func:`~.dispatch.pairwise_pass` and the passes built on it.
+* `registry`: `PairwisePass`, [`Kernel`][energies.Kernel], [`KERNELS`][energies.KERNELS],
+  [`register_kernel`][energies.register_kernel] (a kernel declares its ``auto`` rule and its multi-head pass there);
+* `guard`: the precision guard of the expansion kernels and the z helpers;
+* the kernels, registered in this order when this package is imported: `triton` (``triton``: a
+  sub-package holding the Triton kernels, `triton.pairwise`, and the penalties' Triton functions,
+  `triton.rho`, imported only when it runs), `softmax`, `fused` (over the fused-attention ops
+  of `fused_ops`, whose plain-torch reference op stands beside them), `streamed`, `dense`,
+  `edges`, `banded`;
+* `dispatch`: `pick_kernel`, `pairwise_pass` and the passes built on it.
 
-May import: the rest of :mod:`energies` below the terms (errors, graph, graphs, rho), nothing else of the project.
-A new kernel is one new file that imports :mod:`.registry` and calls ``register_kernel``.
+May import: the rest of [`energies`][energies] below the terms (errors, graph, graphs, rho), nothing else of the
+project. A new kernel is one new file that imports `registry` and calls ``register_kernel``.
 """
 from . import triton, softmax, fused, streamed, dense, edges, banded  # noqa: F401  (registers them, in this order)
 from .dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,

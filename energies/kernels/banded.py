@@ -1,11 +1,11 @@
 """The ``banded`` pairwise kernel: shift-invariant graphs (window, dilated, strided) in a block-ordered layout.
 
-A graph with offsets ``O`` (:attr:`~energies.graphs.TokenGraph.offsets`: the edges are every pair ``{i, i + o}``,
+A graph with offsets ``O`` ([`offsets`][energies.TokenGraph.offsets]: the edges are every pair ``{i, i + o}``,
 ``o in O``, of real tokens) and reach ``R = max O`` is cut into blocks of ``b`` tokens (``b`` a multiple of
 ``BANDED_ALIGN``, at least R and ``BANDED_MIN_BLOCK``; n padded to a multiple of b with masked slots). Query block
 ``k`` (tokens ``kb .. kb + b - 1``) meets the ``w = b + 2R`` keys ``kb - R .. kb + b + R - 1``, which hold every
 neighbour of its queries. Per tile, batched over examples, heads and blocks, with the expansion on the centred
-features Z that the kernel receives (``expansion=True``, :class:`~energies.kernels.Kernel`):
+features Z that the kernel receives (``expansion=True``, [`Kernel`][energies.Kernel]):
 
     z_uv = max(|z_u|^2 + |z_v|^2 - 2 z_u . z_v, 0) / (2 tau),    gamma_uv = rho'(z_uv) [uv in E],
 
@@ -18,17 +18,17 @@ n x n). ``[uv in E]`` is a static ``(b, w)`` 0/1 table (``|v - u| in O`` for que
 ``v - u = c - R - r``) times the token mask of both ends (slots outside ``[0, n)`` are masked). Memory for the
 weights ``O(n w)`` per head; the key windows ``O(n w d / b)``.
 
-Strided graphs (every multiple of k an offset, :func:`banded_plan`): the pairs ``|i - j| = 0 (mod k)`` are the
+Strided graphs (every multiple of k an offset, `banded_plan`): the pairs ``|i - j| = 0 (mod k)`` are the
 complete graph of each residue class ``i mod k`` (``m = ceil(n / k)`` tokens), laid out as ``(B, H, k, m, c)``
 tiles with the table ``r != c``, and only the other offsets (``1 .. k-1`` for ``strided:k``) go to the band: the
 two pair sets are disjoint, so the sums add. With rho = exp each class goes to the fused flash op (a complete
 graph with padded keys, as the ``fused`` kernel does), else to the same tiles. Keys per query: ``b + 2R`` for a
 band, ``b + 2(k - 1) + m`` for ``strided:k`` (78 at n = 512, k = 16, against 511 for the complete graph).
 
-The tiles' backward pass (:class:`_TileSums`) recomputes z and the weights instead of keeping them, so the
+The tiles' backward pass (`_TileSums`) recomputes z and the weights instead of keeping them, so the
 memory is that of the features and the key windows, ``O(n (b + 2R) c / b)`` per head.
 
-``supports``: every graph with offsets. :func:`banded_pays` is the rule of ``auto`` on the CPU: use banded where
+``supports``: every graph with offsets. `banded_pays` is the rule of ``auto`` on the CPU: use banded where
 the keys per query of the cheapest layout are fewer than 8 times the neighbours per token.
 """
 from __future__ import annotations
@@ -53,15 +53,14 @@ def _supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 
 #: a tile weight costs several times less than an edge-list weight on the CPU (gather, index_add and saved
-#: differences against one batched matmul). Measured, guaranteed model training step, 1 thread, edges -> banded:
-#: window:8 n=32 2.0x faster at 1.5x the pairs, strided:16 n=64 2.7x at 1.5x, dilated:4:8 n=512 1.85x at 6x;
-#: 8 keeps a margin below the ~11x of that last case
+#: differences against one batched matmul): ``auto`` picks ``banded`` while its tiles hold at most this many times
+#: the edge list's pairs, a margin below the break-even measured on the page docs/kernels.md ("banded")
 BANDED_PAIR_ADVANTAGE = 8
 
 
 def banded_pays(graph: TokenGraph) -> bool:
-    """The ``auto`` rule on the CPU: a shift-invariant graph whose keys per query (:func:`banded_plan`) are fewer
-    than :data:`BANDED_PAIR_ADVANTAGE` times its neighbours per token (``2 |O|`` away from the ends), the edge
+    """The ``auto`` rule on the CPU: a shift-invariant graph whose keys per query (`banded_plan`) are fewer
+    than `BANDED_PAIR_ADVANTAGE` times its neighbours per token (``2 |O|`` away from the ends), the edge
     kernel's pairs. A long reach with few offsets (``dilated:64:1``: 192 keys for 2 neighbours) stays on edges."""
     if not graph.offsets:
         return False
@@ -103,7 +102,8 @@ def _residue_masks(mask: torch.Tensor, k: int, H: int):
 
 def _masks(graph: TokenGraph, plan, H: int, classes: bool = True):
     """``(band mask or None, residue mask or None)`` for ``plan`` (no residue mask where ``classes`` is False: the
-    flash op takes the classes), cached on the graph per mask (:meth:`TokenGraph.mask_cached`)."""
+    flash op takes the classes), cached on the graph per mask
+    ([`TokenGraph.mask_cached`][energies.TokenGraph.mask_cached])."""
     _, band, k = plan
     mask = graph.mask
     n = mask.shape[1]
@@ -180,7 +180,7 @@ class _TileSums(torch.autograd.Function):
 def _tile_sums(queries, keys, sq_q, sq_k, pm, rho: Rho, tau: float, energy: bool, num: bool):
     """The module docstring's sums over tiles: queries ``(B, H, t, b, c)``, keys ``(B, H, t, w, c)``, their squared
     norms, the pair mask ``(B, H, t, b, w)``. Returns ``(agg (B, H, t, b, c) or None, deg (B, H, t, b), energy
-    (B, H) or None)`` (:class:`_TileSums`)."""
+    (B, H) or None)`` (`_TileSums`)."""
     lead, (b, c), w = queries.shape[:-2], queries.shape[-2:], keys.shape[-2]
     agg, deg, e = _TileSums.apply(queries.reshape(-1, b, c), keys.reshape(-1, w, c), sq_q.reshape(-1, b),
                                   sq_k.reshape(-1, w), pm.reshape(-1, b, w), rho, tau, energy)
@@ -248,9 +248,9 @@ def _class_sums(Z, sq, k: int, res_pm, rho, tau: float, energy: bool, num: bool)
 def banded_sums(Z: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
                 sq: Optional[torch.Tensor] = None):
     """``(agg or None, deg, energy or None)`` of the module docstring for features Z ``(B, H, n, c)`` (centred,
-    zero on padded slots) on ``graph`` (a :class:`TokenGraph` with offsets); agg ``(B, H, n, c)``, deg
+    zero on padded slots) on ``graph`` (a [`TokenGraph`][energies.TokenGraph] with offsets); agg ``(B, H, n, c)``, deg
     ``(B, H, n)``, energy ``(B, H)`` float64. ``sq``: ``|z_u|^2``
-    ``(B, H, n)`` when already computed. The layout is :func:`banded_plan`'s: a band, a residue layout, or both
+    ``(B, H, n)`` when already computed. The layout is `banded_plan`'s: a band, a residue layout, or both
     (their pair sets are disjoint, so their sums add)."""
     B, H, n, c = Z.shape
     plan = banded_plan(graph.offsets, n)

@@ -1,8 +1,8 @@
-"""The pass over a graph: :func:`pick_kernel` (``auto`` and the checks of a named kernel), :func:`pairwise_pass`
-(centring, the precision guard, the fallback to explicit differences), :func:`pairwise_pass_heads` (one call for
-several heads), and the independent energy every check uses (:func:`pairwise_energy`). Reaches the kernels through
-the registry (:data:`~energies.kernels.registry.KERNELS` and its auto and heads rules) and the exact passes it falls
-back to (:mod:`.edges`, :mod:`.streamed`) directly."""
+"""The pass over a graph: `pick_kernel` (``auto`` and the checks of a named kernel), `pairwise_pass`
+(centring, the precision guard, the fallback to explicit differences), `pairwise_pass_heads` (one call for
+several heads), and the independent energy every check uses (`pairwise_energy`). Reaches the kernels through
+the registry ([`KERNELS`][energies.KERNELS] and its auto and heads rules) and the exact passes it falls
+back to (`edges`, `streamed`) directly."""
 from __future__ import annotations
 
 from typing import Optional
@@ -24,7 +24,8 @@ from .triton import _triton_heads
 
 
 def _check_parts(graph, rho) -> None:
-    """``graph`` a :class:`TokenGraph` and ``rho`` a :class:`Rho` instance, else an :class:`EnergyError` naming them."""
+    """``graph`` a [`TokenGraph`][energies.TokenGraph] and ``rho`` a [`Rho`][energies.Rho] instance, else an
+    [`EnergyError`][energies.EnergyError] naming them."""
     if not isinstance(graph, TokenGraph):
         raise EnergyError(f"graph must be a TokenGraph, got {type(graph).__name__}")
     if not isinstance(rho, Rho):
@@ -33,8 +34,8 @@ def _check_parts(graph, rho) -> None:
 
 def _check_entry(Y, graph, rho, tau) -> None:
     """The public passes' entry checks (``validate=True``; metadata only, no host read, so that a timed call is not
-    slowed): :func:`_check_parts`, tau a finite number > 0, and Y a floating ``(B, n, d)`` tensor of the graph's
-    ``(B, n)`` on its device (a :class:`~energies.errors.TokenError`, not torch's error from inside a kernel)."""
+    slowed): `_check_parts`, tau a finite number > 0, and Y a floating ``(B, n, d)`` tensor of the graph's
+    ``(B, n)`` on its device (a [`TokenError`][energies.TokenError], not torch's error from inside a kernel)."""
     _check_parts(graph, rho)
     check_number(tau, "tau", "positive", EnergyError)
     if not (isinstance(Y, torch.Tensor) and Y.dtype.is_floating_point and Y.ndim == 3
@@ -52,10 +53,10 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto", validate: boo
     complete graph with rho = exp the fused kernel where its op exists (CPU), else softmax (streamed above
     ``STREAM_MIN_N`` tokens); other rho on the complete graph: dense, streamed above ``STREAM_MIN_N``; a
     graph that is not complete, on the CPU: the first registered kernel whose auto rule says it pays
-    (:data:`~energies.kernels.registry.AUTO_RULES`: banded, where a shift-invariant graph's tiles pay,
-    :func:`~energies.banded.banded_pays`); any other graph: edges. A kernel that does not apply is an error.
+    (`AUTO_RULES`: banded, where a shift-invariant graph's tiles pay,
+    `banded_pays`); any other graph: edges. A kernel that does not apply is an error.
 
-    The name is checked (:func:`~energies.kernels.registry.check_kernel`) unless ``validate`` is False: the
+    The name is checked (`check_kernel`) unless ``validate`` is False: the
     caller checked it where it entered (a term's constructor), so the layers' passes check nothing by name."""
     if validate:
         _check_parts(graph, rho)
@@ -94,23 +95,23 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
     Args:
         Y: the tokens ``(B, n, d)``.
         graph: the token graph of the batch.
-        rho: the concave penalty (:func:`energies.get_rho`).
+        rho: the concave penalty ([`energies.get_rho`][energies.get_rho]).
         tau: the temperature, > 0.
-        kernel: a registered kernel or ``auto`` (:func:`pick_kernel`).
+        kernel: a registered kernel or ``auto`` (`pick_kernel`).
         energy: also return the pairwise energy per example (float64).
         num: compute the neighbour sums (``agg``); False gives an energy-only pass (``agg`` None).
         metric: W ``(d, d_h)``: the pass works on the features ``z_u = W^T y_u`` (``agg`` is then
             ``(B, n, d_h)``), formed from differences or centred tokens, never from ``Y W`` of tokens far from the
             origin.
         guard: for an expansion kernel, read the tokens' scale (one host read) and widen the dtype, or fall back to
-            explicit differences, where the expansion cannot resolve z (:func:`expansion_dtype`). With False (a
+            explicit differences, where the expansion cannot resolve z (`expansion_dtype`). With False (a
             forward pass with the trace off) there is no host read: the expansion runs in the tokens' own dtype on
             centred tokens, z erring by about ``eps * max_u |y_u - mean|^2 / tau``.
         validate: check the arguments (the kernel's name, graph, rho, tau, Y's metadata; no host read); False
             where the caller checked them where they entered (a term's constructor): its passes check nothing.
 
     Returns:
-        A :class:`~energies.kernels.registry.PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
+        A `PairwisePass` ``(agg, deg, energy)``, ``agg`` and ``deg`` in Y's dtype.
     """
     if validate:
         _check_entry(Y, graph, rho, tau)
@@ -122,7 +123,7 @@ def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kern
 
 
 def _expansion_pass(kernel: Kernel, Y, graph, rho, tau, energy, num, metric, guard) -> PairwisePass:
-    """:func:`pairwise_pass` for an expansion kernel: on centred features, the precision guard choosing the dtype
+    """`pairwise_pass` for an expansion kernel: on centred features, the precision guard choosing the dtype
     (or explicit differences) on the host, or on the device without a host read; without the guard, in the
     tokens' own dtype."""
     Zc = apply_metric(_centred(Y, graph), metric)
@@ -145,17 +146,18 @@ def _expansion_pass(kernel: Kernel, Y, graph, rho, tau, energy, num, metric, gua
 
 
 def _native_half(kernel: Kernel, Zc: torch.Tensor) -> bool:
-    """Whether the kernel takes these bfloat16 / float16 features as they are (:attr:`Kernel.native_half`, off the
-    CPU, guard off): the step in the half type on its own tensor-core path, never a certified energy."""
+    """Whether the kernel takes these bfloat16 / float16 features as they are
+    ([`Kernel.native_half`][energies.Kernel.native_half], off the CPU, guard off): the step in the half type on its own
+    tensor-core path, never a certified energy."""
     return kernel.native_half and Zc.dtype in (torch.bfloat16, torch.float16) and Zc.device.type != "cpu"
 
 
 def explicit_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
                     metric: Optional[torch.Tensor] = None, validate: bool = True) -> torch.Tensor:
-    """The pairwise energy ``(B,)`` float64 from the precision guard's exact side (:func:`_explicit_pass`: explicit
+    """The pairwise energy ``(B,)`` float64 from the precision guard's exact side (`_explicit_pass`: explicit
     differences of centred features, exact to rounding at any scale, in Y's dtype), whatever kernel the layers use,
     with no host read: what a decision that must not rest on the expansion's rounding reads (the energy-chosen
-    depth), at the cost of one pass, d_h per pair. ``validate``: as for :func:`pairwise_pass` (the checks read
+    depth), at the cost of one pass, d_h per pair. ``validate``: as for `pairwise_pass` (the checks read
     metadata only)."""
     if validate:
         _check_entry(Y, graph, rho, tau)
@@ -175,8 +177,8 @@ def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
 def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric) -> PairwisePass:
     """The precision guard without a host read (tokens off the CPU, where reading the scale would wait for the
     device): both the kernel's expansion in the tokens' own dtype and the explicit-difference pass (exact to
-    rounding at any scale), selected per example on the device by :func:`expansion_ok`. The CPU keeps the
-    one read of :func:`expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
+    rounding at any scale), selected per example on the device by `expansion_ok`. The CPU keeps the
+    one read of `expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
     own = Y.dtype
     if Zc.dtype not in EXPANSION_Z_ERROR:           # half types: the rule and the pass in float32, the result in own
         Zc = apply_metric(_centred(Y.float(), graph), metric)
@@ -210,15 +212,15 @@ def _safe_pass(kernel: Kernel, Y, Zc, ok, graph, rho, tau, energy, num, metric) 
 
 def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str, metrics,
                         energy: bool = False, num: bool = True, guard: bool = True, validate: bool = True):
-    """:func:`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
+    """`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
     kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
     features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
-    neighbour sums (one flash call over H heads), or the energy-only pass of either (:func:`_softmax_degrees`
+    neighbour sums (one flash call over H heads), or the energy-only pass of either (`_softmax_degrees`
     over B H examples); the banded kernel over ``(B, H)`` at once. Each head gets exactly the quantities of its own pass (the same formulas; tested).
-    Returns one :class:`PairwisePass` per metric, or None where they cannot share a call (another kernel, a
+    Returns one `PairwisePass` per metric, or None where they cannot share a call (another kernel, a
     dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
-    read for all heads in one host read): then call :func:`pairwise_pass` per head. ``validate``: as for
-    :func:`pairwise_pass`."""
+    read for all heads in one host read): then call `pairwise_pass` per head. ``validate``: as for
+    `pairwise_pass`."""
     if len(metrics) < 2 or len({tuple(w.shape) for w in metrics}) != 1:
         return None
     if validate:
@@ -258,7 +260,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
 def weighted_neighbour_sums(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",
                             validate: bool = True):
     """``(num, deg)`` with ``num_u = sum_v gamma_uv y_v`` ``(B, n, d)`` and ``deg_u = sum_v gamma_uv`` ``(B, n)``
-    (``validate``: as for :func:`pairwise_pass`)."""
+    (``validate``: as for `pairwise_pass`)."""
     out = pairwise_pass(Y, graph, rho, tau, kernel, validate=validate)
     return out.num, out.deg
 
@@ -273,7 +275,7 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     ``|a|^2 + |b|^2 - 2 a.b`` would err by about ``eps |y|^2`` per pair, which can exceed a tolerance relative
     to a small energy. With a metric W the differences are taken in token space, then mapped:
     ``z_uv = |W^T (y_u - y_v)|^2 / 2 tau``. Differentiable. ``kernel`` is checked (its name unless ``validate``
-    is False, as for :func:`pairwise_pass`, and that it applies to the graph) but not used."""
+    is False, as for `pairwise_pass`, and that it applies to the graph) but not used."""
     if validate:
         _check_entry(Y, graph, rho, tau)
     kernel = pick_kernel(graph, rho, kernel, validate)

@@ -1,5 +1,5 @@
 """The ``edges`` kernel: gather/scatter over the canonical edge list (any graph, O(|E| d) memory), z from explicit
-differences; also the exact pass the dispatcher and :func:`~energies.kernels.dispatch.pairwise_energy` use off the
+differences; also the exact pass the dispatcher and `pairwise_energy` use off the
 complete graph."""
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The ``fused`` kernel: the softmax kernel in one fused-attention call (:mod:`energies.kernels.fused_ops`): PyTorch's flash op on
-the CPU; on CUDA its memory-efficient op (float32, 3xTF32 tensor-core products) or its flash op (bfloat16 / float16).
+"""The ``fused`` kernel: the softmax kernel in one fused-attention call (`energies.kernels.fused_ops`): PyTorch's flash
+op on the CPU; on CUDA its memory-efficient op (float32, 3xTF32 tensor-core products) or its flash op (bfloat16 /
+float16).
 
-On CUDA the energy is read off the op's float32 log-sum-exp up to :data:`FUSED_LSE_MAX_N` tokens; above, the
-trace's energy comes from the energy-only pass (:func:`~energies.kernels.softmax._softmax_degrees`, float32 at
+On CUDA the energy is read off the op's float32 log-sum-exp up to `FUSED_LSE_MAX_N` tokens; above, the
+trace's energy comes from the energy-only pass (`_softmax_degrees`, float32 at
 least), since the op's running sum of exponentials is not inside the trace's budget there; so does the energy of
 bfloat16 / float16 features (the step may run in bfloat16, the energy may not). Where no op serves the features' dtype
 (float64 on CUDA: the descent checks, or a guard widening float32), the exact torch forms run instead."""
@@ -38,7 +39,7 @@ def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 def _fused_heads(Z, graph, rho, tau, energy, num, sq):
     """``(agg, deg, energy)`` ``(B, H, ...)`` for heads of centred features ``Z`` ``(B, H, n, c)`` whose dtype a fused op
-    serves: the neighbour sums and degrees from one call over every head (:func:`_fused_parts`), or the
+    serves: the neighbour sums and degrees from one call over every head (`_fused_parts`), or the
     energy-only pass; the energy from the log-sum-exp, or from the energy-only pass where the module docstring
     says (float32 at least, differentiable like the rest). Half types come back in their own dtype."""
     B, H, n, c = Z.shape
@@ -64,7 +65,7 @@ def _fused_heads(Z, graph, rho, tau, energy, num, sq):
 
 @register_kernel("fused", _fused_only, expansion=True, native_half=True, heads=_fused_heads)
 def _fused_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
-    """The softmax kernel in one fused-attention call (:mod:`energies.kernels.fused_ops`); the module docstring says
+    """The softmax kernel in one fused-attention call (`energies.kernels.fused_ops`); the module docstring says
     where the energy comes from off the CPU, and what runs where no op serves Y's dtype."""
     if fused_ops(Y.device.type, Y.dtype) is None:
         if graph.num_nodes > STREAM_MIN_N:

@@ -14,11 +14,11 @@ into ``delta_u - lam_u`` and leaves ``g_u.v_v`` unchanged, so a single backward 
 outputs. That column is appended (zero in q, k, v) unless the caller's layout has one (``spare``: the last column
 is zero in q, k and v; ``lse_col=j``: the values' column j is zero, q and k may hold anything there).
 
-Which op serves which tensors: :func:`fused_ops` (probed once per device type and dtype, the reason kept when one
+Which op serves which tensors: `fused_ops` (probed once per device type and dtype, the reason kept when one
 is missing). Private ops can change between releases: the probe compares each op with the explicit form on a
 small case before it is used (on ``meta``, which stands in for a GPU in the tests, the shapes only), and the tests
 compare both outputs and all gradients with the explicit computation -- the CUDA ops' calling convention through
-their meta kernels, their algebra through :data:`REFERENCE_OPS`, a plain-torch op with the same contract.
+their meta kernels, their algebra through `REFERENCE_OPS`, a plain-torch op with the same contract.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class FusedOps(NamedTuple):
     backward needs besides); ``backward(g, q, k, v, out, lse, state, scale) -> (dq, dk, dv)`` forming
     ``delta = rowsum(g * out)`` from ``out`` (see the module docstring); ``head_multiple``: the head size the op
     wants a multiple of (the caller's layout pads with zero columns); ``arithmetic``: what its products are;
-    ``max_head``: the largest head size its kernels take (None: any; see :func:`fused_ops_for_head`)."""
+    ``max_head``: the largest head size its kernels take (None: any; see `fused_ops_for_head`)."""
     name: str
     forward: Callable
     backward: Callable
@@ -128,7 +128,7 @@ def _candidates(device_type: str, dtype: torch.dtype):
 
 
 def fused_ops(device_type: str, dtype: torch.dtype = torch.float32) -> Optional[FusedOps]:
-    """The op that serves ``(device_type, dtype)`` tensors, or None (:func:`fused_unavailable` says why): on the CPU
+    """The op that serves ``(device_type, dtype)`` tensors, or None (`fused_unavailable` says why): on the CPU
     the flash op (float32, float64, bfloat16); on CUDA the memory-efficient op for float32 and the flash op for
     bfloat16 / float16 (the memory-efficient op where flash is missing, e.g. before sm80); no float64 on CUDA.
     Each op is probed once per process against the explicit form."""
@@ -150,7 +150,7 @@ def fused_available(device_type: str = "cpu", dtype: torch.dtype = torch.float32
 def fused_ops_for_head(ops: FusedOps, head: int, device_type: str, dtype: torch.dtype) -> FusedOps:
     """``ops``, or where its kernels stop below ``head`` columns (FlashAttention-2 above 256, a limit its meta
     kernel does not check) the candidate for ``(device_type, dtype)`` that has no such limit (the memory-efficient
-    op), probed once; an :class:`EnergyError` where there is none."""
+    op), probed once; an [`EnergyError`][energies.EnergyError] where there is none."""
     if ops.max_head is None or head <= ops.max_head:
         return ops
     wide, why = _probe_once(device_type, dtype, wide=True)
@@ -281,7 +281,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     the backward uses the zero column for the LSE gradient instead of copying the three inputs once more.
     ``lse_col=j``: the values' column j is zero everywhere (q and k may hold anything there): the op reads all
     columns and the backward uses column j. ``v`` may be ``q`` itself. ``ops``: the op pair (default
-    :func:`fused_ops` of the tensors' device and dtype)."""
+    `fused_ops` of the tensors' device and dtype)."""
     if ops is None:
         ops = fused_ops(q.device.type, q.dtype)
         if ops is None:

@@ -1,5 +1,5 @@
 """The precision guard of the expansion kernels: in which dtype the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred
-tokens resolves the edge weights (:func:`expansion_dtype` with one host read, :func:`expansion_ok` on the device),
+tokens resolves the edge weights (`expansion_dtype` with one host read, `expansion_ok` on the device),
 the centring itself, and z from the expansion or from explicit differences. Used by the dispatcher and the
 kernels; imports no kernel."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def edge_z(Yf: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, tau: float) -
 def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``(B, n, m)`` matrix of ``z_uv = |y_u - k_v|^2 / (2 tau)`` for keys K (default: Y itself) by the
     expansion ``|y_u|^2 + |k_v|^2 - 2 y_u.k_v``, clamped at 0 (accurate when the tokens are centred and
-    :func:`expansion_dtype` accepts their scale)."""
+    `expansion_dtype` accepts their scale)."""
     K = Y if K is None else K
     d2 = (Y * Y).sum(-1)[:, :, None] + (K * K).sum(-1)[:, None, :] - 2.0 * Y @ K.transpose(1, 2)
     return torch.clamp(d2, min=0.0) / (2.0 * tau)
@@ -46,7 +46,7 @@ def dense_z(Y: torch.Tensor, tau: float, K: Optional[torch.Tensor] = None) -> to
 def explicit_z(Y: torch.Tensor, K: torch.Tensor, tau: float, metric: Optional[torch.Tensor] = None):
     """``(z, W^T (k_v - y_u))`` for queries Y ``(B, n, d)`` and keys K ``(B, m, d)`` from explicit differences
     ``(B, n, m, d)``, taken in token space and then mapped by the metric W (if any): exact to rounding at any
-    scale, at d times the memory of :func:`dense_z`."""
+    scale, at d times the memory of `dense_z`."""
     diff = apply_metric(K[:, None, :, :] - Y[:, :, None, :], metric)
     return (diff * diff).sum(-1) / (2.0 * tau), diff
 
@@ -72,8 +72,8 @@ def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0,
     """The dtype in which the expansion ``|a|^2 + |b|^2 - 2 a.b`` of centred tokens Yc resolves the edge weights
     to ``EXPANSION_Z_ERROR``: Yc's own dtype (float32 or float64), else float64, else None (use explicit
     differences). Rounding of the expansion: ``|dz| <~ eps * max_u |y_u|^2 / tau``; a weight rho'(z) then moves
-    by ``|dz| * sensitivity`` relative to the largest (:meth:`~energies.rho.Rho.kernel_sensitivity`, at least 1
-    here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
+    by ``|dz| * sensitivity`` relative to the largest ([`kernel_sensitivity`][energies.Rho.kernel_sensitivity], at least
+    1 here: 1 for exp, ``(1 - p/2) / eps`` for lp). One host read of the largest norm (none under
     ``torch.compile``, which keeps Yc's dtype). ``sq``: ``|y_u|^2`` of Yc when already computed."""
     own = _own_dtype(Yc)
     if torch.compiler.is_compiling() or Yc.numel() == 0:
@@ -83,7 +83,7 @@ def expansion_dtype(Yc: torch.Tensor, tau: float, sensitivity: float = 1.0,
 
 
 def _scale_dtype(scale: float, own: torch.dtype) -> Optional[torch.dtype]:
-    """The rule of :func:`expansion_dtype` for ``scale = max |y|^2 / tau * sensitivity``: ``own``, else float64,
+    """The rule of `expansion_dtype` for ``scale = max |y|^2 / tau * sensitivity``: ``own``, else float64,
     where ``scale * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``; None where neither resolves it."""
     for dt in dict.fromkeys((own, torch.float64)):
         if math.isfinite(scale) and scale * torch.finfo(dt).eps <= EXPANSION_Z_ERROR[dt]:
@@ -96,7 +96,7 @@ def _f64(x: torch.Tensor) -> torch.Tensor:
 
 
 def expansion_ok(sq: torch.Tensor, tau: float, sensitivity: float, dtype: torch.dtype) -> torch.Tensor:
-    """The rule of :func:`expansion_dtype` decided on the device, per example: a bool ``(B,)`` (or ``sq``'s leading
+    """The rule of `expansion_dtype` decided on the device, per example: a bool ``(B,)`` (or ``sq``'s leading
     shape), True where ``max_u |z_u|^2 / tau * max(1, sensitivity) * eps(dtype) <= EXPANSION_Z_ERROR[dtype]``
     (``sq`` the squared norms of the centred features, ``(..., n)``); NaN and inf give False. No host read."""
     bound = EXPANSION_Z_ERROR[dtype] / (torch.finfo(dtype).eps * max(1.0, float(sensitivity)))

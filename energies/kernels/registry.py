@@ -1,8 +1,8 @@
-"""The pairwise-kernel registry: what a kernel returns (:class:`PairwisePass`), what it is (:class:`Kernel`), the
-table :data:`KERNELS` and :func:`register_kernel`, which also takes the two optional rules a kernel may declare for
-the dispatcher (``auto``: when ``auto`` picks it for a sparse graph on the CPU; ``heads``: one call for the heads of a
-multi-head energy). Imports nothing of the kernels themselves, so a kernel module (in this package or a plug-in
-anywhere) imports only this."""
+"""The pairwise-kernel registry: what a kernel returns (`PairwisePass`), what it is ([`Kernel`][energies.Kernel]), the
+table [`KERNELS`][energies.KERNELS] and [`register_kernel`][energies.register_kernel], which also takes the two optional
+rules a kernel may declare for the dispatcher (``auto``: when ``auto`` picks it for a sparse graph on the CPU;
+``heads``: one call for the heads of a multi-head energy). Imports nothing of the kernels themselves, so a kernel module
+(in this package or a plug-in anywhere) imports only this."""
 from __future__ import annotations
 
 from typing import Callable, Dict, NamedTuple, Optional
@@ -19,8 +19,8 @@ class PairwisePass(NamedTuple):
     agg: Optional[torch.Tensor]     # (B, n, d)  sum_v gamma_uv (y_v - y_u), or None (energy-only pass)
     deg: torch.Tensor               # (B, n)     sum_v gamma_uv
     energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
-    Y: Optional[torch.Tensor] = None       # the (zero-padded) tokens of the pass, for :attr:`num`
-    metric: Optional[torch.Tensor] = None  # the pass's metric W, for :attr:`num`
+    Y: Optional[torch.Tensor] = None       # the (zero-padded) tokens of the pass, for `num`
+    metric: Optional[torch.Tensor] = None  # the pass's metric W, for `num`
 
     @property
     def num(self) -> Optional[torch.Tensor]:
@@ -29,12 +29,12 @@ class PairwisePass(NamedTuple):
 
 
 class Kernel(NamedTuple):
-    """A registered pairwise kernel (:func:`register_kernel`).
+    """A registered pairwise kernel ([`register_kernel`][energies.register_kernel]).
 
     ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``. A kernel with ``expansion=False`` gets the
     zero-padded tokens Y and the metric W (or None) and must form z from them itself; one with
     ``expansion=True`` gets the centred features ``Z = W^T (y - mean)`` already in the dtype that resolves the
-    expansion ``|a|^2 + |b|^2 - 2 a.b`` (:func:`expansion_dtype`), ``metric=None`` and the keyword ``sq``
+    expansion ``|a|^2 + |b|^2 - 2 a.b`` (`expansion_dtype`), ``metric=None`` and the keyword ``sq``
     (``|z_u|^2`` when already computed, else None), so it may use the expansion freely.
 
     Attributes:
@@ -57,14 +57,14 @@ class Kernel(NamedTuple):
     native_half: bool = False
 
 
-#: the pairwise kernels by name (``auto`` is not one: :func:`pick_kernel` chooses among them)
+#: the pairwise kernels by name (``auto`` is not one: `pick_kernel` chooses among them)
 KERNELS: Registry = Registry("pairwise kernel", EnergyError, None, "energies.KERNELS")
 
 #: ``auto`` on the CPU, for a graph that is not complete: ``{kernel: pays(graph)}``, consulted in registration order
 #: (a registered kernel whose rule says True is picked; else ``edges``)
 AUTO_RULES: Dict[str, Callable[[TokenGraph], bool]] = {}
 #: ``{kernel: heads(Z, graph, rho, tau, energy, num, sq) -> (agg, deg, energy)}`` over ``(B, H, n, d_h)``
-#: centred features: one call for every head (:func:`~energies.kernels.dispatch.pairwise_pass_heads`)
+#: centred features: one call for every head (`pairwise_pass_heads`)
 HEADS_PASSES: Dict[str, Callable] = {}
 
 
@@ -77,14 +77,15 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
                     auto: Optional[Callable[[TokenGraph], bool]] = None, heads: Optional[Callable] = None):
     """``@register_kernel("name")`` on ``run(Y, graph, rho, tau, energy, num, metric) -> PairwisePass``: the
     kernel becomes selectable by name everywhere a kernel is (terms, steps, models, configs, CLIs); see
-    :class:`Kernel` for the contract. A name already registered (``edges``, a plug-in's earlier kernel) is refused
-    with an :class:`EnergyError` naming it. Every kernel must return the same ``agg``, ``deg`` and energy as
-    ``edges`` to rounding (the tests compare each registered kernel with it).
+    [`Kernel`][energies.Kernel] for the contract. A name already registered (``edges``, a plug-in's earlier kernel) is
+    refused with an [`EnergyError`][energies.EnergyError] naming it. Every kernel must return the same ``agg``, ``deg``
+    and energy as ``edges`` to rounding (the tests compare each registered kernel with it).
 
     Args:
         name: the kernel's name (not ``auto``, no ``:``).
         supports: ``supports(graph, rho)``: None where the kernel applies, else why not.
-        expansion: whether it takes centred features and may use ``|a|^2 + |b|^2 - 2 a.b`` (:class:`Kernel`).
+        expansion: whether it takes centred features and may use ``|a|^2 + |b|^2 - 2 a.b``
+            ([`Kernel`][energies.Kernel]).
         native_half: whether it takes bfloat16 / float16 features as they are off the CPU, unguarded.
         auto: ``pays(graph)``: let ``auto`` pick this kernel on the CPU for a graph that is not complete where it
             says True (rules consulted in registration order; else ``edges``).
@@ -92,8 +93,8 @@ def register_kernel(name: str, supports: Optional[Callable[[TokenGraph, Rho], Op
             features: every head of a multi-head energy in one call.
 
     Returns:
-        The decorator: it registers ``run`` as a :class:`Kernel` in :data:`KERNELS` (with its ``auto`` rule and
-        ``heads`` pass, where given) and returns ``run`` unchanged.
+        The decorator: it registers ``run`` as a [`Kernel`][energies.Kernel] in [`KERNELS`][energies.KERNELS] (with its
+        ``auto`` rule and ``heads`` pass, where given) and returns ``run`` unchanged.
 
     Raises:
         EnergyError: a name that is empty, ``auto`` or holds ``:`` (when called), or one already taken (when

@@ -1,7 +1,7 @@
 """The ``softmax`` kernel: complete graph, rho = exp, softmax over all keys of the logits ``-z_uv`` (self included),
-explicit n x n logits; its log-sum-exp gives the degrees and the energy (:mod:`energies.kernels`). Also the
-parts the ``fused`` kernel and the multi-head pass share (:func:`_fused_parts`, :func:`_from_lse`,
-:func:`_softmax_degrees`)."""
+explicit n x n logits; its log-sum-exp gives the degrees and the energy (`energies.kernels`). Also the
+parts the ``fused`` kernel and the multi-head pass share (`_fused_parts`, `_from_lse`,
+`_softmax_degrees`)."""
 from __future__ import annotations
 
 import math
@@ -30,7 +30,7 @@ PAD_LOGIT = 1.0e4
 def _softmax_parts(Y: torch.Tensor, graph: TokenGraph, tau: float, num: bool):
     """``(P Y - Y or None, LSE)`` of the softmax over all keys of the logits ``-z_uv`` (self included, so
     ``LSE_u = log(1 + deg_u) >= 0``), for centred tokens Y, from explicit ``(B, n, n)`` logits with the diagonal
-    exactly 0 (the one-call form is the ``fused`` kernel's, :func:`_fused_parts`)."""
+    exactly 0 (the one-call form is the ``fused`` kernel's, `_fused_parts`)."""
     z = dense_z(Y, tau)
     eye = torch.eye(Y.shape[1], dtype=torch.bool, device=Y.device)
     logits = (-z).masked_fill(eye, 0.0).masked_fill(~graph.mask[:, None, :], -math.inf)
@@ -43,9 +43,9 @@ def _fused_parts(Z: torch.Tensor, mask: torch.Tensor, tau: float, sq: Optional[t
                  ops: Optional[FusedOps] = None):
     """``(P Z - Z, LSE)`` for heads of centred features ``Z`` ``(B, H, n, c)`` (mask ``(B, n)``) in one fused
     attention call, ``LSE_u = log(1 + deg_u)`` (self included), by the layout the op wants
-    (:func:`_spare_layout` for the CPU flash op, :func:`_compact_layout` for the CUDA ops, whose kernels are
+    (`_spare_layout` for the CPU flash op, `_compact_layout` for the CUDA ops, whose kernels are
     instantiated for head sizes 32, 64, 96, 128, ...; above FlashAttention-2's 256 the memory-efficient op,
-    :func:`~energies.kernels.fused_ops.fused_ops_for_head`). ``ops``: the op pair (default: the tensors' own)."""
+    `fused_ops_for_head`). ``ops``: the op pair (default: the tensors' own)."""
     ops = fused_ops(Z.device.type, Z.dtype) if ops is None else ops
     if ops is None:
         raise EnergyError(f"the fused kernel {fused_unavailable(Z.device.type, Z.dtype)}")
@@ -59,7 +59,7 @@ def _spare_layout(Z, mask, tau, sq, ops):
     """``[z_u, 1, -|z_u|^2/2] . [z_v, -|z_v|^2/2, 1] / tau = -z_uv`` (padded keys at ``-PAD_LOGIT``), the values the
     queries themselves (their two extra output columns are dropped, so the gradient reaching them is 0 and the
     shared tensor gets exactly the gradient of ``[Z, 0, 0]`` as values), and a spare zero column that the
-    backward uses for the LSE gradient (:func:`~energies.kernels.fused_ops.fused_attention`): c + 3 columns, any c."""
+    backward uses for the LSE gradient (`fused_attention`): c + 3 columns, any c."""
     half_sq = 0.5 * ((Z * Z).sum(-1) if sq is None else sq)
     B, H, n, c = Z.shape
     q, k = Z.new_empty(B, H, n, c + 3), Z.new_empty(B, H, n, c + 3)
@@ -122,7 +122,7 @@ def _degree_energy(deg: torch.Tensor, tau: float) -> torch.Tensor:
     return -0.5 * tau * deg.sum(-1, dtype=torch.float64)
 
 
-#: largest element count of one block of logits in :func:`_softmax_degrees` (16 MiB in float32)
+#: largest element count of one block of logits in `_softmax_degrees` (16 MiB in float32)
 DEGREE_BLOCK_ELEMENTS = 1 << 22
 
 

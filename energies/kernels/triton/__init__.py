@@ -1,5 +1,5 @@
-"""The ``triton`` kernel: the Triton kernels of :mod:`energies.kernels.triton.pairwise` (imported only when it runs), on CUDA
-or, on the CPU, in Triton's interpreter; :func:`triton_unavailable` says why it cannot run on a device."""
+"""The ``triton`` kernel: the Triton kernels of `energies.kernels.triton.pairwise` (imported only when it runs), on CUDA
+or, on the CPU, in Triton's interpreter; `triton_unavailable` says why it cannot run on a device."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
@@ -46,7 +46,7 @@ def _triton_supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 @register_kernel("triton", _triton_supports)
 def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass:
-    """Triton kernels (:mod:`energies.kernels.triton.pairwise`): the complete graph and shift-invariant graphs tile by
+    """Triton kernels (`energies.kernels.triton.pairwise`): the complete graph and shift-invariant graphs tile by
     tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
     return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
 
@@ -54,10 +54,10 @@ def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass
 @torch.compiler.assume_constant_result
 def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int, ...], int]]:
     """``(band offsets, stride k)`` when the graph of ``offsets`` on n tokens is cheaper as a band plus the complete
-    graph of each residue class mod k (:func:`~energies.graphs.bands.banded_plan`: fewer keys per query than n),
+    graph of each residue class mod k (`banded_plan`: fewer keys per query than n),
     else None. The tiled kernel visits every key block a query block's offsets reach: every multiple of k is an
-    offset of ``strided:k``, so unsplit it visits every block (as slow as the complete graph on a GPU: 0.94x at
-    n = 65,536, H200), split ``n / k + b + 2(k - 1)`` keys per query."""
+    offset of ``strided:k``, so unsplit it visits every block (as slow as the complete graph), split
+    ``n / k + b + 2(k - 1)`` keys per query."""
     keys, band, k = banded_plan(tuple(offsets), n)
     return (band, k) if k is not None and keys < n else None
 
@@ -86,7 +86,7 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy, lowp=False):
 def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
     """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
     for the half types, whose aggregation products then take bfloat16 operands: ``lowp``), one
-    :class:`PairwisePass` per metric (None: the tokens themselves)."""
+    `PairwisePass` per metric (None: the tokens themselves)."""
     from .pairwise import layout_for, pairwise_heads
     dt = _own_dtype(Y)
     lowp = Y.dtype in (torch.bfloat16, torch.float16)

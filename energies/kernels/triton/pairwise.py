@@ -2,20 +2,20 @@
 
 For features ``x_u`` (``Z = W_h^T (y - mean)`` of every head h, ``(B H, n, D)``) and edge weights
 ``gamma_uv = rho'(z_uv)``, ``z_uv = |x_u - x_v|^2 / (2 tau)``, one launch over all examples and heads returns, per
-token, what the MM step and the trace need (:mod:`energies.kernels`):
+token, what the MM step and the trace need (`energies.kernels`):
 
     agg_u = sum_{v in N(u)} gamma_uv (x_v - x_u),    deg_u = sum_{v in N(u)} gamma_uv,
     share_u = tau / 2 sum_{v in N(u)} rho(z_uv)      (the token's half of each of its edges),
 
 without an n x n tensor. Two layouts of the token graph:
 
-* **tiled** (the complete graph and every shift-invariant graph: window, strided, dilated; :attr:`TokenGraph.offsets`):
-  a program takes a block of BM queries and visits only the key blocks its offsets reach (the complete graph: a
-  plain loop over every key block, unmasked off the diagonal and the ragged last block; others: a block table built
-  once per shape); inside a tile, a pair is an edge where both tokens are real and ``|i - j|`` is one of the
-  graph's offsets (a 0/1 table over offsets). z comes from the expansion ``|a|^2 + |b|^2 - 2 a.b`` (two
-  ``tl.dot``) on centred features, or, per example, from explicit differences where the precision guard says
-  the expansion cannot resolve z (the rule of :func:`energies.kernels.expansion_dtype`:
+* **tiled** (the complete graph and every shift-invariant graph: window, strided, dilated;
+  [`TokenGraph.offsets`][energies.TokenGraph.offsets]): a program takes a block of BM queries and visits only the key
+  blocks its offsets reach (the complete graph: a plain loop over every key block, unmasked off the diagonal and the
+  ragged last block; others: a block table built once per shape); inside a tile, a pair is an edge where both tokens are
+  real and ``|i - j|`` is one of the graph's offsets (a 0/1 table over offsets). z comes from the expansion
+  ``|a|^2 + |b|^2 - 2 a.b`` (two ``tl.dot``) on centred features, or, per example, from explicit differences where the
+  precision guard says the expansion cannot resolve z (the rule of `energies.kernels.expansion_dtype`:
   ``eps(dtype) * max_u |x_u|^2 / tau * kernel_sensitivity <= EXPANSION_Z_ERROR[dtype]``), decided **on the
   device**, in the kernel, with no host read;
 * **CSR** (any other graph: star, random, edge lists): a program per token and head walks its neighbour list
@@ -25,12 +25,12 @@ without an n x n tensor. Two layouts of the token graph:
 Padding: a pair counts only where both tokens are real (the mask is read in the kernel), so sparse layouts keep
 a fixed shape whatever the mask. Accumulation: neighbour sums in the compute dtype (float32 tiles accumulate
 in float32, ``tl.dot`` with ``input_precision="tf32x3"``: 3xTF32 on tensor cores, z within
-:data:`~energies.kernels.guard.EXPANSION_Z_ULPS` as with IEEE products); the degrees and energy shares sum each tile's
+`EXPANSION_Z_ULPS` as with IEEE products); the degrees and energy shares sum each tile's
 BN terms in the compute dtype (a pairwise tree: error <= ceil(log2 BN) eps relative to sum |x|) and add the tile
 sums in float64, so a float32 energy carries at most about (log2 BN + 2) eps relative error whatever n, inside
 the trace's tolerance ``64 eps sum_k |E_k|``.
 
-Backward (:func:`_backward`), the same pass structure, memory linear in n: with upstream gradients ``g_u``
+Backward (`_backward`), the same pass structure, memory linear in n: with upstream gradients ``g_u``
 (of agg), ``gd_u`` (of deg) and ``ge`` (of the energy, per example),
 
     dL/dx_u = sum_v gamma_uv (g_v - g_u) + sum_v C_uv (x_u - x_v) + ge sum_v gamma_uv (x_u - x_v),
@@ -56,7 +56,7 @@ __all__ = ["INTERPRETED", "pairwise_heads", "reference", "block_size", "layout_f
 
 
 def reference(Z: torch.Tensor, pairs: torch.Tensor, rho, tau: float):
-    """The plain-torch reference of :func:`pairwise_heads`: the three outputs from explicit float64 differences
+    """The plain-torch reference of `pairwise_heads`: the three outputs from explicit float64 differences
     on the ``(n, n)`` pair table (supplement eq. 33 and its gradient), what the tests hold the kernels to.
 
     ``z_uv = |x_u - x_v|^2 / (2 tau)``, ``gamma_uv = rho'(z_uv)`` on the edges,
@@ -66,8 +66,8 @@ def reference(Z: torch.Tensor, pairs: torch.Tensor, rho, tau: float):
     Args:
         Z: the head features ``(B, H, n, D)``.
         pairs: ``(B, n, n)`` bool, symmetric, False on the diagonal: the edges between real tokens
-            (:meth:`~energies.graphs.TokenGraph.pair_mask`).
-        rho: the concave penalty (:class:`~energies.rho.Rho`).
+            ([`pair_mask`][energies.TokenGraph.pair_mask]).
+        rho: the concave penalty ([`Rho`][energies.Rho]).
         tau: the temperature, > 0.
 
     Returns:
@@ -103,9 +103,8 @@ def block_size(device: torch.device, dtype: torch.dtype, d: int) -> Tuple[int, i
 @triton.jit
 def _mm(a, b, IP: tl.constexpr):
     """``a @ b`` of two tiles: ``tl.dot`` (``input_precision=IP``), or for ``IP == "fp64"`` the sum of products
-    over the shared axis. Triton 3.6 fails to lower a float64 ``tl.dot`` for sm_90 (``PassManager::run failed`` in
-    ``ConvertTritonGPUToLLVM``, seen on an H200): every float64 pass, the dtype of the descent checks, failed to
-    compile there."""
+    over the shared axis. Triton 3.6 does not lower a float64 ``tl.dot`` for sm_90 (``PassManager::run failed`` in
+    ``ConvertTritonGPUToLLVM``), and float64 is the dtype of the descent checks."""
     if IP == "fp64":
         return tl.sum(a[:, :, None] * b[None, :, :], 1)
     else:
@@ -116,7 +115,7 @@ def _mm(a, b, IP: tl.constexpr):
 def _mma(a, b, acc, IP: tl.constexpr):
     """``acc + a @ b``: ``tl.dot`` accumulating into ``acc`` (no temporary tile), or the float64 sum of products;
     ``IP == "bf16"``: bfloat16 operands on the tensor cores, float32 accumulation (the aggregation products of a
-    bfloat16 step, :func:`_ap`); ``"bf16emu"``: the same rounding of the operands with a float32 product, for
+    bfloat16 step, `_ap`); ``"bf16emu"``: the same rounding of the operands with a float32 product, for
     Triton's interpreter (whose bfloat16 ``tl.dot`` returns garbage in Triton 3.9)."""
     if IP == "fp64":
         return acc + tl.sum(a[:, :, None] * b[None, :, :], 1)
@@ -157,7 +156,7 @@ def _key_tile(X, SQ, MASK, ALLOWED, rows, cols, n, D, b, dcol, MASKED: tl.conste
     """The keys of a tile: ``(cmask, x_k, |x_k|^2, edge)``; ``edge`` is ``(1, BN)`` (the key is real) on an
     unmasked tile (every key inside the sequence, none equal to a query: off the diagonal) and ``(BM, BN)`` on a
     masked one (inside the sequence, not the query itself, and for a banded graph |i - j| in the offsets table).
-    The query's own mask is applied once per row at the end (:func:`_finish_rows`)."""
+    The query's own mask is applied once per row at the end (`_finish_rows`)."""
     cmask = cols < n
     if MASKED:
         xk = tl.load(X + cols[:, None] * D + dcol[None, :], mask=cmask[:, None] & (dcol[None, :] < D), other=0.0)
@@ -432,7 +431,7 @@ def _csr_bwd(X, G, GD, GE, MASK, ROWPTR, COL, P, DX, n, D, H,
 
 # ---------------------------------------------------------------------------------------------- host side
 def rho_functions(rho):
-    """``(value, derivative, second, params)`` of a penalty for the kernels (:meth:`~energies.rho.Rho.triton`)."""
+    """``(value, derivative, second, params)`` of a penalty for the kernels ([`triton`][energies.Rho.triton])."""
     got = rho.triton()
     if got is None:
         raise NotImplementedError(f"rho {rho.spec()} provides no Triton functions (Rho.triton)")
@@ -450,7 +449,7 @@ def _bd(D: int) -> int:
 
 def _ap(dtype: torch.dtype, lowp: bool) -> str:
     """The aggregation products' precision (``gamma @ x_k``; the backward's ``gamma @ g_k + cn @ x_k``): the tiles'
-    own (:func:`_ip`), or for a half-precision step (``lowp``, float32 tiles) bfloat16 operands with float32
+    own (`_ip`), or for a half-precision step (``lowp``, float32 tiles) bfloat16 operands with float32
     accumulation -- ``"bf16emu"`` in the interpreter (the same rounding, a float32 product). These products feed the
     step and its gradient only: the degrees, the energy and z keep the tiles' precision, so the certified energy is
     untouched."""
@@ -460,14 +459,14 @@ def _ap(dtype: torch.dtype, lowp: bool) -> str:
 
 
 def _ip(dtype: torch.dtype) -> str:
-    """The tiles' product (:func:`_mm`): ``tl.dot`` with 3xTF32 products on tensor cores for float32 (the error of z
-    within :data:`~energies.kernels.guard.EXPANSION_Z_ULPS`, as IEEE products are; the interpreter computes it in
+    """The tiles' product (`_mm`): ``tl.dot`` with 3xTF32 products on tensor cores for float32 (the error of z
+    within `EXPANSION_Z_ULPS`, as IEEE products are; the interpreter computes it in
     full float32), or the plain sum of products for float64."""
     return "fp64" if dtype == torch.float64 else "tf32x3"
 
 
 #: ``UNFOLD_TRITON_AUTOTUNE=0`` turns the CUDA autotuning of the complete graph's kernels off (the fixed
-#: :func:`block_size` tiles then run: no benchmarking of configurations on first use)
+#: `block_size` tiles then run: no benchmarking of configurations on first use)
 AUTOTUNE = os.environ.get("UNFOLD_TRITON_AUTOTUNE", "1") != "0"
 _TUNERS: Dict[tuple, object] = {}
 
@@ -488,9 +487,9 @@ def _configs(wide: bool):
 def _tuner(which: str, X: torch.Tensor):
     """The autotuned ``_tiled_fwd`` / ``_tiled_bwd`` for the complete graph, or None where the fixed tiles run: in the
     interpreter (autotuning there would benchmark numpy), off CUDA, in float64 (the products are register sums,
-    :func:`_mm`: 16 x 16 tiles only) or with ``UNFOLD_TRITON_AUTOTUNE=0``. Only the complete graph: its kernels walk
+    `_mm`: 16 x 16 tiles only) or with ``UNFOLD_TRITON_AUTOTUNE=0``. Only the complete graph: its kernels walk
     the key blocks in a plain loop, so any BLOCK_M / BLOCK_N serves; the banded graphs' block table is built for
-    :func:`block_size`'s tiles and must run with them. Key: the sequence length rounded up to a power of two
+    `block_size`'s tiles and must run with them. Key: the sequence length rounded up to a power of two
     (``NKEY``) and the head width (the tensors' dtypes are part of Triton's key)."""
     if INTERPRETED or not AUTOTUNE or X.device.type != "cuda" or X.dtype == torch.float64:
         return None
@@ -503,8 +502,8 @@ def _tuner(which: str, X: torch.Tensor):
 
 
 class Layout(NamedTuple):
-    """A token graph laid out for the kernels: ``kind`` :data:`COMPLETE` / :data:`BANDED` (``t0`` the 0/1 offsets
-    table, ``(n,)`` int8, ``t1`` / ``t2`` the key blocks of every query block, :func:`block_table`) or :data:`CSR`
+    """A token graph laid out for the kernels: ``kind`` `COMPLETE` / `BANDED` (``t0`` the 0/1 offsets
+    table, ``(n,)`` int8, ``t1`` / ``t2`` the key blocks of every query block, `block_table`) or `CSR`
     (``t0`` row pointers over flat token ids, ``t1`` the neighbours' positions in their example, both
     orientations); ``bm`` / ``bn`` the block sizes."""
     kind: int
@@ -519,7 +518,7 @@ _LAYOUTS: Dict[tuple, Layout] = {}
 
 
 def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
-    """The :class:`Layout` of a :class:`~energies.graphs.TokenGraph` on its device (tiled for the complete graph and
+    """The `Layout` of a [`TokenGraph`][energies.TokenGraph] on its device (tiled for the complete graph and
     shift-invariant graphs, cached per shape; CSR otherwise, cached on the graph's fixed edge list). Built from
     fixed shapes: the mask is applied in the kernels."""
     device = graph.mask.device
@@ -529,8 +528,8 @@ def layout_for(graph, D: int, dtype: torch.dtype) -> Layout:
 
 
 def tiled_layout(n: int, offsets, D: int, dtype: torch.dtype, device) -> Layout:
-    """The tiled :class:`Layout` of ``n`` tokens: the complete graph (``offsets`` None) or the shift-invariant graph
-    of ``offsets`` (cached per shape, :func:`_tiled_layout`)."""
+    """The tiled `Layout` of ``n`` tokens: the complete graph (``offsets`` None) or the shift-invariant graph
+    of ``offsets`` (cached per shape, `_tiled_layout`)."""
     bm, bn = block_size(torch.device(device), dtype, D)
     return _tiled_layout((n, None if offsets is None else tuple(offsets), bm, bn, str(device)))
 
@@ -623,9 +622,10 @@ def _register(rho) -> Tuple[str, tuple]:
 
 @torch.compiler.assume_constant_result
 def _rho_params(key: str) -> tuple:
-    """The parameters of the penalty registered under ``key``, rebuilt from its spec (:func:`energies.rho.get_rho`)
-    when it was never run eagerly. A string argument: a constant to every torch version's dynamo (torch 2.11 refused
-    the penalty module itself, ``UnspecializedNNModuleVariable(ExpRho) is not a constant``)."""
+    """The parameters of the penalty registered under ``key``, rebuilt from its spec
+    ([`energies.rho.get_rho`][energies.get_rho]) when it was never run eagerly. A string argument: a constant to every
+    torch version's dynamo (torch 2.11 refused the penalty module itself,
+    ``UnspecializedNNModuleVariable(ExpRho) is not a constant``)."""
     if key not in _RHO_PARAMS:
         from ...rho import get_rho
 
@@ -639,7 +639,7 @@ def _rho_params(key: str) -> tuple:
 def _rho_key(rho) -> Tuple[str, tuple]:
     """The key under which the kernels find a penalty's Triton functions, and its parameters. Eagerly the penalty
     registers itself; while ``torch.compile`` traces, the key is a string computed from constants and the lookup is
-    a constant to dynamo (:func:`_rho_params`), so the functions are registered before the op runs."""
+    a constant to dynamo (`_rho_params`), so the functions are registered before the op runs."""
     if not torch.compiler.is_compiling():
         return _register(rho)
     key = _key_of(rho)
@@ -748,10 +748,10 @@ def pairwise_heads(Z: torch.Tensor, mask: torch.Tensor, layout: "Layout", rho, t
                    sensitivity: float, lowp: bool = False):
     """``(agg (B, H, n, D) or None, deg (B, H, n), energy (B, H) float64 or None)`` for centred head features ``Z``
     ``(B, H, n, D)`` (zero on padded slots) and a ``(B, n)`` bool mask: one launch over every example and head;
-    :func:`reference` (the top of this file) is the same in plain torch.
+    `reference` (the top of this file) is the same in plain torch.
     Differentiable in Z (all three outputs). ``lowp``: the tokens were bfloat16 / float16 (a half-precision step):
     the aggregation products (``gamma @ x`` and the backward's) take bfloat16 operands on the tensor cores, z and
-    every sum of the degrees and energy stay as they are (:func:`_ap`)."""
+    every sum of the degrees and energy stay as they are (`_ap`)."""
     B, H, n, D = Z.shape
     X = Z.reshape(B * H, n, D).contiguous()
     key, p = _rho_key(rho)

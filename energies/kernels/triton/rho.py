@@ -1,10 +1,10 @@
 """The built-in penalties rho as Triton device functions: value, derivative rho' (the edge weight gamma) and
-second derivative rho'' (the backward pass), one triple per rho (:mod:`energies.kernels.triton.pairwise`).
+second derivative rho'' (the backward pass), one triple per rho (`energies.kernels.triton.pairwise`).
 
 Each function is ``f(z, p0, p1, p2, p3)`` on a tile of ``z >= 0`` in the compute dtype (float32 or float64); the
-four parameters are what :meth:`~energies.rho.Rho.triton` returns (read from a float64 tensor in the kernel, so
+four parameters are what [`triton`][energies.Rho.triton] returns (read from a float64 tensor in the kernel, so
 float64 kernels keep them exact). Python float literals below adopt the dtype of the tensor they meet (Triton's
-scalar rule), so float64 kernels keep full precision. The formulas are those of :mod:`energies.rho`, with the
+scalar rule), so float64 kernels keep full precision. The formulas are those of `energies.rho`, with the
 same precision rules:
 
 * exp: ``-exp(-z)``, ``exp(-z)`` (``-z <= 0``: no overflow, no shift needed); in float32 as ``exp2(-z log2(e))``
@@ -23,7 +23,7 @@ same precision rules:
   linear floor below; ``rho' = P/2 max(z, EPS)^(P/2 - 1)``.
 
 A registered rho of one's own joins the Triton kernel by returning its own triple of ``@triton.jit`` functions
-with the same signature from :meth:`~energies.rho.Rho.triton` (tests/test_triton.py shows one).
+with the same signature from [`triton`][energies.Rho.triton] (tests/test_triton.py shows one).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Unrolling steps into layers, and the energy trace that checks monotone descent.
 
-An unrolled model is an iterator over steps (:func:`unroll`). :func:`trace_descent` runs it and
-records, per example, per layer and per energy term, the float64 energy before and after every
-layer (and every sub-step of a :class:`~unfold.steps.Sequence`), and gives every step a verdict:
+An unrolled model is an iterator over steps ([`unroll`][unfold.unroll]). [`trace_descent`][unfold.trace_descent] runs it
+and records, per example, per layer and per energy term, the float64 energy before and after every
+layer (and every sub-step of a [`Sequence`][unfold.Sequence]), and gives every step a verdict:
 
 * **increase**: ``E(Y_{t+1}) > E(Y_t) + tol_t`` with
 
@@ -12,7 +12,7 @@ layer (and every sub-step of a :class:`~unfold.steps.Sequence`), and gives every
   the rounding of the energy's own evaluation and of the step (relative to the energy's size); the
   second is the resolution of Y itself: rounding every entry of Y by ``eps |y|`` changes E by at most
   ``eps^2 sum_u c_u ||y_u||^2 / 2`` where its gradient vanishes (c_u: the MM curvature bound at Y_t,
-  :meth:`~energies.energy.Energy.curvature`), so a step that does not move, or moves by rounding only,
+  [`curvature`][energies.Energy.curvature]), so a step that does not move, or moves by rounding only,
   is not flagged, also at E = 0;
 * **non-finite**: a term value that is NaN or -inf, or +inf on a term that is not an indicator, before
   or after the step, or a NaN difference, is a *failed* check, never a pass: such steps count as
@@ -98,7 +98,7 @@ def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[in
     untied steps (the unrolled MM iteration of the paper's eq. 3).
 
     Args:
-        steps: one :class:`Step` shared over the layers, or a list of untied steps.
+        steps: one [`Step`][unfold.Step] shared over the layers, or a list of untied steps.
         Y: the tokens ``(B, n, d)``.
         graph: the token graph of the batch (its mask marks the real tokens).
         layers: how many times a shared step runs (ignored for a list).
@@ -115,7 +115,7 @@ def unroll(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[in
 
 def relative_decrease(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """``(E_before - E_after) / max(|E_before|, tiny)`` per example (float64, ``tiny`` the smallest normal float64):
-    the relative energy decrease of one layer, the quantity of the stopping rule (:func:`keeps_going`). NaN where
+    the relative energy decrease of one layer, the quantity of the stopping rule (`keeps_going`). NaN where
     either side is NaN or both are the same infinity."""
     before, after = before.to(ACCUM_DTYPE), after.to(ACCUM_DTYPE)
     return (before - after) / before.abs().clamp_min(torch.finfo(ACCUM_DTYPE).tiny)
@@ -124,7 +124,7 @@ def relative_decrease(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor
 def keeps_going(before: torch.Tensor, after: torch.Tensor, stop_rel: float) -> torch.Tensor:
     """``(S,)`` bool, on the device (no host read): whether an example goes on to the next layer after a layer that
     took its total energy from ``before`` = E_{k-1} to ``after`` = E_k. It stops when that layer's
-    :func:`relative_decrease` is below ``stop_rel``: ``(E_{k-1} - E_k) / max(|E_{k-1}|, tiny) < stop_rel`` (an
+    `relative_decrease` is below ``stop_rel``: ``(E_{k-1} - E_k) / max(|E_{k-1}|, tiny) < stop_rel`` (an
     increase, a zero decrease, a small one); a NaN decrease does not stop it (its steps fail the verdict instead)."""
     return ~(relative_decrease(before, after) < stop_rel)
 
@@ -138,16 +138,18 @@ class EnergyTrace(OrderedDict):
     those frozen layers out: they are no steps, neither counted nor judged.
 
     Args:
-        *args: the dict's items, as for :class:`~collections.OrderedDict` (``[(term, (S, T+1) tensor), ...]``).
-        resolution: ``(S, T+1)`` :func:`resolution` at each Y_t, or None (the tolerance's resolution part is 0).
+        *args: the dict's items, as for `OrderedDict` (``[(term, (S, T+1) tensor), ...]``).
+        resolution: ``(S, T+1)`` `resolution` at each Y_t, or None (the tolerance's resolution part is 0).
         indicators: names of the indicator terms (+inf legitimate on them).
         ran: ``(S, T)`` bool, the layers that ran for each example, or None (every layer ran for every example).
-        exact: ``exact(t, rows=None) -> {term: (S,)}``, the terms' independent evaluation at Y_t (:attr:`exact`), of
-            the examples ``rows`` (a 1-D index tensor) only when given, or None.
+        exact: ``exact(t, rows=None) -> {term: (S,)}``, the terms' independent evaluation at Y_t
+            ([`exact`][unfold.EnergyTrace.exact]), of the examples ``rows`` (a 1-D index tensor) only when given, or
+            None.
         error: ``(S, T+1)`` float64, a bound on how far the stored values' total lies from the independent
-            evaluation's at each Y_t (:attr:`error`), or None (the values are the independent evaluation).
+            evaluation's at each Y_t ([`error`][unfold.EnergyTrace.error]), or None (the values are the independent
+            evaluation).
         bounds: ``bounds(trace) -> (resolution, error)``, computed when either is first read, or None.
-        **kw: the dict's items by keyword, as for :class:`~collections.OrderedDict`.
+        **kw: the dict's items by keyword, as for `OrderedDict`.
     """
 
     def __init__(self, *args, resolution: Optional[torch.Tensor] = None, indicators: Iterable[str] = (),
@@ -164,10 +166,10 @@ class EnergyTrace(OrderedDict):
         #: ``exact(t, rows=None) -> {term: (S,)}``: every term's independent evaluation at Y_t, of the examples
         #: ``rows`` only when given (float64: explicit differences, or the guarded float64 passes for a trace judged in
         #: float32, whose rounding is 2^-29 of that trace's), or None. A verdict reads the kernels' own passes, whose energy errs
-        #: by up to :attr:`error`; where those values flag a step, or lie within that error of the tolerance,
-        #: :func:`report_from_values` asks this before the step is judged (:attr:`DescentReport.rechecked`)
+        #: by up to `error`; where those values flag a step, or lie within that error of the tolerance,
+        #: `report_from_values` asks this before the step is judged (`DescentReport.rechecked`)
         self.exact = exact
-        #: steps already decided by the exact evaluation (:func:`settle`), and how many of the flagged ones it cleared
+        #: steps already decided by the exact evaluation (`settle`), and how many of the flagged ones it cleared
         self.rechecked = self.cleared = 0
 
     def _pending(self, name: str):
@@ -179,7 +181,7 @@ class EnergyTrace(OrderedDict):
 
     @property
     def resolution(self) -> Optional[torch.Tensor]:
-        """``(S, T+1)``: the tolerance's resolution part at each Y_t (:func:`resolution`), or None (0)."""
+        """``(S, T+1)``: the tolerance's resolution part at each Y_t (`resolution`), or None (0)."""
         return self._pending("_resolution")
 
     @resolution.setter
@@ -190,9 +192,9 @@ class EnergyTrace(OrderedDict):
     @property
     def error(self) -> Optional[torch.Tensor]:
         """``(S, T+1)``: a bound on ``|sum_k value_k - sum_k exact_k|`` at each Y_t, the rounding of the kernels'
-        passes (:meth:`~energies.energy.Energy.value_error`), or None. A step whose read change lies within
-        ``error_t + error_t+1`` of its tolerance is decided by :attr:`exact`, so that no real rise above the
-        tolerance is read as a fall."""
+        passes ([`value_error`][energies.Energy.value_error]), or None. A step whose read change lies within
+        ``error_t + error_t+1`` of its tolerance is decided by [`exact`][unfold.EnergyTrace.exact], so that no real rise
+        above the tolerance is read as a fall."""
         return self._pending("_error")
 
     @error.setter
@@ -211,8 +213,8 @@ class EnergyTrace(OrderedDict):
         ``mask`` ``(S, n)``: the padding mask; an example with no real token gets NaN in every term (device ops,
         no host read), so that every one of its steps fails the verdict: a verdict over no token is no descent
         (also in what ``exact`` returns). ``ran``: one ``(S,)`` bool per layer (the class docstring), or None;
-        ``exact``: :attr:`exact`; ``bounds``: computes ``(resolution, error)`` when first read (:attr:`error`), in
-        place of the resolution list."""
+        ``exact``: [`exact`][unfold.EnergyTrace.exact]; ``bounds``: computes ``(resolution, error)`` when first read
+        ([`error`][unfold.EnergyTrace.error]), in place of the resolution list."""
         names = list(values[0])
         # every term at every boundary in one stack (S, T+1, K), NaN-filled at once: each term a (S, T+1) view
         table = torch.stack([v[k] for v in values for k in names], dim=1).unflatten(1, (len(values), len(names)))
@@ -259,8 +261,9 @@ def settle(trace: "EnergyTrace", dtype: torch.dtype, tol_factor: float = DEFAULT
            guaranteed: bool = False) -> "EnergyTrace":
     """``trace`` as its verdict reads it, for keeping beyond its forward pass (joined over batches, saved): the rows
     of every example whose kernel-read values fail a step replaced by their exact evaluation
-    (:attr:`EnergyTrace.exact`, :func:`report_from_values`), ``exact`` dropped (the states it holds are freed), and
-    the counts kept in ``rechecked`` / ``cleared``. A trace without ``exact`` comes back as it is."""
+    ([`EnergyTrace.exact`][unfold.EnergyTrace.exact], [`report_from_values`][unfold.report_from_values]), ``exact``
+    dropped (the states it holds are freed), and the counts kept in ``rechecked`` / ``cleared``. A trace without
+    ``exact`` comes back as it is."""
     if getattr(trace, "exact", None) is None:
         return trace
     rep = report_from_values(trace, dtype, tol_factor, guaranteed)
@@ -272,7 +275,7 @@ def settle(trace: "EnergyTrace", dtype: torch.dtype, tol_factor: float = DEFAULT
 
 def resolution(energy: Energy, Y: torch.Tensor, graph: TokenGraph, curvature=None) -> torch.Tensor:
     """``sum_u c_u ||y_u||^2`` per example ``(B,)`` float64 over real tokens, c_u the energy's MM curvature bound
-    at Y (:meth:`~energies.energy.Energy.curvature`; pass ``curvature`` when the step computed it): the
+    at Y ([`curvature`][energies.Energy.curvature]; pass ``curvature`` when the step computed it): the
     resolution part of the tolerance before its factor ``eps^2``. Rounding Y by D (|D_u| <= eps |y_u|) raises
     E by at most ``<grad E, D> + sum_u c_u |D_u|^2 / 2`` (the surrogate majorizes E)."""
     with torch.no_grad():
@@ -294,15 +297,15 @@ def tolerance(values: Dict[str, torch.Tensor], dtype: torch.dtype, factor: float
     Args:
         values: the terms' values ``{name: tensor}`` at the step's start, one shape for all (``(S,)`` per example).
         dtype: the states' dtype (its eps).
-        factor: f, the multiple (:data:`DEFAULT_TOL_FACTOR`).
-        res: :func:`resolution` at the step's start (0 when not given).
+        factor: f, the multiple ([`DEFAULT_TOL_FACTOR`][unfold.DEFAULT_TOL_FACTOR]).
+        res: `resolution` at the step's start (0 when not given).
 
     Returns:
         The tolerances, in the values' shape.
 
     Raises:
-        StepError: ``factor`` outside :func:`check_tol_factor`'s rule, ``dtype`` not a floating dtype, ``values`` not
-            a non-empty dict of floating tensors (metadata only: no host read).
+        StepError: ``factor`` outside [`check_tol_factor`][unfold.check_tol_factor]'s rule, ``dtype`` not a floating
+            dtype, ``values`` not a non-empty dict of floating tensors (metadata only: no host read).
     """
     factor = check_tol_factor(factor)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -381,31 +384,34 @@ class DescentReport:
     """What the energy did at every step: the verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` of the MM descent property
     (paper, Thm. 4.1) for every example and layer, under the tolerance rule of the module docstring.
 
-    Tensors are float64 with a leading example axis S. With an energy-chosen depth (:class:`EnergyTrace`), a
-    frozen layer (``ran`` False) is no step -- not counted in :attr:`steps`, never an increase nor non-finite, 0 in
-    :meth:`rel_increase` -- while every layer that ran, the one an example stopped at included, is judged.
+    Tensors are float64 with a leading example axis S. With an energy-chosen depth
+    ([`EnergyTrace`][unfold.EnergyTrace]), a frozen layer (``ran`` False) is no step -- not counted in
+    [`steps`][unfold.DescentReport.steps], never an increase nor non-finite, 0 in
+    [`rel_increase`][unfold.DescentReport.rel_increase] -- while every layer that ran, the one an example stopped at
+    included, is judged.
 
     Attributes:
         terms: ``{name: (S, T+1)}`` term values at every layer boundary (for untied steps with different energies,
             the value of each layer's energy before it and, last, after the final layer).
         before: ``(S, T)`` total energy of layer t's own energy before it.
         after: ``(S, T)`` the same after it.
-        tol: ``(S, T)`` the tolerance tol_t of every step (:func:`tolerance`).
+        tol: ``(S, T)`` the tolerance tol_t of every step ([`tolerance`][unfold.tolerance]).
         increases: ``(S, T)`` bool, the steps that *failed* the check (rose above tol, or non-finite).
         term_increases: ``{name: (S, T)}`` bool, the same per term.
         term_delta: ``{name: (S, T)}`` each term's change over the step (+inf -> +inf counted as 0).
-        tol_rule: the tolerance rule in words, with its numbers (:func:`tol_rule`).
+        tol_rule: the tolerance rule in words, with its numbers (`tol_rule`).
         guaranteed: per layer, whether its step states a descent guarantee that holds for its parameters.
         violations: one dict per failed layer or sub-step, saying where, what kind and by how much.
-        substep_increases: failed sub-steps of :class:`~unfold.steps.Sequence` layers (:func:`trace_descent`).
+        substep_increases: failed sub-steps of [`Sequence`][unfold.Sequence] layers
+            ([`trace_descent`][unfold.trace_descent]).
         tol_unit: ``tol_factor * eps(dtype)``: the relative part of tol is ``tol_unit * sum_k |E_k(Y_t)|``.
         nonfinite: ``(S, T)`` bool, the steps with a non-finite value or difference (None: none, set to all
             False).
         term_nonfinite: ``{name: (S, T)}`` bool, the same per term.
         ran: ``(S, T)`` bool, the layers that ran for each example (None: all).
-        rechecked: steps an exact re-evaluation decided (:attr:`EnergyTrace.exact`): those the kernels' own values
-            flag, and those whose read change lies within the values' rounding bound of the tolerance
-            (:attr:`EnergyTrace.error`).
+        rechecked: steps an exact re-evaluation decided ([`EnergyTrace.exact`][unfold.EnergyTrace.exact]): those the
+            kernels' own values flag, and those whose read change lies within the values' rounding bound of the
+            tolerance ([`EnergyTrace.error`][unfold.EnergyTrace.error]).
         cleared: how many of those the exact values found within the tolerance (not an increase).
     """
 
@@ -525,10 +531,10 @@ def _nonfinite_examples(Y: torch.Tensor, graph: TokenGraph) -> torch.Tensor:
 def term_values_or_nan(energy: Energy, Y: torch.Tensor, graph: TokenGraph, explicit: Union[bool, str] = False
                        ) -> Dict[str, torch.Tensor]:
     """Every term's value at Y ``{name: (B,)}``; an example whose real tokens are not all finite gets NaN in
-    every term (where :meth:`Energy.term_values` would refuse the whole batch). ``explicit``: a term that has an
-    ``explicit_value`` (the pairwise term: explicit differences of its features, exact to rounding at any scale in
-    Y's dtype, at a fraction of ``value``'s cost with a metric) is evaluated by it; ``"pass"``: every term by its
-    own pass in Y's dtype (for float64 tokens: the guarded float64 kernels, within their rounding bound
+    every term (where [`Energy.term_values`][energies.Energy.term_values] would refuse the whole batch). ``explicit``: a
+    term that has an ``explicit_value`` (the pairwise term: explicit differences of its features, exact to rounding at
+    any scale in Y's dtype, at a fraction of ``value``'s cost with a metric) is evaluated by it; ``"pass"``: every term
+    by its own pass in Y's dtype (for float64 tokens: the guarded float64 kernels, within their rounding bound
     ``value_error``)."""
     dead = _nonfinite_examples(Y, graph)
     return _eval(energy, torch.where(dead[:, None, None], torch.zeros_like(Y), Y), graph, dead, explicit)
@@ -551,8 +557,8 @@ def _eval(energy: Energy, Y: torch.Tensor, graph: TokenGraph, dead: Optional[tor
 
 
 def check_step_output(out, Y: torch.Tensor, what: str) -> torch.Tensor:
-    """``out`` if it is floating tokens of ``Y``'s shape (what a step maps Y to), else a :class:`StepError` naming
-    ``what`` (the step) and what it returned. Metadata only: no host read."""
+    """``out`` if it is floating tokens of ``Y``'s shape (what a step maps Y to), else a
+    [`StepError`][energies.StepError] naming ``what`` (the step) and what it returned. Metadata only: no host read."""
     if not (isinstance(out, torch.Tensor) and out.shape == Y.shape and out.dtype.is_floating_point):
         raise StepError(f"{what} returned {type(out).__name__} {tuple(getattr(out, 'shape', ()))} "
                         f"{getattr(out, 'dtype', '')}: a step maps floating tokens {tuple(Y.shape)} to the same shape")
@@ -586,8 +592,9 @@ class _Tracer:
 
 def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
     """A verdict needs values on the host's reach and something to judge: tokens on ``meta`` (no values) are a
-    :class:`TokenError`, and so is an example with no real token (its energy is 0 at every layer: "descent" over
-    steps of nothing). :func:`trace_descent` is a diagnostic, which reads the host anyway."""
+    [`TokenError`][energies.TokenError], and so is an example with no real token (its energy is 0 at every layer:
+    "descent" over steps of nothing). [`trace_descent`][unfold.trace_descent] is a diagnostic, which reads the host
+    anyway."""
     if Y.device.type == "meta":
         raise TokenError("Y is on the meta device, which holds no values: a descent verdict needs real tokens "
                          "(trace on the CPU or a GPU)")
@@ -598,9 +605,9 @@ def _check_judgeable(Y: torch.Tensor, graph: TokenGraph) -> None:
 
 
 def _checked_run(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Optional[int], substeps) -> tuple:
-    """:func:`trace_descent`'s refusals, in order: ``substeps`` a bool, the tokens (:func:`check_tokens`, judgeable),
-    the plan of layers, and an energy on every step (what a verdict judges: a Step subclass sets it). Returns
-    ``(Y, plan)``."""
+    """[`trace_descent`][unfold.trace_descent]'s refusals, in order: ``substeps`` a bool, the tokens
+    ([`check_tokens`][energies.check_tokens], judgeable), the plan of layers, and an energy on every step (what a
+    verdict judges: a Step subclass sets it). Returns ``(Y, plan)``."""
     check_flag(substeps, "substeps", StepError)
     Y = check_tokens(Y, graph)
     _check_judgeable(Y, graph)
@@ -616,20 +623,21 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
                   ) -> Tuple[torch.Tensor, DescentReport]:
     """Run the unrolled steps from ``Y`` and trace every layer's energy: each step must satisfy
     ``E(Y_{t+1}) <= E(Y_t) + tol``, the MM descent property (paper, Thm. 4.1), with ``tol`` the rounding rule of
-    :func:`tolerance`. A diagnostic: it runs without autograd (use :func:`unroll` to train).
+    [`tolerance`][unfold.tolerance]. A diagnostic: it runs without autograd (use [`unroll`][unfold.unroll] to train).
 
     Args:
-        steps: one :class:`Step` shared over ``layers`` layers, or a list of untied steps.
+        steps: one [`Step`][unfold.Step] shared over ``layers`` layers, or a list of untied steps.
         Y: the tokens ``(B, n, d)``.
         graph: the token graph of the batch.
         layers: how many times a shared step runs (ignored for a list).
-        tol_factor: the tolerance's multiple of the dtype's eps times the energy's scale (:func:`tolerance`).
+        tol_factor: the tolerance's multiple of the dtype's eps times the energy's scale
+            ([`tolerance`][unfold.tolerance]).
         substeps: also evaluate the layer's energy after each sub-step of a Sequence, so that a violation names
             the sub-step that raised it (layer-level counts are unaffected).
 
     Returns:
         ``(Y_T, report)``: the last tokens (examples whose tokens went non-finite hold zeros and fail every step
-        from there) and the :class:`DescentReport` of every example at every layer.
+        from there) and the [`DescentReport`][unfold.DescentReport] of every example at every layer.
     """
     tol_factor = check_tol_factor(tol_factor)
     Y, plan = _checked_run(steps, Y, graph, layers, substeps)
@@ -663,8 +671,8 @@ def trace_descent(steps: Steps, Y: torch.Tensor, graph: TokenGraph, layers: Opti
 def _trace_layer(tracer: "_Tracer", step: Step, subs: List[Step], Y: torch.Tensor, graph: TokenGraph, t: int,
                  before: Dict[str, torch.Tensor], r: torch.Tensor, tol_factor: float, violations: List[dict]
                  ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], torch.Tensor, int]:
-    """Layer ``t`` of :func:`trace_descent`, from energies ``before`` and resolution ``r`` at Y: run whole, or
-    sub-step by sub-step (``subs``) with each sub-step judged against the layer's tolerance and its violations
+    """Layer ``t`` of [`trace_descent`][unfold.trace_descent], from energies ``before`` and resolution ``r`` at Y: run
+    whole, or sub-step by sub-step (``subs``) with each sub-step judged against the layer's tolerance and its violations
     appended to ``violations``. Returns ``(Y', energies at Y', (B,) a sub-step went non-finite, sub-step
     increases)``."""
     energy = step.energy
@@ -713,23 +721,25 @@ def report_from_values(values: Dict[str, torch.Tensor], dtype: torch.dtype, tol_
                        resolution: Optional[torch.Tensor] = None, ran: Optional[torch.Tensor] = None) -> DescentReport:
     """The verdict ``E(Y_t+1) <= E(Y_t) + tol_t`` of every stored step (tolerance rule of the module docstring).
 
-    Values are those of one energy at Y_0..Y_T (as returned by :class:`~unfold.model.UnfoldedTransformer`); the
-    tolerance rule and the verdicts are those of :func:`trace_descent`. Where ``values`` is an :class:`EnergyTrace`
-    with ``exact``, a step the kernels' values flag counts only if the exact evaluation confirms it.
+    Values are those of one energy at Y_0..Y_T (as returned by [`UnfoldedTransformer`][unfold.UnfoldedTransformer]); the
+    tolerance rule and the verdicts are those of [`trace_descent`][unfold.trace_descent]. Where ``values`` is an
+    [`EnergyTrace`][unfold.EnergyTrace] with ``exact``, a step the kernels' values flag counts only if the exact
+    evaluation confirms it.
 
     Args:
-        values: ``{name: (S, T+1)}`` floating term values, one shape, on one device (an :class:`EnergyTrace`).
+        values: ``{name: (S, T+1)}`` floating term values, one shape, on one device (an
+            [`EnergyTrace`][unfold.EnergyTrace]).
         dtype: the floating dtype of the states (its eps sets the tolerance).
-        tol_factor: f of the tolerance (:func:`check_tol_factor`).
+        tol_factor: f of the tolerance ([`check_tol_factor`][unfold.check_tol_factor]).
         guaranteed: whether the layers claim a descent guarantee (stated per layer in the report).
         indicators: names of indicator terms (+inf legitimate); default: ``values.indicators``.
-        resolution: ``(S, T+1)`` :func:`resolution` at each Y_t (the tolerance's resolution part; 0 when not given);
+        resolution: ``(S, T+1)`` `resolution` at each Y_t (the tolerance's resolution part; 0 when not given);
             default: ``values.resolution``.
         ran: ``(S, T)`` bool, the layers that ran (an energy-chosen depth; frozen layers are no steps,
-            :class:`DescentReport`); default: ``values.ran``.
+            [`DescentReport`][unfold.DescentReport]); default: ``values.ran``.
 
     Returns:
-        The :class:`DescentReport` of the S examples' T steps.
+        The [`DescentReport`][unfold.DescentReport] of the S examples' T steps.
 
     Raises:
         StepError: naming what: no or ragged values, integer values, no example (S = 0), fewer than two layer
@@ -773,8 +783,8 @@ def _within_error(report: DescentReport, error: Optional[torch.Tensor], ran: Opt
 
 
 def _check_values(values, dtype, resolution) -> Tuple[int, int, torch.device]:
-    """``(S, T+1, device)`` of stored term values, after the refusals of :func:`report_from_values` on them, the
-    dtype and a given resolution's type and device."""
+    """``(S, T+1, device)`` of stored term values, after the refusals of
+    [`report_from_values`][unfold.report_from_values] on them, the dtype and a given resolution's type and device."""
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise StepError(f"dtype must be the floating dtype of the states, got {dtype!r}")
     if not isinstance(values, dict) or not values:
@@ -811,7 +821,8 @@ def _resolution_columns(resolution: Optional[torch.Tensor], S: int, T1: int) -> 
 
 
 def _check_ran(ran: Optional[torch.Tensor], S: int, T1: int, device: torch.device) -> None:
-    """``ran`` None or a bool ``(S, T)`` tensor on ``device``, else a :class:`StepError` naming what it is."""
+    """``ran`` None or a bool ``(S, T)`` tensor on ``device``, else a [`StepError`][energies.StepError] naming what it
+    is."""
     if ran is not None and not (isinstance(ran, torch.Tensor) and ran.dtype == torch.bool
                                 and tuple(ran.shape) == (S, T1 - 1) and ran.device == device):
         raise StepError(f"ran must be a bool (S, T) = ({S}, {T1 - 1}) tensor on {device}, got "

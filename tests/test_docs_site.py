@@ -67,3 +67,13 @@ def test_a_broken_link_fails_the_build(tmp_path):
     proc = _build(str(copy), tmp_path / "site")
     assert proc.returncode != 0
     assert "no-such-page.md" in proc.stderr
+
+
+def test_the_built_site_shows_no_sphinx_role(site):
+    """mkdocstrings renders Markdown: a Sphinx role left in a docstring would show as ``:class:<code>X</code>``."""
+    role = re.compile(r"(?<![\w:]):(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const|math|ref):(?:<code>|`)")
+    pages = sorted(site.rglob("*.html"))
+    assert any(page.parts[-3:] == ("api", "unfold", "index.html") for page in pages)
+    found = [f"{page.relative_to(site)}: {hit}" for page in pages for hit in role.findall(page.read_text())]
+    assert not found, found[:20]
+    assert role.search("see :class:<code>GradientStep</code>")          # negative control of the pattern

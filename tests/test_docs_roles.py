@@ -1,0 +1,131 @@
+"""Docstrings and comments are Markdown, as the documentation site renders them: no Sphinx role (``:class:`X```,
+``:func:``, ``:meth:``, ...; mkdocstrings shows them as literal text) in the packages or the pages, and no
+development diary in the packages (an issue number, a link to ``../shared`` or ``NOTES.md`` outside the
+repository). A cross-reference is ``[`name`][package.name]`` to a name the API reference renders, plain code
+otherwise (CONTRIBUTING.md)."""
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ("energies", "unfold", "convex", "experiments")
+
+#: a Sphinx/reST role: ``:name:`` or ``:domain:name:`` followed by a backquote
+ROLE = re.compile(r"(?<![\w:`]):(?:[a-z]+:)?[a-z]+:`")
+#: what a development diary leaves in code: issue numbers, links outside the repository
+DIARY = re.compile(r"\bissues?\s+#?\d+|\.\./shared\b|\bNOTES\.md\b", re.IGNORECASE)
+
+# converted next: application files written before the rule, still holding roles (or issue numbers); each is
+# checked again once converted, and an entry that is clean already fails below until it is removed from this list
+PENDING = {
+    "experiments/__init__.py",
+    "experiments/app/__init__.py",
+    "experiments/app/build.py",
+    "experiments/app/bundle.py",
+    "experiments/app/checkpoint.py",
+    "experiments/app/config.py",
+    "experiments/app/data_cli.py",
+    "experiments/app/distributed.py",
+    "experiments/app/graph_pin.py",
+    "experiments/app/inspect_data.py",
+    "experiments/app/plot_energy.py",
+    "experiments/app/predict.py",
+    "experiments/app/sweep.py",
+    "experiments/app/tfidf.py",
+    "experiments/app/throughput.py",
+    "experiments/app/train.py",
+    "experiments/data/__init__.py",
+    "experiments/data/arrow.py",
+    "experiments/data/core.py",
+    "experiments/data/corpora.py",
+    "experiments/data/files.py",
+    "experiments/data/glove.py",
+    "experiments/data/hf.py",
+    "experiments/data/listops.py",
+    "experiments/data/load.py",
+    "experiments/data/sources.py",
+    "experiments/data/store.py",
+    "experiments/data/text.py",
+    "experiments/runfolder/__init__.py",
+    "experiments/runfolder/atomic.py",
+    "experiments/runfolder/checkpoint_fields.py",
+    "experiments/runfolder/fingerprint.py",
+    "experiments/runfolder/runlock.py",
+    "experiments/runfolder/runlog.py",
+    "experiments/runfolder/strict_yaml.py",
+    "experiments/studies/__init__.py",
+    "experiments/studies/activations.py",
+    "experiments/studies/bench.py",
+    "experiments/studies/bench_speed.py",
+    "experiments/studies/convex_heads.py",
+    "experiments/studies/depth.py",
+    "experiments/studies/descent.py",
+    "experiments/studies/pyg_sbm.py",
+    "experiments/studies/spline_probe.py",
+    "experiments/studies/variants.py",
+}
+
+
+def _python_files():
+    for package in PACKAGES:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, package)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    yield os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+
+
+def _pages():
+    yield "README.md"
+    yield "CONTRIBUTING.md"
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "docs")):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".md"):
+                yield os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+
+
+def _hits(path, pattern):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+        return [f"{path}:{number}: {line.strip()[:100]}" for number, line in enumerate(fh, 1) if pattern.search(line)]
+
+
+def _findings(path):
+    return _hits(path, ROLE) + _hits(path, DIARY)
+
+
+def test_the_patterns_flag_roles_and_diary_and_pass_markdown():
+    """Negative control: every kind of role and of diary line is flagged; Markdown references and plain code are
+    not."""
+    for text in (":class:`TokenGraph`", "see :func:`~energies.get_rho`", ":meth:`Rho.value`", ":mod:`unfold`",
+                 ":data:`KERNELS`", ":attr:`offsets`", ":py:func:`solve`", ":math:`x^2`", ":exc:`TokenError`"):
+        assert ROLE.search(text), text
+    for text in ("(issue 25)", "Issue #41", "issues 3", "../shared/NOTES.md", "see NOTES.md"):
+        assert DIARY.search(text), text
+    for text in ("[`TokenGraph`][energies.TokenGraph]", "`energies.kernels`", "``{a: 1}``", "name: the spec",
+                 "http://x:8080/`y`", "tissue 5", "key::`x`"):
+        assert not ROLE.search(text) and not DIARY.search(text), text
+
+
+def test_the_library_and_application_hold_no_role_and_no_diary():
+    files = list(_python_files())
+    assert len(files) > 100 and "unfold/encoders.py" in files and "energies/kernels/dispatch.py" in files
+    found = [hit for path in files if path not in PENDING for hit in _findings(path)]
+    assert not found, "Sphinx roles or diary lines (write Markdown: [`name`][package.name] or `name`):\n" + \
+        "\n".join(found[:40])
+
+
+def test_the_pending_list_only_names_files_still_to_convert():
+    library = [path for path in PENDING if not path.startswith("experiments/")]
+    assert not library, f"the library packages are converted; no file of theirs may be pending: {library}"
+    stale = [path for path in sorted(PENDING)
+             if not os.path.exists(os.path.join(ROOT, path)) or not _findings(path)]
+    assert not stale, f"converted (or gone): remove from PENDING in {__file__}: {stale}"
+
+
+def test_the_pages_hold_no_role():
+    pages = list(_pages())
+    assert "docs/api/energies.md" in pages and "README.md" in pages
+    found = [hit for path in pages for hit in _hits(path, ROLE)]
+    assert not found, "\n".join(found)

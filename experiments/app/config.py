@@ -487,7 +487,7 @@ def _check_subword(dc: Dict[str, Any]) -> None:
 
 
 def check_config_files(cfg: Dict[str, Any]) -> None:
-    """The files a config names for its data, checked when the config is loaded (:func:`load_config_sources`),
+    """The files a config names for its data, checked when the config is loaded (`load_config_sources`),
     not when a bundle's config is read (a bundle holds its own tokenizer and needs none of them):
     ``data.texts`` must be a readable text file or folder of ``*.txt`` files, and ``data.tokenizer``, where it
     is a path, a readable ``tokenizer.json`` (a `DataError` naming the file, read as the trainer reads it)."""

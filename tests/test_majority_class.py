@@ -5,7 +5,7 @@ import os
 
 from test_train import CONFIGS, run_train, synthetic_text_dir
 
-from experiments.app.train import majority_class_accuracy
+from experiments.app.tasks.classify import majority_class_accuracy
 
 WARNING = "is no better than always predicting the test set's most frequent class"
 

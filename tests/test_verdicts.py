@@ -284,7 +284,7 @@ def test_the_monitor_clears_a_nan_that_only_the_kernel_reported(monkeypatch):
 
 
 def test_metrics_with_nan_energies_are_strict_json():
-    from experiments.app.train import energy_stats
+    from experiments.app.evaluation import energy_stats
 
     vals = EnergyTrace([("head0", torch.tensor([[1.0, math.nan], [2.0, 1.0]], dtype=torch.float64)),
                         ("relu", torch.zeros(2, 2, dtype=torch.float64))], indicators=("relu",))

@@ -14,6 +14,8 @@
   [`TorchEncoder`][unfold.TorchEncoder], ``(B, n, d)`` tokens and a mask to ``Y_T`` and the energy trace;
 * [`SequenceClassifier`][unfold.SequenceClassifier] (embedding, encoder, pooling, head) and
   [`UnfoldedTransformer`][unfold.UnfoldedTransformer] (the experiments' classifier in one constructor);
+* [`MaskedTokenModel`][unfold.MaskedTokenModel] (embedding, encoder, a [`TokenHead`][unfold.TokenHead] at every
+  position: masked-token pretraining);
 * [`Attention`][unfold.Attention]: standard attention with a softmax, relu or softplus activation;
 * ``python -m unfold.check``: the descent checker.
 
@@ -31,6 +33,7 @@ from .mm import PRECONDITIONERS, MMStepResult, mm_direction, mm_step  # noqa: E4
 from .encoders import (ENCODERS, Encoder, EncoderOutput, FreeEncoder, GuaranteedEncoder, TorchEncoder,  # noqa: E402
                        build_encoder, register_encoder)
 from .classifier import SequenceClassifier, TokenEmbedding, masked_mean  # noqa: E402
+from .masked_lm import MaskedTokenModel, TokenHead, tied_head  # noqa: E402
 from .model import MODES, ModelOutput, UnfoldedTransformer  # noqa: E402
 from .trace import EnergyTrace, check_tol_factor, report_from_values  # noqa: E402
 
@@ -38,9 +41,9 @@ from .trace import EnergyTrace, check_tol_factor, report_from_values  # noqa: E4
 __all__ = [
     "ACTIVATIONS", "Attention", "AttentionStep", "CenterStep", "DEFAULT_TOL_FACTOR", "DescentReport",
     "ENCODERS", "Encoder", "EncoderOutput", "EnergyTrace", "FeedForwardStep", "FreeEncoder", "GradientStep",
-    "GuaranteedEncoder", "MMStepResult", "MODES", "ModelOutput", "PRECONDITIONERS", "ProxMMStep",
+    "GuaranteedEncoder", "MMStepResult", "MODES", "MaskedTokenModel", "ModelOutput", "PRECONDITIONERS", "ProxMMStep",
     "ReLUProxStep", "RescaleStep", "STEPS", "Sequence", "SequenceClassifier", "Step", "TokenEmbedding",
-    "TorchEncoder", "UPDATES", "UnfoldedTransformer", "build_encoder", "check_tol_factor", "layernorm_step",
+    "TokenHead", "TorchEncoder", "UPDATES", "UnfoldedTransformer", "build_encoder", "check_tol_factor", "layernorm_step",
     "masked_mean", "mm_direction", "mm_step", "register_encoder", "register_step", "report_from_values",
-    "theorem41_bound", "tolerance", "trace_descent", "unroll",
+    "theorem41_bound", "tied_head", "tolerance", "trace_descent", "unroll",
 ]

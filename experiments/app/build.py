@@ -20,11 +20,12 @@ from typing import Any, Dict, Optional
 import torch
 
 from energies.errors import ConfigError
-from unfold.classifier import SequenceClassifier, TokenEmbedding
+from unfold.classifier import TokenEmbedding
 from unfold.cli import resolve_device
 from unfold.encoders import ENCODERS
 
 from .config import DEFAULTS
+from .tasks import task_of
 from ..runfolder.fingerprint import data_fingerprint
 from ..runfolder.runlog import LOGGER
 
@@ -38,12 +39,14 @@ _HINTS = {("guaranteed", "attention"): "; in guaranteed mode the attention kerne
           ("baseline", "norm"): "; the baseline has torch's post-LN layers"}
 
 
-def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None
-                ) -> SequenceClassifier:
-    """The classifier a config describes, composed from the library's registries: a
+def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None,
+                task=None) -> torch.nn.Module:
+    """The model a config describes, composed from the library's registries: a
     :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``model.mode`` (its constructor's
-    parameters read from the ``model`` keys of the same names) and a linear head. The library's errors, which
-    name its parameters, come back naming the config keys."""
+    parameters read from the ``model`` keys of the same names) and the head of the config's ``task``
+    (`experiments.app.tasks`: ``classify``, a linear head in a `SequenceClassifier`; ``masked_tokens``, a token
+    head in a `unfold.MaskedTokenModel`), composed by the task. ``task``: the run's task object (default: a new
+    one for ``cfg``). The library's errors, which name its parameters, come back naming the config keys."""
     mc = cfg["model"]
     mode = mc["mode"]
     if mode not in ENCODERS:
@@ -58,8 +61,9 @@ def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: O
     try:   # embedding, head, encoder: the order in which earlier versions drew the initial weights of a seed
         embedding = TokenEmbedding(vocab_size, mc["d"], pretrained=glove, freeze=cfg["data"]["glove"] == "frozen",
                                    positional=mc["positional"], max_len=cfg["data"]["max_len"], dropout=mc["dropout"])
-        head = torch.nn.Linear(mc["d"], num_classes)
-        return SequenceClassifier(embedding, cls(**kwargs), head, dropout=mc["dropout"])
+        task = task_of(cfg) if task is None else task
+        head = task.head(embedding, vocab_size, num_classes)
+        return task.model(embedding, cls(**kwargs), head)
     except ConfigError as exc:
         raise ConfigError(_config_names(str(exc), mc)) from None
 

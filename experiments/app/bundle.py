@@ -137,14 +137,18 @@ FILES_V2 = (CONFIG_JSON, "vocab.json", CARD)
 VOCAB_FILES = ("vocab.json", "tokenizer.json")
 MANIFEST_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fingerprint", "sha256")
 #: keys a manifest may hold besides :data:`MANIFEST_KEYS` (``graph``: the pinned edge-list graph, where there is one;
-#: format 2: ``metrics`` and ``command``, what the model card says)
+#: format 2: ``metrics`` and ``command``, what the model card says; ``task``, where the model's task is not
+#: ``classify``: ``masked_tokens``, whose bundle has no label names)
 OPTIONAL_KEYS = ("graph",)
-OPTIONAL_KEYS_V2 = ("graph", "metrics", "command")
+OPTIONAL_KEYS_V2 = ("graph", "metrics", "command", "task")
 #: the metrics.json entries a bundle carries to its card (test metrics, the descent verdict and its rule)
 CARD_METRICS = ("test_accuracy", "test_loss", "val_accuracy", "best_epoch", "majority_class_accuracy",
                 "no_better_than_majority", "check_dtype_test_accuracy", "energy_verdict", "energy_steps",
                 "energy_increases", "energy_nonfinite", "energy_max_rel_increase", "energy_tol_rule",
-                "train_energy_increases", "train_energy_steps", "mode", "params")
+                "train_energy_increases", "train_energy_steps", "mode", "params",
+                # task=masked_tokens (experiments.app.tasks.masked_tokens)
+                "masked_accuracy", "masked_loss", "perplexity", "unigram_masked_accuracy", "check_dtype_accuracy",
+                "pretrain_texts", "heldout_texts", "head")
 CHECK_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -213,11 +217,15 @@ def write_bundle_manifest(folder: str, weights: str, label_names: Sequence[str],
 
 def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint: Optional[Dict[str, Any]],
               dataset: Optional[str], graph: Optional[str], metrics: Optional[Dict[str, Any]],
-              command: Optional[str], with_card: bool = True, vocab_file: str = "vocab.json") -> Dict[str, Any]:
+              command: Optional[str], with_card: bool = True, vocab_file: str = "vocab.json",
+              task: Optional[str] = None) -> Dict[str, Any]:
     """The manifest of the files in ``folder`` (`write_bundle_manifest`), each file hashed from disk; the
-    card's digest left out unless ``with_card`` (the manifest the card itself binds, made before it is written)."""
+    card's digest left out unless ``with_card`` (the manifest the card itself binds, made before it is written).
+    ``task``: the model's task where it is not ``classify`` (format 2; such a model has no label names)."""
     names = [str(n) for n in label_names]
-    if len(names) < 2 or len(set(names)) != len(names):
+    if task is not None and names:
+        raise CheckpointError(f"a bundle of task {task!r} has no label names, got {names!r}")
+    if task is None and (len(names) < 2 or len(set(names)) != len(names)):
         raise CheckpointError(f"a bundle needs at least two distinct label names, got {names!r}")
     version = 2 if weights == SAFETENSORS else 1
     if version == 1 and weights not in WEIGHTS:
@@ -235,6 +243,8 @@ def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint
         manifest["graph"] = {"spec": graph, "file": GRAPH_FILE}
     if version == 2:
         manifest["metrics"], manifest["command"] = _card_metrics(metrics), command
+    if task is not None:
+        manifest["task"] = task
     return manifest
 
 
@@ -265,8 +275,14 @@ def _card_binding(manifest: Dict[str, Any]) -> Dict[str, Any]:
     ``bundle.json`` hashes the card, so its hash of the card is the root of trust: a field of ``bundle.json``
     (label names, fingerprint, metrics, ...) or a file hash edited without rewriting the card is refused on load.
     """
-    return {"fields": {k: _canonical_sha256(manifest.get(k)) for k in BOUND_KEYS},
+    return {"fields": {k: _canonical_sha256(manifest.get(k)) for k in _bound_keys(manifest)},
             "files": {n: manifest["sha256"][n] for n in sorted(manifest["sha256"]) if n != CARD}}
+
+
+def _bound_keys(*records: Dict[str, Any]) -> tuple:
+    """`BOUND_KEYS`, and ``task`` where one of ``records`` (a manifest, a card's recorded fields) has it: a
+    classifier's manifest has none, and its card binds what it always did."""
+    return BOUND_KEYS + (("task",) if any("task" in r for r in records) else ())
 
 
 def _card_metrics(metrics: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -329,29 +345,33 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
     made it, how to load it, and the config. Written from the bundle's own fields only, so the same bundle always
     gets the same card."""
     m = dict(metrics or {})
-    mode = config["model"]["mode"]
+    mode, task = config["model"]["mode"], _task_name(config)
+    pipeline = "text-classification" if task is None else "fill-mask"
     front: Dict[str, Any] = {"library_name": "unfolded-transformers",
-                             "tags": ["unfolded-transformer", "energy-based", "text-classification", "safetensors",
-                                      f"mode-{mode}", "model_hub_mixin"],
-                             "pipeline_tag": "text-classification"}
+                             "tags": ["unfolded-transformer", "energy-based", pipeline, "safetensors",
+                                      f"mode-{mode}", "model_hub_mixin"] + ([f"task-{task}"] if task else []),
+                             "pipeline_tag": pipeline}
     if dataset and not any(c in dataset for c in "/\\:") and not dataset.startswith("."):
         front["datasets"] = [dataset]
     front["metrics"] = ["accuracy"]
     if binding is not None:
         front[CARD_KEY] = binding
     lines = [f"# {config.get('name', 'model')}: an energy-based unfolded transformer ({mode})", "",
-             f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))}) whose layers "
+             (f"A text classifier over {len(label_names)} classes ({', '.join(map(str, label_names))})" if task is None
+              else f"A masked-token model (`task: {task}`: pretrained to predict the masked tokens of its training "
+                   "texts; `unfold-predict PATH --text \"a [MASK] film\"` fills the mask)") + " whose layers "
              "are steps that lower an energy (unfolded optimisation). Files: `model.safetensors` (weights), "
              f"`config.json` (resolved config), `{_vocab_file(config)}`, `bundle.json` (format, label names, sha256 of every "
              "file)" + (", `graph.npy` (the token graph trained on)" if is_graph_file(config["model"]["graph"])
                          else "") + ".", "", "## Descent verdict", ""]
-    lines += _card_verdict(m, config)
+    lines += _card_verdict(m, config, task)
     lines += _card_tail(config, dataset, fingerprint, command)
     return _front_matter(front) + "\n" + "\n".join(lines)
 
 
-def _card_verdict(m: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
-    """The card's lines from the descent verdict to the test metrics' table (``m``: the card's metrics)."""
+def _card_verdict(m: Dict[str, Any], config: Dict[str, Any], task: Optional[str] = None) -> List[str]:
+    """The card's lines from the descent verdict to the test metrics' table (``m``: the card's metrics; ``task``:
+    the model's task where it is not classify, whose check ran on held-out training texts)."""
     lines: List[str] = []
     verdict = m.get("energy_verdict")
     if verdict is None:
@@ -359,7 +379,8 @@ def _card_verdict(m: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
     else:
         lines.append(f"**{verdict}**: {m.get('energy_increases', '?')} energy increases beyond tolerance and "
                      f"{m.get('energy_nonfinite', '?')} non-finite values in {m.get('energy_steps', '?')} layer-steps "
-                     f"on the test split, checked in {config['train']['check_dtype']} "
+                     f"on {'the test split' if task is None else 'the held-out training texts, masked'}, checked in "
+                     f"{config['train']['check_dtype']} "
                      f"(largest relative increase {m.get('energy_max_rel_increase', '?')}).")
         if "train_energy_steps" in m:
             lines.append(f"During training: {m.get('train_energy_increases', '?')} increases in "
@@ -369,7 +390,9 @@ def _card_verdict(m: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
                                         "of the energy (unfold.trace.report_from_values)."),
               "", "## Test metrics", ""]
     shown = [k for k in ("test_accuracy", "test_loss", "val_accuracy", "best_epoch", "majority_class_accuracy",
-                         "no_better_than_majority", "check_dtype_test_accuracy", "params") if k in m]
+                         "no_better_than_majority", "check_dtype_test_accuracy", "masked_accuracy", "masked_loss",
+                         "perplexity", "unigram_masked_accuracy", "check_dtype_accuracy", "pretrain_texts",
+                         "heldout_texts", "head", "params") if k in m]
     if shown:
         lines += ["| metric | value |", "|---|---|"] + [f"| {k} | {m[k]} |" for k in shown]
     else:
@@ -417,12 +440,19 @@ def write_bundle(folder: str, state: Dict[str, torch.Tensor], config: Dict[str, 
     if is_graph_file(spec) and graph_file is not None:
         write_edges(graph_file, folder)
     card_metrics = _card_metrics(metrics)
+    task = _task_name(config)
     bound = _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec, card_metrics, command, False,
-                      vocab_file=vocab_file)
+                      vocab_file=vocab_file, task=task)
     card = model_card(config, label_names, dataset, fingerprint, card_metrics, command, binding=_card_binding(bound))
     _write_text(card, os.path.join(folder, CARD))
     return _write_manifest(folder, _manifest(folder, SAFETENSORS, label_names, fingerprint, dataset, spec,
-                                             card_metrics, command, vocab_file=vocab_file))
+                                             card_metrics, command, vocab_file=vocab_file, task=task))
+
+
+def _task_name(config: Dict[str, Any]) -> Optional[str]:
+    """The config's ``task`` where it is not ``classify`` (what a manifest records), else None."""
+    task = config.get("task", "classify")
+    return None if task == "classify" else task
 
 
 def write_run_bundle(run_dir: str, state: Dict[str, torch.Tensor], config: Dict[str, Any],
@@ -797,8 +827,14 @@ def _check_card_fields(path: str, manifest: Dict[str, Any]) -> None:
 
 def _check_manifest_data(path: str, manifest: Dict[str, Any]) -> None:
     """Refuse a manifest whose ``label_names``, ``dataset`` or ``data_fingerprint`` is malformed."""
-    names = manifest["label_names"]
-    if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
+    names, task = manifest["label_names"], manifest.get("task")
+    if "task" in manifest and not (isinstance(task, str) and task != "classify" and task.strip() == task and task):
+        raise _key_error(path, "task", task, "must be the name of a task other than classify (a classifier's "
+                                             "manifest has no task)")
+    if task is not None:
+        if names != []:
+            raise _key_error(path, "label_names", names, f"must be [] in the bundle of a {task} model")
+    elif not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
             or len(set(names)) != len(names):
         raise _key_error(path, "label_names", names, "must be at least two distinct strings")
     if manifest["dataset"] is not None and not isinstance(manifest["dataset"], str):
@@ -999,6 +1035,7 @@ def load_model(folder: str, map_location="cpu", legacy: bool = False) -> Trained
                               f"{cfg['data']['tokenizer']!r}, whose vocabulary is saved as {_vocab_file(cfg)}")
     sd = _checked_state(wpath, state, cfg, config_path)
     label_names, fingerprint, dataset, metrics, command = _bundle_labels(folder, manifest, version, cfg)
+    _check_task(folder, manifest, cfg, config_path)
     model = _built_model(wpath, config_path, sd, cfg, build_cfg, len(vocab), label_names, edges)
     if manifest is not None:          # the fields of bundle.json against what was loaded and what the card records
         _check_fingerprint_parts(folder, manifest, vocab, label_names)
@@ -1102,8 +1139,8 @@ def _check_card(folder: str, manifest: Dict[str, Any], config_bytes: bytes, card
         raise CheckpointError(f"{card_path}: front-matter key {CARD_KEY!r} = {show(recorded)} is not the record of a "
                               f"bundle (a mapping of 'fields' and 'files' to sha256 digests)")
     now = _card_binding(manifest)
-    for key in BOUND_KEYS:
-        if recorded["fields"].get(key) != now["fields"][key]:
+    for key in _bound_keys(manifest, recorded["fields"]):
+        if recorded["fields"].get(key) != now["fields"].get(key):
             raise CheckpointError(f"{path}: key {key!r} = {show(manifest.get(key))} is not what the model card "
                                   f"{card_path} (hashed in {BUNDLE}) records: {BUNDLE} was edited after the bundle "
                                   "was written")
@@ -1192,6 +1229,18 @@ def _checked_state(wpath: str, state: Any, cfg: Dict[str, Any], config_path: str
     return sd
 
 
+def _check_task(folder: str, manifest: Optional[Dict[str, Any]], cfg: Dict[str, Any], config_path: str) -> None:
+    """Refuse a bundle whose manifest's ``task`` (none: ``classify``) is not its config's ``task``, or whose task
+    is not registered here (a plug-in's task: load its module first, ``--import``)."""
+    from .tasks import TASKS
+
+    task = cfg.get("task", "classify")
+    if manifest is not None and _task_name(cfg) != manifest.get("task"):
+        raise _key_error(os.path.join(folder, BUNDLE), "task", manifest.get("task"),
+                         f"is not the task of {config_path} ({task!r}; a classifier's manifest has no task)")
+    TASKS.check(task, " (a plug-in's task: import its module first)", CheckpointError)
+
+
 def _bundle_labels(folder: str, manifest: Optional[Dict[str, Any]], version: int, cfg: Dict[str, Any]):
     """``(label names, data fingerprint, dataset, card metrics, command)`` from the manifest; a legacy folder's
     label names from its dataset, loaded again."""
@@ -1211,13 +1260,15 @@ def _bundle_labels(folder: str, manifest: Optional[Dict[str, Any]], version: int
 
 
 def _built_model(wpath: str, config_path: str, sd: Dict[str, torch.Tensor], cfg: Dict[str, Any],
-                 build_cfg: Dict[str, Any], vocab_size: int, label_names: List[str], edges) -> SequenceClassifier:
-    """The model built from ``build_cfg`` on the pinned graph with ``sd`` loaded, refused where the head's classes
-    are not the label names or the weights do not fit the config."""
+                 build_cfg: Dict[str, Any], vocab_size: int, label_names: List[str], edges) -> torch.nn.Module:
+    """The model built from ``build_cfg`` (its ``task``'s model: a classifier, or a masked-token model) on the
+    pinned graph with ``sd`` loaded, refused where a classifier's head's classes are not the label names or the
+    weights do not fit the config."""
     from .build import build_model
 
     head = sd.get("head.weight")
-    if head is None or head.dim() != 2 or head.shape[0] != len(label_names):
+    classify = cfg.get("task", "classify") == "classify"       # another task's head: checked by load_state_dict
+    if classify and (head is None or head.dim() != 2 or head.shape[0] != len(label_names)):
         raise CheckpointError(f"{wpath}: the head has {None if head is None else tuple(head.shape)[:1]} classes, the "
                               f"bundle names {len(label_names)}")
     embed = sd.get("embedding.embed.weight")

@@ -213,6 +213,12 @@ def _kernels() -> tuple:
     return tuple(kernel_names())
 
 
+def _tasks() -> tuple:
+    from .tasks import TASKS
+
+    return tuple(TASKS)
+
+
 def _listops(what: str, lra: str) -> str:
     return f"data.dataset=listops only: {what} (null: {lra}, LRA's value)"
 
@@ -307,6 +313,9 @@ SCHEMA: Dict[str, Any] = {
         "stop_rel": Key(None, "guaranteed: depth chosen by the energy: an example stops when its relative energy "
                         "decrease at a layer is below this (null or 0: off)", Range(0, 1, hi_open=True),
                         (float, int)),
+        "init_from": Key(None, "fine-tune: start the embedding and encoder from this pretrained run (a run folder, "
+                         "a bundle or a Hub id), with its tokenizer and a new head (null: from scratch)",
+                         Text("a run folder, a bundle folder or a Hub id"), (str,)),
     },
     "train": {
         "epochs": Key(6, "passes over the training split", Range(1, 10 ** 6, integer=True)),
@@ -330,6 +339,15 @@ SCHEMA: Dict[str, Any] = {
         "progress": Key(True, "a progress bar per epoch"),
         "compile": Key(False, "torch.compile the training forward (python -m experiments.studies.bench compile)"),
         "tensorboard": Key(True, "scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed"),
+    },
+    "pretrain": {       # task=masked_tokens (experiments/app/tasks/masked_tokens.py)
+        "mask_rate": Key(0.15, "masked_tokens: the share of each text's real, non-special tokens chosen (of those "
+                         "80 % become the mask token, 10 % a random token, 10 % stay)", Range(0, 1, lo_open=True)),
+        "span_mean": Key(None, "masked_tokens: choose spans of geometric length with this mean (at most 10 "
+                         "tokens; SpanBERT) instead of single tokens (null: single tokens)", Range(1, 10),
+                         (float, int)),
+        "heldout": Key(0.05, "masked_tokens: the share of the training texts held out (validation, test metrics "
+                       "and the descent check; at least one text)", Range(0, 1, lo_open=True, hi_open=True)),
     },
 }
 

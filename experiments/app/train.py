@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import gc
 import logging
@@ -18,32 +17,32 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
 
 from energies.errors import CheckpointError, ConfigError, EnergyError, StepError, TokenError, UnfoldError
 from energies.memory import memory_available  # the one memory rule's reading (energies.memory)
-from unfold.classifier import SequenceClassifier, upgrade_state_dict
+from unfold.classifier import upgrade_state_dict
 from unfold.monitor import DescentMonitor
 from unfold.cli import check_device as _check_device, run_main
 from unfold.plugins import add_import_arg
-from unfold.strict_json import dumps as json_dumps
-from unfold.trace import EnergyTrace, report_from_values, settle
 
-from ..runfolder.atomic import atomic_save, atomic_write_text
 from .build import build_data, build_model, check_buildable, fingerprint
 from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
-from .checkpoint import LAST, clean_temporaries, load_checkpoint, safe_load, save_checkpoint
+from .checkpoint import clean_temporaries, load_checkpoint, safe_load
 from .config import (DEFAULTS, dump_config, dump_config_sources, load_config, load_config_sources, monitor_mode,
                      with_defaults)
+from .evaluation import EXTRA_LAYERS, TrainingError, check_descent, evaluate
+from .runfiles import finished_run, last_good, save_epoch, save_results, summary_line
+from .tasks import task_of
+from ..runfolder.atomic import atomic_write_text
 from ..runfolder.fingerprint import compare_fingerprints
-from ..runfolder.runlock import Replacement, RunLock, check_fresh, check_writable, lock_owner, refuse_links
+from ..runfolder.runlock import Replacement, RunLock, check_fresh, check_writable, refuse_links
 from ..runfolder.runlog import LOGGER, MetricsLog, attach_log_file, close_logger, progress, run_logger
 from .throughput import PassMeter, run_metrics
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: ``train.precision``: the autocast dtype of the training passes (None: none, the model's own float32)
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -101,95 +100,6 @@ def allocation_failed(exc: BaseException) -> bool:
 RUN_OVERHEAD_BYTES = 16 * 2 ** 20
 
 
-def iterate(tensors, batch_size: int, shuffle: bool = False, generator: Optional[torch.Generator] = None):
-    from ..data import batches
-
-    ids, mask, labels = tensors
-    return batches(ids, mask, labels, batch_size, shuffle=shuffle, generator=generator)
-
-
-@torch.no_grad()
-def evaluate(model: SequenceClassifier, tensors, batch_size: int, device, trace: bool = False, split: str = "eval",
-             bar=None):
-    """Accuracy, mean loss and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``. A logit or a
-    loss that is not finite is never a metric: :class:`TrainingError` naming the split, how many examples and
-    the first one (an accuracy of argmax over NaN would be a number that means nothing). ``bar``: a progress bar
-    (:func:`experiments.runfolder.runlog.progress`) advanced by one per batch."""
-    model.eval()
-    correct = total = 0
-    loss_sum = 0.0
-    traces: list = []
-    for ids, mask, labels in iterate(tensors, batch_size):
-        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-        out = model(ids, mask, trace=trace)
-        losses = torch.nn.functional.cross_entropy(out.logits.float(), labels, reduction="none")
-        bad = ~(torch.isfinite(out.logits).all(-1) & torch.isfinite(losses))
-        if bad.any():    # evaluation, not the hot path: one read per batch
-            first = total + int(bad.nonzero()[0, 0])
-            raise TrainingError(f"the model gives non-finite logits or loss on {int(bad.sum())} example(s) of the "
-                                f"{split} split (first: example {first}, logits "
-                                f"{out.logits[first - total].tolist()}, {str(out.logits.dtype).replace('torch.', '')}): "
-                                "no metric is computed from them; the weights or the config (e.g. a tiny model.tau) "
-                                "give a model that cannot be evaluated")
-        loss_sum += float(losses.sum())
-        correct += int((out.logits.argmax(-1) == labels).sum())
-        total += int(labels.numel())
-        if trace:       # flagged steps decided by the exact evaluation now, while this batch's states exist
-            traces.append(settle(out.energies, out.states_dtype, guaranteed=out.guaranteed))
-        if bar is not None:
-            bar.update(1)
-    energies = EnergyTrace.cat(traces) if trace and traces else None
-    return correct / max(total, 1), loss_sum / max(total, 1), energies
-
-
-def energy_stats(energies: Dict[str, torch.Tensor], dtype: torch.dtype, guaranteed: bool) -> Dict[str, Any]:
-    rep = report_from_values(energies, dtype, guaranteed=guaranteed)
-    return {"energy_verdict": rep.verdict, "energy_steps": rep.steps, "energy_increases": rep.num_increases,
-            "energy_nonfinite": rep.num_nonfinite,
-            "energy_term_nonfinite": {k: int(v.sum()) for k, v in rep.term_nonfinite.items()},
-            "energy_max_rel_increase": rep.max_rel_increase(), "energy_tol_rule": rep.tol_rule,
-            "energy_term_increases": {k: int(v.sum()) for k, v in rep.term_increases.items()},
-            "energy_first_mean": float(rep.totals[:, 0].mean()), "energy_last_mean": float(rep.totals[:, -1].mean())}
-
-
-EXTRA_LAYERS = 32
-
-
-@torch.no_grad()
-def energy_floor(model: SequenceClassifier, tensors, batch_size: int, device, extra: int = EXTRA_LAYERS, bar=None):
-    """Per-example estimate of min E: the shared step unrolled ``extra`` layers past the trained depth
-    (guaranteed mode; E is bounded below there); ``None`` for untied modes. ``bar`` as in :func:`evaluate`."""
-    if not model.encoder.guaranteed:
-        return None
-    out = []
-    for ids, mask, _ in iterate(tensors, batch_size):
-        energies = model(ids.to(device), mask.to(device), layers=model.encoder.layers + extra).energies
-        out.append(sum(energies.values()).min(dim=1).values.cpu())
-        if bar is not None:
-            bar.update(1)
-    return torch.cat(out)
-
-
-def check_descent(model: SequenceClassifier, tensors, cfg, device, what: str = "the model"):
-    """The float64 (``train.check_dtype``) descent check on a copy of the model: every example, every layer.
-    Returns ``(stats, energies, accuracy, energy_min)``. Says what it does in the log and shows its progress
-    (``train.progress``): on a CPU it is the longest silent stretch of a run otherwise."""
-    tc = cfg["train"]
-    dtype = DTYPES[tc["check_dtype"]]
-    checker = copy.deepcopy(model).to(dtype)
-    n, batches = len(tensors[2]), math.ceil(len(tensors[2]) / tc["batch_size"])
-    logging.getLogger(LOGGER).info(f"checking the descent of {what}: {tc['check_dtype']}, every layer of {n} test "
-                                   "examples" + (f", then {EXTRA_LAYERS} more layers for E_min"
-                                                 if model.encoder.guaranteed else ""))
-    with progress(batches * (2 if model.encoder.guaranteed else 1), f"descent check ({what})",
-                  tc["progress"]) as bar:
-        acc, _, energies = evaluate(checker, tensors, tc["batch_size"], device, trace=True,
-                                    split=f"test ({tc['check_dtype']} check)", bar=bar)
-        stats = energy_stats(energies, dtype, guaranteed=model.encoder.guaranteed)
-        floor = energy_floor(checker, tensors, tc["batch_size"], device, bar=bar)
-    return stats, energies, acc, floor
-
-
 def upgrade_checkpoint(ck: Dict[str, Any], model: torch.nn.Module) -> None:
     """A checkpoint written before the encoders were modules of their own, brought to today's layout in place: the
     model keys renamed (:func:`unfold.classifier.upgrade_state_dict`) and the optimizer's per-parameter state
@@ -211,24 +121,6 @@ def upgrade_checkpoint(ck: Dict[str, Any], model: torch.nn.Module) -> None:
     ids = groups[0]["params"]
     osd["state"] = {position[new_of[old]]: osd["state"][ids[i]] for i, old in enumerate(old_order) if ids[i] in osd["state"]}
     groups[0]["params"] = list(range(len(trainable)))
-
-
-class TrainingError(UnfoldError):
-    """Training cannot go on: the loss became NaN or infinite."""
-
-
-def last_good(run_dir: str) -> str:
-    """A sentence naming the run's last good checkpoint and best model, or saying there are none yet (for the
-    staging folder of an ``--overwrite``: that nothing was replaced)."""
-    parent, name = os.path.split(os.path.abspath(run_dir))
-    if name.startswith(".") and name.endswith(Replacement.SUFFIX):
-        old = os.path.join(parent, name[1:-len(Replacement.SUFFIX)])
-        return f"--overwrite: the new run did not complete, so nothing in {old} was replaced (its run is unchanged)."
-    last, best = os.path.join(run_dir, LAST), os.path.join(run_dir, "best.pt")
-    if not os.path.exists(last):
-        return "No epoch finished: there is no checkpoint."
-    return f"The last good checkpoint is {last} (resume: unfold-train --resume {run_dir}), " \
-           f"the best model {best}."
 
 
 def make_scheduler(opt, lr: float, total_steps: int):
@@ -288,15 +180,6 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
         lock.release()
 
 
-def majority_class_accuracy(examples) -> float:
-    """The accuracy of always predicting the most frequent label of ``examples`` (``(text, label)`` pairs): the
-    score a model must beat to have learned anything (0.0 for no example)."""
-    counts: Dict[Any, int] = {}
-    for _, label in examples:
-        counts[label] = counts.get(label, 0) + 1
-    return max(counts.values()) / len(examples) if counts else 0.0
-
-
 @dataclasses.dataclass
 class Run:
     """What the phases of a training run share (:func:`_train`): the config and folder, the data, the model and its
@@ -327,6 +210,8 @@ class Run:
     train_steps: int = 0
     untrained: Any = None
     start_epoch: int = 1
+    task: Any = None                    # what the run learns (experiments.app.tasks)
+    task_info: Dict[str, Any] = dataclasses.field(default_factory=dict)   # the task's data figures
     elapsed: float = 0.0
 
 
@@ -343,8 +228,8 @@ def _train(cfg: Dict[str, Any], run_dir: str, resume: bool, claim, device: torch
     if resume:
         _restore(run)
     else:
-        run.untrained = (check_descent(run.model, run.tensors["test"], cfg, run.device, "the untrained model")[0]
-                         if run.dd.is_main else None)
+        run.untrained = (check_descent(run.model, run.tensors["test"], cfg, run.device, "the untrained model",
+                                       task=run.task)[0] if run.dd.is_main else None)
     if run.dd.is_main:
         attach_log_file(run_dir)
     train_seconds = _epochs(run)
@@ -367,11 +252,14 @@ def _set_up(run: Run) -> None:
 
 
 def _read_data(run: Run) -> None:
-    """The splits, vocabulary, encoded tensors, GloVe matrix and data fingerprint; an edge-list graph read once
+    """The task, splits, vocabulary (with a mask token where the task needs one), the tensors the task trains,
+    validates and tests on, GloVe matrix and data fingerprint; an edge-list graph read once
     (on resume, the run's own copy), trained on and copied into the run (so into its bundle)."""
     cfg = run.cfg
-    run.splits, run.vocab, run.tensors, run.glove = build_data(cfg)
-    run.data_fp = fingerprint(cfg, run.splits, run.vocab)
+    run.task = task_of(cfg)
+    run.splits, run.vocab, tensors, run.glove = build_data(cfg, mask_token=run.task.mask_token)
+    run.tensors, run.task_info = run.task.data(run.splits, run.vocab, tensors)
+    run.data_fp = run.task.fingerprint(run.vocab) or fingerprint(cfg, run.splits, run.vocab)
     if is_graph_file(cfg["model"]["graph"]):
         kept = os.path.join(run.run_dir, GRAPH_FILE)
         source = kept if run.resume and os.path.isfile(kept) else cfg["model"]["graph"]
@@ -382,7 +270,7 @@ def _build(run: Run) -> None:
     """The model on its device; the allocator's failure is a refusal naming the size keys."""
     cfg = run.cfg
     try:
-        model = build_model(cfg, len(run.vocab), run.splits.num_classes, run.glove)
+        model = build_model(cfg, len(run.vocab), run.splits.num_classes, run.glove, task=run.task)
         run.model = pin(model, run.graph[0] if run.graph else None).to(run.device)
     except Exception as exc:     # noqa: BLE001 -- only the allocator's errors are turned into a refusal
         if not allocation_failed(exc):
@@ -539,15 +427,17 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
     inc0, steps0 = run.train_inc, run.train_steps
     meter, tokens = PassMeter(run.device), 0    # the training passes only (experiments.app.throughput)
     meter.start()
-    for i, batch in enumerate(iterate(run.tensors["train"], tc["batch_size"], True, run.gen), start=1):
+    task = run.task
+    for i, batch in enumerate(task.batches(run.tensors["train"], tc["batch_size"], run.gen, epoch), start=1):
         where["batch"] = i
-        global_size = len(batch[2])
-        ids, mask, labels, weight = distributed.shard(batch, dd)
+        global_size = task.units(batch[2])      # what the global batch scores: texts, or masked positions
+        ids, mask, targets, weight = distributed.shard(batch, dd)
         tokens += int(mask.sum()) if weight else 0      # real tokens, on the host: no device sync
-        ids, mask, labels = ids.to(run.device), mask.to(run.device), labels.to(run.device)
+        kwargs = task.forward_args(targets, run.device)     # from host tensors: no device sync
+        ids, mask, labels = ids.to(run.device), mask.to(run.device), task.scored(targets).to(run.device)
         with training_precision(tc["precision"], run.device):
-            out = net(ids, mask, trace=tc["trace"])
-        loss = _loss(out, labels, dd, weight, global_size)
+            out = net(ids, mask, trace=tc["trace"], **kwargs)
+        loss = task.loss(out, labels, dd, weight, global_size)
         if not torch.isfinite(loss):
             raise TrainingError(f"loss is {loss.item()} at epoch {epoch}, batch {i}: stopping. "
                                 + last_good(run.run_dir) + " Lower train.lr or set train.grad_clip.")
@@ -559,18 +449,18 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         run.opt.step()
         run.sched.step()
         loss_value = loss.item()
-        hits = int((out.logits.argmax(-1) == labels).sum())
-        loss_sum += loss_value * (global_size / dd.world if dd.enabled else labels.numel())
+        hits, units = int(task.hits(out, labels)), labels.numel()
+        loss_sum += loss_value * (global_size / dd.world if dd.enabled else units)
         correct += hits * int(weight)
-        seen += labels.numel() * int(weight)
+        seen += units * int(weight)
         row = csv_log is not None and not dd.enabled    # distributed: epoch rows only (global figures)
         energy = _count_energy(run, out, f"epoch {epoch}, batch {i}") if out.energies is not None and weight else {}
         if row:
             csv_log.write("step", epoch, (epoch - 1) * run.steps_per_epoch + i, loss=loss_value,
-                          accuracy=hits / labels.numel(), lr=lr,
+                          accuracy=hits / max(units, 1), lr=lr,
                           seconds=time.perf_counter() - t_start, **energy)
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
+        bar.set_postfix(loss=f"{loss_sum / max(seen, 1):.4f}", acc=f"{correct / max(seen, 1):.4f}", refresh=False)
     bar.close()
     passes = meter.record(int(distributed.all_sum(tokens, dd)))    # before validation: not timed
     loss_sum, correct, seen = (distributed.all_sum(v, dd) for v in (loss_sum, correct, seen))
@@ -578,16 +468,6 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         run.train_inc, run.train_steps, run.train_inc - inc0, run.train_steps - steps0))    # collectives: every rank
     return {"loss_sum": loss_sum, "correct": correct, "seen": seen, "passes": passes, "g_inc": g_inc,
             "g_steps": g_steps, "e_inc": e_inc, "e_steps": e_steps}
-
-
-def _loss(out, labels, dd, weight, global_size: int) -> torch.Tensor:
-    """The batch's cross-entropy in float32 (a no-op at ``train.precision=float32``). Distributed: the sum over
-    this rank's share divided by the global batch, times the world size, so that DDP's average of the ranks'
-    gradients is the global mean's; a filler rank (weight 0) contributes nothing."""
-    logits = out.logits.float()
-    if dd.enabled:
-        return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") * (weight * dd.world / global_size)
-    return torch.nn.functional.cross_entropy(logits, labels)
 
 
 def _count_energy(run: Run, out, where: str) -> Dict[str, Any]:
@@ -603,14 +483,16 @@ def _count_energy(run: Run, out, where: str) -> Dict[str, Any]:
 
 
 def _end_epoch(run: Run, epoch: int, sums: Dict[str, Any], csv_log, t_start: float) -> None:
-    """Rank 0 after an epoch: validation, the history row and log line, the best weights (``best.pt``) when
-    validation improved, ``history.json`` and the resumable checkpoint."""
-    cfg, tc, model = run.cfg, run.cfg["train"], run.model
+    """Rank 0 after an epoch: validation (the task's: held-out texts for ``masked_tokens``), the history row and
+    log line, then the epoch's files (`experiments.app.runfiles.save_epoch`: ``best.pt`` when validation
+    improved, ``history.json``, the resumable checkpoint)."""
+    tc = run.cfg["train"]
     try:
-        val_acc, val_loss, _ = evaluate(model, run.tensors["val"], tc["batch_size"], run.device, split="validation")
+        val_acc, val_loss, _ = evaluate(run.model, run.tensors["val"], tc["batch_size"], run.device,
+                                        split="validation", task=run.task)
     except TrainingError as exc:
         raise TrainingError(f"{exc}: stopping after epoch {epoch}. {last_good(run.run_dir)}") from None
-    seen = sums["seen"]
+    seen = max(sums["seen"], 1)
     rec = {"epoch": epoch, "train_loss": sums["loss_sum"] / seen, "train_accuracy": sums["correct"] / seen,
            "val_loss": val_loss, "val_accuracy": val_acc, "seconds": time.perf_counter() - t_start,
            "train_energy_increases": sums["g_inc"], "train_energy_steps": sums["g_steps"], **sums["passes"]}
@@ -621,39 +503,26 @@ def _end_epoch(run: Run, epoch: int, sums: Dict[str, Any], csv_log, t_start: flo
                   accuracy=rec["train_accuracy"], lr=run.opt.param_groups[0]["lr"], val_loss=val_loss,
                   val_accuracy=val_acc, seconds=rec["seconds"],
                   energy_increases=sums["e_inc"], energy_steps=sums["e_steps"])
-    if val_acc > run.best_val:
-        run.best_val, run.best_epoch = val_acc, epoch
-        atomic_save({"model": model.state_dict(), "config": cfg, "epoch": epoch, "val_accuracy": val_acc},
-                    os.path.join(run.run_dir, "best.pt"))
-    atomic_write_text(json_dumps(run.history, indent=1), os.path.join(run.run_dir, "history.json"))
-    save_checkpoint(run.run_dir, {
-        "model": model.state_dict(), "optimizer": run.opt.state_dict(), "scheduler": run.sched.state_dict(),
-        "torch_rng": torch.get_rng_state(), "data_rng": run.gen.get_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "epoch": epoch, "history": run.history, "best_val": run.best_val, "best_epoch": run.best_epoch,
-        "train_inc": run.train_inc, "train_steps": run.train_steps, "untrained": run.untrained,
-        "monitor": run.monitor.state(), "elapsed": time.perf_counter() - t_start, "config": cfg,
-        "vocab": run.vocab.itos, "data_fingerprint": run.data_fp})
+    save_epoch(run, epoch, val_acc, time.perf_counter() - t_start)
 
 
 def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
-    """The best weights on the test split, the float64 descent check (``energy_trace.pt``), ``metrics.json`` with
-    the majority-class comparison, the plots, and last the run folder made a bundle: ``bundle.json`` is the last
-    file a run writes, so its presence is what says the run finished (`check_fresh`, `finished_run`)."""
-    cfg, tc, model, run_dir, log = run.cfg, run.cfg["train"], run.model, run.run_dir, run.log
-    state = safe_load(os.path.join(run_dir, "best.pt"), map_location=run.device)
+    """The best weights on the test split (``masked_tokens``: the held-out texts), the float64 descent check,
+    ``metrics.json`` with the task's figures (``classify``: the majority-class comparison; ``masked_tokens``:
+    masked accuracy, loss, perplexity and the unigram baseline), then the files
+    (`experiments.app.runfiles.save_results`: the trace, metrics, plots and, last, the bundle)."""
+    cfg, tc, model, log, task = run.cfg, run.cfg["train"], run.model, run.log, run.task
+    state = safe_load(os.path.join(run.run_dir, "best.pt"), map_location=run.device)
     model.load_state_dict(state["model"])
-    test_acc, test_loss, _ = evaluate(model, run.tensors["test"], tc["batch_size"], run.device, split="test")
+    test_acc, test_loss, _ = evaluate(model, run.tensors["test"], tc["batch_size"], run.device, split="test",
+                                      task=task)
     trained, energies, check_acc, floor = check_descent(model, run.tensors["test"], cfg, run.device,
-                                                        "the trained model")
-    atomic_save({"energies": dict(energies), "resolution": energies.resolution, "indicators": list(energies.indicators),
-                 "energy_min": floor, "extra_layers": EXTRA_LAYERS,
-                 "dtype": tc["check_dtype"], "mode": cfg["model"]["mode"], "guaranteed": model.encoder.guaranteed},
-                os.path.join(run_dir, "energy_trace.pt"))
+                                                        "the trained model", task=task)
+    scores = {"test_accuracy": test_acc, "test_loss": test_loss} if task.labelled else {}
     metrics = {
-        "name": cfg["name"], "mode": cfg["model"]["mode"], "dataset": run.splits.name,
-        "test_accuracy": test_acc, "test_loss": test_loss, "val_accuracy": run.best_val, "best_epoch": run.best_epoch,
-        "check_dtype_test_accuracy": check_acc,
+        "name": cfg["name"], "mode": cfg["model"]["mode"], "task": task.name, "dataset": run.splits.name,
+        **scores, "val_accuracy": run.best_val, "best_epoch": run.best_epoch,
+        ("check_dtype_test_accuracy" if task.labelled else "check_dtype_accuracy"): check_acc,
         "train_seconds": train_seconds, "params": run.params, "device": str(run.device),
         **trained,
         # steps of the check the kernels' own values flagged, decided by the exact evaluation (unfold.trace.settle)
@@ -665,24 +534,24 @@ def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
         "train_precision": tc["precision"],     # the training passes' (autocast) precision; the trace stays float32
         **run_metrics(run.history, run.device),     # tokens/s and peak memory of the training passes, all epochs
     }
-    majority = majority_class_accuracy(run.splits.test)
-    metrics["majority_class_accuracy"] = majority
-    metrics["no_better_than_majority"] = bool(test_acc <= majority + 1e-12)
-    if metrics["no_better_than_majority"]:
-        log.warning(f"test accuracy {test_acc:.4f} is no better than always predicting the test set's most frequent "
-                    f"class ({majority:.4f}): this model has not learned the task (more epochs, another learning "
-                    "rate, or more data?)")
-    atomic_write_text(json_dumps(metrics, indent=1), os.path.join(run_dir, "metrics.json"))
-    from .plot_energy import plot_run
-
-    plot_run(run_dir)
-    from .bundle import write_run_bundle     # here: the Hub mixin's import is not paid before training starts
-
-    # last: bundle.json, the file that marks the run finished (a run killed before it is resumed, not replaced)
-    write_run_bundle(run_dir, state["model"], cfg, run.splits.label_names, run.data_fp,  # the folder is a bundle:
-                     run.splits.name, metrics=metrics)                # model.safetensors, config.json, card
+    metrics.update(task.metrics(test_acc, test_loss, run.task_info, run.tensors, run.splits))
+    _warn_unlearned(metrics, log)
+    save_results(run, metrics, energies, floor, state, EXTRA_LAYERS)
     distributed.teardown(run.dd)
     return metrics
+
+
+def _warn_unlearned(metrics: Dict[str, Any], log) -> None:
+    """A warning where the model does no better than the trivial guess: the test set's most frequent class
+    (``classify``), the most frequent masked token (``masked_tokens``)."""
+    if metrics.get("no_better_than_majority"):
+        log.warning(f"test accuracy {metrics['test_accuracy']:.4f} is no better than always predicting the test "
+                    f"set's most frequent class ({metrics['majority_class_accuracy']:.4f}): this model has not "
+                    "learned the task (more epochs, another learning rate, or more data?)")
+    if "unigram_masked_accuracy" in metrics and metrics["masked_accuracy"] <= metrics["unigram_masked_accuracy"]:
+        log.warning(f"masked-token accuracy {metrics['masked_accuracy']:.4f} is no better than always predicting "
+                    f"the most frequent masked token ({metrics['unigram_masked_accuracy']:.4f}): this model has not "
+                    "learned the task (more epochs, another learning rate, or more data?)")
 
 
 def main(argv=None) -> int:
@@ -736,65 +605,6 @@ def _main(args) -> int:
     print(f"wrote {run_dir}/metrics.json, energy_descent.png, training_curves.png")
     print(summary_line(metrics))
     return 0
-
-
-SUMMARY_KEYS = ("name", "mode", "test_accuracy", "val_accuracy", "train_seconds", "params", "energy_verdict",
-                "energy_steps", "energy_increases", "energy_nonfinite", "energy_max_rel_increase")
-
-
-def summary_line(metrics: Dict[str, Any]) -> str:
-    """The one JSON line a finished run prints: its headline figures from ``metrics.json``."""
-    summary = {k: metrics.get(k) for k in SUMMARY_KEYS}
-    summary["untrained_energy_increases"] = (metrics.get("untrained") or {}).get("energy_increases")
-    return json_dumps(summary)
-
-
-def config_differences(a: Dict[str, Any], b: Dict[str, Any], prefix: str = "") -> list:
-    """``(dotted key, a's value, b's value)`` for every leaf where two configs differ (a key missing on one side
-    counts, its value None)."""
-    out = []
-    for key in sorted(set(a) | set(b), key=str):
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += config_differences(x, y, f"{prefix}{key}.")
-        elif x != y or type(x) is not type(y):
-            out.append((f"{prefix}{key}", x, y))
-    return out
-
-
-def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
-    """The ``metrics.json`` of a finished run in ``run_dir`` trained with exactly ``cfg`` (the same command pasted
-    again), after telling the user on stderr what is there and how to train again; ``None`` when ``run_dir``
-    holds no finished run (training goes ahead, or the folder check refuses it as before). A finished run of
-    another config is a :class:`RunFolderError` naming the keys that differ. Reads only: no lock taken, nothing
-    written, so the finished run stays byte-identical."""
-    from .plot_energy import RunFileError, read_json
-    from ..runfolder.runlock import RunFolderError
-
-    metrics_path, config_path = (os.path.join(run_dir, f) for f in ("metrics.json", "config.yaml"))
-    if not (os.path.isfile(metrics_path) and os.path.isfile(os.path.join(run_dir, "bundle.json"))):
-        return None
-    owner = lock_owner(run_dir)
-    if os.path.lexists(Replacement(run_dir).stage) or (owner is not None and owner.held):
-        return None     # a killed --overwrite to finish, or a run holding the folder: the usual path says which
-    try:
-        stored, metrics = load_config(config_path), read_json(metrics_path)
-    except (ConfigError, RunFileError, OSError):
-        return None         # not a readable finished run: the folder check says what it holds
-    differ = config_differences(stored, cfg)
-    if differ:
-        shown = ", ".join(f"{k} ({there!r} there, {now!r} now)" for k, there, now in differ[:5])
-        raise RunFolderError(f"run folder {run_dir!r} holds a finished run of another config: {shown}"
-                             f"{f' and {len(differ) - 5} more' if len(differ) > 5 else ''}; train into a new "
-                             "folder with --run-dir, or replace it with --overwrite")
-    acc = metrics.get("test_accuracy")
-    print(f"{run_dir} already holds this finished run (same config; test accuracy "
-          f"{acc if not isinstance(acc, float) else f'{acc:.4f}'}, energy verdict "
-          f"{metrics.get('energy_verdict')!r}, {metrics.get('energy_increases')} increases in "
-          f"{metrics.get('energy_steps')} layer-steps): nothing was trained or changed. Use it: "
-          f"unfold-predict {run_dir} --text '...'. Train again: the same command with --run-dir NEW_FOLDER, "
-          "or with --overwrite to replace it once the new run is complete.", file=sys.stderr)
-    return metrics
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ One builder a file (as PyG's ``nn/conv/``), apart from the container, the regist
 
 * `edges`: edge lists and masks checked (`canonical_edges`, [`mask_from_lengths`][energies.mask_from_lengths]);
 * `container`: [`TokenGraph`][energies.TokenGraph] and [`check_tokens`][energies.check_tokens];
-* `registry`: [`GRAPHS`][energies.GRAPHS], [`register_graph`][energies.register_graph] and what builders share;
+* `registry`: [`GRAPHS`][energies.GRAPHS] and [`register_graph`][energies.register_graph];
+* `kit`: what a builder may use (checked sizes, the edge budget, patterns of pairs at offsets), public and
+  listed in its `__all__`;
 * the builders, registered in this order when this package is imported: `complete`, `window`,
   `strided`, `dilated`, `star`, `random_graph` (``random``);
 * `edge_list` ([`from_edge_index`][energies.from_edge_index], [`from_pyg`][energies.from_pyg]), `spec`
@@ -26,7 +28,8 @@ One builder a file (as PyG's ``nn/conv/``), apart from the container, the regist
 This package is the documented import path of their public names (``from energies.graphs import TokenGraph,
 window, register_graph, ...``; the builders are also ``energies.window`` etc.). May import: energies' errors, checks
 and registry helpers; nothing else of the project. A new graph is one new file that imports
-`registry` (and [`TokenGraph`][energies.TokenGraph]) and decorates its builder with ``register_graph``.
+[`TokenGraph`][energies.TokenGraph], `register_graph` and the kit (`energies.graphs.kit`), and decorates its builder
+with ``register_graph``.
 """
 from . import complete, window, strided, dilated, star, random_graph  # noqa: F401  (registers them, in this order)
 from . import edge_list, spec, cache  # noqa: F401
@@ -37,7 +40,8 @@ from .dilated import dilated  # noqa: F811
 from .edge_list import from_edge_index, from_pyg
 from .edges import MAX_SLOTS, canonical_edges, mask_from_lengths
 from .random_graph import RANDOM_PAIRWISE_MAX, random
-from .registry import GRAPHS, MASK_FREE, MAX_EDGES, register_graph
+from .kit import MAX_EDGES
+from .registry import GRAPHS, MASK_FREE, register_graph
 from .spec import check_graph_spec, graph_from_spec
 from .star import star  # noqa: F811
 from .strided import strided  # noqa: F811

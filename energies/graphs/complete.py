@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .container import TokenGraph
-from .registry import _sizes, register_graph
+from .kit import check_sizes
+from .registry import register_graph
 
 
 @register_graph("complete", mask_free=True)
@@ -19,5 +20,5 @@ def complete(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGrap
         The [`TokenGraph`][energies.TokenGraph] built with ``edge_index=None`` (``is_complete``; no edge
         list).
     """
-    n, batch_size, _ = _sizes(n, batch_size, seed)
+    n, batch_size, _ = check_sizes(n, batch_size, seed)
     return TokenGraph(batch_size, n, mask, None, name="complete")

@@ -10,7 +10,7 @@ import torch
 from ..errors import GraphError, TokenError
 from ..memory import check_memory
 
-from .edges import MAX_SLOTS, _check_mask, canonical_edges, check_int, listed_edges
+from .edges import MAX_SLOTS, canonical_edges, check_int, check_mask, listed_edges
 
 
 #: the integer dtype of each floating dtype's width: a padding mask applied as a bitwise AND (`mask_bits`)
@@ -169,7 +169,7 @@ class TokenGraph:
         if not isinstance(name, str):
             raise GraphError(f"graph name must be a string, got {type(name).__name__}")
         self.name = name
-        self.mask = _check_mask(mask, self.batch_size, self.num_nodes)
+        self.mask = check_mask(mask, self.batch_size, self.num_nodes)
         self.is_complete = edge_index is None
         self._edges: Optional[torch.Tensor] = None
         #: the edge list before the current mask dropped any (fixed shape whatever the mask: `with_mask` keeps
@@ -350,7 +350,7 @@ class TokenGraph:
         g = object.__new__(TokenGraph)
         g.__dict__.update(self.__dict__)
         g.__dict__.pop("_bits", None)
-        g.mask = _check_mask(mask, self.batch_size, self.num_nodes).to(self.device)
+        g.mask = check_mask(mask, self.batch_size, self.num_nodes).to(self.device)
         g._edges = None
         return g
 

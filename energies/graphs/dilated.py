@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .container import TokenGraph
-from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+from .kit import check_sizes, from_pattern, pairs_at_offsets, positive_int
+from .registry import register_graph
 
 
 @register_graph("dilated", mask_free=True)
@@ -25,10 +26,10 @@ def dilated(n: int, k: int, radius: int = 1, batch_size: int = 1, mask=None, see
     Raises:
         GraphError: a size, k or radius that is not an integer >= 1, or more edges than a builder materialises.
     """
-    n, batch_size, _ = _sizes(n, batch_size, seed)
-    k = _positive_int(k, "dilation k")
-    radius = _positive_int(radius, "dilated radius")
+    n, batch_size, _ = check_sizes(n, batch_size, seed)
+    k = positive_int(k, "dilation k")
+    radius = positive_int(radius, "dilated radius")
     reach = min(radius, (n - 1) // k)
     offsets = [k * m for m in range(1, reach + 1)]
-    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"dilated:{k}:{radius} on n={n}"), n, batch_size,
+    return from_pattern(pairs_at_offsets(n, offsets, batch_size, f"dilated:{k}:{radius} on n={n}"), n, batch_size,
                          mask, f"dilated:{k}:{radius}", offsets)

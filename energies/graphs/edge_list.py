@@ -11,7 +11,7 @@ from ..errors import GraphError
 
 from .container import TokenGraph
 from .edges import canonical_edges
-from .registry import _from_pattern, _sizes
+from .kit import check_sizes, from_pattern
 
 
 def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: bool = True,
@@ -37,11 +37,11 @@ def from_edge_index(edge_index, n: int, batch_size: int = 1, mask=None, shared: 
         GraphError: a size that is not an integer >= 1, ``shared`` not a bool, or an edge list that fails its
             checks (shape, dtype, ids out of range, self loops, repeats, edges between examples).
     """
-    n, batch_size, _ = _sizes(n, batch_size)
+    n, batch_size, _ = check_sizes(n, batch_size)
     check_flag(shared, "shared", GraphError, numpy_bool=True)
     if shared:
         canon = canonical_edges(edge_index, n, n)  # validates once, on per-example ids
-        return _from_pattern(canon, n, batch_size, mask, name)
+        return from_pattern(canon, n, batch_size, mask, name)
     return TokenGraph(batch_size, n, mask, edge_index, name=name)
 
 

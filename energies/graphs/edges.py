@@ -46,7 +46,22 @@ def mask_from_lengths(lengths, n: int) -> torch.Tensor:
     return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def _check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
+def check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
+    """A padding mask checked: what [`TokenGraph`][energies.TokenGraph] and a builder whose edges depend on the mask
+    (`star`) read.
+
+    Args:
+        mask: ``(B, n)`` (or ``(n,)`` for one example) bool tensor or array, True where a token is real; None: all
+            real.
+        batch_size: examples in the batch (B).
+        n: token slots per example.
+
+    Returns:
+        The ``(B, n)`` bool tensor (a numpy mask copied).
+
+    Raises:
+        GraphError: a mask that is not bool, or not of shape ``(batch_size, n)``.
+    """
     if mask is None:
         return torch.ones(batch_size, n, dtype=torch.bool)
     # a numpy mask is copied: sharing its memory would let later writes to the array change the graph unseen

@@ -7,7 +7,8 @@ import torch
 
 from .container import TokenGraph
 from .edges import check_number
-from .registry import _check_edges, _sizes, register_graph
+from .kit import check_edge_count, check_sizes
+from .registry import register_graph
 
 
 #: up to this many candidate pairs per example, `random` draws one uniform number per pair (its
@@ -61,10 +62,10 @@ def random(n: int, p: float, batch_size: int = 1, mask=None, seed: int = 0) -> T
         GraphError: a size that is not an integer >= 1, p outside [0, 1], a seed out of range, or more expected
             edges than a builder materialises.
     """
-    n, batch_size, seed = _sizes(n, batch_size, seed)
+    n, batch_size, seed = check_sizes(n, batch_size, seed)
     p = check_number(p, "edge probability p", "probability")
     pairs = n * (n - 1) // 2
-    _check_edges(p * pairs, batch_size, f"random:{p:g} on n={n}")
+    check_edge_count(p * pairs, batch_size, f"random:{p:g} on n={n}")
     gen = torch.Generator().manual_seed(seed)
     src, dst = [], []
     if pairs <= RANDOM_PAIRWISE_MAX:

@@ -15,7 +15,8 @@ from ..errors import GraphError
 
 from .container import TokenGraph
 from .edge_list import from_edge_index
-from .registry import GRAPHS, _sizes
+from .kit import check_sizes
+from .registry import GRAPHS
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,7 +142,7 @@ def graph_from_spec(spec: str, n: int, batch_size: int = 1, mask=None, seed: int
     spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec.strip():
         raise GraphError(f"graph spec must be a non-empty string, got {spec!r}")
-    n, batch_size, seed = _sizes(n, batch_size, seed)
+    n, batch_size, seed = check_sizes(n, batch_size, seed)
     if spec.endswith(".npy") or os.path.sep in spec:
         return edge_array_graph(load_npy(spec, "graph file", "edge list", GraphError), n, batch_size, mask, spec)
     name, _, rest = spec.partition(":")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from .container import TokenGraph
-from .edges import _check_mask
-from .registry import _sizes, register_graph
+from .edges import check_mask
+from .kit import check_sizes
+from .registry import register_graph
 
 
 @register_graph("star")
@@ -31,8 +32,8 @@ def star(n: int, batch_size: int = 1, mask=None, seed: int = 0) -> TokenGraph:
     Raises:
         GraphError: a size that is not an integer >= 1, or a mask of the wrong dtype or shape.
     """
-    n, batch_size, _ = _sizes(n, batch_size, seed)
-    mask_t = _check_mask(mask, batch_size, n)
+    n, batch_size, _ = check_sizes(n, batch_size, seed)
+    mask_t = check_mask(mask, batch_size, n)
     src, dst = [], []
     for b in range(batch_size):
         idx = mask_t[b].nonzero().reshape(-1).cpu() + b * n

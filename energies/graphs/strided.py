@@ -4,7 +4,8 @@ from __future__ import annotations
 from ..errors import GraphError
 
 from .container import TokenGraph
-from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+from .kit import check_sizes, from_pattern, pairs_at_offsets, positive_int
+from .registry import register_graph
 
 
 @register_graph("strided", mask_free=True)
@@ -30,10 +31,10 @@ def strided(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> To
         GraphError: a size that is not an integer >= 1, k not an integer >= 2, or more edges than a builder
             materialises.
     """
-    n, batch_size, _ = _sizes(n, batch_size, seed)
-    k = _positive_int(k, "stride k")
+    n, batch_size, _ = check_sizes(n, batch_size, seed)
+    k = positive_int(k, "stride k")
     if k < 2:
         raise GraphError(f"stride k must be >= 2, got {k}")
     offsets = sorted(set(range(1, min(k, n))) | set(range(k, n, k)))
-    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"strided:{k} on n={n}"), n, batch_size, mask,
+    return from_pattern(pairs_at_offsets(n, offsets, batch_size, f"strided:{k} on n={n}"), n, batch_size, mask,
                          f"strided:{k}", offsets)

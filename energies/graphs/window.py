@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .container import TokenGraph
-from .registry import _from_pattern, _pairs_at_offsets, _positive_int, _sizes, register_graph
+from .kit import check_sizes, from_pattern, pairs_at_offsets, positive_int
+from .registry import register_graph
 
 
 @register_graph("window", mask_free=True)
@@ -21,8 +22,8 @@ def window(n: int, k: int, batch_size: int = 1, mask=None, seed: int = 0) -> Tok
         The [`TokenGraph`][energies.TokenGraph], with its offsets (shift-invariant: the ``banded``
         kernel's case).
     """
-    n, batch_size, _ = _sizes(n, batch_size, seed)
-    k = _positive_int(k, "window radius k")
+    n, batch_size, _ = check_sizes(n, batch_size, seed)
+    k = positive_int(k, "window radius k")
     offsets = range(1, min(k, n - 1) + 1)
-    return _from_pattern(_pairs_at_offsets(n, offsets, batch_size, f"window:{k} on n={n}"),
+    return from_pattern(pairs_at_offsets(n, offsets, batch_size, f"window:{k} on n={n}"),
                          n, batch_size, mask, f"window:{k}", offsets)

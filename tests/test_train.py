@@ -86,7 +86,7 @@ def test_shipped_configs_load_and_round_trip(name, tmp_path):
 def test_config_errors_are_clear(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'model.depth'; valid keys in model: alpha, attention, attention_temperature, curvature, d, "):
         load_config(None, ["model.depth=3"])
-    with pytest.raises(ConfigError, match=r"unknown config key 'optim'; valid keys: data, model, name, train"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim'; valid keys: data, model, name, pretrain, task, train"):
         load_config(None, ["optim.lr=3"])
     with pytest.raises(ConfigError, match="'model.layers' must be int, got str 'four'"):
         load_config(None, ["model.layers=four"])

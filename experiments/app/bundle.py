@@ -114,6 +114,7 @@ from unfold.strict_json import dumps as json_dumps, load as json_load, loads as 
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
 
 from ..runfolder.atomic import atomic_open
+from .fill_mask import fill_mask_chunk
 from .checkpoint import DIGEST, LAST, PREV, check_fingerprint, nonfinite_tensor, safe_load, show
 from .graph_pin import GRAPH_FILE, is_graph_file, parse_edges, pin, read_edges, write_edges
 
@@ -223,10 +224,9 @@ def _manifest(folder: str, weights: str, label_names: Sequence[str], fingerprint
     card's digest left out unless ``with_card`` (the manifest the card itself binds, made before it is written).
     ``task``: the model's task where it is not ``classify`` (format 2; such a model has no label names)."""
     names = [str(n) for n in label_names]
-    if task is not None and names:
-        raise CheckpointError(f"a bundle of task {task!r} has no label names, got {names!r}")
-    if task is None and (len(names) < 2 or len(set(names)) != len(names)):
-        raise CheckpointError(f"a bundle needs at least two distinct label names, got {names!r}")
+    if not (task is not None and not names) and (len(names) < 2 or len(set(names)) != len(names)):
+        raise CheckpointError(f"a bundle needs at least two distinct label names (none: a task without labels, "
+                              f"masked_tokens), got {names!r}")
     version = 2 if weights == SAFETENSORS else 1
     if version == 1 and weights not in WEIGHTS:
         raise CheckpointError(f"a bundle's weights are {SAFETENSORS} (or, format 1, one of {list(WEIGHTS)}), got "
@@ -655,14 +655,24 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         weights changed in place are never checked through a stale copy."""
         return copy.deepcopy(self.model).to(CHECK_DTYPES[self.config["train"]["check_dtype"]]).eval()
 
+    @property
+    def task(self) -> str:
+        """The model's task (``config['task']``): ``classify``, or ``masked_tokens`` (whose `predict` fills masks)."""
+        return self.config.get("task", "classify")
+
     @torch.no_grad()
     def predict(self, texts: Sequence[str], batch_size: int = 64,
-                tol_factor: float = DEFAULT_TOL_FACTOR, layers: Optional[int] = None) -> List[Prediction]:
+                tol_factor: float = DEFAULT_TOL_FACTOR, layers: Optional[int] = None, top_k: int = 5) -> List[Prediction]:
         """One :class:`Prediction` per text: probabilities from the model as trained (its dtype, trace off), the
         energies from a copy in ``train.check_dtype`` (float64 by default) with the trace on, checked layer by
         layer with the project's tolerance rule (:func:`unfold.trace.report_from_values`). ``layers``: unroll the
         shared step that many times instead of the trained depth (weight-shared encoders only; else a
-        :class:`~energies.errors.ConfigError` naming it, :func:`unfold.encoders.check_inference_layers`)."""
+        :class:`~energies.errors.ConfigError` naming it, :func:`unfold.encoders.check_inference_layers`).
+
+        A masked-token model (``task: masked_tokens``) fills masks instead: one
+        `experiments.app.fill_mask.FillMaskPrediction` per text, the ``top_k`` candidates of each ``[MASK]``
+        (Hugging Face's fill-mask fields ``score``, ``token``, ``token_str``, ``sequence``) with the same energy
+        verdict; a text without ``[MASK]`` is a ConfigError."""
         layers = check_inference_layers(self.model.encoder, layers)
         batch_size = check_batch_size(batch_size)
         if isinstance(texts, str):
@@ -671,11 +681,11 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if bad:
             raise CheckpointError(f"texts must be strings; text {bad[0]} is a {type(texts[bad[0]]).__name__}")
-        return [p for batch in self.predict_batches(texts[s:s + batch_size] for s in range(0, len(texts), batch_size))
-                for p in batch]
+        return [p for batch in self.predict_batches((texts[s:s + batch_size] for s in range(0, len(texts), batch_size)),
+                                                    tol_factor, layers, top_k) for p in batch]
 
     def predict_iter(self, texts: Iterable[str], batch_size: int = 64, tol_factor: float = DEFAULT_TOL_FACTOR,
-                     layers: Optional[int] = None) -> Iterator[Prediction]:
+                     layers: Optional[int] = None, top_k: int = 5) -> Iterator[Prediction]:
         """:meth:`predict` as a stream: ``texts`` (any iterable, read lazily) taken ``batch_size`` at a time, each
         batch's predictions yielded as soon as it is done, so that memory is bounded by one batch whatever the
         number of texts. A text that is not a string is refused when its batch is reached."""
@@ -684,12 +694,12 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
             texts = [texts]
         it = iter(texts)
         batches = iter(lambda: list(itertools.islice(it, batch_size)), [])
-        for batch in self.predict_batches(batches, tol_factor=tol_factor, layers=layers):
+        for batch in self.predict_batches(batches, tol_factor=tol_factor, layers=layers, top_k=top_k):
             yield from batch
 
     @torch.no_grad()
     def predict_batches(self, batches: Iterable[Sequence[str]], tol_factor: float = DEFAULT_TOL_FACTOR,
-                        layers: Optional[int] = None) -> Iterator[List[Prediction]]:
+                        layers: Optional[int] = None, top_k: int = 5) -> Iterator[List[Prediction]]:
         """The predictions of each batch of texts in ``batches`` (each a list, empty batches skipped), yielded
         batch by batch as :meth:`predict` computes them (one energy copy of the model for the whole stream). A
         text with no token in the vocabulary is warned about on the ``experiments.app.predict`` logger (stderr by
@@ -707,7 +717,8 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
                                       f"{type(chunk[bad[0]]).__name__}")
             if not chunk:
                 continue
-            out = self._predict_chunk(chunk, checker, dtype, tol_factor, layers)
+            out = self._predict_chunk(chunk, checker, dtype, tol_factor, layers) if self.task == "classify" else \
+                fill_mask_chunk(self, chunk, checker, dtype, tol_factor, layers, top_k, seen)
             for i, pred in enumerate(out):
                 if pred.prior_only:
                     prior += 1
@@ -831,12 +842,10 @@ def _check_manifest_data(path: str, manifest: Dict[str, Any]) -> None:
     if "task" in manifest and not (isinstance(task, str) and task != "classify" and task.strip() == task and task):
         raise _key_error(path, "task", task, "must be the name of a task other than classify (a classifier's "
                                              "manifest has no task)")
-    if task is not None:
-        if names != []:
-            raise _key_error(path, "label_names", names, f"must be [] in the bundle of a {task} model")
-    elif not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names) \
-            or len(set(names)) != len(names):
-        raise _key_error(path, "label_names", names, "must be at least two distinct strings")
+    if (task is None or names != []) and (not isinstance(names, list) or len(names) < 2 or not all(
+            isinstance(n, str) for n in names) or len(set(names)) != len(names)):
+        raise _key_error(path, "label_names", names, "must be at least two distinct strings (or [] with a task "
+                                                     "without labels, masked_tokens)")
     if manifest["dataset"] is not None and not isinstance(manifest["dataset"], str):
         raise _key_error(path, "dataset", manifest["dataset"], "must be a string or null")
     if manifest["data_fingerprint"] is not None:
@@ -1267,8 +1276,8 @@ def _built_model(wpath: str, config_path: str, sd: Dict[str, torch.Tensor], cfg:
     from .build import build_model
 
     head = sd.get("head.weight")
-    classify = cfg.get("task", "classify") == "classify"       # another task's head: checked by load_state_dict
-    if classify and (head is None or head.dim() != 2 or head.shape[0] != len(label_names)):
+    labelled = cfg.get("task", "classify") == "classify" or label_names    # else a token head: load_state_dict
+    if labelled and (head is None or head.dim() != 2 or head.shape[0] != len(label_names)):
         raise CheckpointError(f"{wpath}: the head has {None if head is None else tuple(head.shape)[:1]} classes, the "
                               f"bundle names {len(label_names)}")
     embed = sd.get("embedding.embed.weight")

@@ -11,6 +11,14 @@ stderr (``warning:`` lines) and its ``unknown_tokens`` equals its ``tokens``. ``
 step K times instead of the trained depth (weight-shared encoders only: refused for untied free/baseline
 stacks). The same as the Python call ``experiments.app.bundle.load_model(RUN_DIR).predict(texts)``.
 
+**Fill-mask.** On a masked-token model (``task: masked_tokens``) each text needs a ``[MASK]`` (a text without one is
+refused, exit 2) and the answer is, per ``[MASK]``, the ``--top-k`` most probable tokens with their probabilities,
+as Hugging Face's fill-mask pipeline gives them, and the energy verdict: ``--json`` prints one object a text (keys
+``text``, ``masks`` (a list per ``[MASK]`` of ``{score, token, token_str, sequence}``, best first), ``energies``,
+``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``, ``tokens``, ``truncated``,
+``unknown_tokens``, ``unknown_words``); the plain line has four fields (`fill_mask_line`). On a classifier
+``[MASK]`` is text like any other.
+
 **Streaming.** Texts are read line by line (``--text`` values first, then each ``--file``; ``-`` is stdin) by a
 reader thread into a queue of ``--batch-size`` texts, predicted a batch at a time, and each batch's lines are
 printed and flushed as soon as it is done: memory is bounded by about three batches of texts whatever the length
@@ -57,6 +65,7 @@ from unfold.strict_json import dumps as json_dumps
 from ..data.stream import MAX_LINE_BYTES, bounded_lines, decoded_lines
 from ..runfolder.atomic import atomic_open
 from .bundle import BUNDLE, Prediction, load_model
+from .fill_mask import FillMaskPrediction
 from ..runfolder.runlock import RUN_FILES, RunFolderError, lock_owner
 
 PROG = "unfold-predict"
@@ -304,11 +313,23 @@ def tokens_field(pred: Prediction) -> str:
 
 
 def plain_line(pred: Prediction) -> str:
-    """One text's line of the plain output: six tab-separated fields (``--json``'s help)."""
+    """One text's line of the plain output: six tab-separated fields (``--json``'s help); a fill-mask answer's:
+    four (`fill_mask_line`)."""
+    if isinstance(pred, FillMaskPrediction):
+        return fill_mask_line(pred)
     probs = " ".join(f"{k} {v:.3f}" for k, v in pred.probabilities.items())
     energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
     return (f"{escape_field(pred.label)}\t[{probs}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t"
             f"{escape_field(tokens_field(pred))}\t{escape_field(pred.text)}")
+
+
+def fill_mask_line(pred: FillMaskPrediction) -> str:
+    """One text's line of the plain output of a masked-token model, four tab-separated fields: the candidates of
+    each ``[MASK]`` (``token score`` pairs, best first; the masks separated by `` | ``), the verdict, the
+    energies, the text."""
+    masks = " | ".join(" ".join(f"{escape_field(c.token_str)} {c.score:.3f}" for c in cands) for cands in pred.masks)
+    energy = " -> ".join(f"{e:.4g}" for e in pred.energies)
+    return f"[{masks}]\t{pred.verdict} ({pred.increases} increases)\tE: {energy}\t{escape_field(pred.text)}"
 
 
 def _short(text: str, max_chars: int) -> str:
@@ -431,6 +452,9 @@ def _predict(args: argparse.Namespace, feed: TextFeed, out) -> int:
     _check_run(args.run_dir)
     trained = _load(args)
     layers = check_inference_layers(trained.model.encoder, args.layers, "--layers")
+    if plotted is not None and trained.task != "classify":
+        raise ConfigError(f"--plot draws a classifier's predictions; {args.run_dir} is a {trained.task} model "
+                          "(fill-mask): leave --plot out")
     if plotted is not None:
         batches: Iterable[List[str]] = (plotted[s:s + args.batch_size]
                                         for s in range(0, len(plotted), args.batch_size))
@@ -439,12 +463,16 @@ def _predict(args: argparse.Namespace, feed: TextFeed, out) -> int:
         if drawn:
             plot_energies(drawn, args.plot)     # first: a failed write leaves no half-printed answer
         return _print([predictions], args.json, out)
-    return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers), args.json, out)
+    return _print(trained.predict_batches(feed.batches(first, args.batch_size), layers=layers, top_k=args.top_k),
+                  args.json, out)
 
 
 def finite(pred: Prediction) -> bool:
     """Whether the model's output for a text is finite: every class probability a finite number (a NaN or infinite
-    logit makes them NaN). A text whose output is not gets no label: `unfold-predict` names it on stderr."""
+    logit makes them NaN; fill-mask: every candidate's score). A text whose output is not gets no label:
+    `unfold-predict` names it on stderr."""
+    if isinstance(pred, FillMaskPrediction):
+        return pred.finite
     return all(math.isfinite(p) for p in pred.probabilities.values())
 
 
@@ -452,7 +480,8 @@ def nonfinite_message(number: int, pred: Prediction) -> str:
     """The stderr line's message for text ``number`` (from 1) whose output is not finite."""
     text = " ".join(pred.text.split())
     shown = text if len(text) <= 60 else text[:59] + "…"
-    probs = ", ".join(f"{k} {v}" for k, v in pred.probabilities.items())
+    probs = ", ".join(f"{k} {v}" for k, v in pred.probabilities.items()) if not isinstance(pred, FillMaskPrediction) \
+        else ", ".join(f"{c.token_str} {c.score}" for cands in pred.masks for c in cands)
     return (f"text {number} {shown!r}: the model's output is not finite (probabilities: {probs}; its weights or "
             "this input overflow the model's arithmetic): no label")
 
@@ -475,6 +504,9 @@ def _parser() -> argparse.ArgumentParser:
                         "as \\uHHHH")
     p.add_argument("--plot", metavar="OUT.png", help=f"draw each text's total energy per layer, one panel per text "
                                                     f"on its own scale (at most {PLOT_MAX} texts)")
+    p.add_argument("--top-k", type=positive_int, default=5, metavar="K",
+                   help="a masked-token model (task masked_tokens): the K most probable tokens at each [MASK] "
+                        "(default 5)")
     p.add_argument("--batch-size", type=positive_int, default=64,
                    help="texts predicted together (default 64); memory is bounded by about three batches")
     p.add_argument("--layers", type=positive_int, metavar="K",

@@ -36,9 +36,9 @@ def evaluate(model: torch.nn.Module, tensors, batch_size: int, device, trace: bo
              bar=None, task=None):
     """Accuracy, mean loss (per scored prediction: a text for ``classify``, a masked position for
     ``masked_tokens``) and (with ``trace``) the per-example energy trace ``{term: (N, T+1)}``. A logit or a loss
-    that is not finite is never a metric: :class:`TrainingError` naming the split, how many predictions and the
+    that is not finite is never a metric: `TrainingError` naming the split, how many predictions and the
     first one (an accuracy of argmax over NaN would be a number that means nothing). ``bar``: a progress bar
-    (:func:`experiments.runfolder.runlog.progress`) advanced by one per batch. ``task``: the run's task (default:
+    (`experiments.runfolder.runlog.progress`) advanced by one per batch. ``task``: the run's task (default:
     ``classify``)."""
     task = _task(task)
     model.eval()
@@ -88,7 +88,7 @@ def energy_floor(model: torch.nn.Module, tensors, batch_size: int, device, extra
                  task=None):
     """Per-example estimate of min E: the shared step unrolled ``extra`` layers past the trained depth
     (guaranteed mode; E is bounded below there); ``None`` for untied modes. ``bar``, ``task`` as in
-    :func:`evaluate` (the inputs the task gives)."""
+    `evaluate` (the inputs the task gives)."""
     if not model.encoder.guaranteed:
         return None
     task = _task(task)

@@ -113,7 +113,7 @@ def finished_run(cfg: Dict[str, Any], run_dir: str) -> Optional[Dict[str, Any]]:
     """The ``metrics.json`` of a finished run in ``run_dir`` trained with exactly ``cfg`` (the same command pasted
     again), after telling the user on stderr what is there and how to train again; ``None`` when ``run_dir``
     holds no finished run (training goes ahead, or the folder check refuses it as before). A finished run of
-    another config is a :class:`RunFolderError` naming the keys that differ. Reads only: no lock taken, nothing
+    another config is a `RunFolderError` naming the keys that differ. Reads only: no lock taken, nothing
     written, so the finished run stays byte-identical."""
     from .plot_energy import RunFileError, read_json
     from ..runfolder.runlock import RunFolderError

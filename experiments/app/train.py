@@ -5,6 +5,10 @@ validation epoch), ``history.json``, ``energy_trace.pt`` (float64 per-example, p
 energies on the test set, checked in ``train.check_dtype``), ``metrics.json``, the plots
 ``energy_descent.png`` and ``training_curves.png``, and last the bundle (``bundle.json`` written last of all:
 a folder without it holds an unfinished run, which ``--resume`` finishes).
+
+This module is the loop (set-up, data, model, optimiser, epochs, resume, DDP); what the run learns is its task
+(`experiments.app.tasks`: ``classify``, ``masked_tokens``), evaluation is `experiments.app.evaluation` and the
+run folder's files `experiments.app.runfiles`.
 """
 from __future__ import annotations
 

@@ -119,6 +119,13 @@ class MaskedTokens(Task):
         self.head_kind = None
 
     def data(self, splits, vocab, tensors):
+        if self.cfg["data"]["texts"] is not None:
+            from energies.errors import ConfigError
+
+            raise ConfigError(f"config key 'data.texts'={self.cfg['data']['texts']!r}: task=masked_tokens pretrains "
+                              "on the training split's texts of data.dataset; it does not read a text file as its "
+                              "training texts (data.texts sets only where the vocabulary is learnt): leave "
+                              "data.texts null")
         limit = self.cfg["train"]["max_train_examples"]
         texts = [t for t, _ in (splits.train if limit is None else splits.train[:limit])]
         ids, mask, labels = tensors["train"]

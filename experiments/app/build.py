@@ -91,14 +91,16 @@ def check_buildable(cfg: Dict[str, Any]) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("embedding."))
 
 
-def build_data(cfg: Dict[str, Any], mask_token: bool = False):
+def build_data(cfg: Dict[str, Any], mask_token: bool = False, vocab=None, embed_shape: Optional[tuple] = None):
     """Splits, vocabulary, encoded tensors and (optional) GloVe matrix as the trainer sees them.
 
     The vocabulary is the tokenizer ``data.tokenizer`` names (`build_tokenizer`): a word
     [Vocab][experiments.data.text.Vocab] or a [SubwordTokenizer][experiments.data.subword.SubwordTokenizer], both
     [TextTokenizer][experiments.data.subword.TextTokenizer]s. ``mask_token``: the word vocabulary gets ``<mask>``
     at id 2 (masked-token training); False keeps the ids of earlier versions. A trained subword tokenizer always
-    has ``[MASK]`` at id 2."""
+    has ``[MASK]`` at id 2. ``vocab``: a tokenizer to encode with instead (a pretrained run's, ``model.init_from``:
+    nothing is learnt from the data); ``embed_shape``: then the shape of its embedding table, whose weights come
+    from that run (zeros stand for GloVe's rows, which are not read)."""
     from .. import data as D
 
     dc = cfg["data"]
@@ -110,7 +112,11 @@ def build_data(cfg: Dict[str, Any], mask_token: bool = False):
     log.info(f"read {splits.name}: {len(train)}/{len(splits.val)}/{len(splits.test)} train/val/test examples, "
              f"{splits.num_classes} classes ({time.perf_counter() - t0:.1f} s); tokenising ...")
     t0 = time.perf_counter()
-    vocab = build_tokenizer(cfg, train, mask_token)
+    if vocab is None:
+        vocab = build_tokenizer(cfg, train, mask_token)
+    elif mask_token and vocab.mask_id is None:
+        raise ConfigError(f"model.init_from={cfg['model']['init_from']!r}: its vocabulary has no mask token, which "
+                          "masked-token training needs")
     tensors = {name: D.encode(ex, vocab, dc["max_len"]) for name, ex in
                (("train", train), ("val", splits.val), ("test", splits.test))}
     what = f"{len(vocab)} words (data.min_freq={dc['min_freq']})" if vocab.kind == "words" else \
@@ -118,7 +124,9 @@ def build_data(cfg: Dict[str, Any], mask_token: bool = False):
     log.info(f"vocabulary: {what}; texts encoded to data.max_len={dc['max_len']} tokens "
              f"({time.perf_counter() - t0:.1f} s)")
     glove = None
-    if dc["glove"] != "none":
+    if embed_shape is not None:
+        glove = torch.zeros(embed_shape) if dc["glove"] != "none" else None
+    elif dc["glove"] != "none":
         glove, coverage = D.load_glove(vocab, data_dir=dc["data_dir"])
         log.info(f"GloVe 50d: {coverage:.1%} of the vocabulary found")
     return splits, vocab, tensors, glove

@@ -149,7 +149,9 @@ CARD_METRICS = ("test_accuracy", "test_loss", "val_accuracy", "best_epoch", "maj
                 "train_energy_increases", "train_energy_steps", "mode", "params",
                 # task=masked_tokens (experiments.app.tasks.masked_tokens)
                 "masked_accuracy", "masked_loss", "perplexity", "unigram_masked_accuracy", "check_dtype_accuracy",
-                "pretrain_texts", "heldout_texts", "head")
+                "pretrain_texts", "heldout_texts", "head",
+                # model.init_from (experiments.app.init_from): the pretraining run a fine-tuned model started from
+                "init_from", "init_from_task", "init_from_fingerprint_sha256")
 CHECK_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -364,6 +366,10 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
              f"`config.json` (resolved config), `{_vocab_file(config)}`, `bundle.json` (format, label names, sha256 of every "
              "file)" + (", `graph.npy` (the token graph trained on)" if is_graph_file(config["model"]["graph"])
                          else "") + ".", "", "## Descent verdict", ""]
+    if m.get("init_from"):
+        lines[2:2] = [f"Fine-tuned from `{m['init_from']}` (task `{m.get('init_from_task')}`, data fingerprint "
+                      f"sha256 `{m.get('init_from_fingerprint_sha256')}`): its tokenizer, embedding and encoder, "
+                      "with a new head.", ""]
     lines += _card_verdict(m, config, task)
     lines += _card_tail(config, dataset, fingerprint, command)
     return _front_matter(front) + "\n" + "\n".join(lines)

@@ -234,6 +234,9 @@ SCHEMA: Dict[str, Any] = {
     "name": Key("default", "the run's name: runs/NAME is its default folder (null in a file: the file's stem)",
                 Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
                      pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}")),
+    "task": Key("classify", "what the run learns: classify (a label per text) | masked_tokens (masked-token "
+                "pretraining on the training split's texts, labels ignored)",
+                Choice(_tasks, "experiments.app.tasks.TASKS")),
     "data": {
         "dataset": Key("rotten_tomatoes", "the data: rotten_tomatoes | crowdflower | listops | path/to/file.csv|.jsonl"
                        " or a folder of splits | hf:NAME[:CONFIG] (a Hugging Face dataset)", Text()),
@@ -339,6 +342,8 @@ SCHEMA: Dict[str, Any] = {
         "progress": Key(True, "a progress bar per epoch"),
         "compile": Key(False, "torch.compile the training forward (python -m experiments.studies.bench compile)"),
         "tensorboard": Key(True, "scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed"),
+        "freeze_encoder_epochs": Key(0, "fine-tune: train only the head for the first N epochs (the embedding and "
+                                     "encoder from model.init_from kept fixed)", Range(0, 10 ** 6, integer=True)),
     },
     "pretrain": {       # task=masked_tokens (experiments/app/tasks/masked_tokens.py)
         "mask_rate": Key(0.15, "masked_tokens: the share of each text's real, non-special tokens chosen (of those "

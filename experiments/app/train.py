@@ -33,6 +33,7 @@ from unfold.cli import check_device as _check_device, run_main
 from unfold.plugins import add_import_arg
 
 from .build import build_data, build_model, check_buildable, fingerprint
+from .init_from import TRANSFERRED, check_compatible, read_pretrained, transfer_weights
 from .graph_pin import GRAPH_FILE, is_graph_file, pin, read_edges, write_edges
 from . import distributed
 from .checkpoint import clean_temporaries, load_checkpoint, safe_load
@@ -216,6 +217,7 @@ class Run:
     start_epoch: int = 1
     task: Any = None                    # what the run learns (experiments.app.tasks)
     task_info: Dict[str, Any] = dataclasses.field(default_factory=dict)   # the task's data figures
+    pretrained: Any = None              # what model.init_from gives (experiments.app.init_from), or None
     elapsed: float = 0.0
 
 
@@ -261,7 +263,13 @@ def _read_data(run: Run) -> None:
     (on resume, the run's own copy), trained on and copied into the run (so into its bundle)."""
     cfg = run.cfg
     run.task = task_of(cfg)
-    run.splits, run.vocab, tensors, run.glove = build_data(cfg, mask_token=run.task.mask_token)
+    vocab = shape = None
+    if cfg["model"]["init_from"] is not None:       # its tokenizer and encoder, checked before anything is written
+        run.pretrained = read_pretrained(cfg["model"]["init_from"])
+        check_compatible(cfg, run.pretrained)
+        vocab, shape = run.pretrained.vocab, tuple(run.pretrained.state["embedding.embed.weight"].shape)
+    run.splits, run.vocab, tensors, run.glove = build_data(cfg, mask_token=run.task.mask_token, vocab=vocab,
+                                                           embed_shape=shape)
     run.tensors, run.task_info = run.task.data(run.splits, run.vocab, tensors)
     run.data_fp = run.task.fingerprint(run.vocab) or fingerprint(cfg, run.splits, run.vocab)
     if is_graph_file(cfg["model"]["graph"]):
@@ -275,6 +283,10 @@ def _build(run: Run) -> None:
     cfg = run.cfg
     try:
         model = build_model(cfg, len(run.vocab), run.splits.num_classes, run.glove, task=run.task)
+        if run.pretrained is not None and not run.resume:       # (resumed: the checkpoint holds the weights)
+            copied = transfer_weights(model, run.pretrained)
+            run.log.info(f"model.init_from={cfg['model']['init_from']}: {len(copied)} embedding and encoder "
+                         f"tensors loaded; a new {run.task.name} head")
         run.model = pin(model, run.graph[0] if run.graph else None).to(run.device)
     except Exception as exc:     # noqa: BLE001 -- only the allocator's errors are turned into a refusal
         if not allocation_failed(exc):
@@ -448,6 +460,10 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         lr = run.opt.param_groups[0]["lr"]
         run.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if epoch <= tc["freeze_encoder_epochs"]:        # the head alone: no step, no weight decay for the rest
+            for name, p in model.named_parameters():
+                if name.startswith(TRANSFERRED):
+                    p.grad = None
         if tc["grad_clip"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
         run.opt.step()
@@ -539,6 +555,8 @@ def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
         **run_metrics(run.history, run.device),     # tokens/s and peak memory of the training passes, all epochs
     }
     metrics.update(task.metrics(test_acc, test_loss, run.task_info, run.tensors, run.splits))
+    if run.pretrained is not None:
+        metrics.update(run.pretrained.record())
     _warn_unlearned(metrics, log)
     save_results(run, metrics, energies, floor, state, EXTRA_LAYERS)
     distributed.teardown(run.dd)

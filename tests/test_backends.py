@@ -22,7 +22,7 @@ def sample(B=3, n=37, d=5, seed=0, device="cpu"):
 @pytest.mark.parametrize("rho", RHOS)
 @pytest.mark.parametrize("tile", [1, 8, 13, 64])
 def test_streamed_equals_dense(rho, tile, device, monkeypatch):
-    import energies.kernels.streamed as S        # the kernel's own module: what _streamed_pass reads
+    import energies.kernels.streamed as S        # the kernel's own module: what streamed_pass reads
 
     monkeypatch.setattr(S, "STREAM_TILE", tile)
     Y, mask = sample(device=device)

@@ -14,7 +14,7 @@ import torch
 import energies as E
 from energies.kernels.fused_ops import CPU_OPS, REFERENCE_OPS, _probe, fused_attention, fused_ops, fused_unavailable
 from energies.kernels.fused import FUSED_LSE_MAX_N, _fused_heads
-from energies.kernels.softmax import _compact_layout, _fused_parts, _spare_layout
+from energies.kernels.lse import _compact_layout, _spare_layout, fused_parts
 from energies.kernels import pairwise_pass, pick_kernel
 
 #: the CPU flash op with the CUDA ops' layout (head size rounded up to 8, values apart)
@@ -96,8 +96,8 @@ def test_compact_layout_equals_the_cpu_layout(ops, c):
 
 def test_fused_parts_picks_the_layout_of_the_op():
     Z, mask = _features()
-    a = _fused_parts(Z, mask, 1.0)                  # CPU: the CPU op, its spare layout
-    b = _fused_parts(Z, mask, 1.0, ops=CPU_COMPACT)
+    a = fused_parts(Z, mask, 1.0)                  # CPU: the CPU op, its spare layout
+    b = fused_parts(Z, mask, 1.0, ops=CPU_COMPACT)
     assert fused_ops("cpu", torch.float64) is CPU_OPS
     assert (a[1] - b[1]).abs().max().item() < 1e-12
 
@@ -105,7 +105,7 @@ def test_fused_parts_picks_the_layout_of_the_op():
 def test_the_kernel_on_the_cuda_layout_equals_the_edge_list(monkeypatch):
     """The ``fused`` kernel with the CUDA ops' layout (through the CPU op): agg, deg, energy equal ``edges`` in
     float64, padded examples included."""
-    import energies.kernels.softmax as S
+    import energies.kernels.lse as S
     monkeypatch.setattr(S, "fused_ops", lambda device_type, dtype: CPU_COMPACT)
     gen = torch.Generator().manual_seed(1)
     Y = torch.randn(3, 21, 4, dtype=torch.float64, generator=gen)

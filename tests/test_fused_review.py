@@ -10,9 +10,9 @@ import energies as E
 import energies.kernels.fused_ops as F
 from energies.kernels.fused_ops import CPU_OPS
 from energies.kernels.dispatch import _explicit_pass, _guarded_on_device
-from energies.kernels.guard import _centred
+from energies.kernels.guard import centred
 from energies.kernels.registry import KERNELS
-from energies.kernels.softmax import _fused_parts
+from energies.kernels.lse import fused_parts
 
 #: the CPU flash op with the CUDA ops' layout (head size rounded up to 8, values apart)
 CPU_COMPACT = CPU_OPS._replace(name="cpu-flash-compact", head_multiple=8)
@@ -26,7 +26,7 @@ def test_the_guard_on_the_device_keeps_a_refused_examples_gradient_finite(ops, m
     the where's zero gradient times inf made the refused example's gradient NaN, which a shared weight would
     then carry to every example. The refused example's gradient must be the exact pass's, the other's the fast
     pass's."""
-    import energies.kernels.softmax as S
+    import energies.kernels.lse as S
     monkeypatch.setattr(S, "fused_ops", lambda device_type, dtype: ops)
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(2, 9, 4, dtype=torch.float64, generator=gen)
@@ -42,13 +42,13 @@ def test_the_guard_on_the_device_keeps_a_refused_examples_gradient_finite(ops, m
         return gy
 
     def guarded(Y):
-        Zc = _centred(Y, g)
+        Zc = centred(Y, g)
         return _guarded_on_device(KERNELS["fused"], Y, Zc, (Zc * Zc).sum(-1), g, r, 1.0, True, True, None)
 
     got = grads(guarded)
     assert torch.isfinite(got).all()
-    exact = grads(lambda Y: _explicit_pass(Y, _centred(Y, g), g, r, 1.0, True, True, None))
-    fast = grads(lambda Y: KERNELS["fused"].run(_centred(Y, g), g, r, 1.0, True, True, None))
+    exact = grads(lambda Y: _explicit_pass(Y, centred(Y, g), g, r, 1.0, True, True, None))
+    fast = grads(lambda Y: KERNELS["fused"].run(centred(Y, g), g, r, 1.0, True, True, None))
     assert torch.equal(got[1], exact[1])
     assert torch.allclose(got[0], fast[0], rtol=1e-5, atol=1e-6)
 
@@ -64,7 +64,7 @@ def test_bfloat16_heads_flash_cannot_take_go_to_the_memory_efficient_op(c, op, a
     called = aten_calls
     mask = torch.ones(2, 37, dtype=torch.bool, device="meta")
     Z = torch.randn(2, 1, 37, c, dtype=torch.bfloat16, device="meta", requires_grad=True)
-    diff, lse = _fused_parts(Z, mask, 4.0)
+    diff, lse = fused_parts(Z, mask, 4.0)
     (diff.float().sum() + lse.sum()).backward()
     assert diff.shape == Z.shape and lse.shape == (2, 1, 37)
     assert f"_scaled_dot_product_{op}_attention" in called
@@ -130,7 +130,7 @@ def test_gradcheck_of_the_compact_layout_over_heads(lengths, n, sq, monkeypatch)
     """float64 gradcheck of agg, deg and energy through ``_fused_heads`` on the CUDA layout (the CPU op, head size
     rounded to 8), three heads, an example with no real token and n = 1, ``sq`` absent, given with its gradient,
     or given in another dtype (then recomputed from Z in the layout's dtype)."""
-    import energies.kernels.softmax as S
+    import energies.kernels.lse as S
     from energies.kernels.fused import _fused_heads
     monkeypatch.setattr(S, "fused_ops", lambda device_type, dtype: CPU_COMPACT)
     gen = torch.Generator().manual_seed(1)

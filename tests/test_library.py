@@ -11,7 +11,7 @@ import unfold as U
 import unfold.mm
 from energies.errors import ConfigError, EnergyError, GraphError, TokenError
 from energies.graphs import GraphCache
-from energies.kernels.edges import _edges_pass
+from energies.kernels.edges import edges_pass
 from energies.kernels import KERNELS, pairwise_pass, register_kernel
 from unfold.classifier import upgrade_state_dict
 from unfold.pyg import UnfoldedAttentionConv
@@ -93,7 +93,7 @@ def counting_kernel():
     @register_kernel("edges_counted")
     def run(Y, graph, rho, tau, energy, num, metric):
         calls.append(graph.name)
-        return _edges_pass(Y, graph, rho, tau, energy, num, metric)
+        return edges_pass(Y, graph, rho, tau, energy, num, metric)
 
     yield calls
     KERNELS.pop("edges_counted")

@@ -3,7 +3,7 @@ with a control showing that the check can fail.
 
 * ``_f64_sum``: one float32 cascade reduction per example instead of per-token sums and a float64 sweep; its error
   against an exactly rounded sum (``math.fsum``; ``mpmath`` on a small case) stays below 4 eps sum|x|.
-* the energy-only pass of the softmax kernels (``_softmax_degrees``: symmetric blocks, diagonal left out) against
+* the energy-only pass of the softmax kernels (``softmax_degrees``: symmetric blocks, diagonal left out) against
   the explicit float64 sums, with padding, odd block splits, float32 and gradients;
 * the bitwise padding masks of ``TokenGraph`` against ``torch.where``, bit for bit, NaN and inf included.
 """
@@ -16,7 +16,7 @@ import torch
 
 from energies.graphs import TokenGraph
 from energies.graphs.container import mask_bits
-from energies.kernels.softmax import _softmax_degrees
+from energies.kernels.lse import softmax_degrees
 from energies.kernels import pairwise_energy, pairwise_pass
 from energies.rho import get_rho
 from energies.terms import NonNegativity, _f64_sum
@@ -85,7 +85,7 @@ def test_energy_only_degrees_equal_explicit_sums(B, n, d):
     g = TokenGraph(B, n, mask)
     tau = math.sqrt(d)
     Yc = g.zero_padded(Y - (Y * mask[..., None]).sum(1, keepdim=True) / mask.sum(1)[:, None, None])
-    got = _softmax_degrees(Yc, g.mask, tau)
+    got = softmax_degrees(Yc, g.mask, tau)
     ref = _explicit_degrees(Yc, mask, tau)
     assert torch.allclose(got, ref, rtol=1e-12, atol=1e-14)
     assert torch.all(got[~mask] == 0)
@@ -103,7 +103,7 @@ def test_energy_only_degrees_float32_and_small_degrees():
     Y = torch.randn(2, 300, 16, generator=gen) * 3.0           # far apart: degrees ~1e-3 .. 1e-1
     g = TokenGraph(2, 300, None)
     Yc = Y - Y.mean(1, keepdim=True)
-    got = _softmax_degrees(Yc, g.mask, 4.0).double()
+    got = softmax_degrees(Yc, g.mask, 4.0).double()
     ref = _explicit_degrees(Yc, g.mask, 4.0)
     assert float(ref.min()) < 1e-2
     rel = ((got - ref).abs() / ref).max()
@@ -120,8 +120,8 @@ def test_energy_only_degrees_gradient():
     mask = torch.ones(2, 90, dtype=torch.bool)
     mask[1, 60:] = False
     g = TokenGraph(2, 90, mask)
-    assert torch.autograd.gradcheck(lambda y: _softmax_degrees(g.zero_padded(y), g.mask, 1.5), (Y,))
-    got = torch.autograd.grad(_softmax_degrees(g.zero_padded(Y), g.mask, 1.5).sum(), Y)[0]
+    assert torch.autograd.gradcheck(lambda y: softmax_degrees(g.zero_padded(y), g.mask, 1.5), (Y,))
+    got = torch.autograd.grad(softmax_degrees(g.zero_padded(Y), g.mask, 1.5).sum(), Y)[0]
     ref = torch.autograd.grad(_explicit_degrees(g.zero_padded(Y), mask, 1.5).sum(), Y)[0]
     assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
 

@@ -31,7 +31,7 @@ from energies.errors import StepError
 from energies.graphs import TokenGraph
 
 from . import mm as _mm
-from .steps import Step, _check_alpha, _check_energy, register_step
+from .steps import Step, check_alpha, check_energy, register_step
 
 __all__ = ["ProxMMStep"]
 
@@ -55,8 +55,8 @@ class ProxMMStep(Step):
 
     def __init__(self, energy: Energy, alpha: float = 1.0):
         super().__init__()
-        self.energy = _check_energy(energy, "ProxMMStep")
-        self.alpha = _check_alpha(alpha)
+        self.energy = check_energy(energy, "ProxMMStep")
+        self.alpha = check_alpha(alpha)
         ind = [n for n, t in energy.terms.items() if t.is_indicator]
         if len(ind) > 1:
             raise StepError(f"ProxMMStep supports one indicator term, got {ind}")

@@ -56,7 +56,7 @@ from energies.rho import get_rho
 from energies.terms import NonNegativity, PairwiseAttention, Residual, finite_f64, version_cached
 
 from . import mm as _mm
-from .steps import _check_alpha
+from .steps import check_alpha
 
 __all__ = ["UnfoldedAttentionConv", "undirected_edges", "NodeLayout"]
 
@@ -147,7 +147,7 @@ class UnfoldedAttentionConv(MessagePassing):
         if head_channels is not None:   # a head maps d features to d_h <= d (more adds nothing: W W^T has rank <= d)
             head_channels = check_int(head_channels, "head_channels", 1, self.channels, StepError)
         self.rho = get_rho(rho)
-        self.alpha = _check_alpha(alpha)
+        self.alpha = check_alpha(alpha)
         self.relu, self.cached, self.validate = (check_flag(flag, name, StepError, numpy_bool=True) for name, flag in
                                                  (("relu", relu), ("cached", cached), ("validate", validate)))
         metric = head_channels is not None or self.heads > 1

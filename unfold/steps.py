@@ -38,6 +38,8 @@ __all__ = [
     "STEPS",
     "register_step",
     "UPDATES",
+    "check_alpha",
+    "check_energy",
 ]
 
 STEPS: Registry = Registry("step", StepError, "kind", "unfold.steps.STEPS")
@@ -47,14 +49,38 @@ UPDATES = ("exact", "printed")
 register_step = STEPS.register
 
 
-def _check_alpha(alpha, what: str = "alpha") -> float:
+def check_alpha(alpha, what: str = "alpha") -> float:
+    """A step's residual weight checked where the step is built (`ProxMMStep`, the PyG conv use it too).
+
+    Args:
+        alpha: the weight, a number in (0, 1].
+        what: its name in the refusal.
+
+    Returns:
+        alpha as a float.
+
+    Raises:
+        StepError: a weight outside (0, 1], named with its value.
+    """
     try:
         return check_number(alpha, what, "unit", StepError)
     except StepError:
         raise StepError(f"residual weight {what} must lie in (0, 1], got {what}={alpha!r}") from None
 
 
-def _check_energy(energy, owner: str) -> Energy:
+def check_energy(energy, owner: str) -> Energy:
+    """A step's energy checked where the step is built: an [`Energy`][energies.Energy].
+
+    Args:
+        energy: what the caller gave.
+        owner: the step's class name, for the refusal.
+
+    Returns:
+        The energy.
+
+    Raises:
+        StepError: anything else, named by its type.
+    """
     if not isinstance(energy, Energy):
         raise StepError(f"{owner} needs an Energy (energies.Energy), got {type(energy).__name__}")
     return energy
@@ -143,7 +169,7 @@ class AttentionStep(Step):
             raise StepError(f"unknown attention update {update!r}; valid: {list(UPDATES)}")
         if update == "printed" and B is not None:
             raise StepError("the printed update (supplement eq. 38) has no initial residual; use B=None")
-        self.alpha = _check_alpha(alpha)
+        self.alpha = check_alpha(alpha)
         self.update_rule = update
         self.kernel = kernel
         self.energy = attention_energy(rho, tau, B, kernel=kernel)
@@ -231,7 +257,7 @@ class GradientStep(Step):
 
     def __init__(self, energy: Energy, step_size: float, lipschitz: Optional[float] = None):
         super().__init__()
-        self.energy = _check_energy(energy, type(self).__name__)
+        self.energy = check_energy(energy, type(self).__name__)
         self.step_size = check_number(step_size, "step_size", "positive", StepError)
         self._L = None if lipschitz is None else check_number(lipschitz, "lipschitz", "positive", StepError)
 

@@ -43,16 +43,23 @@ Where things are:
 
 * `registry`: `PairwisePass`, [`Kernel`][energies.Kernel], [`KERNELS`][energies.KERNELS],
   [`register_kernel`][energies.register_kernel] (a kernel declares its ``auto`` rule and its multi-head pass there);
-* `guard`: the precision guard of the expansion kernels and the z helpers;
+* `guard`: the precision guard of the expansion kernels (the dtype rules `expansion_dtype`, `scale_dtype`,
+  `own_dtype`, `expansion_ok`), the centring (`centred`), z from the expansion or from explicit differences, tiles
+  of explicit differences and the float64 sums of energies;
+* `lse`: the log-sum-exp form of rho = exp on the complete graph (`fused_parts`, `from_lse`, `softmax_degrees`,
+  `degree_energy`, `softmax_supports`), shared by the softmax, fused and banded kernels and the multi-head pass;
 * the kernels, registered in this order when this package is imported: `triton` (``triton``: a
   sub-package holding the Triton kernels, `triton.pairwise`, and the penalties' Triton functions,
   `triton.rho`, imported only when it runs), `softmax`, `fused` (over the fused-attention ops
   of `fused_ops`, whose plain-torch reference op stands beside them), `streamed`, `dense`,
-  `edges`, `banded`;
+  `edges`, `banded`; the exact passes the dispatcher falls back to are public in their kernels' modules
+  (`edges.edges_pass`, `streamed.streamed_pass`, `triton.triton_heads`);
 * `dispatch`: `pick_kernel`, `pairwise_pass` and the passes built on it.
 
 May import: the rest of [`energies`][energies] below the terms (errors, graph, graphs, rho), nothing else of the
-project. A new kernel is one new file that imports `registry` and calls ``register_kernel``.
+project. What a kernel may use is public and listed in the `__all__` of `registry`, `guard` and `lse`
+(`tests/test_public_kits.py` fails when a private name crosses a module boundary). A new kernel is one new file
+that imports `registry` and calls ``register_kernel``.
 """
 from . import triton, softmax, fused, streamed, dense, edges, banded  # noqa: F401  (registers them, in this order)
 from .dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,

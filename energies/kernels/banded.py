@@ -225,11 +225,11 @@ def _softmax_class_sums(Z, sq, mask, k: int, tau: float, energy: bool):
     B, H, n, _ = Z.shape
     # rho = exp: each class is a complete graph, the fused kernel's case (self pair included, then
     # removed: deg = expm1(LSE)), so the flash op does the class's n/k x n/k pairs at its own speed
-    from .softmax import _degree_energy, _from_lse, _fused_parts
+    from .lse import degree_energy, from_lse, fused_parts
     mr = class_mask(mask, k)
-    diff, lse = _fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
-    a, d = _from_lse(diff, lse, mr.to(Z.dtype)[:, None])
-    er = _degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
+    diff, lse = fused_parts(to_classes(Z, k), mr, tau, to_classes(sq, k))
+    a, d = from_lse(diff, lse, mr.to(Z.dtype)[:, None])
+    er = degree_energy(d, tau).reshape(B, k, H).sum(1) if energy else None
     return from_classes(a, k, n), from_classes(d, k, n), er
 
 

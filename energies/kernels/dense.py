@@ -5,7 +5,7 @@ import torch
 
 from ..errors import EnergyError
 from ..memory import check_memory
-from .guard import _f64, dense_z
+from .guard import dense_z, to_float64
 from .registry import PairwisePass, register_kernel
 
 
@@ -22,5 +22,5 @@ def _dense_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> Pair
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
     gamma = torch.where(pm, rho.derivative(z), zero)
     deg = gamma.sum(-1)
-    e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
+    e = 0.5 * tau * to_float64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
     return PairwisePass(gamma @ Y - deg[..., None] * Y if num else None, deg, e)

@@ -14,13 +14,13 @@ from ..errors import EnergyError, TokenError
 from .fused_ops import fused_available
 from ..graphs import TokenGraph
 from ..rho import ExpRho, Rho, kernel_sensitivity
-from .edges import _edges_pass
-from .guard import (EXPANSION_Z_ERROR, _centred, _explicit_tile, _f64, _own_dtype, _scale_dtype, expansion_dtype,
-                    expansion_ok, explicit_z)
+from .edges import edges_pass
+from .guard import (EXPANSION_Z_ERROR, centred, expansion_dtype, expansion_ok, explicit_tile, explicit_z, own_dtype,
+                    scale_dtype, to_float64)
 from .registry import AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, check_kernel
-from .softmax import _degree_energy, _softmax_degrees
-from .streamed import STREAM_MIN_N, _streamed_pass
-from .triton import _triton_heads
+from .lse import degree_energy, softmax_degrees
+from .streamed import STREAM_MIN_N, streamed_pass
+from .triton import triton_heads
 
 
 def _check_parts(graph, rho) -> None:
@@ -126,19 +126,19 @@ def _expansion_pass(kernel: Kernel, Y, graph, rho, tau, energy, num, metric, gua
     """`pairwise_pass` for an expansion kernel: on centred features, the precision guard choosing the dtype
     (or explicit differences) on the host, or on the device without a host read; without the guard, in the
     tokens' own dtype."""
-    Zc = apply_metric(_centred(Y, graph), metric)
+    Zc = apply_metric(centred(Y, graph), metric)
     sq = (Zc * Zc).sum(-1)
     if guard and Y.device.type != "cpu" and not torch.compiler.is_compiling():
         return _guarded_on_device(kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric)
     if guard:
         dt = expansion_dtype(Zc, tau, kernel_sensitivity(rho), sq=sq)
     else:
-        dt = Zc.dtype if _native_half(kernel, Zc) else _own_dtype(Zc)
+        dt = Zc.dtype if _native_half(kernel, Zc) else own_dtype(Zc)
     if dt is None:   # the expansion cannot resolve z at this scale: explicit differences, tile by tile, of the
         # tokens themselves (exact); with a metric, of centred features (W needs its gradient through autograd)
         out = _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric)
     elif dt != Zc.dtype:   # centred again in the wider dtype: no rounding of y - mean in the narrow one
-        out = kernel.run(apply_metric(_centred(Y.to(dt), graph), metric), graph, rho, tau, energy, num, None)
+        out = kernel.run(apply_metric(centred(Y.to(dt), graph), metric), graph, rho, tau, energy, num, None)
         out = PairwisePass(None if out.agg is None else out.agg.to(Y.dtype), out.deg.to(Y.dtype), out.energy)
     else:
         out = kernel.run(Zc, graph, rho, tau, energy, num, None, sq=sq)
@@ -162,7 +162,7 @@ def explicit_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float,
     if validate:
         _check_entry(Y, graph, rho, tau)
     Y = graph.zero_padded(Y)
-    return _explicit_pass(Y, apply_metric(_centred(Y, graph), metric), graph, rho, tau, True, False, metric).energy
+    return _explicit_pass(Y, apply_metric(centred(Y, graph), metric), graph, rho, tau, True, False, metric).energy
 
 
 def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
@@ -170,8 +170,8 @@ def _explicit_pass(Y, Zc, graph, rho, tau, energy, num, metric) -> PairwisePass:
     the complete graph the streamed tiles, of the tokens (with a metric, of the centred features Zc, W getting its
     gradient through autograd); on any other graph the edge list, differences in token space mapped by W."""
     if graph.is_complete:
-        return _streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
-    return _edges_pass(Y, graph, rho, tau, energy, num, metric)
+        return streamed_pass(Y if metric is None else Zc, graph, rho, tau, energy, num, explicit=True)
+    return edges_pass(Y, graph, rho, tau, energy, num, metric)
 
 
 def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, metric) -> PairwisePass:
@@ -181,7 +181,7 @@ def _guarded_on_device(kernel: Kernel, Y, Zc, sq, graph, rho, tau, energy, num, 
     one read of `expansion_dtype` (host memory: nothing to wait for) and computes one path only."""
     own = Y.dtype
     if Zc.dtype not in EXPANSION_Z_ERROR:           # half types: the rule and the pass in float32, the result in own
-        Zc = apply_metric(_centred(Y.float(), graph), metric)
+        Zc = apply_metric(centred(Y.float(), graph), metric)
         Y, sq = Y.float(), (Zc * Zc).sum(-1)
     ok = expansion_ok(sq, tau, kernel_sensitivity(rho), Zc.dtype)                 # (B,)
     # the fast pass sees the refused examples as zeros: at their scale it may overflow (the compact layout's
@@ -215,7 +215,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     """`pairwise_pass` for several metrics W_1..W_H of one shape (the heads of a multi-head energy) where one
     kernel call can serve them all: the softmax kernels (complete graph, rho = exp) on the heads' centred
     features ``(B, H, n, d_h)`` from one centring and one matmul by ``[W_1 .. W_H]``; the fused kernel with its
-    neighbour sums (one flash call over H heads), or the energy-only pass of either (`_softmax_degrees`
+    neighbour sums (one flash call over H heads), or the energy-only pass of either (`softmax_degrees`
     over B H examples); the banded kernel over ``(B, H)`` at once. Each head gets exactly the quantities of its own pass (the same formulas; tested).
     Returns one `PairwisePass` per metric, or None where they cannot share a call (another kernel, a
     dtype other than float32/64, or a scale guard asking some head for a wider dtype or explicit differences,
@@ -227,7 +227,7 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
         _check_entry(Y, graph, rho, tau)
     name = pick_kernel(graph, rho, kernel, validate)
     if name == "triton":
-        return _triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
+        return triton_heads(graph.zero_padded(Y), graph, rho, tau, metrics, energy, num)
     native = not guard and name == "fused" and _native_half(KERNELS[name], Y)
     if (Y.dtype not in EXPANSION_Z_ERROR and not native) or (guard and Y.device.type != "cpu"):
         return None                                      # (off the CPU: per head, guarded on the device)
@@ -239,20 +239,20 @@ def pairwise_pass_heads(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float
     B, n, _ = Y.shape
     H, dh = len(metrics), metrics[0].shape[1]
     W = torch.cat([w.to(device=Y.device, dtype=Y.dtype) for w in metrics], 1)            # (d, H d_h)
-    Z = (_centred(Y, graph) @ W).unflatten(-1, (H, dh)).transpose(1, 2)                 # (B, H, n, d_h)
+    Z = (centred(Y, graph) @ W).unflatten(-1, (H, dh)).transpose(1, 2)                 # (B, H, n, d_h)
     sq = (Z * Z).sum(-1)                                                                 # (B, H, n)
     if guard and not torch.compiler.is_compiling():
         sens = max(1.0, float(kernel_sensitivity(rho)))
         top = (sq.detach().amax((0, 2)) / tau).tolist()                                 # one host read, all heads
-        if any(_scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
+        if any(scale_dtype(t * sens, Z.dtype) != Z.dtype for t in top):
             return None
     if name in HEADS_PASSES:                        # (B, H, n, d_h) in one call (fused, banded)
         agg, deg, e = HEADS_PASSES[name](Z, graph, rho, tau, energy, num, sq)
     else:                                           # the softmax kernel's energy-only pass
-        deg = _softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
+        deg = softmax_degrees(Z.reshape(B * H, n, dh), graph.mask.repeat_interleave(H, 0), tau,
                                sq.reshape(B * H, n)).view(B, H, n)
         agg = None
-        e = _degree_energy(deg, tau) if energy else None
+        e = degree_energy(deg, tau) if energy else None
     return [PairwisePass(None if agg is None else agg[:, h], deg[:, h], None if e is None else e[:, h], Y=Y,
                          metric=metrics[h]) for h in range(H)]
 
@@ -281,9 +281,9 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     kernel = pick_kernel(graph, rho, kernel, validate)
     Y = graph.zero_padded(Y)
     if not graph.is_complete:
-        return _edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy
+        return edges_pass(Y, graph, rho, tau, energy=True, num=False, metric=metric).energy
     B, n, d = Y.shape
-    tile = _explicit_tile(Y, d if metric is None else d + metric.shape[-1], n)
+    tile = explicit_tile(Y, d if metric is None else d + metric.shape[-1], n)
     rows = torch.arange(n, device=Y.device)
     mask = graph.mask
     zero = torch.zeros((), dtype=Y.dtype, device=Y.device)
@@ -291,5 +291,5 @@ def pairwise_energy(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, ke
     for s in range(0, n, tile):
         z, _ = explicit_z(Y, Y[:, s:s + tile], tau, metric)
         pm = mask[:, :, None] & mask[:, None, s:s + tile] & (rows[:, None] < rows[None, s:s + tile])  # each pair once
-        e = e + tau * _f64(torch.where(pm, rho.value(torch.where(pm, z, zero)), zero)).sum((1, 2))
+        e = e + tau * to_float64(torch.where(pm, rho.value(torch.where(pm, z, zero)), zero)).sum((1, 2))
     return e

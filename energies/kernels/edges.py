@@ -9,15 +9,29 @@ import torch
 
 from ..graphs import TokenGraph
 from ..rho import Rho
-from .guard import _f64
+from .guard import to_float64
 from .registry import PairwisePass, apply_metric, register_kernel
 
 
 @register_kernel("edges")
-def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
+def edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
                 metric: Optional[torch.Tensor] = None) -> PairwisePass:
     """Gather/scatter over the canonical edge list: ``agg`` from the explicit differences of each edge (taken
-    in token space, then mapped by the metric)."""
+    in token space, then mapped by the metric). Also the exact pass the dispatcher and `pairwise_energy` use off the
+    complete graph.
+
+    Args:
+        Y: the tokens ``(B, n, d)``, zero on padded slots.
+        graph: the [`TokenGraph`][energies.TokenGraph] (its edge list).
+        rho: the penalty.
+        tau: the temperature, > 0.
+        energy: also return the pairwise energy per example (float64).
+        num: compute the neighbour sums.
+        metric: W ``(d, d_h)``, or None.
+
+    Returns:
+        The `PairwisePass` ``(agg or None, deg, energy or None)``.
+    """
     B, n, d = Y.shape
     Yf = Y.reshape(B * n, d)
     src, dst, valid = graph.fixed_edges()          # fixed shape: edges at padded slots weigh 0 (no host read)
@@ -34,7 +48,7 @@ def _edges_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy
     deg = torch.zeros(B * n, dtype=Y.dtype, device=Y.device).index_add(0, src, gamma).index_add(0, dst, gamma)
     e = None
     if energy:
-        v = _f64(tau * rho.value(z))
+        v = to_float64(tau * rho.value(z))
         if valid is not None:
             v = torch.where(valid, v, torch.zeros((), dtype=v.dtype, device=v.device))
         # one example: a sum (inductor's CPU code for a scatter into one slot fails, torch 2.13)

@@ -3,7 +3,7 @@ op on the CPU; on CUDA its memory-efficient op (float32, 3xTF32 tensor-core prod
 float16).
 
 On CUDA the energy is read off the op's float32 log-sum-exp up to `FUSED_LSE_MAX_N` tokens; above, the
-trace's energy comes from the energy-only pass (`_softmax_degrees`, float32 at
+trace's energy comes from the energy-only pass (`softmax_degrees`, float32 at
 least), since the op's running sum of exponentials is not inside the trace's budget there; so does the energy of
 bfloat16 / float16 features (the step may run in bfloat16, the energy may not). Where no op serves the features' dtype
 (float64 on CUDA: the descent checks, or a guard widening float32), the exact torch forms run instead."""
@@ -17,8 +17,9 @@ from ..graphs import TokenGraph
 from ..rho import Rho
 from .fused_ops import fused_ops, fused_unavailable
 from .registry import PairwisePass, register_kernel
-from .softmax import _degree_energy, _from_lse, _fused_parts, _softmax_degrees, _softmax_kernel, _softmax_only
-from .streamed import STREAM_MIN_N, _streamed_pass
+from .lse import degree_energy, from_lse, fused_parts, softmax_degrees, softmax_supports
+from .softmax import softmax_kernel
+from .streamed import STREAM_MIN_N, streamed_pass
 
 #: largest n whose energy the CUDA ops' float32 log-sum-exp gives with the trace on. The op keeps a running sum
 #: l_u of exponentials over key blocks of BN = 64 (rescaled when the row maximum grows); each block adds a
@@ -31,7 +32,7 @@ FUSED_LSE_MAX_N = 1024
 
 
 def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
-    why = _softmax_only(graph, rho)
+    why = softmax_supports(graph, rho)
     if why is None:
         why = fused_unavailable(graph.mask.device.type, torch.float32)
     return why
@@ -39,7 +40,7 @@ def _fused_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
 
 def _fused_heads(Z, graph, rho, tau, energy, num, sq):
     """``(agg, deg, energy)`` ``(B, H, ...)`` for heads of centred features ``Z`` ``(B, H, n, c)`` whose dtype a fused op
-    serves: the neighbour sums and degrees from one call over every head (`_fused_parts`), or the
+    serves: the neighbour sums and degrees from one call over every head (`fused_parts`), or the
     energy-only pass; the energy from the log-sum-exp, or from the energy-only pass where the module docstring
     says (float32 at least, differentiable like the rest). Half types come back in their own dtype."""
     B, H, n, c = Z.shape
@@ -48,16 +49,16 @@ def _fused_heads(Z, graph, rho, tau, energy, num, sq):
     lse_energy = not half and (Z.device.type == "cpu" or n <= FUSED_LSE_MAX_N)
     agg = deg = None
     if num:
-        diff, lse = _fused_parts(Z, graph.mask, tau, sq)
-        agg, deg = _from_lse(diff, lse, real)
+        diff, lse = fused_parts(Z, graph.mask, tau, sq)
+        agg, deg = from_lse(diff, lse, real)
     if deg is None or (energy and not lse_energy):
         Zw = Z.float() if half else Z
-        deg_e = _softmax_degrees(Zw.reshape(B * H, n, c), graph.mask.repeat_interleave(H, 0), tau,
+        deg_e = softmax_degrees(Zw.reshape(B * H, n, c), graph.mask.repeat_interleave(H, 0), tau,
                                  None if (half or sq is None) else sq.reshape(B * H, n)).view(B, H, n)
         deg = deg_e if deg is None else deg
     else:
         deg_e = deg
-    e = _degree_energy(deg_e, tau) if energy else None
+    e = degree_energy(deg_e, tau) if energy else None
     if half:
         agg, deg = (None if agg is None else agg.to(Z.dtype)), deg.to(Z.dtype)
     return agg, deg, e
@@ -69,8 +70,8 @@ def _fused_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> Pair
     where the energy comes from off the CPU, and what runs where no op serves Y's dtype."""
     if fused_ops(Y.device.type, Y.dtype) is None:
         if graph.num_nodes > STREAM_MIN_N:
-            return _streamed_pass(Y, graph, rho, tau, energy, num)
-        return _softmax_kernel(Y, graph, rho, tau, energy, num, sq=sq)
+            return streamed_pass(Y, graph, rho, tau, energy, num)
+        return softmax_kernel(Y, graph, rho, tau, energy, num, sq=sq)
     agg, deg, e = _fused_heads(Y[:, None], graph, rho, tau, energy, num, None if sq is None else sq[:, None])
     return PairwisePass(None if agg is None else agg[:, 0], deg[:, 0], None if e is None else e[:, 0])
 

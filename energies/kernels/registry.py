@@ -14,8 +14,20 @@ from ..graphs import TokenGraph
 from ..registry import Registry, claim
 from ..rho import Rho
 
+__all__ = ["AUTO_RULES", "HEADS_PASSES", "KERNELS", "Kernel", "PairwisePass", "apply_metric", "check_kernel",
+           "kernel_names", "register_kernel"]
+
 
 class PairwisePass(NamedTuple):
+    """What a kernel returns: one pass over the graph with edge weights ``gamma_uv = rho'(z_uv)``.
+
+    Attributes:
+        agg: ``(B, n, d)`` ``sum_v gamma_uv (y_v - y_u)``, or None (energy-only pass).
+        deg: ``(B, n)`` ``sum_v gamma_uv``.
+        energy: ``(B,)`` float64, ``sum_E tau rho(z)``, or None when not asked for.
+        Y: the (zero-padded) tokens of the pass, for `num` (the dispatcher sets it).
+        metric: the pass's metric W, for `num` (the dispatcher sets it).
+    """
     agg: Optional[torch.Tensor]     # (B, n, d)  sum_v gamma_uv (y_v - y_u), or None (energy-only pass)
     deg: torch.Tensor               # (B, n)     sum_v gamma_uv
     energy: Optional[torch.Tensor]  # (B,) float64, sum_E tau rho(z), or None when not asked for
@@ -128,13 +140,29 @@ def kernel_names():
 def check_kernel(kernel, error=EnergyError) -> str:
     """The one rule for a ``kernel`` argument, applied where it enters (a term's, step's or encoder's constructor):
     ``auto`` or a registered kernel, else ``error`` (the caller's layer's typed error) in the registries' wording,
-    ``unknown pairwise kernel 'x'; valid: [...]``."""
+    ``unknown pairwise kernel 'x'; valid: [...]``.
+
+    Args:
+        kernel: the argument as given.
+        error: the typed error to raise.
+
+    Returns:
+        The kernel's name, unchanged.
+    """
     if not (isinstance(kernel, str) and kernel == "auto"):
         KERNELS.check(kernel, " or 'auto'", error)
     return kernel
 
 
 def apply_metric(Y: torch.Tensor, metric: Optional[torch.Tensor]) -> torch.Tensor:
-    """``Y W`` (the features ``z_u = W^T y_u``), or Y itself without a metric."""
+    """``Y W`` (the features ``z_u = W^T y_u``), or Y itself without a metric.
+
+    Args:
+        Y: the tokens ``(..., d)``.
+        metric: W ``(d, d_h)``, or None.
+
+    Returns:
+        The features ``(..., d_h)`` in Y's dtype, or Y itself.
+    """
     return Y if metric is None else Y @ metric.to(device=Y.device, dtype=Y.dtype)
 

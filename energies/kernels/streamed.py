@@ -9,7 +9,7 @@ import torch
 
 from ..graphs import TokenGraph
 from ..rho import Rho
-from .guard import _explicit_tile, _f64, dense_z, explicit_z
+from .guard import dense_z, explicit_tile, explicit_z, to_float64
 from .registry import PairwisePass, register_kernel
 
 #: key tile of the streamed kernel, and the n above which ``auto`` streams a complete graph
@@ -24,7 +24,7 @@ def _complete_only(graph: TokenGraph, rho: Rho) -> Optional[str]:
 @register_kernel("streamed", _complete_only, expansion=True)
 def _streamed_kernel(Y, graph, rho, tau, energy, num, metric=None, sq=None) -> PairwisePass:
     """Complete graph, any rho, tiles of ``STREAM_TILE`` keys."""
-    return _streamed_pass(Y, graph, rho, tau, energy, num)
+    return streamed_pass(Y, graph, rho, tau, energy, num)
 
 
 def _tile(Y: torch.Tensor, mask: torch.Tensor, rho: Rho, tau: float, s: int, tile: int, energy: bool,
@@ -42,7 +42,7 @@ def _tile(Y: torch.Tensor, mask: torch.Tensor, rho: Rho, tau: float, s: int, til
     gamma = torch.where(pm, rho.derivative(z), zero)
     deg = gamma.sum(-1)
     agg = (gamma[..., None] * diff).sum(2) if explicit else gamma @ K - deg[..., None] * Y
-    e = 0.5 * tau * _f64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
+    e = 0.5 * tau * to_float64(torch.where(pm, rho.value(z), zero)).sum((1, 2)) if energy else None
     return deg, agg, e
 
 
@@ -84,12 +84,27 @@ class _StreamedSums(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
-def _streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
+def streamed_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, energy: bool, num: bool,
                    tile: Optional[int] = None, explicit: bool = False) -> PairwisePass:
-    """The complete-graph pass over key tiles (see the module docstring); ``explicit``: z from explicit
-    differences (any scale), with tiles small enough to hold ``EXPLICIT_TILE_ELEMENTS``."""
+    """The complete-graph pass over key tiles (see the module docstring): the ``streamed`` kernel, and with
+    ``explicit`` the exact pass the dispatcher falls back to where the expansion cannot resolve z.
+
+    Args:
+        Y: the tokens (or centred features) ``(B, n, d)``, zero on padded slots.
+        graph: the complete [`TokenGraph`][energies.TokenGraph].
+        rho: the penalty.
+        tau: the temperature, > 0.
+        energy: also return the pairwise energy per example (float64).
+        num: return the neighbour sums.
+        tile: keys per tile (default ``STREAM_TILE``).
+        explicit: z from explicit differences (any scale), with tiles small enough to hold
+            ``EXPLICIT_TILE_ELEMENTS``.
+
+    Returns:
+        The `PairwisePass` ``(agg or None, deg, energy or None)``.
+    """
     tile = tile or STREAM_TILE
     if explicit:
-        tile = _explicit_tile(Y, Y.shape[-1], tile)
+        tile = explicit_tile(Y, Y.shape[-1], tile)
     agg, deg, e = _StreamedSums.apply(Y, graph.mask, rho, tau, tile, energy, explicit)
     return PairwisePass(agg if num else None, deg, e if energy else None)

@@ -9,7 +9,7 @@ import torch
 from ...graphs import TokenGraph
 from ...graphs.bands import banded_plan, class_mask, from_classes, to_classes
 from ...rho import Rho, kernel_sensitivity
-from ..guard import _centred, _own_dtype
+from ..guard import centred, own_dtype
 from ..registry import PairwisePass, register_kernel
 
 _TRITON: Dict[str, Optional[str]] = {}
@@ -48,7 +48,7 @@ def _triton_supports(graph: TokenGraph, rho: Rho) -> Optional[str]:
 def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass:
     """Triton kernels (`energies.kernels.triton.pairwise`): the complete graph and shift-invariant graphs tile by
     tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
-    return _triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
+    return triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
 
 
 @torch.compiler.assume_constant_result
@@ -83,14 +83,27 @@ def _residue_heads(Z, mask, band, k, rho, tau, num, energy, lowp=False):
     return agg, deg, e
 
 
-def _triton_heads(Y, graph, rho, tau, metrics, energy, num):
+def triton_heads(Y, graph, rho, tau, metrics, energy, num):
     """One launch for every head: features ``W_h^T (y - mean)`` ``(B, H, n, d_h)`` in the compute dtype (float32
-    for the half types, whose aggregation products then take bfloat16 operands: ``lowp``), one
-    `PairwisePass` per metric (None: the tokens themselves)."""
+    for the half types, whose aggregation products then take bfloat16 operands: ``lowp``). The ``triton`` kernel's
+    pass, and the dispatcher's for the heads of a multi-head energy.
+
+    Args:
+        Y: the tokens ``(B, n, d)``, zero on padded slots.
+        graph: the [`TokenGraph`][energies.TokenGraph].
+        rho: a penalty with Triton functions.
+        tau: the temperature, > 0.
+        metrics: the heads' W ``(d, d_h)``, one shape; ``[None]``: the tokens themselves.
+        energy: also return the pairwise energy per example (float64).
+        num: compute the neighbour sums.
+
+    Returns:
+        One `PairwisePass` per metric.
+    """
     from .pairwise import layout_for, pairwise_heads
-    dt = _own_dtype(Y)
+    dt = own_dtype(Y)
     lowp = Y.dtype in (torch.bfloat16, torch.float16)
-    Yc = _centred(Y.to(dt), graph)
+    Yc = centred(Y.to(dt), graph)
     if metrics[0] is None:
         Z = Yc[:, None]
     else:

@@ -48,6 +48,12 @@ class Rho(torch.nn.Module):
 
     name = "rho"
 
+    #: example specs by regime, which the test matrices draw from the registry (``tests/matrix.py``):
+    #: ``typical`` (every matrix runs it; a class that declares none runs its bare name), and where they apply
+    #: ``steep`` (a large kernel sensitivity: weights that span orders of magnitude), ``linear`` (rho linear in z,
+    #: the concave boundary) and ``wide`` (a second scale of the parameters)
+    examples: Dict[str, str] = {}
+
     def __new__(cls, *args, **kwargs):
         # a module from the start, so that a subclass whose __init__ skips super().__init__() may still assign
         # parameters or modules
@@ -149,6 +155,8 @@ class ExpRho(Rho):
     sensitivity 1). Spec ``exp`` (alias ``softmax``); no parameters.
     """
 
+    examples = {"typical": "exp"}
+
     def __init__(self):
         super().__init__()
 
@@ -184,6 +192,8 @@ class ReluRho(Rho):
     Raises:
         EnergyError: c not a finite number > 0.
     """
+
+    examples = {"typical": "relu:1.5", "wide": "relu:2"}
 
     def __init__(self, c: float = 1.0):
         super().__init__()
@@ -282,6 +292,8 @@ class SoftplusRho(Rho):
         EnergyError: c or t not a finite number > 0.
     """
 
+    examples = {"typical": "softplus:1.5:0.5", "wide": "softplus:2:0.5"}
+
     def __init__(self, c: float = 1.0, t: float = 1.0):
         super().__init__()
         self.c, self.t = _finite_positive("softplus", "c", c), _finite_positive("softplus", "t", t)
@@ -338,6 +350,8 @@ class CauchyRho(Rho):
     no parameters.
     """
 
+    examples = {"typical": "cauchy"}
+
     def __init__(self):
         super().__init__()
 
@@ -373,6 +387,8 @@ class LpRho(Rho):
     Raises:
         EnergyError: p outside (0, 2], eps not a finite number > 0, or a floor slope that overflows float64.
     """
+
+    examples = {"typical": "lp:1", "steep": "lp:0.5:0.01", "linear": "lp:2", "wide": "lp:1.5:0.1"}
 
     def __init__(self, p: float = 1.0, eps: float = 1e-3):
         super().__init__()

@@ -27,12 +27,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import energies as E  # noqa: E402
 import unfold as U  # noqa: E402
 from precision import energy_mp  # noqa: E402
+from matrix import rho_specs  # noqa: E402
 
 SCALES = {torch.float64: [1e-6, 1e-3, 1.0, 1e3, 1e5], torch.float32: [1e-3, 1.0, 1e3]}
 TAUS = [0.05, 1.0, 10.0]
 SHAPES = [(1, 1, "complete"), (2, 1, "complete"), (2, 3, "complete"), (5, 2, "complete"), (9, 4, "complete"),
           (7, 3, "random:0.5"), (7, 2, "star"), (6, 2, "window:1")]
-RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
+RHOS = rho_specs("kernels")  # drawn from the registry (tests/matrix.py)
 ALPHAS = [0.37, 1.0]
 LAYERS = 3
 MP_MAX_N = 5

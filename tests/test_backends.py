@@ -8,8 +8,9 @@ import energies as E
 import unfold as U
 from energies.errors import EnergyError
 from energies.kernels import pairwise_pass, pick_kernel
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
+RHOS = rho_specs("kernels")  # drawn from the registry (tests/matrix.py)
 
 
 def sample(B=3, n=37, d=5, seed=0, device="cpu"):

@@ -19,8 +19,9 @@ import energies.kernels.banded as BD
 from energies.kernels import EXPANSION_Z_ERROR, KERNELS, pairwise_pass, pick_kernel
 from energies.rho import get_rho, kernel_sensitivity
 from unfold.encoders import GuaranteedEncoder
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:2", "softplus:2:0.5", "cauchy", "lp:1.5:0.1"]
+RHOS = rho_specs("banded")  # drawn from the registry (tests/matrix.py)
 GRAPHS = ["window:1", "window:3", "window:8", "dilated:2:3", "dilated:4:8", "strided:4", "strided:5", "dilated:3:20"]
 TAU = 1.7
 

@@ -6,8 +6,9 @@ import torch
 import energies as E
 from energies.errors import EnergyError
 from reference import complete_edges, e1_numpy, rho_value
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01", "lp:2"]
+RHOS = rho_specs("energy")  # drawn from the registry (tests/matrix.py)
 
 
 def graphs(n, batch_size=1, mask=None):

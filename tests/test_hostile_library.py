@@ -20,6 +20,7 @@ from energies.errors import ConfigError, GraphError, StepError, TokenError, Unfo
 from energies.graphs import graph_from_spec, window
 from tests.clifuzz import expect_refusal, run_cli
 from unfold.trace import EnergyTrace, report_from_values, trace_descent
+from matrix import rho_specs
 
 VOCAB = 10
 
@@ -262,7 +263,7 @@ def _kernels():
 
 
 GRAPHS = ["complete", "window:2", "star", "random:0.5"]
-RHOS = ["exp", "relu:1", "softplus:2:0.5", "cauchy", "lp:1", "lp:1.5:0.01"]
+RHOS = rho_specs("shapes")  # drawn from the registry (tests/matrix.py)
 
 
 def _check(cfg):

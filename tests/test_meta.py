@@ -14,8 +14,9 @@ from energies.rho import get_rho
 from experiments.app.config import load_config
 from experiments.app.build import check_buildable
 from unfold.encoders import ENCODERS
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "softplus:2:0.5", "cauchy", "lp:1", "lp:1.5:0.01"]
+RHOS = rho_specs("shapes")  # drawn from the registry (tests/matrix.py)
 
 
 def _run(kind, graph, rho, trace, **kw):

@@ -11,8 +11,9 @@ import unfold as U
 from energies.errors import GraphError, StepError, TokenError
 from unfold.prox import ProxMMStep
 from unfold.pyg import UnfoldedAttentionConv
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "cauchy", "lp:1"]
+RHOS = rho_specs("families")  # drawn from the registry (tests/matrix.py)
 
 
 def graph_case(N=40, d=6, p=0.15, seed=0, device="cpu"):

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 import energies as E
 import unfold as U
 from energies.errors import StepError
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "softplus:1.5:0.5", "cauchy", "lp:1", "lp:0.5:0.01"]
+RHOS = rho_specs("kernels")  # drawn from the registry (tests/matrix.py)
 
 
 def builders(n, B, mask=None, seed=0):

@@ -1,5 +1,6 @@
-"""``unfold-check --kernel triton`` against ``--kernel edges`` for every built-in rho and the graphs of the acceptance
-list: ``TRITON_INTERPRET=1 python tests/triton_check_matrix.py [--n 12] [--samples 2] [--layers 4]`` (about two
+"""``unfold-check --kernel triton`` against ``--kernel edges`` for every registered rho (its typical example,
+``tests/matrix.py``) and the graphs of the acceptance list:
+``TRITON_INTERPRET=1 python tests/triton_check_matrix.py [--n 12] [--samples 2] [--layers 4]`` (about two
 minutes interpreted on a 2-core CPU; on a GPU drop the variable and add ``--device cuda``).
 
 Each case runs the checker twice in float64 (one JSON line each) and reports the triton run's verdict and
@@ -14,8 +15,9 @@ import json
 import sys
 
 from unfold.check import main as check
+from matrix import rho_specs
 
-RHOS = ["exp", "relu:1.5", "softplus:2:0.5", "cauchy", "lp:1"]
+RHOS = rho_specs("families")  # drawn from the registry (tests/matrix.py)
 GRAPHS = ["complete", "window:3", "strided:4", "star"]
 
 

@@ -176,11 +176,13 @@ def _read_json(path: str) -> Any:
 
 def metrics_problem(metrics: Any) -> Optional[str]:
     """Why ``metrics`` (a seed's ``metrics.json``) is no finished run's metrics, or ``None``: it must be an
-    object whose ``test_accuracy`` and ``val_accuracy`` are numbers (or the text strict JSON writes for a
-    non-finite one)."""
+    object whose ``test_accuracy`` (a labelled task's: ``classify``, the default) and ``val_accuracy`` are numbers
+    (or the text strict JSON writes for a non-finite one); a run of a task without labels (``masked_tokens``)
+    scores no test split, so only its ``val_accuracy`` is asked for."""
     if not isinstance(metrics, dict):
         return f"holds a JSON {_json_type(metrics)}, not an object of metrics"
-    for key in ("test_accuracy", "val_accuracy"):
+    labelled = metrics.get("task", "classify") == "classify" or "test_accuracy" in metrics
+    for key in ("test_accuracy", "val_accuracy") if labelled else ("val_accuracy",):
         if key not in metrics:
             return f"has no {key!r}"
         if _number(metrics[key]) is None:
@@ -338,7 +340,8 @@ class _Seeds:
             self.say(f"seed {seed}: FAILED (exit {proc.returncode}{detail}; log {os.path.join(folder, 'sweep.log')})")
         else:
             self.runs[seed] = metrics
-            self.say(f"seed {seed}: test_accuracy {metrics.get('test_accuracy')} ({self.seconds[seed]:.0f} s)")
+            score = "test_accuracy" if "test_accuracy" in metrics else "masked_accuracy"
+            self.say(f"seed {seed}: {score} {metrics.get(score)} ({self.seconds[seed]:.0f} s)")
 
     def run(self, pending: List[int], jobs: int) -> None:
         """Run the ``pending`` seeds, ``jobs`` at once, until all have ended; interrupted, each is let stop."""

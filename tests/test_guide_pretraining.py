@@ -1,0 +1,73 @@
+"""The guide ``docs/guides/pretraining.md`` runs as written, and its results table is the one generated from
+``docs/pretraining/results.json`` (never typed by hand); the study's table and JSON agree (a drifted number is
+caught: the negative control)."""
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from experiments.studies.pretraining import markdown
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUIDE = os.path.join(ROOT, "docs", "guides", "pretraining.md")
+RESULTS = os.path.join(ROOT, "docs", "pretraining", "results.json")
+BLOCK = re.compile(r"<!-- run -->\n```sh\n(.*?)\n```", re.S)
+TABLE = re.compile(r"<!-- results:begin -->\n(.*?)<!-- results:end -->", re.S)
+
+
+def _guide() -> str:
+    with open(GUIDE, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_the_small_run_of_both_stages_runs_as_written(tmp_path):
+    (code,) = BLOCK.findall(_guide())
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+               PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exit 2" in proc.stdout and "model.d=24 (the pretrained run has 16)" in proc.stderr
+    assert not (tmp_path / "refused").exists()
+    fine = json.loads((tmp_path / "fine" / "metrics.json").read_text())
+    pre = json.loads((tmp_path / "pre" / "metrics.json").read_text())
+    assert pre["task"] == "masked_tokens" and fine["init_from"] == "pre"
+    assert fine["energy_increases"] == pre["energy_increases"] == 0
+    assert fine["train_energy_increases"] == pre["train_energy_increases"] == 0
+
+
+def _results():
+    with open(RESULTS, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.mark.skipif(not os.path.exists(RESULTS), reason="no results file committed")
+def test_the_guides_table_is_generated_from_the_results_json():
+    (table,) = TABLE.findall(_guide())
+    results = _results()
+    assert table == markdown(results)
+    drifted = copy.deepcopy(results)                       # negative control: one number changed is caught
+    row = next(iter(next(iter(drifted["results"].values())).values()))
+    row["pretrained"]["mean"] += 0.001
+    assert markdown(drifted) != table
+
+
+@pytest.mark.skipif(not os.path.exists(RESULTS), reason="no results file committed")
+def test_every_guaranteed_run_descended():
+    for dataset, modes in _results()["results"].items():
+        row = modes.get("guaranteed")
+        if row is not None:
+            assert sum(row["energy_increases"].values()) == 0, dataset
+
+
+def test_a_sweep_counts_a_finished_masked_token_run_and_still_asks_a_classifier_for_its_test_score():
+    from experiments.app.sweep import metrics_problem
+
+    assert metrics_problem({"task": "masked_tokens", "val_accuracy": 0.1, "masked_accuracy": 0.1}) is None
+    assert metrics_problem({"task": "classify", "val_accuracy": 0.7}) == "has no 'test_accuracy'"
+    assert metrics_problem({"val_accuracy": 0.7}) == "has no 'test_accuracy'"      # configs before tasks
+    assert "val_accuracy" in metrics_problem({"task": "masked_tokens"})

@@ -58,7 +58,7 @@ def _increases(metrics: Dict[str, Any]) -> int:
 def _stat(values: Sequence[float]) -> Dict[str, Any]:
     vals = [float(v) for v in values]
     return {"mean": statistics.fmean(vals) if vals else None,
-            "std": statistics.stdev(vals) if len(vals) > 1 else 0.0 if vals else None, "values": vals}
+            "std": statistics.stdev(vals) if len(vals) > 1 else None, "values": vals}   # one seed: no spread
 
 
 def _metrics(folder: str) -> Dict[str, Any]:
@@ -107,13 +107,15 @@ def run_pair(root: str, dataset: str, mode: str, seeds: Sequence[int], overrides
 def _pct(stat: Dict[str, Any]) -> str:
     if stat.get("mean") is None:
         return "-"
+    if stat.get("std") is None:
+        return f"{100 * stat['mean']:.2f}"
     return f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f}"
 
 
 def markdown(results: Dict[str, Any]) -> str:
     """The documentation's table of ``results`` (test accuracy in %, mean ± std over the seeds)."""
     lines = ["| dataset | mode | scratch (%) | pretrained (%) | masked-token acc. (%) | pretraining (s) | "
-             "energy increases | seeds |", "|---|---|---|---|---|---|---|---|"]
+             "energy increases | seeds |", "|---|---|---|---|---|---|---|---|"]     # mean ± std (one seed: mean)
     for dataset, modes in results["results"].items():
         for mode, row in modes.items():
             sec = row["pretrain_seconds"]

@@ -489,7 +489,7 @@ def _plant(run, name, kind, tmp_path):
 #: every name a run writes (experiments.runlock.RUN_OUTPUTS; spelled out so that the table is the contract)
 WRITTEN = ["metrics.json", "last.pt", "prev.pt", "best.pt", "history.json", "energy_trace.pt", "bundle.json", "model.pt",
            "model.safetensors", "train.log", "metrics.csv", "tensorboard", "config.yaml", "config.json", "README.md",
-           "vocab.json", "energy_descent.png", "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt"]
+           "vocab.json", "tokenizer.json", "energy_descent.png", "training_curves.png", "last.pt.corrupt", "prev.pt.corrupt"]
 RUN_NAMES = [".lock", "sweep.log", *WRITTEN, "notes.txt", "data"]
 FOLDER_CASES = [(name, kind) for name in RUN_NAMES for kind in ("link", "dangling", "fifo", "folder", "file")
                 if not (name in ("notes.txt", ".lock", "sweep.log") and kind == "file")]   # a lock, a sweep's log

@@ -235,11 +235,18 @@ class CountingClassify(Classify):
             yield batch
 
 
-if "counting_classify" not in TASKS:
+@pytest.fixture
+def counting_task():
+    """The plug-in's task registered for one test, then removed (a registry is process-wide: left behind, it would
+    appear in every later listing of the tasks, the config reference among them)."""
     register_task("counting_classify")(CountingClassify)
+    try:
+        yield CountingClassify
+    finally:
+        TASKS.pop("counting_classify", None)
 
 
-def test_a_task_registered_by_a_plug_in_is_picked_up(tmp_path):
+def test_a_task_registered_by_a_plug_in_is_picked_up(tmp_path, counting_task):
     data = write_topics(tmp_path / "topics", n_train=120)
     cfg = load_config("tiny", [f"data.dataset={data}", "task=counting_classify", "train.epochs=1",
                                "train.progress=false", "train.tensorboard=false"])

@@ -161,15 +161,20 @@ def train_texts(cfg: Dict[str, Any], splits) -> list:
     """The unlabelled text of a dataset: the texts of the training examples a run uses (the training split, its
     first ``train.max_train_examples`` when set), labels ignored; never a validation or test text, so that a
     model pretrained on them is still tested on texts it has not seen."""
+    return [t for t, _ in _used_train(cfg, splits)]
+
+
+def _used_train(cfg: Dict[str, Any], splits) -> list:
+    """The training split, its first ``train.max_train_examples`` when set."""
     limit = cfg["train"]["max_train_examples"]
-    return [t for t, _ in (splits.train if limit is None else splits.train[:limit])]
+    return splits.train if limit is None else splits.train[:limit]
 
 
 def train_examples(cfg: Dict[str, Any], splits) -> list:
     """The training examples a run uses: the training split, its first ``train.max_train_examples`` when set.
     A subsample holding one class only is refused (it would train to a meaningless 100 %)."""
     limit = cfg["train"]["max_train_examples"]
-    train = splits.train if limit is None else splits.train[:limit]
+    train = _used_train(cfg, splits)
     classes = {y for _, y in train}
     if len(classes) < 2:
         raise ConfigError(f"train.max_train_examples={limit}: the first {len(train)} training examples of "

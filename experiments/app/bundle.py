@@ -264,7 +264,7 @@ BOUND_KEYS = ("format", "version", "weights", "label_names", "dataset", "data_fi
 CARD_KEY = "bundle_sha256"
 
 
-def _canonical_sha256(value: Any) -> str:
+def canonical_sha256(value: Any) -> str:
     """The sha256 of ``value`` as canonical JSON (sorted keys, no spaces, ASCII): the same for the same data
     whichever file it was read from."""
     return hashlib.sha256(json_dumps(value, sort_keys=True, separators=(",", ":"),
@@ -277,7 +277,7 @@ def _card_binding(manifest: Dict[str, Any]) -> Dict[str, Any]:
     ``bundle.json`` hashes the card, so its hash of the card is the root of trust: a field of ``bundle.json``
     (label names, fingerprint, metrics, ...) or a file hash edited without rewriting the card is refused on load.
     """
-    return {"fields": {k: _canonical_sha256(manifest.get(k)) for k in _bound_keys(manifest)},
+    return {"fields": {k: canonical_sha256(manifest.get(k)) for k in _bound_keys(manifest)},
             "files": {n: manifest["sha256"][n] for n in sorted(manifest["sha256"]) if n != CARD}}
 
 

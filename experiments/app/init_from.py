@@ -25,14 +25,14 @@ not read (the table comes from RUN).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
 
 from energies.errors import ConfigError, UnfoldError
+
+from .config import with_defaults
 
 #: ``model`` keys a fine-tuned run may set apart from its pretraining run: dropout, the kernel (kernels swap, the
 #: math does not), the energy-chosen depth, and ``init_from`` itself
@@ -64,9 +64,11 @@ class Pretrained:
 
     def record(self) -> Dict[str, Any]:
         """What the fine-tuned run's metrics (so its model card) say of its pretraining run: the name as given,
-        the task, and the sha256 of its data fingerprint (canonical JSON; None where the bundle records none)."""
-        digest = None if self.fingerprint is None else hashlib.sha256(
-            json.dumps(self.fingerprint, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+        the task, and the sha256 of its data fingerprint (canonical JSON, as the bundle's card binds its fields;
+        None where the bundle records none)."""
+        from .bundle import canonical_sha256
+
+        digest = None if self.fingerprint is None else canonical_sha256(self.fingerprint)
         return {"init_from": self.source, "init_from_task": self.task, "init_from_fingerprint_sha256": digest}
 
 
@@ -119,20 +121,13 @@ def check_compatible(cfg: Dict[str, Any], pretrained: Pretrained) -> None:
     Raises:
         ConfigError: naming every differing key with the run's value and the pretrained run's.
     """
-    mine, theirs = _compared(cfg), _compared(_with_defaults(pretrained.config))
+    mine, theirs = _compared(cfg), _compared(with_defaults(pretrained.config))   # keys newer than the bundle:
+    # their defaults, which is how it was built
     diff = [f"{k}={mine[k]!r} (the pretrained run has {theirs.get(k)!r})" for k in mine if mine[k] != theirs.get(k)]
     if diff:
         raise ConfigError(f"config: model.init_from={pretrained.source!r} was trained with another encoder or "
                           f"tokenizer: {'; '.join(diff)}. Set these keys as the pretrained run has them "
                           f"(its config.json), or train without model.init_from")
-
-
-def _with_defaults(config: Dict[str, Any]) -> Dict[str, Any]:
-    """A bundle's config with the keys of newer versions at their defaults (a bundle written before a key
-    existed was built as that key's default builds)."""
-    from .config import with_defaults
-
-    return with_defaults(config)
 
 
 def transfer_weights(model: torch.nn.Module, pretrained: Pretrained) -> List[str]:

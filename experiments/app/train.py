@@ -444,6 +444,8 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
     meter, tokens = PassMeter(run.device), 0    # the training passes only (experiments.app.throughput)
     meter.start()
     task = run.task
+    frozen = ([p for name, p in model.named_parameters() if name.startswith(TRANSFERRED)]
+              if epoch <= tc["freeze_encoder_epochs"] else [])     # train.freeze_encoder_epochs: the head alone
     for i, batch in enumerate(task.batches(run.tensors["train"], tc["batch_size"], run.gen, epoch), start=1):
         where["batch"] = i
         global_size = task.units(batch[2])      # what the global batch scores: texts, or masked positions
@@ -460,10 +462,8 @@ def _epoch(run: Run, net, epoch: int, where: Dict[str, int], csv_log, t_start: f
         lr = run.opt.param_groups[0]["lr"]
         run.opt.zero_grad(set_to_none=True)
         loss.backward()
-        if epoch <= tc["freeze_encoder_epochs"]:        # the head alone: no step, no weight decay for the rest
-            for name, p in model.named_parameters():
-                if name.startswith(TRANSFERRED):
-                    p.grad = None
+        for p in frozen:                                # the head alone: no step, no weight decay for the rest
+            p.grad = None
         if tc["grad_clip"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
         run.opt.step()

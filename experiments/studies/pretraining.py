@@ -67,10 +67,9 @@ def _metrics(folder: str) -> Dict[str, Any]:
 
 
 def _masked_accuracy(metrics: Dict[str, Any]) -> Optional[float]:
-    for key in ("test_masked_accuracy", "masked_accuracy", "test_accuracy"):
-        if isinstance(metrics.get(key), (int, float)):
-            return float(metrics[key])
-    return None
+    """A pretraining run's masked-token accuracy on its held-out texts, or None where it records none."""
+    value = metrics.get("masked_accuracy")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def run_pair(root: str, dataset: str, mode: str, seeds: Sequence[int], overrides: Sequence[str] = (),

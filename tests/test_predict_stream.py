@@ -78,6 +78,52 @@ def test_the_first_line_is_answered_while_the_input_is_still_open(bundle, tmp_pa
     assert len(warnings) == 1 and "text 2 'qqq zzz'" in warnings[0] and "prior" in warnings[0], err
 
 
+# ------------------------------------------------------------------ stdin without --file: piped texts are read
+
+def _predict_proc(bundle, cwd, argv, stdin):
+    return subprocess.run([sys.executable, "-m", PREDICT, bundle, *argv], stdin=stdin, capture_output=True,
+                          cwd=cwd, env=_env(), timeout=300)
+
+
+def test_texts_piped_in_without_text_or_file_are_read_as_file_dash(bundle, tmp_path):
+    """``printf ... | unfold-predict RUN`` (no --text, no --file) answers every piped line as ``--file -`` does,
+    through the same bounded line reader: a line past MAX_LINE_BYTES is refused by its number as stdin's, after
+    the lines before it were answered. Before: "no text to classify", exit 2."""
+    from experiments.data.stream import MAX_LINE_BYTES
+
+    data = tmp_path / "in.txt"
+    data.write_bytes(b"a fine film\n\ngood great\nbad dull film\n")
+    with open(data, "rb") as fh:
+        piped = _predict_proc(bundle, str(tmp_path), ["--json"], fh)
+    with open(data, "rb") as fh:
+        dash = _predict_proc(bundle, str(tmp_path), ["--json", "--file", "-"], fh)
+    assert piped.returncode == 0, piped.stderr.decode()[-2000:]
+    assert [json.loads(x)["text"] for x in piped.stdout.splitlines()] == ["a fine film", "good great", "bad dull film"]
+    assert piped.stdout == dash.stdout
+    data.write_bytes(b"good\n" + b"x" * (MAX_LINE_BYTES + 1) + b"\nbad\n")
+    with open(data, "rb") as fh:
+        long = _predict_proc(bundle, str(tmp_path), ["--json", "--batch-size", "1"], fh)
+    err = long.stderr.decode()
+    assert long.returncode == 2 and "--file - (stdin)" in err and "line 2" in err, err[-2000:]
+    assert [json.loads(x)["text"] for x in long.stdout.splitlines()] == ["good"]
+
+
+def test_no_text_on_a_terminal_names_text_file_and_piping(bundle, tmp_path):
+    """With no --text or --file and stdin a terminal (a pseudo-terminal here) the command does not wait for
+    typing: it exits 2, prints nothing on stdout, and its error names --text, --file and piping."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = _predict_proc(bundle, str(tmp_path), [], follower)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and proc.stdout == b"", err[-2000:]
+    assert "--text" in err and "--file" in err and "| unfold-predict" in err and "pipe" in err, err
+
+
 # ------------------------------------------------------------------ memory bounded by the batch, not the input
 
 #: the child: predict.main under a peak-RSS probe, VmHWM of /proc/self/status (KiB): the peak of this program's

@@ -161,7 +161,7 @@ def test_predict_cli_json_equals_the_python_call(trained, tmp_path):
 ])
 def test_predict_cli_refuses_bad_input(trained, tmp_path, args, message):
     run_dir = tmp_path / "missing" if message == "no such model folder" else trained[0]
-    proc = run("experiments.app.predict", run_dir, *[a.format(tmp=tmp_path) for a in args])
+    proc = run("experiments.app.predict", run_dir, *[a.format(tmp=tmp_path) for a in args], stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
     assert not list(tmp_path.glob("*.jpg"))
 

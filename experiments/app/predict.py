@@ -19,9 +19,10 @@ as Hugging Face's fill-mask pipeline gives them, and the energy verdict: ``--jso
 ``unknown_tokens``, ``unknown_words``); the plain line has four fields (`fill_mask_line`). On a classifier
 ``[MASK]`` is text like any other.
 
-**Streaming.** Texts are read line by line (``--text`` values first, then each ``--file``; ``-`` is stdin) by a
-reader thread into a queue of ``--batch-size`` texts, predicted a batch at a time, and each batch's lines are
-printed and flushed as soon as it is done: memory is bounded by about three batches of texts whatever the length
+**Streaming.** Texts are read line by line (``--text`` values first, then each ``--file``; ``-`` is stdin; with
+neither, stdin when it is not a terminal: ``printf 'a fine film\\n' | unfold-predict RUN_DIR``) by a reader
+thread into a queue of ``--batch-size`` texts, predicted a batch at a time, and each batch's lines are printed and
+flushed as soon as it is done: memory is bounded by about three batches of texts whatever the length
 of the input, and the first line comes out while the input is still being written (a batch is whatever has
 arrived, up to ``--batch-size``, within :data:`LINGER` seconds of its first text). Files and stdin are strict
 UTF-8 alike; a file that is not is refused before anything is predicted (files are checked whole first), stdin
@@ -175,7 +176,29 @@ def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
     return out
 
 
-NO_TEXT = "no text to classify: give --text TEXT or --file FILE (one text a line)"
+NO_TEXT = ("no text to classify: give --text TEXT or --file FILE (one text a line), or pipe the texts in "
+           "(printf 'a fine film\\n' | unfold-predict RUN_DIR)")
+
+
+def _stdin_piped() -> bool:
+    """Whether stdin can be read and is not a terminal (a pipe, a file, ``/dev/null``): then a command line with
+    no ``--text`` and no ``--file`` reads its texts from stdin, as ``--file -`` does."""
+    stream = sys.stdin
+    try:
+        return stream is not None and stream.readable() and not stream.isatty()
+    except (OSError, ValueError):            # closed or detached
+        return False
+
+
+def text_sources(texts: Sequence[str], files: Sequence[str]) -> List[str]:
+    """The ``--file`` list a command line means: ``files`` as given, or ``["-"]`` (stdin) when neither ``--text``
+    nor ``--file`` is given and stdin is piped (`_stdin_piped`); with neither and stdin a terminal, a ConfigError
+    (`NO_TEXT`) that names ``--text``, ``--file`` and piping, before any model is loaded."""
+    if texts or files:
+        return list(files)
+    if _stdin_piped():
+        return ["-"]
+    raise ConfigError(NO_TEXT)
 
 
 class TextFeed:
@@ -428,7 +451,7 @@ def main(argv=None) -> int:
         if args.plot is not None:
             check_plot_path(args.plot)          # before any work: nothing printed, nothing written on refusal
         check_batch_size(args.batch_size, "--batch-size")
-        feed = TextFeed(iter_texts(args.text, args.file), args.batch_size)
+        feed = TextFeed(iter_texts(args.text, text_sources(args.text, args.file)), args.batch_size)
         out = sys.stdout                        # the answer's stream; plug-ins' prints go to stderr meanwhile
         try:
             with plugin_output():
@@ -494,7 +517,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="append", default=[], help="a text to classify (repeatable)")
     p.add_argument("--file", action="append", default=[], help="a UTF-8 file of texts, one a line ('-': stdin, read by the same rule: "
                                                                  "bytes that are not UTF-8 are refused); read and "
-                                                                 "answered as it comes, a batch at a time")
+                                                                 "answered as it comes, a batch at a time. With "
+                                                                 "neither --text nor --file, texts piped in on "
+                                                                 "stdin are read as --file -")
     p.add_argument("--json", action="store_true",
                    help="one JSON object a line (UTF-8, the text as it is); without it one line a text, six "
                         "tab-separated fields (label, probabilities, verdict, energies, tokens, text) where the "

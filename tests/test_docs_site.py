@@ -77,3 +77,16 @@ def test_the_built_site_shows_no_sphinx_role(site):
     found = [f"{page.relative_to(site)}: {hit}" for page in pages for hit in role.findall(page.read_text())]
     assert not found, found[:20]
     assert role.search("see :class:<code>GradientStep</code>")          # negative control of the pattern
+
+
+def test_the_default_site_folder_is_ignored_by_git():
+    """``mkdocs build`` without ``-d`` writes ``site/`` (mkdocs.yml's default ``site_dir``): git ignores it, so a
+    built site is never committed by accident; a tracked page is not ignored (the control)."""
+    if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+
+    def ignored(path):
+        return subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT).returncode == 0
+
+    assert ignored("site/index.html") and ignored("site/api/unfold/index.html")
+    assert not ignored("docs/index.md")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-call GPU check (issue 32): run from the repository root on a machine with one CUDA GPU and PyTorch with
+# The one-call GPU check: run from the repository root on a machine with one CUDA GPU and PyTorch with
 # Triton already installed (nothing is installed here; the repository is put on PYTHONPATH). Two phases, each made
 # to fit one call of at most 10 minutes; every figure lands in $OUT (default ./gpu_out) as JSON or text:
 #

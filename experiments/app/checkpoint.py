@@ -1,10 +1,10 @@
 """Crash-safe, checksummed, validated training checkpoints, and safe loading.
 
-``last.pt`` (and the one before it, ``prev.pt``) in a run folder. :func:`save_checkpoint` never puts the
+``last.pt`` (and the one before it, ``prev.pt``) in a run folder. `save_checkpoint` never puts the
 only good checkpoint at risk:
 
 1. the new state is written to a temporary file beside them (flush, fsync);
-2. it is read back with :func:`safe_load` and verified (checksum and every field, as on load) or deleted;
+2. it is read back with `safe_load` and verified (checksum and every field, as on load) or deleted;
 3. ``last.pt`` is moved to ``prev.pt`` only if it is itself loadable and verified (a corrupt or tampered
    ``last.pt`` is set aside as ``last.pt.corrupt`` and ``prev.pt`` kept);
 4. the temporary file is renamed to ``last.pt`` (atomic).
@@ -12,7 +12,7 @@ only good checkpoint at risk:
 Killed at any instant, the folder holds a loadable checkpoint: before 3 the old ``last.pt`` or ``prev.pt``;
 between 3 and 4 ``prev.pt`` (the old ``last.pt``); after 4 both (tested by killing a process at every
 stage, ``tests/test_run_safety.py``). Temporary files a killed save left behind are removed by
-:func:`clean_temporaries` when a run (re)starts in the folder, and when a run is interrupted (Ctrl-C).
+`clean_temporaries` when a run (re)starts in the folder, and when a run is interrupted (Ctrl-C).
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimiser, scheduler,
 the torch (and CUDA) RNG states, the data order generator, the epoch, history and counters, the config
@@ -20,13 +20,13 @@ and the vocabulary. Loading tries ``last.pt`` and, when it cannot be read or doe
 falls back to ``prev.pt``.
 
 **Checksum.** Every checkpoint carries ``sha256``: the SHA-256 of a canonical encoding of everything else in
-it (:func:`state_digest`: every tensor's dtype, shape and bytes, every number, string and container, in
+it (`state_digest`: every tensor's dtype, shape and bytes, every number, string and container, in
 order). It is computed when the checkpoint is saved and recomputed when it is loaded; a checkpoint whose
 checksum is missing or differs (a weight scaled after the save, a field edited, bits flipped) is refused
 like an unreadable one. The checksum is not a signature: it catches changed files, not a writer who
 recomputes it, which is why every field is validated as well.
 
-**Validation** (:func:`validate_checkpoint`, on every load, naming the file, the field and the value):
+**Validation** (`validate_checkpoint`, on every load, naming the file, the field and the value):
 every tensor of the model and of the optimiser state is finite (and the optimiser's second moments
 >= 0); ``epoch`` is an integer in [1, train.epochs]; ``history`` holds exactly one record per finished
 epoch, numbered 1..epoch, with finite losses >= 0, accuracies in [0, 1], seconds >= 0 and energy counts
@@ -36,22 +36,22 @@ trainer's "none yet", only with an empty history); ``train_inc``/``train_steps``
 counters are integers >= 0 that fit together; ``elapsed`` is finite and >= 0; the untrained model's
 energy report has counts >= 0 and a verdict that agrees with them ("descent" only with no increase and no
 non-finite step); RNG states are byte tensors. A key the trainer does not write is refused.
-:func:`check_resume_state` then checks the optimiser and scheduler state against the ones the resumed
+`check_resume_state` then checks the optimiser and scheduler state against the ones the resumed
 run builds (the same hyper-parameters, one moment per parameter of the parameter's shape, the scheduler at
 step ``epoch * steps_per_epoch`` of the same schedule).
 
-**Never a non-finite checkpoint.** :func:`save_checkpoint` refuses (:class:`CheckpointError` naming the
+**Never a non-finite checkpoint.** `save_checkpoint` refuses ([`CheckpointError`][energies.CheckpointError] naming the
 parameter) to write a state whose model weights or optimiser moments are not finite, so ``last.pt``, which
 messages call "the last good checkpoint", never holds NaN or inf weights.
 
-**Loading never executes code.** Every ``.pt`` the project reads goes through :func:`safe_load`:
+**Loading never executes code.** Every ``.pt`` the project reads goes through `safe_load`:
 ``torch.load(..., weights_only=True)``, which accepts tensors and plain containers (dict, list, tuple,
-str, numbers, None) only; anything else is refused with a :class:`~energies.errors.CheckpointError`
+str, numbers, None) only; anything else is refused with a [`CheckpointError`][energies.CheckpointError]
 saying so (a pickled object from someone else could run arbitrary code when loaded). Whatever torch's
 wording of the refusal (it changed between versions: "Unsupported global: GLOBAL x.y", "unsupported
 GLOBAL x.y", or an unsupported opcode before any global was reached), a file whose pickle references a
 class or function other than torch's own tensor rebuilders is reported as holding code -- found by a
-static scan of its pickle opcodes (:mod:`pickletools`, which never executes anything) -- and never as
+static scan of its pickle opcodes (`pickletools`, which never executes anything) -- and never as
 "truncated".
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _harmless_global(qualified: str) -> bool:
 
 def _pickle_globals(data: bytes) -> List[str]:
     """The ``module.name`` globals referenced by the pickle stream(s) at the start of ``data``, found by
-    :func:`pickletools.genops` (a parser: nothing is imported or executed). Several pickles in a row (torch's
+    `pickletools.genops` (a parser: nothing is imported or executed). Several pickles in a row (torch's
     legacy format) are followed until the first one that does not parse."""
     found: List[str] = []
     stream = io.BytesIO(data)
@@ -162,7 +162,7 @@ def _holds_code(path: str, what: str) -> CheckpointError:
 
 def safe_load(path, map_location="cpu", name: Optional[str] = None) -> Any:
     """``torch.load(path, weights_only=True)``: tensors and plain containers only, never code. A file that
-    holds anything else, or cannot be read, raises :class:`CheckpointError` naming the file and why: a
+    holds anything else, or cannot be read, raises [`CheckpointError`][energies.CheckpointError] naming the file and why: a
     reference to a class or function is reported as code (module docstring), never as truncation. ``path``
     may also be an open, seekable binary file, named in messages by ``name``."""
     if isinstance(path, (str, os.PathLike)):
@@ -210,9 +210,9 @@ def _loadable(path: str) -> bool:
 
 
 def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> str:
-    """Write ``state`` (sealed with its checksum, :func:`seal`) as ``last.pt`` by the four stages of the module
+    """Write ``state`` (sealed with its checksum, `seal`) as ``last.pt`` by the four stages of the module
     docstring; returns its path. A state whose model weights or optimiser moments are not finite is refused
-    before anything is written (:class:`CheckpointError` naming the parameter): a diverged model never becomes
+    before anything is written ([`CheckpointError`][energies.CheckpointError] naming the parameter): a diverged model never becomes
     the last good checkpoint."""
     last, prev = os.path.join(run_dir, LAST), os.path.join(run_dir, PREV)
     model = state.get("model")
@@ -255,9 +255,9 @@ def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> str:
 
 def load_checkpoint(run_dir: str, map_location="cpu", epochs: Optional[int] = None,
                     require: Sequence[str] = REQUIRED) -> Tuple[Dict[str, Any], str]:
-    """``(state, path)`` of the newest checkpoint that loads and verifies (:func:`validate_checkpoint` with
+    """``(state, path)`` of the newest checkpoint that loads and verifies (`validate_checkpoint` with
     ``epochs`` and ``require``): ``last.pt``, else ``prev.pt`` (the reason ``last.pt`` was passed over is printed);
-    a :class:`CheckpointError` listing what was tried when neither does."""
+    a [`CheckpointError`][energies.CheckpointError] listing what was tried when neither does."""
     tried = []
     for name in (LAST, PREV):
         path = os.path.join(run_dir, name)

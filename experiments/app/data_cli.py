@@ -6,14 +6,14 @@
     unfold-data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
 ``--option`` sets an option of a generated dataset (``listops``: ``min_len``, ``max_len``, ``max_depth``,
-``max_args``, ``train``, ``val``, ``test``; :mod:`experiments.data.listops`), the generated splits are written.
+``max_args``, ``train``, ``val``, ``test``; `experiments.data.listops`), the generated splits are written.
 ``export`` writes ``train.jsonl``, ``val.jsonl``, ``test.jsonl`` (``{"text": ..., "label": int}`` a line, in
 the order the trainer sees them) and ``labels.json``, all or nothing; ``load_dataset(DIR)`` reads such a
 directory back unchanged. ``--out`` must be new or empty; ``--overwrite`` replaces a folder that holds an
 earlier export and nothing else; the folder the dataset is read from (or that holds its file) is always
 refused (`experiments.data.files.export`). ``inspect`` shows what ``unfold-train`` would read from PATH (the
-trainer's reader, config and overrides; :mod:`experiments.app.inspect_data`) and the command that trains on it; it writes nothing. The
-commands run under :func:`unfold.cli.run_main`: bad input (a :class:`DataError`,
+trainer's reader, config and overrides; `experiments.app.inspect_data`) and the command that trains on it; it writes nothing. The
+commands run under `unfold.cli.run_main`: bad input (a `DataError`,
 a file where a folder is expected, ...) exits with status 2 and one line.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _option_arg(text: str) -> tuple[str, int]:
 
 def _pair_map(pairs, flag: str) -> dict | None:
     """The ``KEY=VALUE`` pairs of a repeatable flag (``--option``, ``--split``) as a mapping (``None`` when none
-    was given); a key given twice is a :class:`DataError` naming the flag."""
+    was given); a key given twice is a `DataError` naming the flag."""
     if not pairs:
         return None
     out: dict = {}
@@ -112,7 +112,7 @@ def _add_export_parser(sub) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The parser of ``fetch`` and ``export`` (``inspect`` is listed; :func:`_inspect_main` parses it)."""
+    """The parser of ``fetch`` and ``export`` (``inspect`` is listed; `_inspect_main` parses it)."""
     p = argparse.ArgumentParser(prog=PROG, description="Fetch text datasets and GloVe vectors; export splits.")
     add_import_arg(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -139,7 +139,7 @@ def _fetch(args) -> int:
 
 
 def _export(args) -> int:
-    """``export``: read the dataset as asked, write its splits (:func:`experiments.data.files.export`) and print
+    """``export``: read the dataset as asked, write its splits (`experiments.data.files.export`) and print
     what was written as one JSON line."""
     sources = source_paths(args.dataset, args.data_dir)
     check_export_target(args.out, args.overwrite, sources)          # before the dataset is read
@@ -153,7 +153,7 @@ def _export(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``fetch``, ``export`` and ``inspect`` subcommands under :func:`unfold.cli.run_main` (bad input: one line,
+    """``fetch``, ``export`` and ``inspect`` subcommands under `unfold.cli.run_main` (bad input: one line,
     exit 2)."""
     rest = list(sys.argv[1:] if argv is None else argv)
     i = 0

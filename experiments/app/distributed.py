@@ -1,13 +1,13 @@
 """Distributed training under ``torchrun``: DistributedDataParallel, gloo on CPU, nccl on CUDA.
 
 ``torchrun --standalone --nproc_per_node N -m experiments.app.train --config FILE`` starts N processes;
-:func:`setup` sees ``WORLD_SIZE`` and joins the process group. Every rank draws the same shuffled
+`setup` sees ``WORLD_SIZE`` and joins the process group. Every rank draws the same shuffled
 order (same seed) and takes its contiguous share of each *global* batch of ``train.batch_size``
-examples (:func:`shard`); its loss is the sum over its share divided by the global batch size,
+examples (`shard`); its loss is the sum over its share divided by the global batch size,
 times N, so that DDP's gradient average equals the gradient of the single-process mean loss. A
 rank whose share is empty (a last batch smaller than N) runs one example with weight 0, so every
 rank joins every gradient all-reduce. Metrics, plots and checkpoints are written by rank 0; the
-energy statistics of the training trace are summed over ranks (:func:`all_sum`).
+energy statistics of the training trace are summed over ranks (`all_sum`).
 """
 from __future__ import annotations
 

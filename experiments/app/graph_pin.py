@@ -1,13 +1,13 @@
 """A model's edge-list graph, pinned: ``model.graph`` = a ``.npy`` file is part of the model, so it is read once and
 kept, never read again from a path that may since have changed or gone.
 
-* :func:`read_edges`: the file's bytes (one read, from one descriptor), their sha256 and the array they hold;
-* :func:`pin`: a built model's encoder made to build its graphs from that array (:class:`energies.graphs.GraphCache`
+* `read_edges`: the file's bytes (one read, from one descriptor), their sha256 and the array they hold;
+* `pin`: a built model's encoder made to build its graphs from that array (`energies.graphs.GraphCache`
   with ``edges``), whatever happens to the file afterwards; a batch narrower than the graph (texts shorter than
   its largest node id, at training or prediction) gets the graph among its slots only (`within`): the edges
   to slots it does not hold join padding, as the edges to a shorter text's padded slots do in a full-width batch;
-* :data:`GRAPH_FILE`: the copy a run folder (so a bundle) holds, its sha256 in ``bundle.json``
-  (:mod:`experiments.app.bundle`).
+* `GRAPH_FILE`: the copy a run folder (so a bundle) holds, its sha256 in ``bundle.json``
+  (`experiments.app.bundle`).
 """
 from __future__ import annotations
 

@@ -190,7 +190,7 @@ class RunFileError(UnfoldError):
 
 def read_json(path: str, kind: type = dict):
     """The JSON value in ``path``, checked to be a ``kind`` (``dict``: an object, ``list``: an array).
-    Missing, a folder, not UTF-8, not JSON, or another kind of value: :class:`RunFileError` naming the file."""
+    Missing, a folder, not UTF-8, not JSON, or another kind of value: `RunFileError` naming the file."""
     value = read_document(path, json.load, RunFileError, path, "JSON", (ValueError, RecursionError))
     if not isinstance(value, kind):
         raise RunFileError(f"{path} holds a JSON {_json_kind(value)}, expected a JSON "
@@ -205,7 +205,7 @@ def _json_kind(value) -> str:
 
 def number_of(value, where: str, key: str) -> float:
     """``value`` as a float: a JSON number, or ``"nan"`` / ``"inf"`` / ``"-inf"`` (how strict JSON writes
-    non-finite numbers); anything else is a :class:`RunFileError` naming ``where`` and ``key``."""
+    non-finite numbers); anything else is a `RunFileError` naming ``where`` and ``key``."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if value in ("nan", "inf", "-inf"):
@@ -220,10 +220,10 @@ def _describe(value) -> str:
 
 
 def load_trace(path: str) -> dict:
-    """``energy_trace.pt`` of a run (:func:`experiments.app.checkpoint.safe_load`), checked: a dict whose
+    """``energy_trace.pt`` of a run (`experiments.app.checkpoint.safe_load`), checked: a dict whose
     ``energies`` map term names to float tensors of one shape ``(examples >= 1, layers + 1 >= 1)``, an
     ``energy_min`` that is None or a float tensor ``(examples,)``, ``extra_layers`` None or an integer
-    >= 0, ``mode`` and ``dtype`` None or strings. Anything else: :class:`RunFileError` naming the file."""
+    >= 0, ``mode`` and ``dtype`` None or strings. Anything else: `RunFileError` naming the file."""
     trace = safe_load(path)
     if not isinstance(trace, dict):
         raise RunFileError(f"{path} holds {_describe(trace)}, not an energy trace (a dict with 'energies')")
@@ -261,7 +261,7 @@ HISTORY_KEYS = ("epoch", "train_loss", "val_loss", "train_accuracy", "val_accura
 
 def load_history(path: str) -> list:
     """``history.json`` of a run, checked: a non-empty array of objects, each with the numbers
-    :data:`HISTORY_KEYS` (non-finite ones as strict JSON writes them); returns the records as floats."""
+    `HISTORY_KEYS` (non-finite ones as strict JSON writes them); returns the records as floats."""
     history = read_json(path, list)
     if not history:
         raise RunFileError(f"{path} holds no epoch (an empty array)")
@@ -295,7 +295,7 @@ def load_metrics(path: str) -> dict:
 
 def plot_run(run_dir: str):
     """Redraw both plots of ``run_dir`` from its saved files; returns their paths. Every file is read and
-    checked (:func:`load_trace`, :func:`load_history`, :func:`load_metrics`) before anything is drawn."""
+    checked (`load_trace`, `load_history`, `load_metrics`) before anything is drawn."""
     if not os.path.isdir(run_dir):
         raise RunFileError(f"run folder {run_dir!r} " + ("is a file, not a folder" if os.path.lexists(run_dir)
                                                            else "does not exist"))
@@ -322,7 +322,7 @@ PROG = "python -m experiments.app.plot_energy"
 
 
 def main(argv=None) -> int:
-    """``RUN_DIR``: redraw its plots; errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    """``RUN_DIR``: redraw its plots; errors under `unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a training run folder (runs/NAME)")

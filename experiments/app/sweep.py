@@ -7,11 +7,11 @@ one split), then writes ``DIR/summary.json`` and ``DIR/summary.md``: for every n
 ``metrics.json`` (nested keys joined by dots) its mean, sample standard deviation (``n - 1``; ``null`` for one
 run), minimum, maximum and count.
 
-``--tfidf`` sweeps the TF-IDF + logistic-regression baseline (:mod:`experiments.app.tfidf`) over split seeds
+``--tfidf`` sweeps the TF-IDF + logistic-regression baseline (`experiments.app.tfidf`) over split seeds
 instead (``--dataset NAME``); ``--table DIR [DIR ...]`` prints the README's comparison table (mean +- std)
 from finished sweeps.
 
-Work is never lost or mixed: the sweep folder has one owner (:class:`~experiments.runfolder.runlock.RunLock`); each
+Work is never lost or mixed: the sweep folder has one owner (`RunLock`); each
 seed is a separate process writing its own run folder; a seed whose ``metrics.json`` exists with the same
 config is kept as it is, one interrupted after an epoch is resumed from its checkpoint (``--resume`` of the
 trainer), so running the same command again finishes an interrupted sweep. A seed that fails is reported
@@ -19,8 +19,8 @@ in the summary (``failed``) and the exit status is 1; the other seeds still run.
 
 Files read back are checked, never trusted: a seed's existing ``metrics.json`` that is not readable JSON, not an
 object, or whose ``test_accuracy``/``val_accuracy`` is not a number refuses the sweep before anything runs (one
-:class:`~energies.errors.ConfigError` line naming the file and the key, exit 2: it is neither a finished run nor
-one to resume). ``--table`` checks each ``summary.json`` (:func:`check_summary`: an object with ``name``,
+[`ConfigError`][energies.ConfigError] line naming the file and the key, exit 2: it is neither a finished run nor
+one to resume). ``--table`` checks each ``summary.json`` (`check_summary`: an object with ``name``,
 ``runs`` and ``metrics``, each statistic a mapping of finite numbers or null) and refuses a malformed one the
 same way, instead of a ``KeyError``.
 """
@@ -73,7 +73,7 @@ def _number(value) -> Optional[float]:
 def flatten(metrics: Dict[str, Any], prefix: str = "") -> Dict[str, float]:
     """The numeric leaves of ``metrics`` (bools and other strings skipped), nested keys joined by dots. A value
     that is not finite, as a float or as the text strict JSON writes for one (``"nan"``, ``"inf"``), is kept
-    as ``nan``/``inf`` so that :func:`summarize` counts it instead of dropping it. Iterative: any nesting."""
+    as ``nan``/``inf`` so that `summarize` counts it instead of dropping it. Iterative: any nesting."""
     out: Dict[str, float] = {}
     stack = [(metrics, prefix)]
     while stack:
@@ -102,7 +102,7 @@ def describe(values: Sequence[float]) -> Dict[str, Any]:
 
 
 def summarize(runs: Dict[int, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Per metric, :func:`describe` over the runs that have it (a metric missing from some runs has a smaller
+    """Per metric, `describe` over the runs that have it (a metric missing from some runs has a smaller
     ``n``; non-finite values are left out of the statistics and counted in ``nonfinite``)."""
     flat = {seed: flatten(m) for seed, m in runs.items()}
     keys = sorted({k for f in flat.values() for k in f})
@@ -191,8 +191,8 @@ def metrics_problem(metrics: Any) -> Optional[str]:
 
 
 def _read_metrics(path: str) -> Optional[Dict[str, Any]]:
-    """A seed's existing ``metrics.json``: ``None`` when there is none; a :class:`ConfigError` naming the file
-    and the key when it is unreadable or malformed (:func:`metrics_problem`)."""
+    """A seed's existing ``metrics.json``: ``None`` when there is none; a [`ConfigError`][energies.ConfigError] naming the file
+    and the key when it is unreadable or malformed (`metrics_problem`)."""
     value, why = _load_json(path)
     if why == "missing":
         return None
@@ -431,7 +431,7 @@ def _row(summary: Dict[str, Any]) -> str:
     return f"| {summary['name']} | {acc} | {val} | {secs} | {energy} | {len(summary['runs'])} |"
 
 
-#: the statistics of ``summary.json`` that :func:`_row` reads: required, then read when present
+#: the statistics of ``summary.json`` that `_row` reads: required, then read when present
 TABLE_REQUIRED = ("test_accuracy", "val_accuracy")
 TABLE_OPTIONAL = ("train_seconds", "energy_increases", "untrained.energy_increases", "energy_steps")
 #: the range of each statistic's values (mean, min, max; the std at most the width): accuracies are fractions,
@@ -442,7 +442,7 @@ TABLE_RANGES = {"test_accuracy": (0.0, 1.0), "val_accuracy": (0.0, 1.0), "train_
 
 
 def _check_stat(stat: Any, key: str, path: str) -> None:
-    """One statistic of :func:`describe`: ``mean``, ``std`` (and ``min``, ``max`` when present) finite numbers or
+    """One statistic of `describe`: ``mean``, ``std`` (and ``min``, ``max`` when present) finite numbers or
     null, ``std`` >= 0, ``n`` (and ``nonfinite`` when present) integers >= 0."""
     where = f"metrics.{key}"
     if not isinstance(stat, dict):
@@ -474,7 +474,7 @@ def _check_stat(stat: Any, key: str, path: str) -> None:
 
 def read_checked(root: str, name: str, what: str, check):
     """``check(value, path)`` of the JSON file ``root/name`` a finished run of ``what`` wrote (``--table``); a
-    missing or unreadable file is one :class:`ConfigError` line naming the folder and the file."""
+    missing or unreadable file is one [`ConfigError`][energies.ConfigError] line naming the folder and the file."""
     path = os.path.join(root, name)
     value, why = _load_json(path)
     if why == "missing":
@@ -485,10 +485,10 @@ def read_checked(root: str, name: str, what: str, check):
 
 
 def check_summary(summary: Any, path: str) -> Dict[str, Any]:
-    """``summary`` (a ``summary.json``) when :func:`table` can read it, else a :class:`ConfigError` naming
+    """``summary`` (a ``summary.json``) when `table` can read it, else a [`ConfigError`][energies.ConfigError] naming
     ``path`` and the key: an object with ``name`` (a non-empty string), ``runs`` (an object, at least one
-    finished seed) and ``metrics`` (an object holding :data:`TABLE_REQUIRED`; those and any of
-    :data:`TABLE_OPTIONAL` present checked by :func:`_check_stat`; ``energy_steps`` given with the energy
+    finished seed) and ``metrics`` (an object holding `TABLE_REQUIRED`; those and any of
+    `TABLE_OPTIONAL` present checked by `_check_stat`; ``energy_steps`` given with the energy
     increases)."""
     if not isinstance(summary, dict):
         raise ConfigError(f"{path} holds a JSON {_json_type(summary)}, not a sweep summary (an object with name, "
@@ -521,7 +521,7 @@ def check_summary(summary: Any, path: str) -> Dict[str, Any]:
 def table(roots: Sequence[str]) -> str:
     """A markdown table, one row per sweep folder: test and validation accuracy, training seconds and the
     float64 energy increases on the test set (trained / untrained), each mean ± std over the seeds. Each
-    ``summary.json`` is checked first (:func:`check_summary`)."""
+    ``summary.json`` is checked first (`check_summary`)."""
     lines = ["| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
              "|---|---|---|---|---|---|"]
     for root in roots:
@@ -550,7 +550,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _seed_keys(args) -> List[str]:
-    """The keys of ``--seed-keys``; a :class:`ConfigError` for none, for an override of one of them, and for
+    """The keys of ``--seed-keys``; a [`ConfigError`][energies.ConfigError] for none, for an override of one of them, and for
     options that do not go together (``--tfidf`` with a config, ``--max-train-examples`` without ``--tfidf``)."""
     keys = [k.strip() for k in args.seed_keys.split(",") if k.strip()]
     if not keys:
@@ -596,7 +596,7 @@ def _sweep(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``unfold-sweep``: a seed sweep, or ``--table`` of finished ones, under :func:`unfold.cli.run_main` (bad
+    """``unfold-sweep``: a seed sweep, or ``--table`` of finished ones, under `unfold.cli.run_main` (bad
     input: one line, exit 2)."""
     args = _parser().parse_args(argv)
 

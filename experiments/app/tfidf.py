@@ -2,7 +2,7 @@
 
 ``python -m experiments.app.tfidf --dataset rotten_tomatoes [--seed S] [--json]``
 
-Features: word n-grams (1-2 by default) of :func:`experiments.data.tokenize`, vocabulary and
+Features: word n-grams (1-2 by default) of `experiments.data.tokenize`, vocabulary and
 document frequencies from the training split only (``min_df``), weights ``tf * idf`` with the
 smoothed ``idf = ln((1 + N) / (1 + df)) + 1`` (N training documents), raw counts as ``tf`` or
 ``1 + ln(count)`` with ``sublinear_tf=True`` (off by default: in short texts nearly every count is
@@ -18,7 +18,7 @@ the validation split (first best in the order given); the test split is scored o
 The last line printed is a JSON object: dataset, test_accuracy, val_accuracy, best_C,
 val_accuracy_by_C, features, seconds.
 
-The data come from :func:`experiments.data.load_dataset`, so the baseline refuses what the trainer refuses
+The data come from `experiments.data.load_dataset`, so the baseline refuses what the trainer refuses
 (colliding labels, an empty split, one class), each as one ``error:`` line with exit 2.
 """
 from __future__ import annotations
@@ -148,8 +148,8 @@ def tfidf_logreg(splits: Splits, ngram=(1, 2), min_df: int = 1, Cs=(0.25, 0.5, 1
     """Fit TF-IDF + logistic regression on ``splits.train``, pick C on val, score test.
 
     The fit is deterministic (zero init, full batch); ``seed`` only seeds torch for form's sake
-    and is reported. Refused (:class:`DataError`): an empty split, training data of one class, label names
-    that collide or do not match the class ids (:func:`experiments.data.check_classes`, the check every loaded
+    and is reported. Refused (`DataError`): an empty split, training data of one class, label names
+    that collide or do not match the class ids (`experiments.data.check_classes`, the check every loaded
     dataset passes: a baseline on a dataset the trainer refuses would compare against nothing), a C that is not
     a finite positive number, no n-gram kept (``min_df`` above every count). Returns ``test_accuracy``, ``val_accuracy``, ``best_C``,
     ``val_accuracy_by_C``, ``features`` (number of n-grams) and ``seconds``.
@@ -196,7 +196,7 @@ PROG = "python -m experiments.app.tfidf"
 
 def main(argv=None) -> int:
     """Command line: run the baseline on one dataset; the last line printed is JSON (errors:
-    :func:`unfold.cli.run_main`)."""
+    `unfold.cli.run_main`)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("--dataset", default="rotten_tomatoes", help="a name load_dataset accepts")

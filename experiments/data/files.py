@@ -1,8 +1,8 @@
-"""Datasets given by path, and :func:`export`, which writes them.
+"""Datasets given by path, and `export`, which writes them.
 
 * A single ``.csv`` (header row), ``.jsonl``, ``.json`` or ``.parquet`` file with a text and a label column:
   labels mapped by `experiments.data.core.label_table`, cleaned and split 80/10/10.
-* A folder of splits (``train.jsonl``, ``val.jsonl``, ``test.jsonl``, optionally ``labels.json``, as :func:`export`
+* A folder of splits (``train.jsonl``, ``val.jsonl``, ``test.jsonl``, optionally ``labels.json``, as `export`
   writes it; or ``train``/``val`` (``validation``, ``dev``)/``test`` files of any of those kinds): used as-is, no
   cleaning, no resplitting; a missing val or test file is carved out of train by the seeded 80/10/10 rule.
 
@@ -16,10 +16,10 @@ Every record is checked (`records_to_examples`): a missing column, a missing lab
 (`experiments.data.core.missing_label`: empty, ``NA``, ``N/A``, ``nan``, ``null``, ``None``, ... or not
 finite), text that is not valid Unicode is a `DataError` naming the file and the record. Label values that
 collide (one class written two ways: ``1`` and ``"1"``, ``1`` and ``1.0`` or ``true``, ``"1"`` and ``"01"``;
-:func:`experiments.data.core.label_table`) and repeated names in ``labels.json``
-(:func:`experiments.data.core.check_label_names`) are refused naming the file, the column and both values. A
+`experiments.data.core.label_table`) and repeated names in ``labels.json``
+(`experiments.data.core.check_label_names`) are refused naming the file, the column and both values. A
 split file with no record (empty, or blank lines only) is refused naming the split and the file. Every refusal
-ends with the config keys that fix it (:func:`experiments.data.core.fix`).
+ends with the config keys that fix it (`experiments.data.core.fix`).
 """
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ def _read_records(path: pathlib.Path, text_field: str, label_field: str) -> tupl
 
 
 def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
-    """A single .csv/.jsonl/.json/.parquet file: labels mapped by :func:`label_table`, cleaned, split 80/10/10
+    """A single .csv/.jsonl/.json/.parquet file: labels mapped by `label_table`, cleaned, split 80/10/10
     by ``seed``."""
     if not path.is_file():
         raise DataError(f"dataset file {path} not found (looked at {path.absolute()})"
@@ -350,8 +350,8 @@ def load_file(path: pathlib.Path, seed, text_field, label_field) -> Splits:
 
 def split_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
     """``{split: file}`` of a folder of splits: for each of ``train``, ``val``, ``test`` the file whose stem is one
-    of :data:`SPLIT_STEMS` (``val``, ``validation`` or ``dev`` for ``val``) and whose suffix one of
-    :data:`FILE_SUFFIXES`, any case; a split with none is left out, a split with two files is a :class:`DataError`
+    of `SPLIT_STEMS` (``val``, ``validation`` or ``dev`` for ``val``) and whose suffix one of
+    `FILE_SUFFIXES`, any case; a split with none is left out, a split with two files is a `DataError`
     naming both."""
     out: dict[str, pathlib.Path] = {}
     for f in sorted(path.iterdir()):
@@ -459,7 +459,7 @@ def _labels_from_file(labels_file: pathlib.Path, raw: dict[str, list], files: di
 
 def _labels_from_values(path: pathlib.Path, raw: dict[str, list], files: dict[str, pathlib.Path],
                         label_field) -> tuple[dict[str, list], list]:
-    """``(split lists, names)`` with the label values mapped jointly over the splits by :func:`label_table`."""
+    """``(split lists, names)`` with the label values mapped jointly over the splits by `label_table`."""
     def origin(i: int) -> str:             # the i-th label over the splits, in file order
         for s, pairs in raw.items():
             if i < len(pairs):
@@ -472,13 +472,13 @@ def _labels_from_values(path: pathlib.Path, raw: dict[str, list], files: dict[st
 
 
 def load_directory(path: pathlib.Path, text_field, label_field, seed: int = 0) -> Splits:
-    """A folder of splits: ``train``, ``val`` (or ``validation``, ``dev``) and ``test`` files (:func:`split_files`,
-    any of :data:`FILE_SUFFIXES`), used as-is (no cleaning, no resplitting); a missing ``val`` or ``test`` file is
-    carved out of ``train`` by the seeded 80/10/10 rule (:func:`complete_splits`), ``train`` is required.
+    """A folder of splits: ``train``, ``val`` (or ``validation``, ``dev``) and ``test`` files (`split_files`,
+    any of `FILE_SUFFIXES`), used as-is (no cleaning, no resplitting); a missing ``val`` or ``test`` file is
+    carved out of ``train`` by the seeded 80/10/10 rule (`complete_splits`), ``train`` is required.
 
     With a ``labels.json`` (as written by export) the labels must be ids ``0..K-1`` into it, its names unique
-    (:func:`check_label_names`); without one, label values are mapped jointly over the splits by
-    :func:`label_table` (colliding values refused). Every split file must hold at least one record.
+    (`check_label_names`); without one, label values are mapped jointly over the splits by
+    `label_table` (colliding values refused). Every split file must hold at least one record.
     """
     files = split_files(path)
     _check_split_names(path, files)

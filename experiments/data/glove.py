@@ -1,10 +1,10 @@
-"""GloVe 6B 50d word vectors: :func:`load_glove` gives the rows of a vocabulary's tokens, from the files that
+"""GloVe 6B 50d word vectors: `load_glove` gives the rows of a vocabulary's tokens, from the files that
 ``fetch`` writes into the data directory::
 
     glove/glove_6B_50d_emb.npy      the 400,000 x 50 float32 matrix, as shipped
     glove/glove_6B_50d_vocab.txt    its words, one a line, in row order
 
-The vocabulary ships as a parquet file (``glove_6B_index.parquet``); :func:`glove_vocab_text` converts it once,
+The vocabulary ships as a parquet file (``glove_6B_index.parquet``); `glove_vocab_text` converts it once,
 at fetch time, into the text file, so loading needs no parquet reader.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def load_glove(vocab: Vocab, data_dir=None, seed: int = 0, std: float = 0.1):
     missing from GloVe get ``N(0, std**2)`` entries drawn from ``torch.Generator`` seeded with
     ``seed`` (std 0.1 by default, small next to the GloVe entries whose std is about 0.6, so
     unknown words start near the origin). ``coverage`` is the fraction of ordinary tokens
-    (specials excluded) found in GloVe. The files are checked by :func:`_read_glove`.
+    (specials excluded) found in GloVe. The files are checked by `_read_glove`.
     """
     root = _data_dir(data_dir)
     emb_path = require_file(root, GLOVE_EMB, "glove")
@@ -67,7 +67,7 @@ def _read_glove(root: pathlib.Path, emb_path: pathlib.Path, vocab_path: pathlib.
     matrix (``GLOVE_DIM`` finite numbers), so a line has 1 + 50 columns. A vocabulary line with more or
     fewer columns (a GloVe text file put there by hand, spaces, an empty line), a matrix that is
     not 2-D numbers of ``GLOVE_DIM`` columns, a row with NaN or Inf, or a count of words that differs
-    from the count of rows is a :class:`DataError` naming the file and the line."""
+    from the count of rows is a `DataError` naming the file and the line."""
     try:
         emb = np.load(emb_path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:

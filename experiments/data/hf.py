@@ -8,7 +8,7 @@ NAME is looked up in this order, the first match wins:
 3. the ``datasets`` package is installed: ``datasets.load_dataset(NAME, CONFIG)``, the hub or its local cache
    (the hub is probed with a 3 s connect first; if it does not answer, ``HF_HUB_OFFLINE=1`` and
    ``HF_DATASETS_OFFLINE=1`` are set so that nothing waits on the network);
-4. otherwise a :class:`DataError` naming the places looked and what to do.
+4. otherwise a `DataError` naming the places looked and what to do.
 
 A folder holds one of two layouts:
 
@@ -27,17 +27,17 @@ A folder holds one of two layouts:
 
 Labels: when the label column is a ``ClassLabel`` (in ``dataset_info.json``, the README, or the
 ``huggingface`` metadata that ``datasets`` writes into every file), its names are the label names (no two
-alike: :func:`experiments.data.core.check_label_names`), its ids are kept, and rows labelled -1 (the hub's "no
-label") are dropped; any other label column is mapped by :func:`experiments.data.core.label_table` over the
+alike: `experiments.data.core.check_label_names`), its ids are kept, and rows labelled -1 (the hub's "no
+label") are dropped; any other label column is mapped by `experiments.data.core.label_table` over the
 splits used (values that collide, such as ``1`` in one split's file and ``"1"`` in another's, are refused).
 A split that holds no row, or none left once the rows labelled -1 are dropped, is refused naming it and its
-files. The README's YAML front matter is read by :func:`experiments.runfolder.strict_yaml.load_yaml` (repeated keys and deep
+files. The README's YAML front matter is read by `experiments.runfolder.strict_yaml.load_yaml` (repeated keys and deep
 nesting refused).
 
 Splits: the trainer's ``train``, ``val`` and ``test`` are the dataset's ``train``; ``validation``, ``val`` or
 ``dev``; ``test`` (any case), unless ``splits`` maps them, e.g. ``{"val": "validation"}``; a key left out of
 the mapping follows the automatic rule, skipping a split that the mapping already uses. A missing ``val`` or
-``test`` is carved out of ``train`` with the seeded 80/10/10 rule (:func:`experiments.data.core.split_examples`).
+``test`` is carved out of ``train`` with the seeded 80/10/10 rule (`experiments.data.core.split_examples`).
 The texts are used as they are (no cleaning).
 """
 from __future__ import annotations
@@ -66,7 +66,7 @@ _SPLIT_FOLDERS = {alias for aliases in AUTO_SPLITS.values() for alias in aliases
 def check_split_map(splits) -> dict | None:
     """``splits`` as a dict, or ``None`` for the automatic choice: a non-empty mapping whose keys are among
     ``train``, ``val``, ``test`` and whose values are non-empty strings (split names of the dataset);
-    anything else is a :class:`DataError` naming the key and the value."""
+    anything else is a `DataError` naming the key and the value."""
     if splits is None:
         return None
     if not isinstance(splits, Mapping) or not splits:
@@ -109,7 +109,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 def find_folder(name: str, data_dir=None) -> tuple[pathlib.Path | None, list[str]]:
     """The local folder of dataset ``name`` (resolution steps 1 and 2 of the module docstring), or ``None``;
-    with the list of the places looked. An existing path that is not a folder is a :class:`DataError`."""
+    with the list of the places looked. An existing path that is not a folder is a `DataError`."""
     path = pathlib.Path(name).expanduser()
     looked = [str(path.absolute())]
     if path.is_dir():
@@ -129,7 +129,7 @@ def find_folder(name: str, data_dir=None) -> tuple[pathlib.Path | None, list[str
 
 def load_hf(spec: str, seed: int = 0, text_field: str = "text", label_field: str = "label", data_dir=None,
             splits=None) -> Splits:
-    """``hf:SPEC`` (``SPEC`` = ``NAME[:CONFIG]``) as a :class:`Splits` named ``hf:SPEC``: see the module docstring."""
+    """``hf:SPEC`` (``SPEC`` = ``NAME[:CONFIG]``) as a `Splits` named ``hf:SPEC``: see the module docstring."""
     splits = check_split_map(splits)
     name, config = parse_spec(spec)
     label = f"hf:{spec}"
@@ -152,7 +152,7 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
     """``{trainer split: dataset split}`` for the dataset splits ``available`` (module docstring, "Splits").
 
     A name that ``splits`` gives and the dataset lacks, no train split, or one dataset split mapped to two
-    trainer splits is a :class:`DataError` listing the splits found."""
+    trainer splits is a `DataError` listing the splits found."""
     available = list(available)
     found = sorted(available)
     splits = splits or {}
@@ -186,7 +186,7 @@ def choose_splits(label: str, available, splits: dict | None) -> dict[str, str]:
 
 def _other(found: list, chosen: dict, key: str) -> str | None:
     """A split of ``found`` to propose for the trainer's split ``key`` in a fix: one whose name says it is that
-    split (:data:`AUTO_SPLITS`, any case, or a name that begins so: ``training``), else one that no trainer split
+    split (`AUTO_SPLITS`, any case, or a name that begins so: ``training``), else one that no trainer split
     uses yet; ``None`` when none is left."""
     free = [s for s in found if s not in chosen.values()]
     return next((s for s in free if any(s.lower().startswith(a[:3]) for a in AUTO_SPLITS[key])),
@@ -229,7 +229,7 @@ def _map_class_ids(label: str, raw: dict, class_names: list[str], label_field: s
 
 def _map_label_values(label: str, raw: dict, text_field: str, label_field: str,
                       sources: dict) -> tuple[dict[str, list], list]:
-    """``(split lists, names)`` with rows checked like a file's records, labels mapped by :func:`label_table`."""
+    """``(split lists, names)`` with rows checked like a file's records, labels mapped by `label_table`."""
     pairs = {key: _nonempty(label, sources, key, split, records_to_examples(
                  ({text_field: t, label_field: lab} for t, lab in zip(texts, labels)),
                  text_field, label_field, f"{label}: split {split!r}"))
@@ -249,11 +249,11 @@ def _map_label_values(label: str, raw: dict, text_field: str, label_field: str,
 
 def _finish(label: str, raw: dict, class_names: list[str] | None, seed, text_field: str,
             label_field: str, sources: dict | None = None, columns=()) -> Splits:
-    """A :class:`Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
+    """A `Splits` from ``raw`` = ``{trainer split: (dataset split, texts, labels)}``.
 
     With ``class_names`` (a ClassLabel) labels must be ids in ``[0, K)`` or -1, whose rows are dropped;
-    without, labels are checked like a file's records and mapped by :func:`label_table` (colliding values
-    refused). A split with no row left is a :class:`DataError` naming it and its files (``sources``: ``{trainer
+    without, labels are checked like a file's records and mapped by `label_table` (colliding values
+    refused). A split with no row left is a `DataError` naming it and its files (``sources``: ``{trainer
     split: text}``). A missing val or test split is carved out of train (80/10/10, ``seed``). ``columns``: those
     found in the dataset (of its training split), recorded in the result."""
     sources = sources or {}
@@ -276,7 +276,7 @@ def class_label_names(features, label_field: str, where: str) -> list[str] | Non
     ``features`` is the JSON form of ``datasets.Features`` (``{"label": {"_type": "ClassLabel", "names":
     [...]}}``, as in ``dataset_info.json`` and the files' ``huggingface`` metadata) or the README form (a list
     of ``{"name": ..., "dtype": {"class_label": {"names": {"0": ..., "1": ...}}}}``). Names that are not
-    numbered ``0 .. K-1`` are a :class:`DataError` naming ``where``."""
+    numbered ``0 .. K-1`` are a `DataError` naming ``where``."""
     names = None
     if isinstance(features, dict):
         feat = features.get(label_field)
@@ -584,7 +584,7 @@ def _schema_features(schema, path) -> object:
 
 
 def _read_json(path: pathlib.Path, label):
-    """A JSON file of a dataset folder; unreadable is a :class:`DataError` naming it."""
+    """A JSON file of a dataset folder; unreadable is a `DataError` naming it."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:

@@ -7,11 +7,11 @@ expression as ::
 
     MAX 2 9 MIN 4 7 ] 0 ]        -> 9
 
-(the operator's name opens its list, ``]`` closes it), so that :func:`~experiments.data.text.tokenize`, the
+(the operator's name opens its list, ``]`` closes it), so that `tokenize`, the
 tokenizer the model is fed through, makes exactly LRA's tokens of it (``max 2 9 min 4 7 ] 0 ]``: 9) and a length
 in tokens *as the model sees it* is LRA's length. The vocabulary is LRA's 15 tokens: ``max min med sm`` (LRA's
-``[MAX [MIN [MED [SM``), ``]`` and the ten digits. :func:`to_lra` gives LRA's spelling of a text and
-:func:`from_lra` reads LRA's (its TSV files' ``( ... )`` included). The closing brackets stay tokens: the original
+``[MAX [MIN [MED [SM``), ``]`` and the ten digits. `to_lra` gives LRA's spelling of a text and
+`from_lra` reads LRA's (its TSV files' ``( ... )`` included). The closing brackets stay tokens: the original
 LRA release stripped every bracket from the model's input (a known bug).
 
 Before this rule the text was LRA's spelling, which the tokenizer splits into two tokens per operator (``[``,
@@ -20,7 +20,7 @@ Before this rule the text was LRA's spelling, which the tokenizer splits into tw
 Splits, vocabularies and data fingerprints of the same seed and options changed with the rule (the trees drawn
 are the same, the ones kept differ): a run started before cannot be resumed (its checkpoint's data fingerprint
 differs: refused, as is the depth study of its bundle on regenerated data), and a bundle trained before still
-loads and predicts on the spelling it was trained on (``[MAX ...``: :func:`to_lra`).
+loads and predicts on the spelling it was trained on (``[MAX ...``: `to_lra`).
 
 The operators, on a list ``a_1 .. a_k`` of values (``k >= 2``):
 
@@ -94,7 +94,7 @@ def apply_op(op: str, values: list) -> int:
 
 
 def check_options(options: Mapping | None = None) -> dict:
-    """The generator options, defaults filled in, each an int in range (else a :class:`DataError` naming its
+    """The generator options, defaults filled in, each an int in range (else a `DataError` naming its
     config key and value): ``1 <= min_len <= max_len``, ``max_depth >= 2``, ``max_args >= 2``, split sizes
     ``>= 1``. An unknown option is refused naming the valid ones."""
     options = dict(options or {})
@@ -126,7 +126,7 @@ EXAMPLE_OVERHEAD = 160
 def _shape(u, max_len: int, max_depth: int, max_args: int):
     """The shape of one tree, drawn breadth first with ``u`` (a ``random()``), as ``(root, length)``: ``root`` a
     digit or an operator node ``[op, children]`` (a child: a node, a digit, or ``None`` for a digit at
-    ``max_depth`` whose value :func:`_write` draws later), ``length`` its tokens; ``None`` as soon as it must
+    ``max_depth`` whose value `_write` draws later), ``length`` its tokens; ``None`` as soon as it must
     exceed ``max_len`` tokens. One draw ``r`` decides a node above ``max_depth``: an operator when ``r < OP_P``,
     else the digit ``int((r - OP_P) / (1 - OP_P) * 10)`` (uniform, given ``r >= OP_P``); an operator then draws its
     argument count and its name. ``length`` counts decided tokens plus one per undecided argument, in LRA's tokens:
@@ -165,7 +165,7 @@ def _shape(u, max_len: int, max_depth: int, max_args: int):
 
 
 def _write(root, u) -> tuple[list, int]:
-    """``(parts, value)`` of a tree from :func:`_shape` (``parts``: ``"MAX"``, digits, ``"]"`` in text order, one
+    """``(parts, value)`` of a tree from `_shape` (``parts``: ``"MAX"``, digits, ``"]"`` in text order, one
     per token); a ``None`` digit is drawn here, ``int(u() * 10)``, in text order. Iterative (depth-first)."""
     if not isinstance(root, list):
         return [_DIGITS[root]], root
@@ -206,7 +206,7 @@ def to_lra(text: str) -> str:
 
 def from_lra(text: str) -> str:
     """This generator's spelling of an LRA expression (``[MAX 2 9 ]`` -> ``MAX 2 9 ]``); the ``(`` and ``)`` of
-    LRA's TSV files (``( ( ( [MAX 2 ) 9 ) ] )``) are dropped. Any other word is a :class:`DataError`."""
+    LRA's TSV files (``( ( ( [MAX 2 ) 9 ) ] )``) are dropped. Any other word is a `DataError`."""
     out = []
     for w in text.split():
         if w in ("(", ")"):
@@ -221,15 +221,15 @@ def from_lra(text: str) -> str:
 
 
 def lra_length(text: str) -> int:
-    """The length of a generated text as LRA counts it (:func:`to_lra`'s words; also the number of tokens
-    :func:`~experiments.data.text.tokenize` makes of ``text``)."""
+    """The length of a generated text as LRA counts it (`to_lra`'s words; also the number of tokens
+    `tokenize` makes of ``text``)."""
     return len(text.split())
 
 
 def generate(seed: int, options: Mapping | None = None) -> Splits:
-    """The ListOps splits of ``seed`` and ``options`` (:func:`check_options`; module docstring). A length range
-    that too few distinct trees reach (past :data:`TRY_SLACK` trees, fewer than one kept in
-    :data:`MAX_TRIES_PER_EXAMPLE`) is a :class:`DataError` naming the options, not an endless loop."""
+    """The ListOps splits of ``seed`` and ``options`` (`check_options`; module docstring). A length range
+    that too few distinct trees reach (past `TRY_SLACK` trees, fewer than one kept in
+    `MAX_TRIES_PER_EXAMPLE`) is a `DataError` naming the options, not an endless loop."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
         raise DataError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     o = check_options(options)
@@ -259,5 +259,5 @@ def generate(seed: int, options: Mapping | None = None) -> Splits:
 
 
 def load_listops(seed: int = 0, data_dir=None, **options) -> Splits:
-    """The registered loader (``data_dir`` unused: nothing is read): :func:`generate`."""
+    """The registered loader (``data_dir`` unused: nothing is read): `generate`."""
     return generate(seed, options)

@@ -1,4 +1,4 @@
-""":func:`load_dataset`, the one entry point: a dataset name to the loader that reads it (registered corpora,
+"""`load_dataset`, the one entry point: a dataset name to the loader that reads it (registered corpora,
 files and split directories, ``hf:`` datasets), and the check that the result holds two classes."""
 from __future__ import annotations
 
@@ -26,24 +26,24 @@ def valid_names() -> str:
 
 def load_dataset(name: str, seed: int = 0, data_dir=None, text_field: str = "text",
                  label_field: str = "label", splits=None, options=None) -> Splits:
-    """Load a labelled text dataset as a :class:`Splits`.
+    """Load a labelled text dataset as a `Splits`.
 
     ``name`` is a registered name (``rotten_tomatoes``, ``crowdflower``, ``listops``), a ``.csv``/
     ``.jsonl``/``.json``/``.parquet`` file (columns ``text_field`` and ``label_field``; cleaned and split 80/10/10 by
     ``seed``), a folder of splits (train, val, test files, used as-is; a missing val or test carved out of train by
-    ``seed``: :func:`~experiments.data.files.load_directory`), or ``hf:NAME[:CONFIG]``
-    (:mod:`experiments.data.hf`: a local Hugging Face dataset folder, ``<data_dir>/hf/NAME``, or the hub).
+    ``seed``: `load_directory`), or ``hf:NAME[:CONFIG]``
+    (`experiments.data.hf`: a local Hugging Face dataset folder, ``<data_dir>/hf/NAME``, or the hub).
     ``seed`` matters for the registered names, single files and ``hf:`` datasets that lack a validation or
     test split; ``data_dir`` for the registered names and ``hf:``. ``splits`` (``hf:`` only; ``None``: the
     automatic choice) maps the trainer's ``train``/``val``/``test`` to split names of the dataset, e.g.
-    ``{"val": "validation"}``. ``options`` (a generated dataset, :data:`~experiments.data.corpora.GENERATORS`,
+    ``{"val": "validation"}``. ``options`` (a generated dataset, `GENERATORS`,
     only; ``None``: its defaults) are the generator's keyword arguments, e.g. ``{"max_len": 512}`` for ``listops``
-    (:func:`config_options` reads them from a config's ``data`` section).
+    (`config_options` reads them from a config's ``data`` section).
 
-    Every result passes :func:`~experiments.data.core.check_classes` (three non-empty splits, label names that
+    Every result passes `check_classes` (three non-empty splits, label names that
     do not collide, at least two classes, in training too); the loaders refuse colliding label values and empty
     split files earlier, naming the file. Every refusal about the data ends with the config keys that fix it, as
-    overrides to paste (:func:`~experiments.data.core.fix`: ``; fix: set data.label_field=topic``). Every consumer
+    overrides to paste (`fix`: ``; fix: set data.label_field=topic``). Every consumer
     (trainer, ``export``, ``inspect``, TF-IDF, bundles) reads data here. Validation or test examples whose text
     is exactly that of an example of an earlier split are counted and logged as a warning (logger
     ``experiments.data``; `experiments.data.core.overlap_warning`).
@@ -84,7 +84,7 @@ def _load(name, seed, data_dir, text_field, label_field, splits, options) -> Spl
 
 
 def unknown_dataset(name: str, path: pathlib.Path) -> DataError:
-    """The refusal of a dataset name that is none of those :func:`load_dataset` reads: a file of another kind
+    """The refusal of a dataset name that is none of those `load_dataset` reads: a file of another kind
     (convert it), a path that does not exist (where it was looked for), or a name (the valid ones)."""
     if path.is_file():
         kind = f"a {path.suffix} file" if path.suffix else "a file without suffix"
@@ -126,7 +126,7 @@ def config_options(dc: dict) -> dict | None:
 
 def load_configured(dc: dict) -> Splits:
     """The dataset a config's ``data`` section names, read as every consumer of a config reads it (trainer,
-    bundles, studies): :func:`load_dataset` with the section's seed, folder, fields, split map and generator
-    options (:func:`config_options`), so that a run's data are the same wherever they are read again."""
+    bundles, studies): `load_dataset` with the section's seed, folder, fields, split map and generator
+    options (`config_options`), so that a run's data are the same wherever they are read again."""
     return load_dataset(dc["dataset"], seed=dc["seed"], data_dir=dc["data_dir"], text_field=dc["text_field"],
                         label_field=dc["label_field"], splits=dc["splits"], options=config_options(dc))

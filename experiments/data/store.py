@@ -26,7 +26,7 @@ def data_dir(path=None) -> pathlib.Path:
     """The data directory: ``path`` if given, else ``$UNFOLD_DATA``, else ``~/.cache/unfolded-transformers``.
 
     The directory is not created here (``fetch`` creates it); one that exists but is not a folder is a
-    :class:`DataError`.
+    `DataError`.
     """
     if path is None or str(path) == "":
         path = os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
@@ -37,8 +37,8 @@ def data_dir(path=None) -> pathlib.Path:
 
 
 def check_folder(path, what: str, writable: bool = False) -> pathlib.Path:
-    """``path`` as a :class:`pathlib.Path` when :func:`folder_problem` finds nothing wrong, else a
-    :class:`DataError` naming ``what`` (e.g. ``--out``) and the path."""
+    """``path`` as a `pathlib.Path` when `folder_problem` finds nothing wrong, else a
+    `DataError` naming ``what`` (e.g. ``--out``) and the path."""
     why = folder_problem(path, writable)
     if why:
         raise DataError(f"{what} {str(path)!r} {why}")
@@ -57,7 +57,7 @@ def sha256_file(path: pathlib.Path) -> str:
 def read_manifest(root: pathlib.Path) -> dict:
     """The manifest of ``root`` as ``{"files": {relpath: record}}`` (empty if absent).
 
-    An unreadable manifest is a :class:`DataError`: it would silently disable the checksums.
+    An unreadable manifest is a `DataError`: it would silently disable the checksums.
     """
     p = root / MANIFEST
     if not p.exists():
@@ -92,7 +92,7 @@ def fetch_command(dataset: str, root: pathlib.Path, force: bool = False) -> str:
 def require_file(root: pathlib.Path, rel: str, dataset: str) -> pathlib.Path:
     """Path of data file ``rel``, checked to exist and to match its manifest checksum.
 
-    Missing -> :class:`DataError` with the fetch command; checksum mismatch -> :class:`DataError`
+    Missing -> `DataError` with the fetch command; checksum mismatch -> `DataError`
     saying the file is corrupt and to re-run fetch with ``--force``.
     """
     path = root / rel
@@ -106,5 +106,5 @@ def require_file(root: pathlib.Path, rel: str, dataset: str) -> pathlib.Path:
 
 
 def corrupt(dataset: str, path: pathlib.Path, root: pathlib.Path, why) -> DataError:
-    """The :class:`DataError` for a data file that cannot be parsed."""
+    """The `DataError` for a data file that cannot be parsed."""
     return DataError(f"{dataset}: {path} is corrupt ({why}); re-run `{fetch_command(dataset, root, force=True)}`")

@@ -1,5 +1,5 @@
-"""Text to tensors: the tokeniser (:func:`tokenize`, GloVe / Penn Treebank style), the vocabulary
-(:class:`Vocab`), padding into id and mask tensors (:func:`encode`) and mini-batches (:func:`batches`)."""
+"""Text to tensors: the tokeniser (`tokenize`, GloVe / Penn Treebank style), the vocabulary
+(`Vocab`), padding into id and mask tensors (`encode`) and mini-batches (`batches`)."""
 from __future__ import annotations
 
 import collections
@@ -161,12 +161,12 @@ class Vocab:
         return rows
 
     def to_json(self) -> str:
-        """JSON text ``{"itos": [...]}`` (read back by :meth:`from_json`)."""
+        """JSON text ``{"itos": [...]}`` (read back by `from_json`)."""
         return json_dumps({"itos": self.itos}, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, data) -> Vocab:
-        """A vocabulary from :meth:`to_json` output (a JSON string or the decoded dict)."""
+        """A vocabulary from `to_json` output (a JSON string or the decoded dict)."""
         try:
             obj = json.loads(data) if isinstance(data, (str, bytes)) else data
             itos = obj["itos"]
@@ -177,12 +177,12 @@ class Vocab:
         return cls(itos)
 
     def save(self, path) -> None:
-        """Write :meth:`to_json` to ``path`` (atomic)."""
+        """Write `to_json` to ``path`` (atomic)."""
         atomic_write_bytes(pathlib.Path(path), self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path) -> Vocab:
-        """Read a vocabulary written by :meth:`save`."""
+        """Read a vocabulary written by `save`."""
         try:
             return cls.from_json(pathlib.Path(path).read_text(encoding="utf-8"))
         except OSError as e:

@@ -1,10 +1,10 @@
-"""Crash-safe file writes: everything the experiments write goes through :func:`atomic_open` (whole files) or
-:func:`open_append` (logs), and neither ever writes through a symbolic link.
+"""Crash-safe file writes: everything the experiments write goes through `atomic_open` (whole files) or
+`open_append` (logs), and neither ever writes through a symbolic link.
 
-* :func:`atomic_open` writes a temporary file beside the target and renames it over the target: a link at the
+* `atomic_open` writes a temporary file beside the target and renames it over the target: a link at the
   target's name is replaced by the new file (``rename`` does not follow links), never written through.
-* :func:`open_append` (``train.log``, ``metrics.csv``, ``sweep.log``) and :func:`open_no_follow` (a run folder's
-  ``.lock``) open with ``O_NOFOLLOW``: a link at the name is refused with an :class:`OSError` naming the path
+* `open_append` (``train.log``, ``metrics.csv``, ``sweep.log``) and `open_no_follow` (a run folder's
+  ``.lock``) open with ``O_NOFOLLOW``: a link at the name is refused with an `OSError` naming the path
   (a link to someone else's file must not be appended to, truncated or locked), and so is anything that is not
   a regular file (a FIFO, a device).
 """
@@ -24,7 +24,7 @@ FILE_MODE = 0o644  # the temporary file is created 0600
 
 def _temporary_name(path: pathlib.Path) -> str:
     """A fresh name beside ``path`` for its temporary file: ``.NAME.<12 hex digits>.tmp`` (what
-    :func:`clean_temporaries` recognises)."""
+    `clean_temporaries` recognises)."""
     return str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp")
 
 
@@ -80,9 +80,9 @@ def clean_temporaries(folder) -> list:
 
 
 def atomic_save(obj, path) -> None:
-    """``torch.save(obj)`` to ``path`` through :func:`atomic_open`. The object is serialised in memory first and
+    """``torch.save(obj)`` to ``path`` through `atomic_open`. The object is serialised in memory first and
     written with one ``write``: torch's own file writer turns a full disk or a file size limit (``ulimit -f``)
-    into a bare RuntimeError, a plain write into an :class:`OSError` (ENOSPC, EFBIG) naming ``path``."""
+    into a bare RuntimeError, a plain write into an `OSError` (ENOSPC, EFBIG) naming ``path``."""
     import torch
 
     buf = io.BytesIO()
@@ -108,7 +108,7 @@ def fsync_dir(path) -> None:
 
 def open_no_follow(path, flags: int, file_mode: int = FILE_MODE) -> int:
     """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC)`` of a regular file: a symbolic link at ``path`` or a file
-    that is not regular (FIFO, device, folder) raises :class:`OSError` naming the path; returns the descriptor."""
+    that is not regular (FIFO, device, folder) raises `OSError` naming the path; returns the descriptor."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), file_mode)
     except OSError as exc:
@@ -126,12 +126,12 @@ def open_no_follow(path, flags: int, file_mode: int = FILE_MODE) -> int:
 
 
 def open_append(path, binary: bool = False):
-    """A file object appending to ``path`` (created if missing) through :func:`open_no_follow`."""
+    """A file object appending to ``path`` (created if missing) through `open_no_follow`."""
     fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     return os.fdopen(fd, "ab") if binary else io.open(fd, "a", encoding="utf-8", newline="")
 
 
 def atomic_write_text(text: str, path: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (:func:`atomic_open`)."""
+    """Write ``text`` to ``path`` whole or not at all (`atomic_open`)."""
     with atomic_open(path, "w") as fh:
         fh.write(text)

@@ -1,9 +1,9 @@
-"""What a checkpoint may hold, checked field by field, and its checksum (split from :mod:`experiments.app.checkpoint`).
+"""What a checkpoint may hold, checked field by field, and its checksum (split from `experiments.app.checkpoint`).
 
-:func:`state_digest` is the SHA-256 of a canonical encoding of every field (tensors by dtype, shape and bytes);
-:func:`seal` stores it under :data:`DIGEST`; :func:`validate_checkpoint` checks every field the trainer writes
+`state_digest` is the SHA-256 of a canonical encoding of every field (tensors by dtype, shape and bytes);
+`seal` stores it under `DIGEST`; `validate_checkpoint` checks every field the trainer writes
 (types, ranges, consistency between the history, the best epoch and the counters, finite weights and moments)
-and names the file, the field and the value of the first that fails; :func:`check_resume_state` checks the
+and names the file, the field and the value of the first that fails; `check_resume_state` checks the
 optimiser and scheduler against the ones a resumed run builds.
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ REQUIRED = ("model", "optimizer", "scheduler", "torch_rng", "data_rng", "epoch",
 #: every key the trainer writes (a resumed run needs them all); ``DIGEST`` comes on top
 TRAINER_KEYS = REQUIRED + ("cuda_rng", "history", "best_val", "best_epoch", "train_inc", "train_steps", "untrained",
                            "monitor", "elapsed", "vocab", "data_fingerprint")
-#: the key holding the checkpoint's checksum (:func:`state_digest` of everything else)
+#: the key holding the checkpoint's checksum (`state_digest` of everything else)
 DIGEST = "sha256"
 HISTORY_KEYS = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds",
                 "train_energy_increases", "train_energy_steps")
-#: the training-pass figures of :mod:`experiments.app.throughput`, in every record written since they exist (all or
+#: the training-pass figures of `experiments.app.throughput`, in every record written since they exist (all or
 #: none: a record of an older checkpoint has none of them)
 THROUGHPUT_KEYS = ("train_tokens", "train_pass_seconds", "peak_memory_bytes", "peak_memory_growth_bytes")
 #: containers nested deeper than this are refused before anything walks them (a crafted pickle can nest
@@ -109,7 +109,7 @@ def _feed(h, obj: Any) -> None:
 
 
 def state_digest(state: Dict[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical encoding of ``state`` without its :data:`DIGEST` key (module docstring)."""
+    """SHA-256 (hex) of the canonical encoding of ``state`` without its `DIGEST` key (module docstring)."""
     problem = _nesting_problem(state)
     if problem:
         raise CheckpointError(f"the checkpoint holds {problem}")
@@ -119,7 +119,7 @@ def state_digest(state: Dict[str, Any]) -> str:
 
 
 def seal(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A shallow copy of ``state`` with its checksum (:data:`DIGEST`) set: what :func:`save_checkpoint` writes."""
+    """A shallow copy of ``state`` with its checksum (`DIGEST`) set: what `save_checkpoint` writes."""
     out = {k: v for k, v in state.items() if k != DIGEST}
     out[DIGEST] = state_digest(out)
     return out
@@ -449,9 +449,9 @@ def _check_extras(path: str, state: Dict[str, Any]) -> None:
 def validate_checkpoint(state: Any, path: str, epochs: Optional[int] = None,
                         require: Sequence[str] = REQUIRED) -> Dict[str, Any]:
     """``state`` if it is a checkpoint that can be trusted (module docstring: checksum, then every field);
-    otherwise :class:`CheckpointError` naming ``path``, the field and its value. ``epochs``: the run's
+    otherwise [`CheckpointError`][energies.CheckpointError] naming ``path``, the field and its value. ``epochs``: the run's
     ``train.epochs`` (default: the checkpoint's own config's); ``require``: the keys that must be present
-    (:data:`REQUIRED`, or :data:`TRAINER_KEYS` to resume). Every key present is validated."""
+    (`REQUIRED`, or `TRAINER_KEYS` to resume). Every key present is validated."""
     _check_envelope(state, path, require)
     _check_training_state(path, state)
     epoch = _check_epoch(path, state, epochs)
@@ -520,7 +520,7 @@ def _check_resume_scheduler(ck: Dict[str, Any], path: str, scheduler: Any, steps
 
 def check_resume_state(ck: Dict[str, Any], path: str, optimizer: torch.optim.Optimizer, scheduler: Any,
                        steps_per_epoch: int) -> None:
-    """Check the optimiser and scheduler state of the checkpoint ``ck`` (already :func:`validate_checkpoint`-ed)
+    """Check the optimiser and scheduler state of the checkpoint ``ck`` (already `validate_checkpoint`-ed)
     against the ``optimizer`` and ``scheduler`` a resumed run has just built, before they are loaded: the same
     parameter groups and hyper-parameters (the learning rate and Adam's first beta move with the schedule), one
     moment per parameter with the parameter's shape, and the scheduler's own keys and settings with its step at

@@ -2,7 +2,7 @@
 
 A resumed run must see the same id-to-word mapping and the same examples as the run it continues; a
 changed dataset (new rows, another split seed, a re-fetched file, another ``min_freq``) would otherwise
-resume silently with embeddings bound to other words. :func:`data_fingerprint` hashes (SHA-256) the
+resume silently with embeddings bound to other words. `data_fingerprint` hashes (SHA-256) the
 vocabulary in id order, each split's ``(text, label)`` rows in order, and the label names;
 `compare_fingerprints` names every part that differs. A model bundle stores the fingerprint of its training
 data; `mismatched_parts` recomputes the parts a bundle holds itself (its vocabulary in id order, its label
@@ -35,7 +35,7 @@ def _vocab_digest(vocab_itos: Sequence[str], tokenizer: Optional[str]) -> str:
 
 def data_fingerprint(vocab_itos: Sequence[str], train: Sequence, val: Sequence, test: Sequence,
                      label_names: Optional[Sequence[str]], tokenizer: Optional[str] = None) -> Dict[str, object]:
-    """``{part: sha256 hex}`` for :data:`PARTS`, plus the split sizes (for the message). ``tokenizer``: for a
+    """``{part: sha256 hex}`` for `PARTS`, plus the split sizes (for the message). ``tokenizer``: for a
     subword tokenizer, the sha256 of its ``tokenizer.json`` (canonical text), covered by the ``vocab`` part with
     the tokens (None, the word vocabulary: the tokens alone, as before)."""
     rows = {"train": train, "val": val, "test": test}
@@ -48,7 +48,7 @@ def data_fingerprint(vocab_itos: Sequence[str], train: Sequence, val: Sequence, 
 
 
 def compare_fingerprints(stored: Dict[str, object], now: Dict[str, object]) -> List[str]:
-    """The parts of :data:`PARTS` that differ, each with its sizes then and now (empty: same data)."""
+    """The parts of `PARTS` that differ, each with its sizes then and now (empty: same data)."""
     diff = []
     for part in PARTS:
         if stored.get(part) != now.get(part):

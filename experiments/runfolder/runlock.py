@@ -1,29 +1,29 @@
 """One owner per run folder, and a run replaced only by a complete one.
 
-:class:`RunLock` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``RUN_DIR/.lock`` and keeps the file open until
+`RunLock` takes ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``RUN_DIR/.lock`` and keeps the file open until
 the run ends; the operating system releases it on any exit, SIGKILL included, so a stale lock cannot
 outlive its process. A second run into the same folder (training, resume) is refused at once with a
-:class:`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
-a link (:func:`~experiments.runfolder.atomic.open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
+`RunFolderError` naming the folder and the pid that holds it. The lock file is opened without following
+a link (`open_no_follow`): a ``.lock`` that links elsewhere is refused, never truncated.
 The holder writes its owner into the file, one JSON line ``{"pid", "host", "user", "started"}`` (``started``: UTC,
 ISO 8601, when it took the lock; a lock written before this holds the pid alone), and the file stays when the
-run ends: :func:`lock_owner` reads it without taking or writing anything, and says whether that owner still
+run ends: `lock_owner` reads it without taking or writing anything, and says whether that owner still
 holds the lock (a run in progress) or not (the run ended, or its process died: a stale owner).
 
-:func:`check_fresh` refuses to start a new run in a folder that holds anything but a lock: a run (finished or
+`check_fresh` refuses to start a new run in a folder that holds anything but a lock: a run (finished or
 interrupted), or files of something else (a ``config.yaml`` of another tool, notes): refused unless
 ``overwrite``; it never removes anything.
 
-``--overwrite`` (:class:`Replacement`) never deletes before the new run is complete: the new run is trained in a
+``--overwrite`` (`Replacement`) never deletes before the new run is complete: the new run is trained in a
 staging folder beside the old one (``PARENT/.NAME.overwrite``), and only when it has finished (metrics, bundle,
 plots written and the bundle verified) is it swapped in, by one ``renameat2(RENAME_EXCHANGE)`` of the two
 folders (atomic: at every instant ``RUN_DIR`` is the old run or the new one, whole). Files in the old folder
-that a run does not write (:data:`RUN_OUTPUTS`) are then moved into the new one, and the old run removed. The
+that a run does not write (`RUN_OUTPUTS`) are then moved into the new one, and the old run removed. The
 same swap replaces only a model bundle's own files when a bundle is saved over a folder
 (``Replacement(folder, replaces=BUNDLE_FILES)``: a run's checkpoints, metrics, logs and plots are moved back
 and kept); the names replaced are recorded in the markers, so that a recovery replaces the same ones. A
 failure or Ctrl-C before the swap removes the staging folder and leaves the old run as it was; after a kill,
-:meth:`Replacement.recover` (run under the lock by the next run into the folder) finishes a swap whose new run
+`Replacement.recover` (run under the lock by the next run into the folder) finishes a swap whose new run
 was complete or discards one that was not.
 """
 from __future__ import annotations
@@ -197,7 +197,7 @@ def lock_owner(run_dir: str) -> Optional[LockOwner]:
 
 
 def refuse_links(run_dir: str) -> None:
-    """Refuse a run folder where a name the run writes (:data:`RUN_OUTPUTS`, the lock) is a symbolic link: the
+    """Refuse a run folder where a name the run writes (`RUN_OUTPUTS`, the lock) is a symbolic link: the
     project never writes through one (a link to someone else's file would be overwritten or appended to)."""
     links = [n for n in (LOCK, SWEEP_LOG) + RUN_OUTPUTS if os.path.islink(os.path.join(run_dir, n))]
     if links:
@@ -221,7 +221,7 @@ def folder_content(run_dir: str) -> list:
 
 def check_fresh(run_dir: str, overwrite: bool = False) -> bool:
     """Refuse to start a new run in a folder that holds anything (module docstring) unless ``overwrite``; never
-    removes anything. Returns whether there is something to replace (then train into a :class:`Replacement`)."""
+    removes anything. Returns whether there is something to replace (then train into a `Replacement`)."""
     names = folder_content(run_dir)
     if not names:
         return False
@@ -257,7 +257,7 @@ _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 def exchange(a: str, b: str) -> None:
     """Swap the folders ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``). Where the system or
     the file system has no exchange, two renames through a third name (a short window in which ``a`` is
-    missing; :meth:`Replacement.recover` finishes it after a kill)."""
+    missing; `Replacement.recover` finishes it after a kill)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     fn = getattr(libc, "renameat2", None)
     if fn is not None:
@@ -274,8 +274,8 @@ def exchange(a: str, b: str) -> None:
 
 
 class Replacement:
-    """``--overwrite`` of a folder holding something (module docstring): the new run goes to :attr:`stage`
-    (call :meth:`begin` under the run folder's lock), :meth:`commit` swaps it in once complete, :meth:`abort`
+    """``--overwrite`` of a folder holding something (module docstring): the new run goes to `stage`
+    (call `begin` under the run folder's lock), `commit` swaps it in once complete, `abort`
     drops it. The staging folder is locked too, so that after the swap the folder's lock is still held.
     ``replaces``: the names the new content replaces (default: every name a run writes); every other name of
     the old folder is moved into the new one after the swap."""
@@ -299,7 +299,7 @@ class Replacement:
 
     def begin(self) -> str:
         """Create the staging folder (removing a stale one: the caller holds the run folder's lock and has run
-        :meth:`recover`); its path."""
+        `recover`); its path."""
         self.check()
         if os.path.exists(os.path.join(self.stage, self.OLD)):
             raise RunFolderError(f"{self.stage} holds files of a folder replaced earlier; move them away first")
@@ -336,7 +336,7 @@ class Replacement:
         self._finish()
 
     def _finish(self) -> None:
-        """After the swap: the old folder (now at :attr:`stage`) gives back every name the new content does not
+        """After the swap: the old folder (now at `stage`) gives back every name the new content does not
         replace (its marker's ``replaces``), then goes."""
         replaced = set(_recorded_replaces(os.path.join(self.stage, self.OLD))) | {self.OLD, self.COMPLETE}
         for name in folder_content(self.stage):
@@ -407,7 +407,7 @@ def _hook(stage: str) -> None:
 
 def check_writable(run_dir: str, need_bytes: int = 0) -> None:
     """Before any work: refuse a run folder that is a file (or lies under one) or cannot be written
-    (:func:`unfold.cli.folder_problem`: a real write probe, nothing left behind), or whose disk has less than
+    (`unfold.cli.folder_problem`: a real write probe, nothing left behind), or whose disk has less than
     ``need_bytes`` free."""
     why = folder_problem(run_dir, writable=True)
     if why:

@@ -1,15 +1,15 @@
 """What a training run records as it goes: a log file, ``metrics.csv``, TensorBoard, progress bars.
 
-* :func:`run_logger`, :func:`attach_log_file`: the ``experiments`` :mod:`logging` logger writing to stderr and,
+* `run_logger`, `attach_log_file`: the ``experiments`` `logging` logger writing to stderr and,
   once the run is under way, to ``RUN_DIR/train.log`` (appended, so a resumed run continues its log; a run refused
   at start writes nothing); handlers are removed when the run ends.
-* :class:`MetricsLog`: one CSV row per training step (``kind=step``) and per epoch (``kind=epoch``) in
-  ``RUN_DIR/metrics.csv`` (columns :data:`COLUMNS`: loss, accuracy, learning rate, energy statistics of the
+* `MetricsLog`: one CSV row per training step (``kind=step``) and per epoch (``kind=epoch``) in
+  ``RUN_DIR/metrics.csv`` (columns `COLUMNS`: loss, accuracy, learning rate, energy statistics of the
   step's trace, seconds since the start; validation loss and accuracy on epoch rows), flushed row by row; and
   the same scalars to TensorBoard (``RUN_DIR/tensorboard/``) when the ``tensorboard`` package is installed
   (``pip install 'unfolded-transformers[tb]'``) and ``train.tensorboard`` is true. On resume the rows of the
   epochs after the checkpoint (an epoch cut short) are dropped first, so the file never holds an epoch twice.
-* :func:`progress`: a ``tqdm`` bar per epoch on stderr.
+* `progress`: a ``tqdm`` bar per epoch on stderr.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ _FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 def run_logger(level: int = logging.INFO) -> logging.Logger:
     """The ``experiments`` logger with a stderr handler (the message alone, as the CLIs print) and an in-memory
-    buffer of the records, written to ``train.log`` by :func:`attach_log_file` once the run is under way (a run
-    refused before that writes nothing). Call :func:`close_logger` after."""
+    buffer of the records, written to ``train.log`` by `attach_log_file` once the run is under way (a run
+    refused before that writes nothing). Call `close_logger` after."""
     log = logging.getLogger(LOGGER)
     close_logger(log)
     log.setLevel(level)
@@ -50,7 +50,7 @@ def run_logger(level: int = logging.INFO) -> logging.Logger:
 
 
 class _NoFollowFileHandler(logging.FileHandler):
-    """A FileHandler that opens its file by :func:`~experiments.runfolder.atomic.open_append`: never through a link."""
+    """A FileHandler that opens its file by `open_append`: never through a link."""
 
     def _open(self):
         return open_append(self.baseFilename)
@@ -58,7 +58,7 @@ class _NoFollowFileHandler(logging.FileHandler):
 
 def attach_log_file(run_dir: str) -> None:
     """From now on the ``experiments`` logger also appends to ``run_dir/train.log`` (time-stamped), starting
-    with the records buffered since :func:`run_logger`."""
+    with the records buffered since `run_logger`."""
     log = logging.getLogger(LOGGER)
     fh = _NoFollowFileHandler(os.path.join(run_dir, LOG_FILE), encoding="utf-8")
     fh.setFormatter(logging.Formatter(_FORMAT))
@@ -130,7 +130,7 @@ class MetricsLog:
         return [r for r in rows[1:] if len(r) == len(COLUMNS) and r[1].isdigit() and int(r[1]) <= resume_after]
 
     def write(self, kind: str, epoch: int, step: int, **values: Any) -> None:
-        """One row: ``kind`` (step | epoch), the epoch, the global step, and the named :data:`COLUMNS` values."""
+        """One row: ``kind`` (step | epoch), the epoch, the global step, and the named `COLUMNS` values."""
         unknown = set(values) - set(COLUMNS)
         if unknown:
             raise KeyError(f"metrics.csv has no column(s) {sorted(unknown)}")

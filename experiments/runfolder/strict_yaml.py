@@ -1,13 +1,13 @@
-"""The project's one strict YAML reader: :func:`load_yaml`.
+"""The project's one strict YAML reader: `load_yaml`.
 
 Every YAML text the project reads (config files, ``key=value`` override values, the front matter of a
-Hugging Face dataset card) goes through :func:`load_yaml`, a strict safe loader: a key repeated in one
+Hugging Face dataset card) goes through `load_yaml`, a strict safe loader: a key repeated in one
 mapping (at any level; ``1``, ``1.0`` and ``true`` count as one key, as they would in the dict) is refused
 naming the key, its path and both lines, instead of the last one silently winning (``model: {d: 16}`` then
-``model: {heads: 3}`` would drop ``d``); nesting deeper than :data:`MAX_YAML_DEPTH` levels (a flood of ``[``,
+``model: {heads: 3}`` would drop ``d``); nesting deeper than `MAX_YAML_DEPTH` levels (a flood of ``[``,
 or aliases chained as deep) and a document that refers to itself through an alias are refused naming the line,
-instead of a ``RecursionError``. Each is a :class:`StrictYAMLError` (a ``yaml.YAMLError``), which the readers
-turn into one :class:`ConfigError` (or ``DataError``) line naming the file or the override.
+instead of a ``RecursionError``. Each is a `StrictYAMLError` (a ``yaml.YAMLError``), which the readers
+turn into one `ConfigError` (or ``DataError``) line naming the file or the override.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ MAX_YAML_DEPTH = 64
 
 
 class StrictYAMLError(yaml.YAMLError):
-    """A YAML text :func:`load_yaml` refuses: a repeated key, nesting deeper than :data:`MAX_YAML_DEPTH`, a
+    """A YAML text `load_yaml` refuses: a repeated key, nesting deeper than `MAX_YAML_DEPTH`, a
     document that refers to itself. The message is one line naming the key or the line."""
 
 
@@ -51,7 +51,7 @@ def _children(node) -> list:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses repeated keys, deep nesting and self-reference (:func:`load_yaml`)."""
+    """``yaml.SafeLoader`` that refuses repeated keys, deep nesting and self-reference (`load_yaml`)."""
 
     _depth = 0
 
@@ -67,13 +67,13 @@ class _StrictLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_yaml_int(self, node):
-        """A YAML integer in plain ASCII digits only (:func:`energies.checks.parse_int`): YAML 1.1 also reads
+        """A YAML integer in plain ASCII digits only (`energies.checks.parse_int`): YAML 1.1 also reads
         ``1_000``, ``0x10``, ``0b11`` and ``10:30`` (= 630), other spellings of one number."""
         _plain_number(node, parse_int)
         return super().construct_yaml_int(node)
 
     def construct_yaml_float(self, node):
-        """A YAML float in plain ASCII (:func:`energies.checks.parse_float`, or YAML's ``.inf``/``.nan``):
+        """A YAML float in plain ASCII (`energies.checks.parse_float`, or YAML's ``.inf``/``.nan``):
         YAML 1.1 also reads ``1_0.5`` and ``1:30.5`` (= 90.5)."""
         if node.value.lower().lstrip("+-") not in (".inf", ".nan"):
             _plain_number(node, parse_float)
@@ -161,7 +161,7 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:float", _StrictLoader.construct
 
 def load_yaml(stream):
     """``yaml.safe_load`` of ``stream`` (text or an open file), strict: see the module docstring. Raises
-    :class:`StrictYAMLError` (or another ``yaml.YAMLError``) on text it refuses."""
+    `StrictYAMLError` (or another ``yaml.YAMLError``) on text it refuses."""
     try:
         return yaml.load(stream, Loader=_StrictLoader)
     except RecursionError:          # a path not guarded above: still one error, never a traceback

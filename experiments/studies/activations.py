@@ -3,9 +3,9 @@
 ``python -m experiments.studies.activations [--out runs/activations] [--epochs N] [--only NAME ...] [--force]
 [--set section.key=value ...]``
 
-Trains every variant in :data:`VARIANTS` on the default text task (``experiments/configs/default.yaml``
+Trains every variant in `VARIANTS` on the default text task (``experiments/configs/default.yaml``
 for the MM forms, ``free.yaml`` for the standard ones, with the overrides listed), then probes each
-trained model's first layer with :mod:`experiments.studies.spline_probe` and writes ``table.md`` (the table
+trained model's first layer with `experiments.studies.spline_probe` and writes ``table.md`` (the table
 in the README) and ``results.json`` to ``--out``. Each run keeps its own folder
 (``--out/NAME``: checkpoint, metrics, energy plots); a run whose ``metrics.json`` exists for the
 same config is reused, so an interrupted sweep resumes where it stopped (``--force`` retrains).
@@ -71,7 +71,7 @@ def probe_sentence(cfg, run_dir: str, n: int) -> torch.Tensor:
 
 
 def variant_config(name: str, epochs: int, common=()) -> Dict[str, Any]:
-    """The validated config of one variant (:data:`VARIANTS`); ``common`` overrides apply on top."""
+    """The validated config of one variant (`VARIANTS`); ``common`` overrides apply on top."""
     form, activation, base, overrides = VARIANTS[name]
     return load_config(base, [f"name={name}", f"train.epochs={epochs}", "train.progress=false", *overrides, *common])
 
@@ -82,8 +82,8 @@ METRIC_COUNTS = ("energy_steps", "energy_increases")
 
 
 def read_metrics(path: str) -> Dict[str, Any]:
-    """A reused run's ``metrics.json``, checked to hold what the table reads (:data:`METRIC_NUMBERS` as
-    numbers, :data:`METRIC_COUNTS` as integers, ``mode`` a string), else a :class:`RunFileError` naming
+    """A reused run's ``metrics.json``, checked to hold what the table reads (`METRIC_NUMBERS` as
+    numbers, `METRIC_COUNTS` as integers, ``mode`` a string), else a `RunFileError` naming
     the file and the key (``--force`` retrains)."""
     metrics = read_json(path, dict)
     missing = [k for k in METRIC_NUMBERS + METRIC_COUNTS + ("mode",) if k not in metrics]
@@ -151,7 +151,7 @@ PROG = "python -m experiments.studies.activations"
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). Every
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2). Every
     variant's config (``--set`` included) is checked before the first one trains."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)

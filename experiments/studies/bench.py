@@ -20,9 +20,9 @@ ratios (never an absolute time alone). The last line printed is one JSON object:
   FlexAttention (complete graph) and on window:8, n = 512 ... 65,536, float32 and bfloat16, the graph variants
   (window:8, strided:16, star) against the complete graph, and the trace's cost at T = 4
   (``trace_on_over_off_n4096_plus``, ``ours_over_sdpa_time``, ``window8_over_complete_tokens_per_s``);
-* ``speed``: issue 32's GPU benchmark (``--device cuda``): our attention pass vs SDPA with its backend pinned and its
+* ``speed``: the GPU benchmark (``--device cuda``): our attention pass vs SDPA with its backend pinned and its
   arithmetic stated, our whole layer vs ``nn.TransformerEncoderLayer``, the trace's cost, every rho, each timing
-  beside its error against the float64 form (:mod:`experiments.studies.bench_speed`);
+  beside its error against the float64 form (`experiments.studies.bench_speed`);
 * ``compile``: ``torch.compile`` readiness of the hot path: graph breaks (``torch._dynamo.explain``) of the
   default classifier's forward with the trace off (``graph_breaks_trace_off``, target 0) and on
   (``graph_breaks_trace_on``), of a cached ``UnfoldedAttentionConv`` (``conv_graph_breaks``), and training
@@ -50,7 +50,7 @@ from unfold.steps import AttentionStep
 from unfold.strict_json import dumps as json_dumps
 
 SUITES: Dict[str, Callable[[bool, torch.device], dict]] = {}
-#: how the suites measure memory (:func:`_peak_above_base`)
+#: how the suites measure memory (`_peak_above_base`)
 PEAK_NOTE = "peak RSS of a fresh process running the case once, minus that at n = 8"
 
 
@@ -524,7 +524,7 @@ GPU_VARIANTS = ("complete", "window:8", "strided:16", "star")
 
 
 def gpu_variants_row(n: int, device, quick: bool, d: int, H: int) -> dict:
-    """Tokens/s of one layer (forward + backward, float32, the Triton kernel) on each of :data:`GPU_VARIANTS`, timed
+    """Tokens/s of one layer (forward + backward, float32, the Triton kernel) on each of `GPU_VARIANTS`, timed
     in alternation, and each over the complete graph's."""
     B = _gpu_batch(n, quick)
     fns = [_gpu_cases(n, d, B, H, device, torch.float32, g, flex=False)[3]["ours"] for g in GPU_VARIANTS]
@@ -560,7 +560,7 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
     """The Triton kernel on a GPU (``--device cuda``): tokens per second and peak memory of one layer (forward +
     backward) on the complete graph against ``scaled_dot_product_attention`` and FlexAttention, and on window:8, for
     n = 512 ... 65,536 (d = 64, 2 heads) in float32 and bfloat16 (ours computes bfloat16 inputs in float32); the
-    graph variants (:data:`GPU_VARIANTS`) against the complete graph; and the default model's forward (T = 4) with
+    graph variants (`GPU_VARIANTS`) against the complete graph; and the default model's forward (T = 4) with
     the energy trace on vs off. On the CPU only ``--quick`` runs (Triton's interpreter: it checks the code and the
     JSON, not the speed)."""
     from energies.kernels import triton_unavailable
@@ -589,7 +589,7 @@ def gpu_suite(quick: bool, device: torch.device) -> dict:
 
 @suite("speed")
 def speed_suite(quick: bool, device: torch.device) -> dict:
-    """Issue 32's honest GPU benchmark (:mod:`experiments.studies.bench_speed`): our attention pass vs SDPA with its
+    """The GPU benchmark (`experiments.studies.bench_speed`): our attention pass vs SDPA with its
     backend pinned, our whole layer vs ``nn.TransformerEncoderLayer``, the trace's cost, every rho, errors
     against the float64 form beside each timing."""
     from .bench_speed import speed_suite as run
@@ -597,7 +597,7 @@ def speed_suite(quick: bool, device: torch.device) -> dict:
 
 
 def suite_arg(text: str) -> str:
-    """argparse ``type=``: the name of a suite (:data:`SUITES`)."""
+    """argparse ``type=``: the name of a suite (`SUITES`)."""
     if text not in SUITES:
         raise argparse.ArgumentTypeError(f"unknown suite {text!r}; valid: {sorted(SUITES)}")
     return text
@@ -622,7 +622,7 @@ def device_arg(text: str) -> torch.device:
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("suite", type=suite_arg, help=f"one of {sorted(SUITES)}")

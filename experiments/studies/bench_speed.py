@@ -1,4 +1,4 @@
-"""The honest speed suite of issue 32: ``python -m experiments.studies.bench speed --device cuda [--json]``.
+"""The GPU speed suite: ``python -m experiments.studies.bench speed --device cuda [--json]``.
 
 Three tables, each timed side by side with its reference in the same process (interleaved medians) and each
 timing next to the error of our result against the explicit float64 form:

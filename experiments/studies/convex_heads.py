@@ -3,7 +3,7 @@
 ``python -m experiments.studies.convex_heads [--quick] [--features glove model] [--checkpoint runs/default/best.pt]
 [--out runs/convex_heads] [--json]``
 
-Every head of :mod:`convex.heads` is fitted (softmax cross-entropy, ``beta = --beta-frac x beta_max``,
+Every head of `convex.heads` is fitted (softmax cross-entropy, ``beta = --beta-frac x beta_max``,
 ``--method newton`` by default: ``--warmup`` monotone FISTA steps with singular-value thresholding, then
 proximal steps alternating with trust-region Newton-CG steps on the Burer-Monteiro factors, until the
 relative duality gap is below ``--tol``; ``fista`` and ``pg`` are the first-order methods alone)
@@ -227,7 +227,7 @@ def check_out(path: str) -> None:
 
 def load_trained(checkpoint: str):
     """``(model, vocab)`` of a training run's checkpoint (and the run's ``vocab.json`` beside it); any failure
-    is a :class:`CheckpointError` naming the file."""
+    is a [`CheckpointError`][energies.CheckpointError] naming the file."""
     from ..data import Vocab
     from .spline_probe import load_model
 

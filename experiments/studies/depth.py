@@ -1,24 +1,24 @@
 """Depth chosen by the energy: ``python -m experiments.studies.depth RUN_DIR [--eps 1e-1,1e-2,1e-3,1e-4,0]
 [--depths 1,2,4,8,16] [--json] [--out DIR] [--quick] [--device cpu]``.
 
-Loads a finished run (its bundle, :func:`experiments.app.bundle.load_model`: hashes checked, weights read with
+Loads a finished run (its bundle, `experiments.app.bundle.load_model`: hashes checked, weights read with
 ``torch.load(weights_only=True)``) and evaluates it on the run's test split (checked against the bundle's data
 fingerprint), in float64 with the energy trace on, two ways:
 
 * **stopping rule** (``--eps``): for each EPS the shared step runs at most the trained depth T, and an example
   stops after the first layer k whose relative energy decrease (E_{k-1} - E_k) / max(|E_{k-1}|, tiny) is below
-  EPS (:class:`unfold.encoders.GuaranteedEncoder`, ``stop_rel``; EPS = 0: off, every example runs T layers):
+  EPS ([`unfold.GuaranteedEncoder`][unfold.GuaranteedEncoder], ``stop_rel``; EPS = 0: off, every example runs T layers):
   accuracy, mean layers used, the histogram of depths, and the descent verdict over every layer that ran;
 * **inference depth** (``--depths``; default 1 ... 4T: 1, 2, T/2, T, 2T, 3T, 4T and the powers of two up to 4T):
   the shared step unrolled K times instead of T: accuracy, the verdict (energy increases: 0 expected, every
   layer of a weight-shared MM step descends) and the mean final energy.
 
 Writes ``depth.json``, ``depth.md`` and ``depth.png`` (two panels: accuracy and mean layers used against EPS;
-accuracy against inference depth), each atomically (:mod:`experiments.runfolder.atomic`), into ``--out`` (default
+accuracy against inference depth), each atomically (`experiments.runfolder.atomic`), into ``--out`` (default
 ``RUN_DIR/depth``); ``--json`` prints the JSON document, else the markdown. ``--quick``: the first
-:data:`QUICK_EXAMPLES` test examples only (the documents say so). Only for weight-shared encoders that take
+`QUICK_EXAMPLES` test examples only (the documents say so). Only for weight-shared encoders that take
 ``stop_rel`` (guaranteed): an untied free/baseline run is refused. Every error is one line, exit 2
-(:func:`unfold.cli.run_main`), nothing written. The evaluation helper :func:`evaluate_at` is the Python call.
+(`unfold.cli.run_main`), nothing written. The evaluation helper `evaluate_at` is the Python call.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import torch
 
 from energies.errors import ConfigError, InputError
 from unfold.cli import check_device, folder_arg, folder_problem, run_main
-from unfold.encoders import MAX_INFERENCE_LAYERS, check_batch_size, check_inference_layers, check_stop_rel
+from unfold.inputs import MAX_INFERENCE_LAYERS, check_batch_size, check_inference_layers, check_stop_rel
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps
 
@@ -59,7 +59,7 @@ def _split_list(text: str, what: str) -> List[str]:
 
 def parse_eps(text: str) -> List[float]:
     """``--eps``: comma-separated thresholds, each 0 (off) or a finite number in (0, 1)
-    (:func:`unfold.encoders.check_stop_rel`), distinct; kept in the given order."""
+    (`unfold.inputs.check_stop_rel`), distinct; kept in the given order."""
     out: List[float] = []
     for item in _split_list(text, "--eps"):
         try:
@@ -99,7 +99,7 @@ def default_depths(trained: int) -> List[int]:
 def evaluate_at(model, tensors, batch_size: int = 64, device="cpu", layers: Optional[int] = None,
                 stop_rel: Optional[float] = None) -> Dict[str, Any]:
     """Evaluate a classifier with a weight-shared encoder at another depth and/or with the energy-chosen depth:
-    ``layers`` (None: the trained depth; :func:`unfold.encoders.check_inference_layers`, so an untied stack is
+    ``layers`` (None: the trained depth; `unfold.inputs.check_inference_layers`, so an untied stack is
     refused naming ``layers``), ``stop_rel`` (None/0: off; else EPS in (0, 1)). ``tensors``: ``(ids, mask,
     labels)``. The model is used as it is (its dtype, eval mode; its encoder's ``stop_rel`` is set for the call
     and restored), with the trace on. Returns ``accuracy``, ``mean_layers``, ``layers_hist`` (depth -> examples), the verdict over every layer
@@ -124,8 +124,8 @@ def evaluate_at(model, tensors, batch_size: int = 64, device="cpu", layers: Opti
 
 
 def _check_tensors(model, tensors) -> None:
-    """``tensors`` as :func:`evaluate_at` reads them: ``(ids (N, n), mask (N, n), labels (N,))`` with N >= 1 and
-    integer labels in [0, K) (K: the model's classes), else an :class:`~energies.errors.InputError` naming what is
+    """``tensors`` as `evaluate_at` reads them: ``(ids (N, n), mask (N, n), labels (N,))`` with N >= 1 and
+    integer labels in [0, K) (K: the model's classes), else an [`InputError`][energies.InputError] naming what is
     wrong -- never an accuracy over nothing, nor one counted against labels no class can match."""
     if not isinstance(tensors, (tuple, list)) or len(tensors) != 3:
         raise InputError(f"tensors must be (ids, mask, labels), got {type(tensors).__name__}"

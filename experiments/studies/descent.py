@@ -97,7 +97,7 @@ PROG = "python -m experiments.studies.descent"
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2). The
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2). The
     output folder is checked before the sweep and created after it: a failed sweep writes nothing."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
@@ -119,7 +119,7 @@ MIN_TOKENS = 2
 
 
 def _tokens_arg(text: str) -> int:
-    """argparse ``type=``: a token count, an integer >= :data:`MIN_TOKENS`."""
+    """argparse ``type=``: a token count, an integer >= `MIN_TOKENS`."""
     n = positive_int(text)
     if n < MIN_TOKENS:
         raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {MIN_TOKENS} (attention relates pairs of "

@@ -100,7 +100,7 @@ PROG = "python -m experiments.studies.pyg_sbm"
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_import_arg(p)
     p.add_argument("--layers", type=positive_int, default=4, help="UnfoldedAttentionConv steps, >= 1")

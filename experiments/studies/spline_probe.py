@@ -20,7 +20,7 @@ promised to be continuous (Definition 2.2), not C^1 or C^2. Along a ray ``X(t) =
 
 Verdict ``spline`` when every piece fits a polynomial of degree <= ``max_degree`` and the map is
 continuous at every breakpoint; ``non-spline`` otherwise (softmax, LayerNorm, row normalisation:
-no finite degree fits), with the evidence. :func:`static_degree` gives the bound of Lemma 3.2 /
+no finite degree fits), with the evidence. `static_degree` gives the bound of Lemma 3.2 /
 Theorem 3.3 for a module built from known parts (attention 3, encoder block 3, t layers 3^t,
 encoder-decoder attention 2 / 1 / 3 in context / queries / both, encoder-decoder block 5), or None
 where the paper's argument does not apply.
@@ -126,14 +126,14 @@ def _encoder_degree(enc: nn.Module, layers: Optional[int]) -> Tuple[Optional[int
 
 
 def static_degree(module: nn.Module, wrt: str = "both", layers: Optional[int] = None) -> Optional[int]:
-    """Degree bound of Lemma 3.2 / Theorem 3.3, or None (see :func:`degree_analysis`)."""
+    """Degree bound of Lemma 3.2 / Theorem 3.3, or None (see `degree_analysis`)."""
     return degree_analysis(module, wrt, layers)[0]
 
 
 # ------------------------------------------------------------------ the probe
 class KinkTape:
     """Records sign patterns (``replay=None``) or replays given ones, one per ReLU call, in call order, through
-    forward hooks on ``nn.ReLU`` modules (:func:`run_taped`). Replaying applies ``where(pattern, x, 0)``: the
+    forward hooks on ``nn.ReLU`` modules (`run_taped`). Replaying applies ``where(pattern, x, 0)``: the
     map with its pieces frozen, linear at every kink."""
 
     def __init__(self, replay: Optional[Sequence[torch.Tensor]] = None):
@@ -168,7 +168,7 @@ class KinkTape:
 
 def run_taped(module: nn.Module, fn: Callable[[], torch.Tensor], replay=None) -> Tuple[torch.Tensor, KinkTape]:
     """``(fn(), tape)`` with every ReLU that ``fn`` evaluates through an ``nn.ReLU`` module of ``module`` on one
-    :class:`KinkTape` (forward hooks): the ReLUs of feed-forward blocks and ReLU attention, and the library's
+    `KinkTape` (forward hooks): the ReLUs of feed-forward blocks and ReLU attention, and the library's
     own kinks, which are modules too: the ReLU kernel of rho = relu:C (``ReluRho.kink``) and the ReLU prox of the
     MM steps (``NonNegativity.project``). ``replay``: freeze the pieces to those patterns instead of recording.
     Functional ``F.relu`` calls are invisible to the tape. The hooks live only while ``fn`` runs."""
@@ -184,7 +184,7 @@ def run_taped(module: nn.Module, fn: Callable[[], torch.Tensor], replay=None) ->
 
 
 def relu_pattern(module: nn.Module, fn: Callable[[], torch.Tensor]):
-    """``(output, pattern)``: ``fn()`` and the concatenated signs (> 0) of every ReLU input (:func:`run_taped`)."""
+    """``(output, pattern)``: ``fn()`` and the concatenated signs (> 0) of every ReLU input (`run_taped`)."""
     out, tp = run_taped(module, fn)
     return out, tp.pattern()
 
@@ -201,7 +201,7 @@ def _slope(coef: np.ndarray, t: float, t_max: float) -> np.ndarray:
     return np.polynomial.chebyshev.chebval(t / t_max, np.polynomial.chebyshev.chebder(coef)) / t_max
 
 
-#: the largest polynomial degree the probe fits (a static bound above it is capped, as in :func:`probe_model`)
+#: the largest polynomial degree the probe fits (a static bound above it is capped, as in `probe_model`)
 MAX_DEGREE = 100
 
 
@@ -219,7 +219,7 @@ def _is_real(v) -> bool:
 TOL_RANGE = (1e-14, 1e-6)
 
 
-#: the largest ``t_max`` of :func:`probe`: the ray's length ``2 t_max`` (the fit's interval) is finite in float64
+#: the largest ``t_max`` of `probe`: the ray's length ``2 t_max`` (the fit's interval) is finite in float64
 T_MAX_LIMIT = float(np.finfo(np.float64).max) / 2
 
 #: ``--t-max`` of the command line, whose rays are ``X0 + t D`` with X0 and D of one scale (unit Gaussians for
@@ -239,9 +239,9 @@ class NonFiniteSample(ConfigError):
 
 
 def check_probe_options(t_max=3.0, grid=1025, max_degree=12, tol=1e-9) -> None:
-    """The probe's options in range, else a :class:`ConfigError` naming the option and the value: ``t_max``
+    """The probe's options in range, else a [`ConfigError`][energies.ConfigError] naming the option and the value: ``t_max``
     finite in ``(0, T_MAX_LIMIT]`` (the ray is ``[-t_max, t_max]``), ``grid`` an integer >= 2, ``max_degree`` an integer in
-    ``[0, MAX_DEGREE]``, ``tol`` in :data:`TOL_RANGE`."""
+    ``[0, MAX_DEGREE]``, ``tol`` in `TOL_RANGE`."""
     if not (_is_real(t_max) and 0 < t_max <= T_MAX_LIMIT):
         raise ConfigError(f"t_max must be a finite number in (0, {T_MAX_LIMIT:.6g}] (the ray [-t_max, t_max] must have a "
                           f"finite length in float64), got {t_max!r}")
@@ -352,15 +352,15 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
     module docstring). Returns pieces, breakpoints, fitted degrees, residuals, gaps and a verdict.
 
     Each piece is tested through its frozen map (every ReLU replaced by the fixed 0/1 pattern it has
-    on the piece, :class:`KinkTape`), which equals f on the piece and is defined on the whole
+    on the piece, `KinkTape`), which equals f on the piece and is defined on the whole
     ray: for a spline it is one polynomial there, so the fit is made on ``[-t_max, t_max]``, not only
     on the piece. (A smooth non-polynomial map is fitted by a low degree on a short enough interval;
     on the whole ray it is not, and that is what separates softmax from ReLU here.)
 
-    Checked (:class:`ConfigError`, :func:`check_probe_options`): the options; a sample that is not finite
+    Checked ([`ConfigError`][energies.ConfigError], `check_probe_options`): the options; a sample that is not finite
     anywhere on the ray -- the output, the input of any ReLU inside the module (an overflow that a later step
     may turn into a finite 0), or a piece's frozen map at a fit node -- gives no verdict but an error
-    (:class:`NonFiniteSample`). The verdict is only as
+    (`NonFiniteSample`). The verdict is only as
     good as the ray is long: on a short ray (``t_max`` well below the scale on which the map bends, e.g.
     0.5 for softmax attention at ``tol=1e-9``) a smooth map is fitted by a polynomial too."""
     check_probe_options(t_max=t_max, grid=grid, max_degree=max_degree, tol=tol)
@@ -387,7 +387,7 @@ def probe(f: Callable[[float], torch.Tensor], module: nn.Module, t_max: float = 
 def check_ray(X0: torch.Tensor, D: torch.Tensor, t_max: float, grid: int = 1025) -> None:
     """The ray ``X0 + t D`` must move in float64 at the probe's resolution: one grid step ``2 t_max / (grid - 1)``
     along D must change some entry of X0; else (a ``t_max`` so small that ``X0 + t D`` rounds to X0) every sample
-    is one point, the map looks constant whatever it is, and a :class:`ConfigError` naming ``t_max`` is raised
+    is one point, the map looks constant whatever it is, and a [`ConfigError`][energies.ConfigError] naming ``t_max`` is raised
     instead of the verdict "degree 0"."""
     check_probe_options(t_max=t_max, grid=grid)
     step = 2.0 * t_max / (grid - 1)
@@ -427,7 +427,7 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
                vocab_size: int = 1000, num_classes: int = 2) -> SequenceClassifier:
     """A model from a config file (random weights) or a training checkpoint (``best.pt``, whose config
     it holds; ``config`` then overrides nothing), in float64 and eval mode. A checkpoint is read with
-    :func:`experiments.app.checkpoint.safe_load` and checked by :func:`checkpoint_model`."""
+    `experiments.app.checkpoint.safe_load` and checked by `checkpoint_model`."""
     from ..app.config import load_config
     from ..app.build import build_model
 
@@ -441,8 +441,8 @@ def load_model(config: Optional[str] = None, checkpoint: Optional[str] = None, o
 
 
 def checkpoint_model(path: str) -> SequenceClassifier:
-    """The model a checkpoint holds, checked, else a :class:`CheckpointError` naming the file: a dict with a
-    ``config`` (valid once the keys it lacks take their defaults, :func:`experiments.app.config.validate`) and a
+    """The model a checkpoint holds, checked, else a [`CheckpointError`][energies.CheckpointError] naming the file: a dict with a
+    ``config`` (valid once the keys it lacks take their defaults, `experiments.app.config.validate`) and a
     ``model`` state dict (names -> tensors) with 2-D ``embedding.embed.weight`` (``embed.weight`` in checkpoints
     written before the encoders were modules: their keys are upgraded) and ``head.weight``, every floating
     weight finite (a NaN weight makes every output NaN: nothing to probe), and the weights fit the model the
@@ -537,7 +537,7 @@ def _degree_arg(text: str) -> int:
 
 
 def _t_max_arg(text: str) -> float:
-    """argparse ``type=``: a ray half-length in :data:`CLI_T_MAX_RANGE` (derived from float64's range)."""
+    """argparse ``type=``: a ray half-length in `CLI_T_MAX_RANGE` (derived from float64's range)."""
     value = positive_float(text)
     lo, hi = CLI_T_MAX_RANGE
     if not lo <= value <= hi:
@@ -557,7 +557,7 @@ def _bounded_int(limit: int, why: str):
 
 
 def _tol_arg(text: str) -> float:
-    """argparse ``type=``: a relative residual in :data:`TOL_RANGE`."""
+    """argparse ``type=``: a relative residual in `TOL_RANGE`."""
     value = finite_float(text)
     if not TOL_RANGE[0] <= value <= TOL_RANGE[1]:
         raise argparse.ArgumentTypeError(f"{text!r} must be a number in [{TOL_RANGE[0]:g}, {TOL_RANGE[1]:g}] "
@@ -608,7 +608,7 @@ def _report(out: dict, as_json: bool) -> None:
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2)."""
     p = _parser()
     args = p.parse_args(argv)
     if args.overrides and args.config is None:

@@ -8,21 +8,21 @@ first + K - 1``, then writes the comparison into ``--run-dir DIR`` (default ``ru
   training throughput (``train_tokens_per_second``: real tokens through the training passes per second of
   those passes, validation and checks excluded; mean over the seeds), peak memory of the training passes
   (``peak_memory_bytes`` and the growth over the epoch's start, mean over the seeds; what they measure:
-  :mod:`experiments.app.throughput`), the float64 energy increases of the trained and the untrained model on the
+  `experiments.app.throughput`), the float64 energy increases of the trained and the untrained model on the
   test set (summed over the seeds, with the layer-steps checked), and the seeds finished and failed;
 * ``DIR/variants_accuracy.png``: test accuracy against training tokens/s, one labelled point per variant with
   the standard deviation over the seeds as error bars;
 * ``DIR/variants_energy.png``: the total energy per layer (mean over the test examples of each seed's
   ``energy_trace.pt``, then over the seeds), one line per variant.
 
-Each variant is a seed sweep (:func:`experiments.app.sweep.run_sweep`) in ``DIR/<slug>`` (``window:8`` ->
+Each variant is a seed sweep (`experiments.app.sweep.run_sweep`) in ``DIR/<slug>`` (``window:8`` ->
 ``window-8``) with the override ``model.graph=SPEC``: so it resumes as the sweeps do -- running the same
 command again keeps the finished seeds, resumes interrupted ones from their checkpoints and trains nothing
-else. ``DIR`` has one owner (:class:`~experiments.runfolder.runlock.RunLock`); every file is written atomically.
+else. ``DIR`` has one owner (`RunLock`); every file is written atomically.
 
 Everything is checked before anything runs or is written: every spec of ``--graphs`` by the config's own
 rules for ``model.graph`` (and the model built on the meta device), a refusal naming ``--graphs`` and the spec
-(one :class:`~energies.errors.ConfigError` line, exit 2). A seed that fails is counted in its row and the exit
+(one [`ConfigError`][energies.ConfigError] line, exit 2). A seed that fails is counted in its row and the exit
 status is 1.
 
 ``--quick``: a tiny version (config ``tiny``, graphs ``complete,window:2,star``, one seed, 200 training
@@ -77,8 +77,8 @@ def slug(spec: str) -> str:
 
 def parse_graphs(text: str) -> List[str]:
     """The specs of ``--graphs`` (comma-separated, blanks around them ignored): at least one, no repeats, no two
-    spellings of one graph (:func:`energies.graphs.spec.canonical_spec`: ``window:8`` and ``window:08``), no two
-    with the same folder (:func:`slug`)."""
+    spellings of one graph (`energies.graphs.spec.canonical_spec`: ``window:8`` and ``window:08``), no two
+    with the same folder (`slug`)."""
     from energies.graphs.spec import canonical_spec
 
     specs = [s.strip() for s in text.split(",")]
@@ -106,7 +106,7 @@ MAX_SEEDS = 1000
 
 def check_seeds(config: Optional[str], overrides: Sequence[str], first: int, count: int) -> range:
     """The seeds ``first, ..., first + count - 1``, checked before anything is built or written: at most
-    :data:`MAX_SEEDS`, and the first and the last within the rules of every key they set (:data:`SEED_KEYS`:
+    `MAX_SEEDS`, and the first and the last within the rules of every key they set (`SEED_KEYS`:
     ``data.seed`` stops at 2**32 - 1), a refusal naming ``--first-seed`` and ``--seeds``."""
     if count > MAX_SEEDS:
         raise ConfigError(f"--seeds {count}: at most {MAX_SEEDS} seeds per variant (each seed is a training run)")
@@ -121,7 +121,7 @@ def check_seeds(config: Optional[str], overrides: Sequence[str], first: int, cou
 def check_variants(config: Optional[str], overrides: Sequence[str], specs: Sequence[str]) -> Dict[str, Any]:
     """Every variant's config, validated before anything runs: the config and overrides alone first (their own
     errors), then each spec by the rules of ``model.graph`` and the model built on the meta device
-    (:func:`experiments.app.build.check_buildable`), a refusal naming ``--graphs`` and the spec. Returns the base
+    (`experiments.app.build.check_buildable`), a refusal naming ``--graphs`` and the spec. Returns the base
     config."""
     from ..app.build import check_buildable
 
@@ -136,7 +136,7 @@ def check_variants(config: Optional[str], overrides: Sequence[str], specs: Seque
 
 def count_arg(flag: str, text: str, what: str) -> int:
     """A count of a command line (``--seeds``, ``--jobs``): an integer >= 1 in ASCII digits
-    (:func:`energies.checks.parse_int`), else a one-line :class:`ConfigError` naming the flag."""
+    (`energies.checks.parse_int`), else a one-line [`ConfigError`][energies.ConfigError] naming the flag."""
     try:
         value = parse_int(text)
     except ValueError:
@@ -147,7 +147,7 @@ def count_arg(flag: str, text: str, what: str) -> int:
 
 
 def seeds_arg(text: str) -> int:
-    """``--seeds``: an integer >= 1, else a one-line :class:`ConfigError` naming it."""
+    """``--seeds``: an integer >= 1, else a one-line [`ConfigError`][energies.ConfigError] naming it."""
     return count_arg("--seeds", text, "seeds per variant")
 
 
@@ -195,7 +195,7 @@ def _int(value) -> int:
 
 def energy_per_layer(root: str, seeds: Sequence[int]) -> Optional[List[float]]:
     """The total energy per layer, mean over the test examples of each seed's ``energy_trace.pt`` (read and
-    checked by :func:`experiments.app.plot_energy.load_trace`), then mean over the seeds; ``None`` when no seed has
+    checked by `experiments.app.plot_energy.load_trace`), then mean over the seeds; ``None`` when no seed has
     a trace. Non-finite entries are left out of the means."""
     import numpy as np
 
@@ -359,7 +359,7 @@ def run_variants(root: str, specs: Sequence[str], seeds: Sequence[int], config: 
                  overrides: Sequence[str] = (), jobs: int = 1, imports: Sequence[str] = (), say=print
                  ) -> Dict[str, Any]:
     """Run (or finish) every variant's sweep in ``root`` and write the table and plots (module docstring);
-    returns the summary. The specs are expected checked (:func:`check_variants`)."""
+    returns the summary. The specs are expected checked (`check_variants`)."""
     name = load_config(config, list(overrides))["name"]
     check_writable(root)
     t0 = time.perf_counter()
@@ -388,7 +388,7 @@ def run_variants(root: str, specs: Sequence[str], seeds: Sequence[int], config: 
 
 def lost_variants(root: str, summary: Dict[str, Any]) -> List[str]:
     """``GRAPH seed K`` for each run finished in the ``variants.json`` already written that ``summary`` did not
-    finish (graphs compared by :func:`energies.graphs.spec.canonical_spec`); a file that is not a readable summary
+    finish (graphs compared by `energies.graphs.spec.canonical_spec`); a file that is not a readable summary
     holds no finished result."""
     from energies.graphs.spec import canonical_spec
 
@@ -419,7 +419,7 @@ def one_line_text(value: Any) -> bool:
 
 
 def check_summary(value: Any, path: str) -> Dict[str, Any]:
-    """``value`` (a ``variants.json``) when :func:`markdown` can print it, else a :class:`ConfigError` naming
+    """``value`` (a ``variants.json``) when `markdown` can print it, else a [`ConfigError`][energies.ConfigError] naming
     ``path`` and the key."""
     def bad(where: str, why: str) -> ConfigError:
         return ConfigError(f"{path}: {where} {why}")
@@ -539,7 +539,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    """Command line (module docstring); errors under :func:`unfold.cli.run_main` (one line, exit 2)."""
+    """Command line (module docstring); errors under `unfold.cli.run_main` (one line, exit 2)."""
     args = _parser().parse_args(argv)
     return run_main(PROG, lambda: _run(args), argv)
 

@@ -1,11 +1,11 @@
-"""A model and its data built from a config: the one place both training (:mod:`experiments.app.train`) and model
-bundles (:mod:`experiments.app.bundle`) build from, so that neither imports the other for it.
+"""A model and its data built from a config: the one place both training (`experiments.app.train`) and model
+bundles (`experiments.app.bundle`) build from, so that neither imports the other for it.
 
-* :func:`build_model`: the classifier a config describes, composed from the library's registries (embedding, the
+* `build_model`: the classifier a config describes, composed from the library's registries (embedding, the
   encoder registered as ``model.mode``, a linear head), the library's errors renamed to config keys;
-* :func:`check_buildable`: the same on the meta device, every model-level rule checked before any data is read;
-* :func:`build_data`, :func:`train_examples`: the splits, vocabulary, encoded tensors and GloVe matrix a run
-  trains on; :func:`fingerprint`: their data fingerprint (:mod:`experiments.runfolder.fingerprint`);
+* `check_buildable`: the same on the meta device, every model-level rule checked before any data is read;
+* `build_data`, `train_examples`: the splits, vocabulary, encoded tensors and GloVe matrix a run
+  trains on; `fingerprint`: their data fingerprint (`experiments.runfolder.fingerprint`);
 * `build_tokenizer`: the word vocabulary or subword tokenizer ``data.tokenizer`` names; `train_texts`: a
   dataset's unlabelled text (its training texts, labels ignored).
 """
@@ -42,7 +42,7 @@ _HINTS = {("guaranteed", "attention"): "; in guaranteed mode the attention kerne
 def build_model(cfg: Dict[str, Any], vocab_size: int, num_classes: int, glove: Optional[torch.Tensor] = None,
                 task=None) -> torch.nn.Module:
     """The model a config describes, composed from the library's registries: a
-    :class:`~unfold.classifier.TokenEmbedding`, the encoder registered as ``model.mode`` (its constructor's
+    [`TokenEmbedding`][unfold.TokenEmbedding], the encoder registered as ``model.mode`` (its constructor's
     parameters read from the ``model`` keys of the same names) and the head of the config's ``task``
     (`experiments.app.tasks`: ``classify``, a linear head in a `SequenceClassifier`; ``masked_tokens``, a token
     head in a `unfold.MaskedTokenModel`), composed by the task. ``task``: the run's task object (default: a new
@@ -183,7 +183,7 @@ def train_examples(cfg: Dict[str, Any], splits) -> list:
 
 
 def fingerprint(cfg: Dict[str, Any], splits, vocab) -> Dict[str, Any]:
-    """The data fingerprint of a run (:mod:`experiments.runfolder.fingerprint`): vocabulary (a subword tokenizer's
+    """The data fingerprint of a run (`experiments.runfolder.fingerprint`): vocabulary (a subword tokenizer's
     whole ``tokenizer.json`` included), the splits as trained on."""
     return data_fingerprint(vocab.itos, train_examples(cfg, splits), splits.val, splits.test, splits.label_names,
                             tokenizer=vocab.tokenizer_digest)

@@ -1,14 +1,14 @@
 """``unfold-data inspect PATH [section.key=value ...]``: what ``unfold-train`` would read from a dataset, before
 training on it.
 
-The dataset is read by the trainer's own reader, :func:`experiments.data.load.load_configured`, with the config
+The dataset is read by the trainer's own reader, `experiments.data.load.load_configured`, with the config
 that ``unfold-train`` would resolve (``--config NAME|FILE``, its ``extends`` chain and the overrides, through
-:func:`experiments.app.config.load_config_sources`), so what is shown is what a run gets; there is no second
+`experiments.app.config.load_config_sources`), so what is shown is what a run gets; there is no second
 reader. The training split is then cut to ``train.max_train_examples`` and the vocabulary built from it as the
-trainer does (:class:`~experiments.data.text.Vocab`, ``data.min_freq``, ``data.max_vocab``), and the texts
-tokenised by the trainer's tokeniser (:func:`~experiments.data.text.tokenize`).
+trainer does (`Vocab`, ``data.min_freq``, ``data.max_vocab``), and the texts
+tokenised by the trainer's tokeniser (`tokenize`).
 
-:func:`inspect_dataset` returns a JSON-ready report:
+`inspect_dataset` returns a JSON-ready report:
 
 * ``format``: what the path is (a CSV, JSON lines, JSON or parquet file, a folder of splits, a Hugging Face
   dataset, a registered corpus);
@@ -62,7 +62,7 @@ TRUNCATED_NOTE = 0.10
 
 def dataset_format(name: str) -> str:
     """What the dataset ``name`` is, in words, from its name alone (the reader decides the same way:
-    :func:`experiments.data.load.load_dataset`)."""
+    `experiments.data.load.load_dataset`)."""
     if name.startswith("hf:"):
         return "Hugging Face dataset (hf:)"
     if name in DATASETS:
@@ -98,7 +98,7 @@ def _lengths(token_lists: list, max_len: int) -> dict:
 
 def _glove_words(root: pathlib.Path) -> set:
     """The GloVe vocabulary in the data folder ``root``, read and checked as the trainer reads it
-    (:func:`experiments.data.glove._read_glove`); a :class:`DataError` when the files are absent or corrupt."""
+    (`experiments.data.glove._read_glove`); a `DataError` when the files are absent or corrupt."""
     emb_path = require_file(root, GLOVE_EMB, "glove")
     vocab_path = require_file(root, GLOVE_VOCAB, "glove")
     return set(_read_glove(root, emb_path, vocab_path)[1])
@@ -106,8 +106,8 @@ def _glove_words(root: pathlib.Path) -> set:
 
 def _used_splits(cfg: dict, splits) -> dict:
     """The examples the trainer uses per split: the training split cut to ``train.max_train_examples``; a
-    :class:`ConfigError` when those hold one class only (the trainer's refusal,
-    :func:`experiments.app.build.train_examples`)."""
+    [`ConfigError`][energies.ConfigError] when those hold one class only (the trainer's refusal,
+    `experiments.app.build.train_examples`)."""
     limit = cfg["train"]["max_train_examples"]
     used = {"train": splits.train if limit is None else splits.train[:limit], "val": splits.val, "test": splits.test}
     if len({y for _, y in used["train"]}) < 2:        # the trainer's refusal (experiments.app.build.train_examples)
@@ -163,8 +163,8 @@ def _glove(dc: dict, vocab, tokens: dict) -> dict:
 
 def inspect_dataset(dataset: str, config: str | None = None, overrides=()) -> dict:
     """The report of ``dataset`` read as ``unfold-train --config CONFIG data.dataset=DATASET OVERRIDES`` reads it
-    (module docstring). A refused dataset is the loader's :class:`DataError`, a bad override a
-    :class:`ConfigError`."""
+    (module docstring). A refused dataset is the loader's `DataError`, a bad override a
+    [`ConfigError`][energies.ConfigError]."""
     overrides = list(overrides)
     given = [o for o in overrides if o.split("=", 1)[0].strip() == "data.dataset"]
     if given:
@@ -251,7 +251,7 @@ def _pct(x: float) -> str:
 
 
 def _render_columns(r: dict, line) -> None:
-    """The ``columns`` block of :func:`render`, each line through ``line(key, text)``."""
+    """The ``columns`` block of `render`, each line through ``line(key, text)``."""
     c = r["columns"]
     if c["text"] is None:
         line("columns", "the corpus's own (data.text_field and data.label_field do not apply)")
@@ -262,7 +262,7 @@ def _render_columns(r: dict, line) -> None:
 
 
 def _render_classes(r: dict, line) -> None:
-    """The ``classes`` block of :func:`render`: a table of examples per class and split, the majority share."""
+    """The ``classes`` block of `render`: a table of examples per class and split, the majority share."""
     names = r["classes"]["names"]
     width = max([len(n) for n in names] + [5])
     line("classes", f"{len(names)}; examples per split:")
@@ -274,7 +274,7 @@ def _render_classes(r: dict, line) -> None:
 
 
 def _render_splits(r: dict, line) -> None:
-    """The ``splits`` and ``lengths`` blocks of :func:`render`: sizes and origins, then lengths in tokens."""
+    """The ``splits`` and ``lengths`` blocks of `render`: sizes and origins, then lengths in tokens."""
     line("splits", "")
     for s in SPLIT_NAMES:
         sp = r["splits"][s]
@@ -295,7 +295,7 @@ def _render_splits(r: dict, line) -> None:
 
 
 def _render_words(r: dict, line) -> None:
-    """The ``vocabulary`` and ``glove`` blocks of :func:`render`: the vocabulary and the words unknown to it and
+    """The ``vocabulary`` and ``glove`` blocks of `render`: the vocabulary and the words unknown to it and
     to GloVe."""
     v = r["vocabulary"]
     line("vocabulary", f"{v['size']} entries: <pad>, <unk> and the training split's words seen data.min_freq="
@@ -358,7 +358,7 @@ _OVERRIDE = re.compile(r"[A-Za-z_]\w*\.[\w.]+=")
 
 def split_items(items: list[str]) -> tuple[str, list[str]]:
     """``(PATH, overrides)`` of inspect's arguments: the overrides are the ``section.key=value`` items, the one
-    other item is the dataset; none or several others is a :class:`ConfigError` naming them."""
+    other item is the dataset; none or several others is a [`ConfigError`][energies.ConfigError] naming them."""
     paths = [a for a in items if not _OVERRIDE.match(a)]
     if len(paths) != 1:
         raise ConfigError(f"inspect takes one dataset PATH and section.key=value overrides; got "

@@ -24,7 +24,7 @@ neither, stdin when it is not a terminal: ``printf 'a fine film\\n' | unfold-pre
 thread into a queue of ``--batch-size`` texts, predicted a batch at a time, and each batch's lines are printed and
 flushed as soon as it is done: memory is bounded by about three batches of texts whatever the length
 of the input, and the first line comes out while the input is still being written (a batch is whatever has
-arrived, up to ``--batch-size``, within :data:`LINGER` seconds of its first text). Files and stdin are strict
+arrived, up to ``--batch-size``, within `LINGER` seconds of its first text). Files and stdin are strict
 UTF-8 alike; a file that is not is refused before anything is predicted (files are checked whole first), stdin
 where the bad line is met (every line before it has been answered and flushed). A line holds at most
 ``MAX_LINE_BYTES`` (1 MiB) and is read at most that much at a time: a longer one is refused by its number.
@@ -35,14 +35,14 @@ Plug-ins' prints go to stderr (``unfold.plugins.plugin_output``): stdout holds t
 
 ``--plot OUT.png`` draws each text's total energy per layer, one panel per text on its own scale; it needs the
 whole answer before the first line is printed (the figure is written first, so that a failed write never leaves
-half an answer), so it keeps at most :data:`PLOT_MAX` texts and refuses more (exit 2, nothing printed or
+half an answer), so it keeps at most `PLOT_MAX` texts and refuses more (exit 2, nothing printed or
 written): plot a selection. Exit status 0, or 2 for bad input (no such run, a run still training, no text, a
 changed bundle, a ``--plot`` path that cannot be written) with nothing written and nothing printed on stdout
 (``--plot``'s folder is checked, a real write probe, before the model is loaded), or 3 where some text's output was
 not finite (above). A run folder still being
-trained (its run lock held, :mod:`experiments.runfolder.runlock`) is named as such with its owner (pid, user, host,
+trained (its run lock held, `experiments.runfolder.runlock`) is named as such with its owner (pid, user, host,
 start); one whose owner died before the run finished says so and how to resume it. ``--legacy`` reads a run
-folder from before bundles (no ``bundle.json``; unverified: see :mod:`experiments.app.bundle`).
+folder from before bundles (no ``bundle.json``; unverified: see `experiments.app.bundle`).
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ NONFINITE_EXIT = 3
 
 def _decode(data: bytes, where: str) -> str:
     """``data`` as strict UTF-8 (the one reading rule of ``--file PATH`` and ``--file -``): invalid bytes are a
-    :class:`ConfigError` naming ``where``, the byte offset and the line, never surrogate escapes."""
+    [`ConfigError`][energies.ConfigError] naming ``where``, the byte offset and the line, never surrogate escapes."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -116,7 +116,7 @@ def _where(path: str) -> str:
 
 def _decoded_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[str]:
     """The texts of ``raw_lines`` (byte lines, each ending with ``\\n`` but maybe the last) one by one: each decoded
-    as strict UTF-8 (:func:`_decode`'s rule and message: byte offset and line counted over the whole input),
+    as strict UTF-8 (`_decode`'s rule and message: byte offset and line counted over the whole input),
     split at every line break ``str.splitlines`` knows, blank ones skipped -- the texts ``_decode(all).splitlines()``
     gives, without holding more than one line (`experiments.data.stream.decoded_lines`, refusing with a
     ConfigError)."""
@@ -141,7 +141,7 @@ def _stdin_line(size: int) -> bytes:
 
 def _file_texts(path: str) -> Iterator[str]:
     """The texts of one ``--file`` (``-``: stdin), read line by line, each line bounded (`_bounded_lines`,
-    :func:`_decoded_lines`)."""
+    `_decoded_lines`)."""
     if path == "-":
         yield from _decoded_lines(_bounded_lines(_stdin_line, _where(path)), _where(path))
         return
@@ -152,7 +152,7 @@ def _file_texts(path: str) -> Iterator[str]:
 def iter_texts(texts: Sequence[str], files: Sequence[str]) -> Iterator[str]:
     """``--text`` values, then the lines of each ``--file`` (``-`` is stdin; blank lines skipped), lazily. Checked
     before the first text is given (so that a refusal comes before any work): the ``--text`` values
-    (:func:`_check_texts`), and every ``--file`` that is a regular file, read through once as strict UTF-8 (it
+    (`_check_texts`), and every ``--file`` that is a regular file, read through once as strict UTF-8 (it
     can be read twice; stdin, a pipe or a device cannot, and are checked as they are read)."""
     _check_texts(texts)
     for path in files:
@@ -169,7 +169,7 @@ def _chain(texts: List[str], files: List[str]) -> Iterator[str]:
 
 
 def read_texts(texts: Sequence[str], files: Sequence[str]) -> List[str]:
-    """:func:`iter_texts` as a list (all of them in memory), refused when there is no text."""
+    """`iter_texts` as a list (all of them in memory), refused when there is no text."""
     out = list(iter_texts(texts, files))
     if not out:
         raise ConfigError(NO_TEXT)
@@ -203,7 +203,7 @@ def text_sources(texts: Sequence[str], files: Sequence[str]) -> List[str]:
 
 class TextFeed:
     """Texts from an iterator, read ahead by a daemon thread into a queue of at most ``size`` (the memory bound),
-    handed out by :meth:`get`; an error of the reader (invalid UTF-8 on stdin) is raised by the :meth:`get` that
+    handed out by `get`; an error of the reader (invalid UTF-8 on stdin) is raised by the `get` that
     reaches it, after the texts before it."""
 
     END = object()
@@ -234,7 +234,7 @@ class TextFeed:
         self._put((True, self.END))
 
     def get(self, timeout: Optional[float] = None):
-        """The next text, or :attr:`END`; ``queue.Empty`` when none comes within ``timeout`` seconds."""
+        """The next text, or `END`; ``queue.Empty`` when none comes within ``timeout`` seconds."""
         ok, item = self._queue.get(timeout=timeout)
         if not ok:
             self._put((False, item))      # every later get raises it too
@@ -307,7 +307,7 @@ def json_line(obj) -> str:
 
 
 def check_plot_path(path: str) -> None:
-    """Refuse (:class:`ConfigError` naming ``--plot`` and the path) a figure path that cannot be written: not
+    """Refuse ([`ConfigError`][energies.ConfigError] naming ``--plot`` and the path) a figure path that cannot be written: not
     ``*.png``, a folder, or in a folder that cannot be created or written (probed by creating and removing a
     temporary file: right for permissions, read-only mounts and root alike)."""
     if not path.lower().endswith(".png"):
@@ -410,7 +410,7 @@ def energy_figure(predictions: Sequence[Prediction], max_chars: int = 34):
 
 
 def plot_energies(predictions: Sequence[Prediction], path: str) -> None:
-    """:func:`energy_figure` written to ``path`` (PNG, atomically)."""
+    """`energy_figure` written to ``path`` (PNG, atomically)."""
     import matplotlib.pyplot as plt
 
     fig = energy_figure(predictions)
@@ -545,7 +545,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _plot_texts(feed: TextFeed, first: str) -> List[str]:
-    """Every text of the input for ``--plot`` (held: the figure needs them all), refused past :data:`PLOT_MAX`."""
+    """Every text of the input for ``--plot`` (held: the figure needs them all), refused past `PLOT_MAX`."""
     plotted = [first]
     while len(plotted) <= PLOT_MAX:
         item = feed.get()
@@ -560,7 +560,7 @@ def _plot_texts(feed: TextFeed, first: str) -> List[str]:
 
 
 def _load(args: argparse.Namespace):
-    """The model of ``args.run_dir`` (:func:`load_model`); a run stopped before it finished named as such."""
+    """The model of ``args.run_dir`` (`load_model`); a run stopped before it finished named as such."""
     try:
         return load_model(args.run_dir, map_location=check_device(args.device, "--device", ConfigError),
                           legacy=args.legacy)

@@ -54,7 +54,7 @@ PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 
 def check_precision(precision: str, device: torch.device) -> None:
     """``train.precision`` on ``device``, before any work: bfloat16 on a CUDA device needs one that supports it
-    (compute capability 8.0 and up), else a :class:`ConfigError` naming the key, the value and the device."""
+    (compute capability 8.0 and up), else a [`ConfigError`][energies.ConfigError] naming the key, the value and the device."""
     if PRECISIONS[precision] is torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"config key 'train.precision'={precision!r}: {torch.cuda.get_device_name(device)} "
                           f"(train.device={str(device)!r}) has no bfloat16 support; use train.precision=float32")
@@ -65,13 +65,13 @@ def training_precision(precision: str, device: torch.device):
     bfloat16, nothing for float32. Only the training forward runs in it: the loss is taken of float32 logits, the
     backward and the optimiser step run outside it (as autocast asks), and validation, test accuracy and the
     test-set descent check (``train.check_dtype``, float64) run in full precision. The trace's energies stay
-    float32 under it (:meth:`unfold.encoders.Encoder.trace_values`)."""
+    float32 under it ([`unfold.Encoder.trace_values`][unfold.Encoder.trace_values])."""
     dtype = PRECISIONS[precision]
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def check_device(spec: str) -> torch.device:
-    """``train.device`` as a device this machine has, before any work (:func:`unfold.cli.check_device`)."""
+    """``train.device`` as a device this machine has, before any work (`unfold.cli.check_device`)."""
     return _check_device(spec, "train.device", ConfigError)
 
 
@@ -107,7 +107,7 @@ RUN_OVERHEAD_BYTES = 16 * 2 ** 20
 
 def upgrade_checkpoint(ck: Dict[str, Any], model: torch.nn.Module) -> None:
     """A checkpoint written before the encoders were modules of their own, brought to today's layout in place: the
-    model keys renamed (:func:`unfold.classifier.upgrade_state_dict`) and the optimizer's per-parameter state
+    model keys renamed (`unfold.classifier.upgrade_state_dict`) and the optimizer's per-parameter state
     permuted from the old parameter order (the checkpoint's key order) to the model's, so that every Adam moment
     stays with its parameter. A checkpoint of today's layout is left unchanged."""
     names = list(ck["model"])
@@ -139,8 +139,8 @@ def make_scheduler(opt, lr: float, total_steps: int):
 
 def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bool = False) -> Dict[str, Any]:
     """Train and evaluate (module docstring). ``resume``: continue from the run's last checkpoint
-    (:mod:`experiments.app.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
-    the whole run (:mod:`experiments.runfolder.runlock`): a second run into it is refused; a folder that holds a run
+    (`experiments.app.checkpoint`), to the same result as an uninterrupted run. The run folder is locked for
+    the whole run (`experiments.runfolder.runlock`): a second run into it is refused; a folder that holds a run
     already is refused unless ``overwrite``."""
     device = check_device(cfg["train"]["device"])
     check_precision(cfg["train"]["precision"], device)
@@ -187,7 +187,7 @@ def train(cfg: Dict[str, Any], run_dir: str, resume: bool = False, overwrite: bo
 
 @dataclasses.dataclass
 class Run:
-    """What the phases of a training run share (:func:`_train`): the config and folder, the data, the model and its
+    """What the phases of a training run share (`_train`): the config and folder, the data, the model and its
     optimiser, and the state that a checkpoint saves and ``--resume`` restores."""
     cfg: Dict[str, Any]
     run_dir: str
@@ -365,8 +365,8 @@ def _restore(run: Run) -> None:
 
 
 def _epochs(run: Run) -> float:
-    """Every remaining epoch (:func:`_epoch`, then :func:`_end_epoch` on rank 0); a failure mid-run becomes a
-    :class:`TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time of
+    """Every remaining epoch (`_epoch`, then `_end_epoch` on rank 0); a failure mid-run becomes a
+    `TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time of
     earlier sessions of a resumed run included."""
     tc, dd = run.cfg["train"], run.dd
     net = _training_net(run)

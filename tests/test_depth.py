@@ -18,7 +18,8 @@ from clifuzz import run_cli
 from energies.errors import ConfigError, StepError
 from experiments.app.config import load_config
 from test_train import CONFIGS, ROOT, synthetic_text_dir
-from unfold.encoders import FreeEncoder, GuaranteedEncoder, check_inference_layers, check_stop_rel
+from unfold.encoders import FreeEncoder, GuaranteedEncoder
+from unfold.inputs import check_inference_layers, check_stop_rel
 from unfold.model import UnfoldedTransformer
 from unfold.trace import EnergyTrace, relative_decrease, report_from_values
 

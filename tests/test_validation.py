@@ -747,7 +747,7 @@ def test_theorem41_refuses_energies_with_an_indicator():
 @pytest.mark.parametrize("kind", ["guaranteed", "free", "baseline"])
 def test_encoder_depth_is_bounded_at_construction(kind):
     """10**30 shared layers were taken (an unroll that never ends); the inference rule's bound applies."""
-    from unfold.encoders import MAX_INFERENCE_LAYERS
+    from unfold.inputs import MAX_INFERENCE_LAYERS
 
     raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=10 ** 30), "layers", str(10 ** 30))
     raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=MAX_INFERENCE_LAYERS + 1), "layers")

@@ -19,8 +19,8 @@ from energies.checks import check_flag, check_int, check_number
 from energies.errors import ConfigError, InputError, TokenError
 from energies.memory import check_memory
 
-from .encoders import (Encoder, bool_mask, check_device, check_empty_rows, check_inference_layers, host_checks,
-                       trace_dtype)
+from .encoders import Encoder, trace_dtype
+from .inputs import bool_mask, check_empty_rows, check_inference_layers, check_same_device, host_checks
 from .trace import DescentReport, report_from_values
 
 __all__ = ["ModelOutput", "POSITIONAL", "TokenEmbedding", "SequenceClassifier", "masked_mean", "positional_kind",
@@ -167,7 +167,7 @@ class TokenEmbedding(nn.Module):
         CPU mix is named, never torch's error); their range ``[0, vocab_size)`` is checked where `host_checks` (the CPU;
         never ``meta``; an accelerator with ``validate``), so that a bad id is named, not torch's IndexError."""
         if isinstance(ids, torch.Tensor):
-            check_device(ids, self, "ids")
+            check_same_device(ids, self, "ids")
         ids = check_ids(ids, self.embed.num_embeddings)
         X = self.proj(self.embed(ids))
         if self.positional != "none":
@@ -273,7 +273,7 @@ class SequenceClassifier(nn.Module):
             raise InputError(f"ids must be a (B, n) tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
         if ids.shape[0] < 1 or ids.shape[1] < 1:
             raise InputError(f"ids must hold at least one example of at least one token, got shape {tuple(ids.shape)}")
-        check_device(ids, self, "ids")     # metadata: no host read
+        check_same_device(ids, self, "ids")     # metadata: no host read
         mask = bool_mask(mask, ids.shape, ids.device, "ids", validate=self.validate)
         check_empty_rows(mask, self.validate)
         if self.validate and isinstance(self.embedding, TokenEmbedding):   # off the CPU too (a host read)

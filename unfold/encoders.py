@@ -30,8 +30,8 @@ without checks (their inputs are the encoder's own tensors), the kernels run wit
 GPU the guard would mean a host read or both paths); ``validate=True`` checks the inputs (finite real tokens, no
 empty example) and turns the guard on, and the trace turns it on too. On the CPU the guard is always on: its one
 read of the tokens' scale is of host memory (nothing to wait for), and without it an extreme scale (``tau=1e-10``)
-gives NaN logits from the expansion where the traced forward is exact. Nothing here knows of config files:
-`experiments` builds encoders from this registry.
+gives NaN logits from the expansion where the traced forward is exact. What a constructor or a forward refuses is
+checked by `unfold.inputs`. Nothing here knows of config files: `experiments` builds encoders from this registry.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from torch import nn
 from energies.checks import check_flag, check_int, check_number
 from energies.memory import check_memory
 from energies.energy import Energy
-from energies.errors import ConfigError, InputError, UnfoldError
+from energies.errors import ConfigError, UnfoldError
 from energies.graphs import GraphCache, TokenGraph, check_graph_spec, check_tokens, graph_from_spec
 from energies.kernels import KERNELS, check_kernel
 from energies.registry import Registry
@@ -55,14 +55,15 @@ from energies.rho import Rho, get_rho
 from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling,
                             Residual, autocast_dtype, full_precision, version_cached)
 
-from .attention import ACTIVATIONS, Attention
+from .attention import Attention
+from .inputs import (MAX_INFERENCE_LAYERS, bool_mask, check_choice, check_empty_rows, check_inference_layers,
+                     check_input_tokens, check_same_device, check_stack_args, check_stop_rel)
 from .prox import ProxMMStep
 from .trace import (DescentReport, EnergyTrace, keeps_going, report_from_values, resolution,
                     term_values_or_nan)
 
 __all__ = ["ENCODERS", "register_encoder", "Encoder", "EncoderOutput", "GuaranteedEncoder", "FreeEncoder",
-           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder", "bool_mask", "check_stop_rel",
-           "check_inference_layers", "MAX_INFERENCE_LAYERS", "check_batch_size", "MAX_BATCH_SIZE"]
+           "TorchEncoder", "CURVATURES", "NORMS", "build_encoder"]
 
 ENCODERS: Registry = Registry("encoder", ConfigError, "kind", "unfold.ENCODERS")
 register_encoder = ENCODERS.register
@@ -71,36 +72,6 @@ register_encoder = ENCODERS.register
 
 CURVATURES = PairwiseAttention.CURVATURES
 NORMS = ("post", "none")
-
-
-def host_checks(t: torch.Tensor, validate: bool = False) -> bool:
-    """Whether value checks (host reads) run on ``t``. The rule of every input check of the encoders and the
-    classifier: checks of metadata (type, dtype, shape, device) always run; checks of values (ids in the
-    vocabulary, an example with no real token, finite tokens, 0/1 masks) run always with ``validate=True``, and
-    otherwise only where the values are in host memory (the CPU) and nothing is being compiled -- never on ``meta``
-    (there are no values: a meta forward checks shapes) and never on an accelerator without ``validate`` (a device
-    sync in every forward)."""
-    if t.device.type == "meta":
-        return False
-    return validate or (t.device.type == "cpu" and not torch.compiler.is_compiling())
-
-
-def check_empty_rows(mask: torch.Tensor, validate: bool = False) -> None:
-    """An example with no real token (mask row all False) is refused ([`InputError`][energies.InputError], a TokenError)
-    where `host_checks`: it has no tokens to encode, and the trace of its padding would read as descent over steps
-    of nothing. Where the check does not run (an accelerator without ``validate``), the trace gives such an example
-    NaN energies ([`from_layers`][unfold.EnergyTrace.from_layers]), so every one of its steps fails the verdict."""
-    if host_checks(mask, validate) and mask.shape[1] and not bool(mask.any(1).all()):
-        rows = (~mask.any(1)).nonzero().flatten()[:5].tolist()
-        raise InputError(f"mask: every example needs at least one real token (mask row all False): example(s) {rows}")
-
-
-def check_device(t: torch.Tensor, module: nn.Module, what: str) -> None:
-    """``t`` on the device of ``module``'s parameters (metadata only), else a [`InputError`][energies.InputError] naming
-    ``what``: a mix of devices (meta ids into a CPU model) is named, not torch's error from deep inside a layer."""
-    param = next(module.parameters(), None)
-    if param is not None and t.device != param.device:
-        raise InputError(f"{what} are on {t.device}, the model on {param.device}: move one to the other")
 
 
 @dataclass
@@ -129,127 +100,6 @@ class EncoderOutput:
         if self.energies is None:
             raise ConfigError("no energy trace: call the encoder with trace=True")
         return report_from_values(self.energies, trace_dtype(self.Y.dtype), tol_factor, self.guaranteed)
-
-
-def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens", validate: bool = False) -> torch.Tensor:
-    """A padding mask as bool ``(B, n)``: None means all real, an integer 0/1 attention mask (Hugging Face's
-    convention) is read as ``mask != 0``; its shape must be ``shape`` and its device ``device``. A floating mask is
-    refused: torch's float attention masks are additive (0 keeps, -inf drops), the opposite reading of a 0/1 mask.
-    Whether an integer mask holds only 0 and 1 is a host read, checked (`check_mask_values`) only with
-    ``validate=True``. Every refusal is an [`InputError`][energies.InputError] naming the mask."""
-    if mask is None:
-        return torch.ones(tuple(shape), dtype=torch.bool, device=device)
-    if not isinstance(mask, torch.Tensor):
-        raise InputError(f"the mask must be a bool or 0/1 integer tensor, got {type(mask).__name__}")
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise InputError(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
-                         "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
-    if tuple(mask.shape) != tuple(shape):
-        raise InputError(f"{what} {tuple(shape)} and a mask of the same shape are required, "
-                         f"got mask {tuple(mask.shape)}")
-    if mask.device != torch.device(device):
-        raise InputError(f"the mask is on {mask.device}, the {what} on {torch.device(device)}: move one to the other")
-    if validate:
-        check_mask_values(mask)
-    if mask.dtype != torch.bool:
-        mask = mask != 0
-    return mask
-
-
-def check_mask_values(mask: Optional[torch.Tensor]) -> None:
-    """An integer attention mask holds 0 and 1 only (one host read: call it behind ``validate=True``; skipped on
-    ``meta``, which has no values)."""
-    if mask is None or mask.dtype == torch.bool or mask.device.type == "meta":
-        return
-    u64 = mask.dtype == torch.uint64     # few kernels for uint64: its bits as int64 (2^63 and up read < 0)
-    m = mask.view(torch.int64) if u64 else mask
-    bad = m[(m != 0) & (m != 1)]
-    if bad.numel():
-        vals = [int(v) % 2 ** 64 if u64 else int(v) for v in bad.unique().tolist()[:5]]
-        raise InputError(f"an integer attention mask holds 0 and 1 only, got values {vals}")
-
-
-def _choice(value, what: str, valid) -> str:
-    if not isinstance(value, str) or value not in valid:
-        raise ConfigError(f"{what}={value!r} is unknown; valid: {list(valid)}")
-    return value
-
-
-def check_stop_rel(value, what: str = "stop_rel", error: type = ConfigError) -> Optional[float]:
-    """The energy-chosen depth's threshold EPS ([`GuaranteedEncoder`][unfold.GuaranteedEncoder]): None or 0 mean off
-    (None returned), else a finite real number in (0, 1) (a float returned); anything else is an ``error`` naming
-    ``what`` and the value. EPS >= 1 would stop every example after its first layer (a relative decrease is below 1
-    unless the energy crosses zero), a negative EPS never stops one."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{what} must be null/0 (off) or a number in (0, 1), got {value!r}")
-    value = float(value)
-    if value == 0.0:
-        return None
-    if not (math.isfinite(value) and 0.0 < value < 1.0):
-        raise error(f"{what} must be null/0 (off) or a finite number in (0, 1), got {value!r}")
-    return value
-
-
-#: most layers an inference may unroll (``layers=``, ``unfold-predict --layers``): a guard against typos
-MAX_INFERENCE_LAYERS = 4096
-
-
-def check_inference_layers(encoder, layers, what: str = "layers", error: type = ConfigError,
-                           first: bool = False) -> Optional[int]:
-    """The one depth rule, applied by [`Encoder.forward`][unfold.Encoder.forward] (so by every model, encoder and
-    command line): ``layers`` for an inference at another depth than trained: None (the trained depth) or an integer in
-    [1, `MAX_INFERENCE_LAYERS`], and only for a weight-shared encoder
-    ([`Encoder.weight_shared`][unfold.Encoder.weight_shared]: one step unrolled any number of times); an untied stack
-    (free, baseline) has no layer beyond its last, and fewer layers would drop trained ones: refused, an ``error``
-    naming ``what``, the value and the encoder. ``first=True`` (``first_layers=`` of
-    [`Encoder.forward`][unfold.Encoder.forward]): the explicit prefix of an untied stack, its first 1 ..
-    ``encoder.layers`` layers (the studies that probe a stack layer by layer); refused for a weight-shared encoder,
-    whose depth is ``layers``."""
-    if layers is None:
-        return None
-    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= MAX_INFERENCE_LAYERS:
-        raise error(f"{what} must be an integer in [1, {MAX_INFERENCE_LAYERS}], got {layers!r}")
-    kind = getattr(encoder, "kind", type(encoder).__name__)
-    if first:
-        if getattr(encoder, "weight_shared", False) or layers > getattr(encoder, "layers", 0):
-            raise error(f"{what}={layers}: the first layers of an untied stack, 1 .. its depth; the {kind} encoder "
-                        f"has {getattr(encoder, 'layers', '?')} "
-                        + ("weight-shared layers (pass layers= to unroll its step)"
-                           if getattr(encoder, "weight_shared", False) else "layers"))
-        return layers
-    if not getattr(encoder, "weight_shared", False):
-        raise error(f"{what}={layers}: the {getattr(encoder, 'kind', type(encoder).__name__)} encoder's "
-                    f"{getattr(encoder, 'layers', '?')} layers are untied (no weight-shared step to unroll "
-                    "more or fewer times); another inference depth applies to weight-shared encoders (guaranteed)")
-    return layers
-
-
-#: most examples per batch of an inference or an evaluation (``batch_size=``), the trainer's ``train.batch_size`` bound
-MAX_BATCH_SIZE = 2 ** 20
-
-
-def check_batch_size(batch_size, what: str = "batch_size", error: type = ConfigError) -> int:
-    """The one batch-size rule of the entry points that batch examples themselves (``TrainedModel.predict``,
-    ``evaluate_at``, ``unfold-predict --batch-size``): an integer in [1, `MAX_BATCH_SIZE`] (the framework's
-    integer rule, `energies.checks.check_int`: a bool, a fraction, NaN refused), else an ``error`` naming
-    ``what`` and the value -- never an empty loop that evaluates nothing."""
-    return check_int(batch_size, what, 1, MAX_BATCH_SIZE, error=error)
-
-
-def check_input_tokens(X, d: int) -> None:
-    """Metadata checks of an encoder's tokens (no host read): a floating tensor ``(B, n, d)`` with ``B, n >= 1``,
-    else an [`InputError`][energies.InputError] naming X (an empty batch has no example to encode and no step to
-    judge)."""
-    if not isinstance(X, torch.Tensor):
-        raise InputError(f"tokens X must be a (B, n, {d}) tensor, got {type(X).__name__}")
-    if not X.dtype.is_floating_point:
-        raise InputError(f"tokens X must have a floating dtype (float32 or float64), got {X.dtype}")
-    if X.ndim != 3 or X.shape[-1] != d:
-        raise InputError(f"tokens must be (B, n, {d}), got {tuple(X.shape)}")
-    if X.shape[0] < 1 or X.shape[1] < 1:
-        raise InputError(f"tokens X must hold at least one example of at least one token, got shape {tuple(X.shape)}")
 
 
 class Encoder(nn.Module):
@@ -311,7 +161,7 @@ class Encoder(nn.Module):
         else:
             layers = check_inference_layers(self, layers)
         check_input_tokens(X, self.d)
-        check_device(X, self, "tokens X")
+        check_same_device(X, self, "tokens X")
         mask = bool_mask(graph.mask if mask is None and graph is not None else mask, X.shape[:2], X.device,
                          validate=self.validate)
         graph = self.token_graph(mask) if graph is None else graph
@@ -556,7 +406,7 @@ class GuaranteedEncoder(Encoder):
         self.alpha = check_number(alpha, "alpha", "unit", ConfigError)
         self.use_ffn, self.use_relu = check_flag(ffn, "ffn", ConfigError), check_flag(relu, "relu", ConfigError)
         self.use_layernorm = check_flag(layernorm, "layernorm", ConfigError)
-        self.curvature = _choice(curvature, "curvature", CURVATURES)
+        self.curvature = check_choice(curvature, "curvature", CURVATURES)
         self.kernel = check_kernel(kernel, ConfigError)
         if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
             why = kernel_problem(self.kernel, graph, self.rho, "cpu")
@@ -742,19 +592,6 @@ class FreeLayer(nn.Module):
         return self.ln2(Y + self.drop(self.ffn(Y)))
 
 
-def _common(heads, ffn_mult, dropout, attention, temperature=1.0):
-    """The free and baseline encoders' shared arguments, checked (``temperature``: the softplus activation's, checked
-    whatever the activation, as every argument is); returns ``(heads, ffn_mult, dropout, attention)``."""
-    check_number(temperature, "attention_temperature", "positive", ConfigError)
-    heads = check_int(heads, "heads", 1, error=ConfigError)
-    ffn_mult = check_int(ffn_mult, "ffn_mult", 1, error=ConfigError)
-    dropout = check_number(dropout, "dropout", "probability", ConfigError)
-    if dropout >= 1.0:
-        raise ConfigError(f"dropout must lie in [0, 1), got {dropout}")
-    attention = _choice(attention, "attention", sorted(ACTIVATIONS))
-    return heads, ffn_mult, dropout, attention
-
-
 @register_encoder("free")
 class FreeEncoder(_TracedStack):
     """Untied standard layers restricted to the token graph (module docstring), traced against
@@ -779,11 +616,11 @@ class FreeEncoder(_TracedStack):
                  attention: str = "softmax", attention_temperature: float = 1.0, norm: str = "post",
                  graph: str = "complete", rho="exp", tau: Optional[float] = None, validate: bool = False):
         super().__init__(d, layers, graph, rho, tau, validate)
-        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention,
+        heads, ffn_mult, dropout, attention = check_stack_args(heads, ffn_mult, dropout, attention,
                                                       attention_temperature)
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")
-        self.heads, self.attention, self.norm = heads, attention, _choice(norm, "norm", NORMS)
+        self.heads, self.attention, self.norm = heads, attention, check_choice(norm, "norm", NORMS)
         self.check_weights(self.layers * (4 + 2 * ffn_mult) * self.d * self.d, f"layers={self.layers}, "
                            f"ffn_mult={ffn_mult}")
         self.blocks = nn.ModuleList([FreeLayer(self.d, heads, ffn_mult, dropout, attention, attention_temperature,
@@ -849,7 +686,7 @@ class TorchEncoder(_TracedStack):
         if graph != "complete":
             raise ConfigError("the baseline encoder (torch.nn.TransformerEncoder) supports only graph='complete'")
         super().__init__(d, layers, graph, rho, tau, validate)
-        heads, ffn_mult, dropout, attention = _common(heads, ffn_mult, dropout, attention,
+        heads, ffn_mult, dropout, attention = check_stack_args(heads, ffn_mult, dropout, attention,
                                                       attention_temperature)
         if self.d % heads:
             raise ConfigError(f"d={self.d} must be divisible by heads={heads}")

@@ -24,7 +24,8 @@ from energies.checks import check_flag, check_int, check_number
 from energies.errors import ConfigError, InputError
 
 from .classifier import ModelOutput, TokenEmbedding, check_ids
-from .encoders import Encoder, bool_mask, check_device, check_empty_rows, check_inference_layers, trace_dtype
+from .encoders import Encoder, trace_dtype
+from .inputs import bool_mask, check_empty_rows, check_inference_layers, check_same_device
 
 __all__ = ["MaskedTokenModel", "TokenHead", "tied_head"]
 
@@ -137,7 +138,7 @@ class MaskedTokenModel(nn.Module):
         if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
             raise InputError(f"ids must be a (B, n) tensor of at least one token, got "
                              f"{tuple(getattr(ids, 'shape', ())) or type(ids).__name__}")
-        check_device(ids, self, "ids")
+        check_same_device(ids, self, "ids")
         mask = bool_mask(mask, ids.shape, ids.device, "ids", validate=self.validate)
         check_empty_rows(mask, self.validate)
         if self.validate and isinstance(self.embedding, TokenEmbedding):

@@ -108,7 +108,7 @@ from safetensors import SafetensorError
 
 from energies.errors import CheckpointError
 from unfold.classifier import SequenceClassifier
-from unfold.encoders import check_batch_size, check_inference_layers
+from unfold.inputs import check_batch_size, check_inference_layers
 from unfold.cli import read_document
 from unfold.strict_json import dumps as json_dumps, load as json_load, loads as json_loads
 from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
@@ -673,7 +673,7 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         energies from a copy in ``train.check_dtype`` (float64 by default) with the trace on, checked layer by
         layer with the project's tolerance rule (:func:`unfold.trace.report_from_values`). ``layers``: unroll the
         shared step that many times instead of the trained depth (weight-shared encoders only; else a
-        :class:`~energies.errors.ConfigError` naming it, :func:`unfold.encoders.check_inference_layers`).
+        :class:`~energies.errors.ConfigError` naming it, :func:`unfold.inputs.check_inference_layers`).
 
         A masked-token model (``task: masked_tokens``) fills masks instead: one
         `experiments.app.fill_mask.FillMaskPrediction` per text, the ``top_k`` candidates of each ``[MASK]``

@@ -312,7 +312,7 @@ SCHEMA: Dict[str, Any] = {
                     Choice(_norms, "unfold.encoders.NORMS"), (str,)),
         "kernel": Key("auto", "guaranteed: the pairwise kernel computing attention (auto: chosen per graph and "
                       "device)", Choice(_kernels, "energies.kernels.kernel_names()")),
-        # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.encoders.check_stop_rel)
+        # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.inputs.check_stop_rel)
         "stop_rel": Key(None, "guaranteed: depth chosen by the energy: an example stops when its relative energy "
                         "decrease at a layer is below this (null or 0: off)", Range(0, 1, hi_open=True),
                         (float, int)),

@@ -41,6 +41,7 @@ from energies.errors import ConfigError, TokenError
 from energies.checks import check_int, check_seed
 from energies.memory import check_memory
 from energies.registry import Registry
+from unfold.inputs import bool_mask
 
 __all__ = ["Head", "HEADS", "register_head", "make_head", "pooling", "circ_features"]
 
@@ -104,7 +105,8 @@ class Head:
         """The data the operators read (with ``prepared_by``, the head's [`signature`][convex.Head.signature]). Refuses
         ([`TokenError`][energies.TokenError]) no examples, features that are not float32 or float64 (the solver's SVDs
         take no other), non-finite features, and features whose products overflow (every prepared tensor must be
-        finite)."""
+        finite). ``mask``: ``(N, s)``, a padding mask as the encoders take it (`unfold.inputs.bool_mask`: bool, 0/1
+        integers, None for all real; a float mask or another shape refused, [`InputError`][energies.InputError])."""
         if not isinstance(X, torch.Tensor) or X.ndim != 3 or X.shape[1:] != (self.s, self.d):
             raise TokenError(f"head {self.name} needs features (N, s={self.s}, d={self.d}), "
                              f"got {tuple(getattr(X, 'shape', ()))}")
@@ -116,12 +118,9 @@ class Head:
             raise TokenError(f"head {self.name}: features on the meta device hold no values to solve with")
         if not bool(torch.isfinite(X).all()):
             raise TokenError(f"head {self.name}: features hold NaN or Inf")
-        if mask is None:
-            mask = torch.ones(X.shape[:2], dtype=torch.bool, device=X.device)
-        if not isinstance(mask, torch.Tensor) or mask.shape != X.shape[:2] or mask.dtype != torch.bool:
-            raise TokenError(f"head {self.name}: mask must be bool {tuple(X.shape[:2])}, got "
-                             f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
-        mask = mask.to(X.device)
+        if isinstance(mask, torch.Tensor):
+            mask = mask.to(X.device)
+        mask = bool_mask(mask, X.shape[:2], X.device, f"head {self.name}: features", validate=True)
         X = X * mask[..., None].to(X.dtype)
         pi = pooling(mask, X.dtype)
         data = {"X": X, "mask": mask, "pi": pi, **self._prepare(X, mask, pi), "prepared_by": self.signature()}

@@ -15,7 +15,8 @@ import torch
 
 from .errors import UnfoldError
 
-__all__ = ["check_int", "check_number", "check_seed", "NUMBER_RULES", "one_line", "parse_int", "parse_float"]
+__all__ = ["check_int", "check_number", "check_seed", "NUMBER_RULES", "one_line", "parse_int", "parse_float",
+           "as_bool_mask"]
 
 #: a number as the project reads it from text (spec arguments, overrides, command lines): ASCII digits only, an
 #: optional sign, blanks around it ignored. Python's int() and float() also read the digits of every other script
@@ -119,6 +120,33 @@ def check_number(value, what: str, rule: str = "finite", error: type = UnfoldErr
 def check_seed(value, what: str = "seed", error: type = UnfoldError) -> int:
     """A random seed: an integer in [0, 2**63 - 1] (what ``torch.Generator.manual_seed`` accepts)."""
     return check_int(value, what, 0, 2 ** 63 - 1, error)
+
+
+def as_bool_mask(mask, error: type = UnfoldError) -> torch.Tensor:
+    """A padding mask's dtype rule, the one every taker of a mask applies (the encoders and models through
+    `unfold.inputs.bool_mask`, the pooling, the token graphs, attention's key padding mask, the convex heads).
+
+    A bool mask is True at real tokens. An integer mask is a 0/1 attention mask (Hugging Face's convention), read as
+    ``mask != 0``: a device op, no host read (whether it holds only 0 and 1 is a host read, left to the caller's
+    ``validate``). A floating mask is refused: torch's float attention masks are additive (0 keeps, -inf drops), the
+    opposite reading of a 0/1 mask. Metadata only, so it may run in a forward pass.
+
+    Args:
+        mask: the mask, a tensor (its shape and device are the caller's to check).
+        error: the error type raised.
+
+    Returns:
+        The bool mask (``mask`` itself when it is bool).
+
+    Raises:
+        UnfoldError: (or ``error``) not a tensor, or a floating or complex dtype, naming the type or dtype.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise error(f"the mask must be a bool or 0/1 integer tensor, got {type(mask).__name__}")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise error(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
+                    "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def load_npy(path: str, label: str, content: str, error: type = UnfoldError) -> np.ndarray:

@@ -10,7 +10,7 @@ import energies as E
 import unfold as U
 from convex import make_head, solve
 from convex.solver import beta_max, certificate, map_back, operator_norm2, rank, svt
-from energies.errors import ConfigError, EnergyError, GraphError, StepError, TokenError
+from energies.errors import ConfigError, EnergyError, GraphError, InputError, StepError, TokenError
 from unfold.pyg import UnfoldedAttentionConv
 
 NAN, INF = math.nan, math.inf
@@ -412,14 +412,19 @@ def test_convex_head_arguments(call, names):
     raises(ConfigError, call, *names)
 
 
-@pytest.mark.parametrize("call, names", [
-    (lambda h: h.prepare(torch.zeros(0, S_, D_, dtype=torch.float64)), ["at least one example"]),
-    (lambda h: h.prepare(torch.full((2, S_, D_), NAN, dtype=torch.float64)), ["nan"]),
-    (lambda h: h.prepare(torch.full((2, S_, D_), 1e200, dtype=torch.float64)), ["overflow"]),
-    (lambda h: h.prepare(torch.zeros(2, S_, D_, dtype=torch.float64), mask=[[True] * S_] * 2), ["mask"]),
+@pytest.mark.parametrize("call, error, names", [
+    (lambda h: h.prepare(torch.zeros(0, S_, D_, dtype=torch.float64)), TokenError, ["at least one example"]),
+    (lambda h: h.prepare(torch.full((2, S_, D_), NAN, dtype=torch.float64)), TokenError, ["nan"]),
+    (lambda h: h.prepare(torch.full((2, S_, D_), 1e200, dtype=torch.float64)), TokenError, ["overflow"]),
+    (lambda h: h.prepare(torch.zeros(2, S_, D_, dtype=torch.float64), mask=[[True] * S_] * 2), InputError,
+     ["mask", "list"]),
+    (lambda h: h.prepare(torch.zeros(2, S_, D_, dtype=torch.float64), mask=torch.full((2, S_), 2)), InputError,
+     ["mask", "0 and 1", "[2]"]),
 ])
-def test_convex_head_data(call, names):
-    raises(TokenError, lambda: call(make_head("sa_linear", D_, S_, C_)), *names)
+def test_convex_head_data(call, error, names):
+    """The features' refusals (TokenError) and the mask's, by the encoders' mask rule (InputError, a TokenError;
+    the head reads the data anyway, so an integer mask's values are checked)."""
+    raises(error, lambda: call(make_head("sa_linear", D_, S_, C_)), *names)
 
 
 def solver_case(name="mlp_linear", n=24):
@@ -702,16 +707,63 @@ def test_the_functional_mm_step_checks_its_energy():
     raises(StepError, lambda: U.mm_step("E1", torch.randn(1, 4, 2), E.complete(4)), "energy", "str")
 
 
-@pytest.mark.parametrize("call, names", [
-    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 4)), ["mask", "bool", "float32"]),
-    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 5, dtype=torch.bool)), ["mask", "(2, 4)", "(2, 5)"]),
-    (lambda: U.masked_mean(torch.randn(2, 4, 3).tolist(), torch.ones(2, 4, dtype=torch.bool)), ["y", "list"]),
-    (lambda: U.masked_mean(torch.zeros(2, 4, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)), ["int64"]),
-    (lambda: U.masked_mean(torch.randn(4, 3), torch.ones(4, dtype=torch.bool)), ["(b, n, d)"]),
+@pytest.mark.parametrize("call, error, names", [
+    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 4)), InputError, ["mask", "bool", "float32"]),
+    (lambda: U.masked_mean(torch.randn(2, 4, 3), torch.ones(2, 5, dtype=torch.bool)), InputError,
+     ["mask", "(2, 4)", "(2, 5)"]),
+    (lambda: U.masked_mean(torch.randn(2, 4, 3), [[1, 1, 0, 0]] * 2), InputError, ["mask", "list"]),
+    (lambda: U.masked_mean(torch.randn(2, 4, 3).tolist(), torch.ones(2, 4, dtype=torch.bool)), TokenError,
+     ["y", "list"]),
+    (lambda: U.masked_mean(torch.zeros(2, 4, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)), TokenError,
+     ["int64"]),
+    (lambda: U.masked_mean(torch.randn(4, 3), torch.ones(4, dtype=torch.bool)), TokenError, ["(b, n, d)"]),
 ])
-def test_masked_mean_checks_its_metadata(call, names):
-    """torch's RuntimeError / TypeError before; a float or integer mask weighed the tokens by its values."""
-    raises(TokenError, call, *names)
+def test_masked_mean_checks_its_metadata(call, error, names):
+    """torch's RuntimeError / TypeError before; a float mask (torch's are additive) is refused as the encoders
+    refuse it (InputError, a TokenError)."""
+    raises(error, call, *names)
+
+
+MASK_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", MASK_DTYPES, ids=str)
+def test_every_mask_the_encoder_takes_pools_graphs_and_solves_alike(dtype):
+    """A 0/1 integer attention mask (Hugging Face's) is read as ``mask != 0`` wherever a padding mask is taken, as
+    the encoder reads it: the pooling (`masked_mean`), the token graphs (`TokenGraph`, a mask-dependent builder,
+    `with_mask`), attention's key padding mask and a convex head's `prepare` give what the bool mask gives: one
+    dtype rule, `energies.checks.as_bool_mask`. Before: each of them refused an
+    integer mask the encoder had just accepted (the docs' own example broke on ``mask.long()``)."""
+    torch.manual_seed(0)
+    ref = torch.tensor([[True, True, True, False, False], [True, True, False, False, False]])
+    mask = ref.to(dtype)
+    X = torch.randn(2, 5, 4)
+    enc = U.GuaranteedEncoder(4, heads=1, layers=2, graph="window:1")
+    out, out_ref = enc(X, mask), enc(X, ref)
+    assert torch.equal(U.masked_mean(out.Y, mask), U.masked_mean(out_ref.Y, ref))
+    assert torch.equal(U.masked_mean(X, mask), (X * ref[..., None]).sum(1) / ref.sum(1, keepdim=True))
+    assert torch.equal(U.masked_mean(X, None), X.mean(1))
+    for spec in ("complete", "window:1", "star"):
+        g, g_ref = E.graph_from_spec(spec, 5, batch_size=2, mask=mask), E.graph_from_spec(spec, 5, batch_size=2,
+                                                                                         mask=ref)
+        assert torch.equal(g.mask, ref) and torch.equal(g.edges(), g_ref.edges()), spec
+    assert torch.equal(E.complete(5, 2).with_mask(mask).mask, ref)
+    head = make_head("mlp_linear", d=4, s=5, c=2)
+    data, data_ref = head.prepare(X.double(), mask), head.prepare(X.double(), ref)
+    assert all(torch.equal(data[k], data_ref[k]) for k in ("X", "mask", "pi"))
+    attn = U.Attention(4, heads=2)
+    assert torch.equal(attn(X, key_padding_mask=mask), attn(X, key_padding_mask=ref))
+
+
+def test_a_float_mask_is_refused_wherever_a_mask_is_taken():
+    """The control: a float mask is ambiguous (torch's float masks are additive, 0 keeps and -inf drops) and is
+    refused by every taker, naming the dtype."""
+    X, mask = torch.randn(2, 5, 4), torch.ones(2, 5)
+    raises(InputError, lambda: U.masked_mean(X, mask), "float32")
+    raises(InputError, lambda: U.GuaranteedEncoder(4, heads=1, layers=2)(X, mask), "float32")
+    raises(GraphError, lambda: E.complete(5, 2, mask=mask), "float32")
+    raises(InputError, lambda: make_head("mlp_linear", d=4, s=5, c=2).prepare(X.double(), mask), "float32")
+    raises(TokenError, lambda: U.Attention(4, heads=2)(X, key_padding_mask=mask), "float32")
 
 
 @pytest.mark.parametrize("call, names", [

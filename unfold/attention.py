@@ -31,7 +31,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from energies.checks import check_flag, check_int, check_number
+from energies.checks import as_bool_mask, check_flag, check_int, check_number
 from energies.errors import ConfigError, TokenError
 from energies.memory import check_memory
 
@@ -79,7 +79,8 @@ class Attention(nn.Module):
     ``S = Q K^T / sqrt(d_h)`` (module docstring; Lai, Lim, Liu eq. 3, heads stacked as in eq. 5; section 1.9,
     section 4).
 
-    ``key_padding_mask`` ``(B, m)``: True where a key is real; padded keys get weight 0. ``dropout``
+    ``key_padding_mask`` ``(B, m)``: True (or 1, a 0/1 integer mask) where a key is real; padded keys get weight
+    0; a float mask is refused (`energies.checks.as_bool_mask`). ``dropout``
     acts on the attention weights in training mode.
 
     Args:
@@ -138,8 +139,8 @@ class Attention(nn.Module):
                 raise ConfigError("causal attention needs as many keys as queries")
             keep = torch.tril(keep)                                                 # key i <= query j
         keep = keep[None].expand(B, n, m)
-        if key_padding_mask is not None:
-            keep = keep & key_padding_mask[:, None, :]
+        if key_padding_mask is not None:        # bool or 0/1 integers, as every mask (`as_bool_mask`)
+            keep = keep & as_bool_mask(key_padding_mask, TokenError)[:, None, :]
         if allowed is not None:
             keep = keep & allowed
         S = S.masked_fill(~keep[:, None], -math.inf)

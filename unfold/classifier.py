@@ -206,29 +206,28 @@ def check_ids(ids, vocab_size: int, validate: bool = False) -> torch.Tensor:
     return ids
 
 
-def masked_mean(Y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_mean(Y: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Mean of the real tokens of each example, ``sum_u m_u y_u / max(sum_u m_u, 1)`` (an example with none pools
     to 0).
 
     Args:
         Y: the tokens ``(B, n, d)``.
-        mask: ``(B, n)`` bool, True where a token is real.
+        mask: ``(B, n)``: the padding masks the encoders take, by their one rule (`bool_mask`): bool (True where a
+            token is real), a 0/1 integer attention mask (Hugging Face's; read as ``mask != 0``), or None (every
+            token real).
 
     Returns:
         ``(B, d)`` in Y's dtype.
 
     Raises:
-        TokenError: Y not a floating ``(B, n, d)`` tensor, or mask not a bool ``(B, n)`` tensor on Y's device
-            (metadata only: no host read; an integer or float mask would weigh tokens by its values).
+        TokenError: Y not a floating ``(B, n, d)`` tensor; ([`InputError`][energies.InputError], a TokenError) a
+            mask of another shape or device, or a float mask (torch's float masks are additive: ambiguous).
+            Metadata only: no host read.
     """
     if not (isinstance(Y, torch.Tensor) and Y.ndim == 3 and Y.dtype.is_floating_point):
         raise TokenError(f"masked_mean: Y must be a floating (B, n, d) tensor, got "
                          f"{getattr(Y, 'dtype', type(Y).__name__)} {tuple(getattr(Y, 'shape', ()))}")
-    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == Y.shape[:2]
-            and mask.device == Y.device):
-        raise TokenError(f"masked_mean: mask must be a bool (B, n) = {tuple(Y.shape[:2])} tensor on {Y.device}, got "
-                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))} "
-                         f"{getattr(mask, 'device', '')}")
+    mask = bool_mask(mask, Y.shape[:2], Y.device, "masked_mean: tokens Y")
     return (Y * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp_min(1).to(Y.dtype)
 
 

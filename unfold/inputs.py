@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from energies.checks import check_int, check_number
+from energies.checks import as_bool_mask, check_int, check_number
 from energies.errors import ConfigError, InputError
 
 from .attention import ACTIVATIONS
@@ -118,11 +118,7 @@ def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens",
     """
     if mask is None:
         return torch.ones(tuple(shape), dtype=torch.bool, device=device)
-    if not isinstance(mask, torch.Tensor):
-        raise InputError(f"the mask must be a bool or 0/1 integer tensor, got {type(mask).__name__}")
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise InputError(f"the mask has dtype {mask.dtype}: pass a bool mask (True at real tokens) or a 0/1 integer "
-                         "attention mask; a float mask is ambiguous (torch's float masks are additive, -inf drops)")
+    real = as_bool_mask(mask, InputError)      # the one dtype rule of every mask (energies.checks)
     if tuple(mask.shape) != tuple(shape):
         raise InputError(f"{what} {tuple(shape)} and a mask of the same shape are required, "
                          f"got mask {tuple(mask.shape)}")
@@ -130,9 +126,7 @@ def bool_mask(mask: Optional[torch.Tensor], shape, device, what: str = "tokens",
         raise InputError(f"the mask is on {mask.device}, the {what} on {torch.device(device)}: move one to the other")
     if validate:
         check_mask_values(mask)
-    if mask.dtype != torch.bool:
-        mask = mask != 0
-    return mask
+    return real
 
 
 def check_mask_values(mask: Optional[torch.Tensor]) -> None:

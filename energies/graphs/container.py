@@ -143,7 +143,8 @@ class TokenGraph:
         batch_size: ``B``, an integer >= 1; token tensors are ``(B, n, d)``.
         num_nodes: ``n``, the token slots per example, an integer >= 1 (``B * n`` at most ``MAX_SLOTS`` = 2^31).
         mask: ``(B, n)`` bool (or ``(n,)`` for one example; a numpy array is copied), ``True`` where the slot holds
-            a real token; ``None`` means all real.
+            a real token, or a 0/1 integer attention mask read as ``mask != 0`` (`check_mask`); ``None`` means all
+            real.
         edge_index: ``None`` for the complete graph, else a ``(2, m)`` integer tensor of *flat* ids in
             ``[0, B * n)`` (see [`from_edge_index`][energies.from_edge_index] for per-example ids). Each undirected edge
             once in either orientation, or in both: the same graph either way; no self loop, no edge between

@@ -51,8 +51,8 @@ def check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
     (`star`) read.
 
     Args:
-        mask: ``(B, n)`` (or ``(n,)`` for one example) bool tensor or array, True where a token is real; None: all
-            real.
+        mask: ``(B, n)`` (or ``(n,)`` for one example) tensor or array: bool, True where a token is real, or a 0/1
+            integer attention mask (Hugging Face's), read as ``mask != 0`` as the encoders read it; None: all real.
         batch_size: examples in the batch (B).
         n: token slots per example.
 
@@ -60,7 +60,8 @@ def check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
         The ``(B, n)`` bool tensor (a numpy mask copied).
 
     Raises:
-        GraphError: a mask that is not bool, or not of shape ``(batch_size, n)``.
+        GraphError: a mask that is neither bool nor integer (a float mask is ambiguous: torch's float masks are
+            additive, -inf drops), or not of shape ``(batch_size, n)``.
     """
     if mask is None:
         return torch.ones(batch_size, n, dtype=torch.bool)
@@ -68,8 +69,7 @@ def check_mask(mask, batch_size: int, n: int) -> torch.Tensor:
     mask = mask if isinstance(mask, torch.Tensor) else torch.tensor(np.asarray(mask))
     if mask.ndim == 1:
         mask = mask[None, :]
-    if mask.dtype != torch.bool:
-        raise GraphError(f"mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    mask = checks.as_bool_mask(mask, GraphError)
     if tuple(mask.shape) != (batch_size, n):
         raise GraphError(f"mask has shape {tuple(mask.shape)}, expected (batch_size, n) = ({batch_size}, {n})")
     return mask

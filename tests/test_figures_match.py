@@ -1,0 +1,146 @@
+"""Every measured figure the pages mark comes from its committed JSON (`experiments.studies.figures`): a page and
+its JSON never differ, a planted difference is caught and regenerated, the README and getting-started give the
+default run's and the suite's figures from the same JSON, and the records name the commit they were measured on."""
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from energies.errors import ConfigError
+from experiments.studies import figures
+
+ROOT = figures.ROOT
+MEASURED = ("docs/measured/default_run.json", "docs/measured/suite.json", "docs/gpu/h200.json")
+
+
+def test_every_marked_figure_equals_its_json():
+    assert figures.check_pages() == [], "run `python -m experiments.studies.figures --write`"
+    marked = figures.markers()
+    assert {"README.md", "docs/getting-started.md", "docs/index.md", "docs/results.md"} <= set(marked)
+    assert sum(len(specs) for specs in marked.values()) > 30
+
+
+def _copy(tmp_path, *names):
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    return str(tmp_path)
+
+
+def test_a_planted_difference_is_caught_and_regenerated(tmp_path):
+    """Negative control: one digit changed in the page, and one value changed in the JSON, are each reported
+    with the page and line; ``--write`` puts the JSON's figure back."""
+    root = _copy(tmp_path, "README.md", "docs/measured/default_run.json", "docs/measured/suite.json")
+    assert figures.check_pages(root) == []
+    page = tmp_path / "README.md"
+    text = page.read_text()
+    planted = text.replace("-->78.90<!-- /fig -->", "-->78.91<!-- /fig -->", 1)
+    assert planted != text
+    page.write_text(planted)
+    (found,) = figures.check_pages(root)[:1]
+    line = planted[:planted.index("78.91")].count("\n") + 1
+    assert found.startswith(f"README.md:{line}: written '78.91', the JSON gives '78.90'"), found
+    figures.check_pages(root, write=True)
+    assert page.read_text() == text and figures.check_pages(root) == []
+
+    suite = tmp_path / "docs/measured/suite.json"
+    record = json.loads(suite.read_text())
+    record["counts"]["passed"] += 1
+    suite.write_text(json.dumps(record))
+    report = figures.check_pages(root)
+    assert report and all("the JSON gives" in line and "passed" not in line for line in report)
+    assert any(f"'{record['counts']['passed']:,d}'" in line for line in report)
+
+
+def test_a_generated_table_is_checked_line_by_line(tmp_path):
+    root = _copy(tmp_path, "docs/results.md", "docs/variants/listops.json", "docs/variants/listops_lra-cpu.json",
+                 "docs/variants/rotten_tomatoes-default.json")
+    page = tmp_path / "docs/results.md"
+    text = page.read_text()
+    page.write_text(text.replace("| star | 28.07 ± 2.72 |", "| star | 28.70 ± 2.72 |"))
+    (found,) = figures.check_pages(root)
+    assert "'| star | 28.70 ± 2.72 |" in found and "'| star | 28.07 ± 2.72 |" in found
+
+
+@pytest.mark.parametrize("spec, error", [
+    ("docs/measured/suite.json /counts/nothing ,d", "has no 'nothing'"),
+    ("docs/measured/suite.json counts/passed ,d", "must start with '/'"),
+    ("docs/measured/suite.json /command s", "is not a number"),
+    ("docs/measured/suite.json /seconds q", "does not apply"),
+    ("docs/measured/suite.json /seconds over /counts/nothing .1f", "has no 'nothing'"),
+    ("docs/measured/suite.json /seconds", "'FILE POINTER [over POINTER] FORMAT'"),
+    ("../outside.json /a d", "inside the repository"),
+    ("docs/measured/absent.json /a d", "cannot be read"),
+])
+def test_a_broken_marker_is_refused_naming_the_page_and_line(spec, error):
+    with pytest.raises(ConfigError, match=re.escape(error)) as caught:
+        figures.regenerate(f"intro\n<!-- fig {spec} -->1<!-- /fig -->\n", "page.md", figures.Sources(ROOT))
+    assert str(caught.value).startswith("page.md:2: ")
+
+
+def test_the_cli_checks_and_refuses_with_exit_2(tmp_path, capsys, monkeypatch):
+    assert figures.main([]) == 0
+    monkeypatch.setattr(figures, "ROOT", str(tmp_path))
+    assert figures.main(["record-suite", str(tmp_path / "none.log"), "--commit", "abc"]) == 2
+    assert "--commit must be the 40-hex commit" in capsys.readouterr().err
+    (tmp_path / "suite.log").write_text("3 failed, 4254 passed in 900.00s\n")
+    assert figures.main(["record-suite", str(tmp_path / "suite.log"), "--commit", "0" * 40]) == 2
+    assert "the suite did not pass" in capsys.readouterr().err
+    assert not (tmp_path / "docs").exists()
+    (tmp_path / "suite.log").write_text("4257 passed, 99 skipped in 877.48s\n")
+    assert figures.main(["record-suite", str(tmp_path / "suite.log"), "--commit", "0" * 40]) == 0
+    record = json.loads((tmp_path / figures.SUITE_JSON).read_text())
+    assert record["counts"] == {"passed": 4257, "skipped": 99} and record["commit"] == "0" * 40
+
+
+def test_the_readme_and_getting_started_give_the_same_figures_from_one_source():
+    marked = figures.markers()
+    sources = ("docs/measured/default_run.json", "docs/measured/suite.json")
+
+    def from_sources(page):
+        return sorted({spec for spec in marked[page] if spec.split()[0] in sources})
+    readme, started = from_sources("README.md"), from_sources("docs/getting-started.md")
+    assert readme == started and len(readme) == 8, (readme, started)
+
+
+UNMARKED = re.compile(r"(?<![\w.,])\d[\d,.]*\s?(?:%|s\b|ms\b|min\b|x\b)|\d[\d,]* (?:passed|skipped)")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/index.md"])
+def test_the_front_pages_hold_no_unmarked_measured_figure(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
+        text = fh.read()
+    prose = re.sub(r"```.*?```", "", figures.FIG.sub("", text), flags=re.S)
+    assert not UNMARKED.findall(prose)
+    assert UNMARKED.findall("in 877 s: 4,257 passed, 78.90 % and 1.7x")           # the pattern's control
+
+
+@pytest.mark.parametrize("name", MEASURED)
+def test_every_record_names_the_commit_it_was_measured_on(name):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as fh:
+        record = json.load(fh)
+    commits = [record["commit"]] if "commit" in record else list(record["commits"].values())
+    assert commits and all(re.fullmatch(r"[0-9a-f]{40}", commit) for commit in commits), commits
+
+
+def test_a_pytest_summary_is_recorded_and_a_failing_suite_refused():
+    log = "....\n= 4257 passed, 99 skipped, 48 warnings in 877.48s (0:14:37) =\n"
+    assert figures.parse_pytest(log) == {"counts": {"passed": 4257, "skipped": 99, "warnings": 48},
+                                         "seconds": 877.48}
+    with pytest.raises(ConfigError, match="did not pass"):
+        figures.parse_pytest("3 failed, 4254 passed in 900.00s\n")
+    with pytest.raises(ConfigError, match="no pytest summary"):
+        figures.parse_pytest("collected 0 items\n")
+
+
+def test_a_run_folder_is_recorded_with_its_metrics_and_wall_time(tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps({"test_accuracy": 0.5, "energy_steps": 8}))
+    commit = {"commit": "0" * 40, "dirty": False}
+    record = figures.record_run(str(tmp_path), 12.5, commit, figures.RUN_COMMAND)
+    assert record["metrics"]["energy_steps"] == 8 and record["wall_seconds"] == 12.5
+    assert record["command"] == "unfold-train --config default" and record["commit"] == "0" * 40
+    (tmp_path / "metrics.json").write_text(json.dumps({"val_accuracy": 0.5}))
+    with pytest.raises(ConfigError, match="no 'test_accuracy'"):
+        figures.record_run(str(tmp_path), 12.5, commit, figures.RUN_COMMAND)

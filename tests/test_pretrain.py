@@ -256,12 +256,3 @@ def test_a_task_registered_by_a_plug_in_is_picked_up(tmp_path, counting_task):
     assert metrics["task"] == "counting_classify" and CountingClassify.batches_seen > before
     assert "test_accuracy" in metrics and TrainedModel.from_pretrained(str(tmp_path / "run")).task == \
         "counting_classify"
-
-
-def test_a_text_file_as_pretraining_texts_is_refused_not_ignored(tmp_path, capsys):
-    data = write_topics(tmp_path / "topics", n_train=60)
-    (tmp_path / "more.txt").write_text("g0w1 g0w2\ng1w1 g1w2\n")
-    code = T.main(["--config", "tiny", "--run-dir", str(tmp_path / "r"), f"data.dataset={data}", "task=masked_tokens",
-                   f"data.texts={tmp_path / 'more.txt'}", "train.progress=false"])
-    err = capsys.readouterr().err
-    assert code == 2 and "data.texts" in err and not (tmp_path / "r").exists()

@@ -254,7 +254,8 @@ SCHEMA: Dict[str, Any] = {
                                                      f"{_SUBWORD[1]}]) | path/to/tokenizer.json",
                                                      check=_check_tokenizer)),
         "texts": Key(None, "unlabelled text: a text file or a folder of *.txt files, one text a line, read as a "
-                     "stream; the vocabulary or tokenizer is learnt from it (null: from the training split)",
+                     "stream; the vocabulary or tokenizer is learnt from it (null: from the training split), and "
+                     "task=masked_tokens pretrains on it",
                      Text(), (str,)),
         "data_dir": Key(None, "where data files are found and fetched to (null: $UNFOLD_DATA or "
                         "~/.cache/unfolded-transformers)", Text(), (str,)),
@@ -353,6 +354,11 @@ SCHEMA: Dict[str, Any] = {
                          (float, int)),
         "heldout": Key(0.05, "masked_tokens: the share of the training texts held out (validation, test metrics "
                        "and the descent check; at least one text)", Range(0, 1, lo_open=True, hi_open=True)),
+        "heldout_max": Key(2000, "masked_tokens on data.texts: the most held-out texts kept (the first this many "
+                           "the held-out rule picks; later picks are trained on)", Range(1, 10 ** 6, integer=True)),
+        "shuffle_buffer": Key(10000, "masked_tokens on data.texts: texts held at once to shuffle the stream (a "
+                              "shuffle buffer: memory stays bounded whatever the file's size)",
+                              Range(1, 10 ** 7, integer=True)),
     },
 }
 

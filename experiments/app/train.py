@@ -294,9 +294,9 @@ def _build(run: Run) -> None:
         raise ConfigError(f"model.d={cfg['model']['d']}: building the model ran out of memory on {run.device} "
                           f"({type(exc).__name__}); use a smaller model.d or model.layers") from None
     run.params = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
-    t = run.tensors
-    run.log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={run.params} train/val/test="
-                 f"{len(t['train'][2])}/{len(t['val'][2])}/{len(t['test'][2])} vocab={len(run.vocab)}")
+    sizes = "/".join(str(run.task.size(run.tensors[part])) for part in ("train", "val", "test"))
+    run.log.info(f"{cfg['name']}: mode={cfg['model']['mode']} params={run.params} train/val/test={sizes} "
+                 f"vocab={len(run.vocab)}")
 
 
 def _claim_folder(run: Run, claim) -> None:
@@ -316,7 +316,7 @@ def _optimiser(run: Run) -> None:
     tc = run.cfg["train"]
     run.opt = torch.optim.AdamW([p for p in run.model.parameters() if p.requires_grad], lr=tc["lr"],
                                 weight_decay=tc["weight_decay"])
-    run.steps_per_epoch = math.ceil(len(run.tensors["train"][2]) / tc["batch_size"])
+    run.steps_per_epoch = math.ceil(run.task.size(run.tensors["train"]) / tc["batch_size"])
     run.sched = make_scheduler(run.opt, tc["lr"], tc["epochs"] * run.steps_per_epoch)
     run.gen = torch.Generator().manual_seed(tc["seed"])
     run.monitor = DescentMonitor(monitor_mode(run.cfg))

@@ -9,6 +9,10 @@
   (`experiments.app.predict`), which reads its texts by the same rule and refuses with its own error type.
 * `text_files` and `check_text_source`: the files a path names, and the check the config key ``data.texts`` gets
   when a config is loaded (it exists, it is readable, it is a file or a folder holding ``*.txt`` files).
+* `TextStream`: the texts of a file or folder split into training and held-out texts by a rule on each text's
+  number (no text is held in memory but the held-out ones, at most ``heldout_max``), and its training texts read
+  again at every epoch through a seeded shuffle buffer (`shuffle_buffer`) into padded batches: pretraining on a
+  file of any size in bounded memory.
 
 Part of the data package: imports nothing of the application.
 """
@@ -17,10 +21,14 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Callable, Iterable, Iterator
+from typing import Optional
+
+import torch
 
 from .core import DataError
 
-__all__ = ["MAX_LINE_BYTES", "bounded_lines", "decoded_lines", "iter_text_lines", "text_files", "check_text_source"]
+__all__ = ["MAX_LINE_BYTES", "bounded_lines", "decoded_lines", "iter_text_lines", "text_files", "check_text_source",
+           "TextStream", "held_out", "shuffle_buffer"]
 
 #: the longest line (text) read, in bytes of UTF-8 without its line break: 1 MiB. Lines are read at most this much
 #: at a time; a longer line is refused naming its number (a model reads only a text's first ``data.max_len``
@@ -135,3 +143,112 @@ def iter_text_lines(path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]
         with open(f, "rb") as fh:
             for text in decoded_lines(bounded_lines(fh.readline, str(f), max_line_bytes), str(f)):
                 yield text.strip()
+
+
+_MASK64 = 2 ** 64 - 1
+
+
+def held_out(seed: int, number: int, fraction: float) -> bool:
+    """Whether text ``number`` (from 0) of a stream is picked for holding out: ``u < fraction`` with ``u`` in [0, 1)
+    the SplitMix64 hash of ``(seed, number)`` (Steele et al., 2014), so that the choice needs no state, no memory and
+    no pass over the file, and is the same on every reading."""
+    z = (seed * 0x9E3779B97F4A7C15 + (number + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) * 2.0 ** -53 < fraction
+
+
+def shuffle_buffer(items: Iterable, size: int, generator: torch.Generator, chunk: int = 4096) -> Iterator:
+    """``items`` in a random order drawn with a buffer of ``size`` items (the shuffle buffer of ``tf.data`` and
+    ``torchdata``): the first ``size`` fill it; then each new item takes the place of a uniformly drawn one, which
+    is yielded; at the end the rest come in a random permutation. At most ``size`` items are held; ``size`` 1 keeps
+    the order. The draws come from ``generator`` (``chunk`` at a time), so a seeded generator gives one order."""
+    buf: list = []
+    draws: list = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        if not draws:
+            draws = torch.randint(size, (chunk,), generator=generator).tolist()[::-1]
+        j = draws.pop()
+        yield buf[j]
+        buf[j] = item
+    for j in torch.randperm(len(buf), generator=generator).tolist():
+        yield buf[j]
+
+
+class TextStream:
+    """The unlabelled texts of a file or folder (`iter_text_lines`), split by `held_out` into training texts,
+    read again at every epoch, and held-out texts, kept in memory.
+
+    Text ``i`` (from 0, blank lines not counted) is held out when `held_out` picks it and fewer than ``heldout_max``
+    were picked before it; every other text is a training text, up to the first ``limit`` of them. Construction
+    reads the source once, to count the training texts and keep the held-out ones; it refuses a source with no
+    training text or no held-out text. Iterating yields ``(text, 0)`` for each training text in file order, and
+    ``len`` is their number, so that the stream stands for a list of unlabelled examples (a data fingerprint hashes
+    it as it would the list).
+
+    Args:
+        path: a text file, or a folder of ``*.txt`` files (`text_files`).
+        heldout: the share of texts `held_out` picks, in (0, 1).
+        seed: the seed of that rule.
+        heldout_max: the most held-out texts kept.
+        limit: the most training texts used (None: all).
+    """
+
+    def __init__(self, path, heldout: float, seed: int, heldout_max: int, limit: Optional[int] = None):
+        self.path, self.heldout, self.seed, self.heldout_max, self.limit = path, heldout, seed, heldout_max, limit
+        self.heldout_texts: list = []
+        self.count = 0
+        for train, text in self._split():
+            if train:
+                self.count += 1
+            else:
+                self.heldout_texts.append(text)
+        if not self.count or not self.heldout_texts:
+            raise DataError(f"data.texts={path}: {self.count} training and {len(self.heldout_texts)} held-out texts "
+                            f"(pretrain.heldout={heldout}); pretraining needs at least one of each: give more "
+                            "lines or a larger pretrain.heldout")
+
+    def _split(self) -> Iterator:
+        """``(is_training, text)`` in file order, up to the last training text ``limit`` allows."""
+        picked = used = 0
+        for number, text in enumerate(iter_text_lines(self.path)):
+            if picked < self.heldout_max and held_out(self.seed, number, self.heldout):
+                picked += 1
+                yield False, text
+            elif self.limit is None or used < self.limit:
+                used += 1
+                yield True, text
+            elif picked >= self.heldout_max:
+                return
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator:
+        left = self.count
+        for train, text in self._split():
+            if left and train:
+                left -= 1
+                yield text, 0
+            if not left:            # past the last training text: the rest of the file is not read again
+                return
+
+    def batches(self, encode: Callable, batch_size: int, buffer: int,
+                generator: Optional[torch.Generator] = None) -> Iterator:
+        """The training texts in batches of ``batch_size`` (the last may be smaller), each ``encode(texts)``;
+        shuffled through a buffer of ``buffer`` texts (`shuffle_buffer`) with ``generator``, in file order with
+        ``generator`` None."""
+        texts = (text for text, _ in self)
+        if generator is not None:
+            texts = shuffle_buffer(texts, buffer, generator)
+        batch: list = []
+        for text in texts:
+            batch.append(text)
+            if len(batch) == batch_size:
+                yield encode(batch)
+                batch = []
+        if batch:
+            yield encode(batch)

@@ -15,6 +15,12 @@ The texts: the training split's (its first ``train.max_train_examples`` when set
 ``pretrain.heldout`` of them (5 %, at least one), drawn with ``data.seed``, is held out: the run validates, tests
 and checks its descent there, never on the dataset's validation or test texts (which stay unseen for a model
 fine-tuned later).
+
+With ``data.texts`` set, the texts are that file's or folder's lines instead, read as a stream
+(`experiments.data.stream.TextStream`): text ``i`` is held out by a hash rule on ``(data.seed, i)`` (at most
+``pretrain.heldout_max`` of them, kept in memory), and every epoch reads the training texts again through a shuffle
+buffer of ``pretrain.shuffle_buffer`` texts drawn with the run's data generator. Memory stays bounded whatever the
+file's size; a resumed run reads the same batches, since the generator's state is in the checkpoint.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import torch
 
 from unfold.masked_lm import MaskedTokenModel, tied_head
 
+from ...data.stream import TextStream
 from ...runfolder.fingerprint import data_fingerprint
 from .registry import Task, register_task
 
@@ -119,13 +126,9 @@ class MaskedTokens(Task):
         self.head_kind = None
 
     def data(self, splits, vocab, tensors):
+        self.vocab = vocab
         if self.cfg["data"]["texts"] is not None:
-            from energies.errors import ConfigError
-
-            raise ConfigError(f"config key 'data.texts'={self.cfg['data']['texts']!r}: task=masked_tokens pretrains "
-                              "on the training split's texts of data.dataset; it does not read a text file as its "
-                              "training texts (data.texts sets only where the vocabulary is learnt): leave "
-                              "data.texts null")
+            return self._stream_data(vocab)
         limit = self.cfg["train"]["max_train_examples"]
         texts = [t for t, _ in (splits.train if limit is None else splits.train[:limit])]
         ids, mask, labels = tensors["train"]
@@ -134,17 +137,33 @@ class MaskedTokens(Task):
 
             raise DataError(f"task=masked_tokens needs at least 2 training texts (one held out), got {len(texts)}")
         keep, held = heldout_split(len(texts), self.cfg["pretrain"]["heldout"], self.cfg["data"]["seed"])
-        self.vocab = vocab
         self.texts = {"train": [texts[i] for i in keep.tolist()], "heldout": [texts[i] for i in held.tolist()]}
         part = {name: (ids[rows], mask[rows], torch.zeros(len(rows), dtype=labels.dtype))
                 for name, rows in (("train", keep), ("heldout", held))}
         return {"train": part["train"], "val": part["heldout"], "test": part["heldout"]}, \
             {"pretrain_texts": len(keep), "heldout_texts": len(held)}
 
+    def _stream_data(self, vocab):
+        """The training texts of ``data.texts`` as a `TextStream`; its held-out texts encoded (module docstring)."""
+        from ...data import encode
+        from ...data.stream import TextStream
+
+        dc, pc = self.cfg["data"], self.cfg["pretrain"]
+        stream = TextStream(dc["texts"], pc["heldout"], dc["seed"], pc["heldout_max"],
+                            self.cfg["train"]["max_train_examples"])
+        self.texts = {"train": stream, "heldout": stream.heldout_texts}
+        held = encode([(t, 0) for t in stream.heldout_texts], vocab, dc["max_len"])
+        return {"train": stream, "val": held, "test": held}, \
+            {"pretrain_texts": len(stream), "heldout_texts": len(stream.heldout_texts), "texts": str(dc["texts"])}
+
     def fingerprint(self, vocab) -> Dict[str, Any]:
         """The data fingerprint of the texts pretrained on (``train``) and held out (``val``), labels ignored."""
-        return data_fingerprint(vocab.itos, [(t, 0) for t in self.texts["train"]],
+        train = self.texts["train"]
+        return data_fingerprint(vocab.itos, train if isinstance(train, TextStream) else [(t, 0) for t in train],
                                 [(t, 0) for t in self.texts["heldout"]], [], [], tokenizer=vocab.tokenizer_digest)
+
+    def size(self, part) -> int:
+        return len(part) if isinstance(part, TextStream) else super().size(part)
 
     def head(self, embedding, vocab_size: int, num_classes: int):
         head = tied_head(embedding, self.cfg["model"]["d"], vocab_size)
@@ -158,10 +177,16 @@ class MaskedTokens(Task):
                 epoch: Optional[int] = None):
         from ...data import batches
 
-        ids, mask, labels = tensors
         seed = self.cfg["train"]["seed"]
-        for i, (b_ids, b_mask, _) in enumerate(batches(ids, mask, labels, batch_size, shuffle=generator is not None,
-                                                       generator=generator), start=1):
+        if isinstance(tensors, TextStream):
+            from ...data import encode
+
+            max_len = self.cfg["data"]["max_len"]
+            source = tensors.batches(lambda texts: encode([(t, 0) for t in texts], self.vocab, max_len), batch_size,
+                                     self.cfg["pretrain"]["shuffle_buffer"], generator)
+        else:
+            source = batches(*tensors, batch_size, shuffle=generator is not None, generator=generator)
+        for i, (b_ids, b_mask, _) in enumerate(source, start=1):
             inputs, targets = mask_batch(b_ids, b_mask, self.vocab, self.rate, self.span_mean,
                                          batch_generator(seed, epoch or 0, i))
             yield inputs, b_mask, targets

@@ -80,6 +80,10 @@ class Task:
         epoch, from 1), in order with ``generator`` None (evaluation). Deterministic given these arguments."""
         raise NotImplementedError
 
+    def size(self, part: Batch) -> int:
+        """How many examples a part of `Task.data` holds (one epoch's texts for the training part)."""
+        return len(part[2])
+
     def forward_args(self, targets: torch.Tensor, device) -> Dict[str, Any]:
         """What the forward pass takes besides ids and mask, from the host ``targets``."""
         return {}

@@ -165,28 +165,30 @@ def test_a_save_into_a_new_folder_that_fails_half_way_leaves_nothing_and_the_ret
     """Before: the weights, config and vocabulary stayed (only bundle.json was removed), and the retry was refused
     because the folder held files."""
     import experiments.app.bundle as B
+    import experiments.app.bundle.write as W
 
     model = B.TrainedModel.from_pretrained(made[0])
     target = str(tmp_path / "shared")
-    real = B._write_text
+    real = W._write_text
 
     def disk_full(text, path):
         if path.endswith("README.md"):
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return real(text, path)
 
-    monkeypatch.setattr(B, "_write_text", disk_full)
+    monkeypatch.setattr(W, "_write_text", disk_full)
     with pytest.raises(OSError, match="No space left"):
         model.save_pretrained(target)
     assert not os.path.exists(target) or os.listdir(target) in ([], [".lock"])
     assert hidden_siblings(target) == []
-    monkeypatch.setattr(B, "_write_text", real)
+    monkeypatch.setattr(W, "_write_text", real)
     model.save_pretrained(target)                          # the retry works
     assert outputs(B.load_model(target)) == outputs(model)
 
 
 def test_a_failed_overwrite_leaves_the_folder_as_it_was(made, tmp_path, monkeypatch):
     import experiments.app.bundle as B
+    import experiments.app.bundle.model as M
 
     run = copy(made[0], tmp_path / "run")
     before = files_of(run)
@@ -195,7 +197,7 @@ def test_a_failed_overwrite_leaves_the_folder_as_it_was(made, tmp_path, monkeypa
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(B, "_write_read_back", interrupted)
+    monkeypatch.setattr(M, "write_read_back", interrupted)
     with pytest.raises(KeyboardInterrupt):
         model.save_pretrained(run, overwrite=True)
     assert files_of(run) == before and hidden_siblings(run) == []
@@ -417,13 +419,14 @@ def test_convert_refuses_an_empty_or_dot_output_and_stages_nothing(made, tmp_pat
 STALL = """
 import os, sys, time
 import experiments.app.bundle as B
-real = B.load_model
+import experiments.app.bundle.write as W
+real = W.read_bundle
 def stalled(folder, *a, **k):
     if ".convert" in str(folder):
         open(sys.argv[1], "w").close()
         time.sleep(600)
     return real(folder, *a, **k)
-B.load_model = stalled
+W.read_bundle = stalled
 sys.exit(B.main(["convert"] + sys.argv[2:]))
 """
 

@@ -100,7 +100,7 @@ def test_the_import_graph_is_read_whole(graph):
     assert {p for p in PACKAGES} <= set(graph)
     edges = {(m, t) for m, es in graph.items() for t, _ in es}
     assert ("experiments.app.train", "experiments.app.build") in edges          # module level
-    assert ("experiments.app.bundle", "experiments.app.build") in edges         # inside load_model (lazy)
+    assert ("experiments.app.bundle.read", "experiments.app.build") in edges    # inside read_bundle (lazy)
     assert ("energies.kernels.banded", "energies.kernels.registry") in edges
     assert ("energies.kernels.triton.pairwise", "energies.kernels.triton.rho") in edges
     assert ("experiments.studies.activations", "experiments.studies.spline_probe") in edges

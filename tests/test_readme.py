@@ -42,3 +42,16 @@ def test_the_readme_library_block_runs_verbatim_and_prints_its_claim():
 def test_the_readme_is_short():
     """Issue 35: the README is the two commands, a tour and links (at most 300 lines); the rest is in docs/."""
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+#: a block of docs/library.md marked to run, and the ``text`` block after it: what it prints
+RUN_BLOCK = re.compile(r"<!-- run -->\n```python\n(.*?)```\n\n```text\n(.*?)\n```\n", re.S)
+
+
+def test_the_library_page_marked_blocks_print_what_the_page_shows():
+    """Every ``<!-- run -->`` python block of docs/library.md (the energy trace read by term and by layer) runs as
+    written and prints, line for line, the ``text`` block shown after it."""
+    found = RUN_BLOCK.findall(LIBRARY.read_text(encoding="utf-8"))
+    assert found, "no marked block"
+    for code, shown in found:
+        assert _run(code, str(LIBRARY)) == shown.splitlines()

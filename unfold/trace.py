@@ -133,6 +133,13 @@ class EnergyTrace(OrderedDict):
     """``{term: (S, T+1)}`` energy values E_k(Y_0) .. E_k(Y_T) (an ordinary ordered dict of the terms), carrying
     what a report of the descent check ``E(Y_t+1) <= E(Y_t) + tol_t`` (module docstring) needs besides.
 
+    Read by term as a dict (``trace["residual"]``; ``len``, iteration and ``items()`` over the terms) and by layer:
+    ``trace[t]`` is the boundary Y_t as ``{term: (S,)}`` (negative t from the end), ``trace[a:b]`` the boundaries
+    a .. b-1 as an EnergyTrace, [`layers`][unfold.EnergyTrace.layers] all T + 1 boundaries,
+    [`num_layers`][unfold.EnergyTrace.num_layers] T, [`totals`][unfold.EnergyTrace.totals] the total energy
+    ``(S, T+1)``; its repr shows the mean total at every boundary. Building it reads nothing back to the host;
+    reading its values does.
+
     With an energy-chosen depth (``stop_rel``), ``ran[s, t]`` is False for the layers t an example skipped after it
     stopped -- its tokens stay those it stopped at, so its energy at Y_t+1 repeats E(Y_t) -- and a verdict leaves
     those frozen layers out: they are no steps, neither counted nor judged.
@@ -201,6 +208,85 @@ class EnergyTrace(OrderedDict):
     def error(self, value: Optional[torch.Tensor]) -> None:
         self._pending("_error")              # what is pending is computed first, so that this value stays
         self._error = value
+
+    # ---------------------------------------------------------------- reading it by layer (reading may sync)
+    def _width(self) -> int:
+        first = next(iter(self.values()), None)
+        return 0 if first is None else first.shape[1]
+
+    @property
+    def num_layers(self) -> int:
+        """T: the layers traced (the trace holds T + 1 boundaries, Y_0 the input .. Y_T the output; 0 when empty)."""
+        return max(self._width() - 1, 0)
+
+    @property
+    def totals(self) -> torch.Tensor:
+        """``(S, T+1)``: the total energy E(Y_t) = sum of the terms at every boundary, as stored (float64). A device
+        op, no host read. [`DescentReport.totals`][unfold.DescentReport.totals] gives the same where no step was
+        re-evaluated exactly."""
+        if not self:
+            raise StepError("an EnergyTrace with no term has no total")
+        return _total(self)
+
+    @property
+    def layers(self) -> List[Dict[str, torch.Tensor]]:
+        """The trace boundary by boundary: T + 1 dicts ``{term: (S,)}``, ``layers[0]`` at the input Y_0,
+        ``layers[t]`` after layer t (views, nothing copied): ``trace[t]`` for every t."""
+        return [self[t] for t in range(self._width())]
+
+    def __getitem__(self, key):
+        """``trace["term"]``: that term's ``(S, T+1)`` values (the dict). ``trace[t]``, an integer (negative from the
+        end): the boundary Y_t, ``{term: (S,)}``. ``trace[a:b]``: the trace of boundaries a .. b-1, an EnergyTrace
+        whose steps, resolution, error bound and exact evaluation are those of the steps inside it (step 1 only)."""
+        if isinstance(key, str):
+            return super().__getitem__(key)
+        if isinstance(key, slice):
+            return self._window(key)
+        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+            return self._boundary(int(key))
+        return super().__getitem__(key)
+
+    def _boundary(self, t: int) -> Dict[str, torch.Tensor]:
+        T1 = self._width()
+        if not -T1 <= t < T1:
+            raise IndexError(f"layer boundary {t} is out of range: the trace holds Y_0 .. Y_{T1 - 1} "
+                             f"({T1 - 1} layers; negative indices count from the end)")
+        return {k: v[:, t] for k, v in self.items()}
+
+    def _window(self, key: slice) -> "EnergyTrace":
+        start, stop, step = key.indices(self._width())
+        if step != 1:
+            raise StepError(f"a slice of an EnergyTrace takes consecutive boundaries (step 1), got step {step}: "
+                            "index the boundaries one by one (trace[t]) for others")
+        stop = max(stop, start)
+
+        def cut(x, end=stop):
+            return None if x is None else x[:, start:end]
+        pending = self.__dict__.get("_bounds") is not None
+        out = EnergyTrace([(k, cut(v)) for k, v in self.items()], indicators=self.indicators,
+                          ran=cut(self.ran, max(stop - 1, start)),
+                          resolution=None if pending else cut(self._resolution),
+                          error=None if pending else cut(self._error),
+                          bounds=(lambda _: (cut(self.resolution), cut(self.error))) if pending else None)
+        if self.exact is not None:
+            inner = self.exact
+            out.exact = lambda t, rows=None: inner(start + t) if rows is None else inner(start + t, rows)
+        return out
+
+    def __repr__(self) -> str:
+        """The terms, the examples, the layers, and the mean total energy over the examples at every boundary (a
+        host read; a trace on ``meta`` shows no values)."""
+        if not self:
+            return "EnergyTrace()"
+        first = next(iter(self.values()))
+        T = self.num_layers
+        text = (f"EnergyTrace(terms {list(self)}, {first.shape[0]} examples, {T} layer{'s' * (T != 1)} "
+                f"(Y_0 .. Y_{T}), {first.dtype}")
+        if first.device.type != "meta" and first.numel():
+            mean = self.totals.mean(0).tolist()
+            shown = mean if len(mean) <= 12 else mean[:6] + [None] + mean[-5:]
+            text += "; mean total E(Y_t): " + " -> ".join("..." if e is None else f"{e:.4g}" for e in shown)
+        return text + ")"
 
     @classmethod
     def from_layers(cls, values: List[Dict[str, torch.Tensor]], resolution: List[torch.Tensor],

@@ -427,10 +427,13 @@ def _valid_keys(defaults: Dict[str, Any]) -> str:
     return ", ".join(sorted(defaults))
 
 
-def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], path: str,
-           sources: Optional[Dict[str, str]] = None, origin: str = "") -> None:
-    """Merge ``new`` into ``base`` section by section (a leaf replaces, a section merges); where ``sources`` is
-    given, each leaf written records ``origin`` under its dotted key."""
+def merge_config(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], path: str,
+                 sources: Optional[Dict[str, str]] = None, origin: str = "") -> None:
+    """Merge the config document ``new`` into ``base`` section by section (a leaf replaces, a section merges),
+    refusing a key that ``defaults`` does not hold or a section that is not a mapping (`ConfigError` naming it;
+    ``path``: the dotted section ``new`` is, "" for a whole config); where ``sources`` is given, each leaf written
+    records ``origin`` under its dotted key. A config file, an override and a bundle's ``config.json`` are read
+    through it, over a copy of `DEFAULTS`, then `validate`d."""
     if not isinstance(new, dict):
         raise ConfigError(f"config section {path or '<root>'} must be a mapping, got {type(new).__name__}")
     for key, value in new.items():
@@ -439,7 +442,7 @@ def _merge(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, Any], 
             raise ConfigError(f"unknown config key {_show(where)}; valid keys{' in ' + path if path else ''}: "
                               f"{_valid_keys(defaults)}")
         if isinstance(defaults[key], dict):
-            _merge(base[key], value, defaults[key], where, sources, origin)
+            merge_config(base[key], value, defaults[key], where, sources, origin)
         else:
             base[key] = value
             if sources is not None:
@@ -644,7 +647,7 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str],
         if len(keys) > MAX_YAML_DEPTH or _too_deep(nested):
             raise ConfigError(f"override {_show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
                               "3 levels deep)")
-        _merge(cfg, nested, DEFAULTS, "", sources, "override")
+        merge_config(cfg, nested, DEFAULTS, "", sources, "override")
     return cfg
 
 
@@ -780,7 +783,7 @@ def load_config_sources(path: Optional[str] = None, overrides: Iterable[str] = (
         for i, (file, loaded) in enumerate(chain):
             if i < len(chain) - 1:
                 loaded.pop("name", None)
-            _merge(cfg, loaded, DEFAULTS, "", sources, f"config {file}")
+            merge_config(cfg, loaded, DEFAULTS, "", sources, f"config {file}")
         if "name" not in chain[-1][1]:
             stem = os.path.splitext(os.path.basename(path))[0]
             cfg["name"] = re.sub(r"[^A-Za-z0-9._-]", "_", stem).strip(".") or "config"

@@ -332,7 +332,7 @@ def _config_json_graph(data: bytes) -> Any:
 def _read_config_json(data: bytes, path: str, graph_path: Optional[str]) -> Dict[str, Any]:
     """``config.json``'s bytes as the validated config (`experiments.app.config.validate`, unknown keys
     refused naming them); ``graph_path``: the pinned graph's path put in ``model.graph`` (to build on)."""
-    from ..config import DEFAULTS, _merge, validate
+    from ..config import DEFAULTS, merge_config, validate
     from energies.errors import ConfigError
 
     try:
@@ -345,7 +345,7 @@ def _read_config_json(data: bytes, path: str, graph_path: Optional[str]) -> Dict
         raise CheckpointError(f"{path} must hold a JSON object (the config's sections), got a JSON {_json_type(doc)}")
     cfg = copy.deepcopy(DEFAULTS)
     try:
-        _merge(cfg, doc, DEFAULTS, "")
+        merge_config(cfg, doc, DEFAULTS, "")
         if graph_path:
             cfg["model"]["graph"] = graph_path
         validate(cfg)

@@ -70,7 +70,9 @@ def test_a_generated_table_is_checked_line_by_line(tmp_path):
     ("docs/measured/suite.json /command s", "is not a number"),
     ("docs/measured/suite.json /seconds q", "does not apply"),
     ("docs/measured/suite.json /seconds over /counts/nothing .1f", "has no 'nothing'"),
-    ("docs/measured/suite.json /seconds", "'FILE POINTER [over POINTER] FORMAT'"),
+    ("docs/measured/suite.json /seconds", "'FILE POINTER [over|minus [FILE] POINTER] FORMAT'"),
+    ("docs/measured/suite.json /seconds minus docs/measured/default_run.json /command .1f", "not a number"),
+    ("docs/measured/suite.json /seconds over /counts/xfailed .1f", "has no 'xfailed'"),
     ("../outside.json /a d", "inside the repository"),
     ("docs/measured/absent.json /a d", "cannot be read"),
 ])
@@ -78,6 +80,28 @@ def test_a_broken_marker_is_refused_naming_the_page_and_line(spec, error):
     with pytest.raises(ConfigError, match=re.escape(error)) as caught:
         figures.regenerate(f"intro\n<!-- fig {spec} -->1<!-- /fig -->\n", "page.md", figures.Sources(ROOT))
     assert str(caught.value).startswith("page.md:2: ")
+
+
+def test_ratios_and_differences_read_one_or_two_files():
+    sources = figures.Sources(ROOT)
+    suite = sources("docs/measured/suite.json", "x")
+    run = sources("docs/measured/default_run.json", "x")
+    ratio = figures.figure("docs/measured/suite.json /seconds over /counts/passed .4f", sources, "x")
+    assert ratio == format(suite["seconds"] / suite["counts"]["passed"], ".4f")
+    difference = figures.figure("docs/measured/suite.json /seconds minus docs/measured/default_run.json "
+                                "/wall_seconds ,.1f", sources, "x")
+    assert difference == format(suite["seconds"] - run["wall_seconds"], ",.1f")
+
+
+def test_a_table_reads_the_number_of_files_it_names():
+    text = ("<!-- table sweeps docs/sweeps/rotten_tomatoes-default.json docs/sweeps/rotten_tomatoes-tfidf.json -->\n"
+            "<!-- /table -->")
+    new, (found,) = figures.regenerate(text, "page.md", figures.Sources(ROOT))
+    assert "| default | 78.38 ± 0.80 % |" in new and "| tfidf-rotten_tomatoes |" in new and found[0] == 1
+    for spec in ("variants docs/variants/listops.json docs/variants/listops.json", "nothing docs/gpu/h200.json",
+                 "sweeps"):
+        with pytest.raises(ConfigError, match="a table is 'NAME FILE"):
+            figures.regenerate(f"<!-- table {spec} -->\n<!-- /table -->", "page.md", figures.Sources(ROOT))
 
 
 def test_the_cli_checks_and_refuses_with_exit_2(tmp_path, capsys, monkeypatch):

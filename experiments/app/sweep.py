@@ -417,7 +417,8 @@ def _same_split_note(root: str, runs: Dict[int, Any], seed_keys: Sequence[str]) 
 # The README's comparison table
 # --------------------------------------------------------------------------------------------
 
-def _row(summary: Dict[str, Any]) -> str:
+def table_row(summary: Dict[str, Any], label: Optional[str] = None) -> str:
+    """One row of `table` for a checked ``summary.json`` (`check_summary`), named `label` (default its name)."""
     m = summary["metrics"]
     acc = _fmt(m["test_accuracy"], 100) + " %"
     val = _fmt(m["val_accuracy"], 100) + " %"
@@ -428,10 +429,13 @@ def _row(summary: Dict[str, Any]) -> str:
                   f"of {steps:,}")
     else:
         energy = "n/a"
-    return f"| {summary['name']} | {acc} | {val} | {secs} | {energy} | {len(summary['runs'])} |"
+    return f"| {label or summary['name']} | {acc} | {val} | {secs} | {energy} | {len(summary['runs'])} |"
 
 
-#: the statistics of ``summary.json`` that `_row` reads: required, then read when present
+#: the head of `table`
+TABLE_HEADER = ("| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
+                "|---|---|---|---|---|---|")
+#: the statistics of ``summary.json`` that `table_row` reads: required, then read when present
 TABLE_REQUIRED = ("test_accuracy", "val_accuracy")
 TABLE_OPTIONAL = ("train_seconds", "energy_increases", "untrained.energy_increases", "energy_steps")
 #: the range of each statistic's values (mean, min, max; the std at most the width): accuracies are fractions,
@@ -522,10 +526,9 @@ def table(roots: Sequence[str]) -> str:
     """A markdown table, one row per sweep folder: test and validation accuracy, training seconds and the
     float64 energy increases on the test set (trained / untrained), each mean ± std over the seeds. Each
     ``summary.json`` is checked first (`check_summary`)."""
-    lines = ["| model | test acc. | val acc. | train s | energy increases, trained / untrained | seeds |",
-             "|---|---|---|---|---|---|"]
+    lines = list(TABLE_HEADER)
     for root in roots:
-        lines.append(_row(read_checked(root, SUMMARY_JSON, "the sweep", check_summary)))
+        lines.append(table_row(read_checked(root, SUMMARY_JSON, "the sweep", check_summary)))
     return "\n".join(lines) + "\n"
 
 

@@ -7,12 +7,13 @@ A page marks a figure with two HTML comments (invisible once rendered):
 
 * the JSON file, from the repository root;
 * a JSON Pointer into it (RFC 6901: ``/metrics/test_accuracy``, ``/run1/0/n``; ``~1`` stands for a ``/`` in a
-  key, ``~0`` for a ``~``), optionally ``over`` a second pointer for the ratio of the two values;
+  key, ``~0`` for a ``~``), optionally ``over`` a second pointer (into the same file, or into another named
+  before it) for the ratio of the two values, or ``minus`` one for their difference;
 * a Python format spec (``.2f``, ``,.0f``, ``,d``, ``.1f``), with ``%`` in front for a fraction written as a
   percentage (``%.2f``: 0.789 -> ``78.90``).
 
-A generated table spans lines: ``<!-- table NAME FILE -->``, the table, ``<!-- /table -->``, where NAME is one of
-`TABLES` (the Markdown table of a study's JSON, made by the study's own code).
+A generated table spans lines: ``<!-- table NAME FILE [FILE ...] -->``, the table, ``<!-- /table -->``, where NAME
+is one of `TABLES` (the Markdown table of the JSONs, made by the code of the command that wrote them).
 
 Command line:
 
@@ -59,6 +60,7 @@ PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in ([\d.]+)s\b", re
 
 
 def _variants_table(summary: Dict[str, Any]) -> str:
+    """The table of ``unfold-variants`` for its ``variants.json``."""
     from . import variants
     return "".join(line + "\n" for line in variants.markdown(summary).splitlines() if line.startswith("|"))
 
@@ -96,9 +98,24 @@ def _gpu_variants_table(record: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: the generated tables a page may hold: name -> the Markdown of its JSON
-TABLES: Dict[str, Callable[[Any], str]] = {"variants": _variants_table, "gpu_layers": _gpu_layer_table,
-                                           "gpu_variants": _gpu_variants_table}
+def _sweeps_table(*summaries: Dict[str, Any]) -> str:
+    """The table of ``unfold-sweep --table`` for sweeps' ``summary.json`` files, one row each (a TF-IDF sweep on
+    part of the training split says how much)."""
+    from ..app.sweep import TABLE_HEADER, check_summary, table_row
+    rows = []
+    for summary in summaries:
+        check_summary(summary, "the sweep")
+        part = summary["metrics"].get("max_train_examples", {}).get("mean")
+        label = f"{summary['name']} (first {part:,.0f} training examples)" if part else None
+        rows.append(table_row(summary, label))
+    return "\n".join(list(TABLE_HEADER) + rows) + "\n"
+
+
+#: the generated tables a page may hold: name -> the Markdown of its JSON files
+TABLES: Dict[str, Callable[..., str]] = {"variants": _variants_table, "gpu_layers": _gpu_layer_table,
+                                         "gpu_variants": _gpu_variants_table, "sweeps": _sweeps_table}
+#: how many JSON files each table reads (None: one or more)
+TABLE_FILES = {"variants": 1, "gpu_layers": 1, "gpu_variants": 1, "sweeps": None}
 
 
 def pages(root: str = ROOT) -> Iterator[str]:
@@ -163,30 +180,34 @@ class Sources:
 
 
 def figure(spec: str, sources: Sources, where: str) -> str:
-    """The text a ``fig`` marker's `spec` (``FILE POINTER [over POINTER] FORMAT``) stands for."""
+    """The text a ``fig`` marker's `spec` (``FILE POINTER [over|minus POINTER] FORMAT``) stands for."""
     words = spec.split()
-    if len(words) == 5 and words[2] == "over":
-        name, top, _, bottom, fmt = words
+    if len(words) in (5, 6) and words[2] in ("over", "minus"):
+        name, top, operation, *other, fmt = words
+        other_name, other = other if len(other) == 2 else [name] + other
     elif len(words) == 3:
-        (name, top, fmt), bottom = words, None
+        (name, top, fmt), operation = words, None
     else:
-        raise ConfigError(f"{where}: a figure is 'FILE POINTER [over POINTER] FORMAT', got {spec!r}")
-    document = sources(name, where)
-    value = pointer(document, top, where)
-    if bottom is not None:
-        divisor = pointer(document, bottom, where)
-        if isinstance(divisor, bool) or not isinstance(divisor, (int, float)) or divisor == 0:
-            raise ConfigError(f"{where}: the divisor {bottom!r} is {divisor!r}")
-        value = value / divisor if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        raise ConfigError(f"{where}: a figure is 'FILE POINTER [over|minus [FILE] POINTER] FORMAT', got {spec!r}")
+    value = pointer(sources(name, where), top, where)
+    if operation is not None:
+        second = pointer(sources(other_name, where), other, where)
+        for text, number in ((top, value), (other, second)):
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise ConfigError(f"{where}: the value at {text!r} is {number!r}, not a number")
+        if operation == "over" and second == 0:
+            raise ConfigError(f"{where}: the divisor {other!r} is 0")
+        value = value / second if operation == "over" else value - second
     return render(value, fmt, where)
 
 
 def table(spec: str, sources: Sources, where: str) -> str:
-    """The text a ``table`` marker's `spec` (``NAME FILE``) stands for."""
-    words = spec.split()
-    if len(words) != 2 or words[0] not in TABLES:
-        raise ConfigError(f"{where}: a table is 'NAME FILE' with NAME one of {sorted(TABLES)}, got {spec!r}")
-    return TABLES[words[0]](sources(words[1], where))
+    """The text a ``table`` marker's `spec` (``NAME FILE [FILE ...]``) stands for."""
+    name, *files = spec.split() or [""]
+    if name not in TABLES or not files or TABLE_FILES[name] not in (None, len(files)):
+        raise ConfigError(f"{where}: a table is 'NAME FILE [FILE ...]' with NAME one of {sorted(TABLES)} and the "
+                          f"number of files it reads, got {spec!r}")
+    return TABLES[name](*(sources(file, where) for file in files))
 
 
 def _line(text: str, offset: int) -> int:

@@ -158,3 +158,12 @@ def test_a_changed_text_file_stops_a_resume(tmp_path, monkeypatch):
                                 ("pretrain.heldout", 0.1), ("pretrain.shuffle_buffer", 64),
                                 ("train.progress", "false"), ("train.tensorboard", "false"), ("train.epochs", 2))]])
     assert code != 0 and not (tmp_path / "cut" / "metrics.json").exists()
+
+
+def test_the_memory_benchmark_pretrains_on_its_file(tmp_path):
+    from experiments.studies.stream_memory import measure
+
+    doc = measure(0.3, "bpe:300", 128, 0, pretrain_texts=64)
+    assert doc["pretrain_texts"] == 64 and doc["pretrain_heldout_texts"] == 200          # the cap: 200 held out
+    assert doc["pretrain_energy_increases"] == 0 and doc["lines_read"] == doc["file_lines"]
+    assert doc["rss_peak_mb"] == doc["rss_after_pretrain_mb"] >= doc["rss_after_train_mb"]

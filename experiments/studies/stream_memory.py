@@ -1,13 +1,17 @@
 """Peak memory while streaming a large text file: ``python -m experiments.studies.stream_memory [--size-mb 1024]
-[--tokenizer bpe:8000] [--batch-size 256] [--out FILE.json] [--quick] [--json]``.
+[--tokenizer bpe:8000] [--batch-size 256] [--pretrain-texts N] [--out FILE.json] [--quick] [--json]``.
 
 Writes a text file of about ``--size-mb`` MB (seeded synthetic sentences, one a line) into a temporary folder,
 then streams it twice, as pretraining on unlabelled text does: once to train the subword tokenizer
 (`experiments.data.subword.SubwordTokenizer.train` on `experiments.data.stream.iter_text_lines`, the library's
 ``train_from_iterator``), once more through `iter_text_lines` and the tokenizer's ``encode_texts`` in batches of
-``--batch-size`` lines. It reports the process's peak resident memory (``resource.getrusage``'s ``ru_maxrss``)
-after writing the file, after training and after encoding, against the file's size: a bounded reader keeps the
-peak flat whatever the size. The temporary folder is removed at the end. ``--out``: the JSON document written
+``--batch-size`` lines. With ``--pretrain-texts N`` it then pretrains on the file as ``unfold-train`` does with
+``task=masked_tokens data.texts=FILE`` (the ``tiny`` model, that tokenizer, one epoch over the first N training
+texts, 200 held out; `experiments.data.stream.TextStream` still reads the whole file to hold texts out and to
+fingerprint it).
+It reports the process's peak resident memory (``resource.getrusage``'s ``ru_maxrss``) after writing the file,
+after training, after encoding and after pretraining, against the file's size: a bounded reader keeps the peak
+flat whatever the size. The temporary folder is removed at the end. ``--out``: the JSON document written
 there too (atomically); ``--json``: it is printed as the last line (else a short summary). ``--quick``: a 2 MB
 file (the test suite's). Bad arguments: one ``error:`` line, exit 2, nothing written.
 """
@@ -68,7 +72,29 @@ def write_text_file(path: str, size_bytes: int, seed: int = 0) -> dict:
     return {"bytes": written, "lines": lines}
 
 
-def measure(size_mb: float, tokenizer: str = "bpe:8000", batch_size: int = 256, seed: int = 0) -> dict:
+def pretrain(path: str, tok, texts: int, work: str) -> dict:
+    """One epoch of masked-token pretraining of the ``tiny`` model on the first ``texts`` training texts of the
+    file at ``path`` (streamed; tokenizer ``tok``), run in this process in ``work``: its figures for the JSON."""
+    from ..app.config import load_config
+    from ..app.train import train
+    from .variants import write_toy_data
+
+    tok_path = os.path.join(work, "tokenizer.json")
+    tok.save(tok_path)
+    toy = write_toy_data(os.path.join(work, "toy"), 40, 10, 0)       # the dataset a fine-tuning would use
+    cfg = load_config("tiny", [f"data.dataset={toy}", "task=masked_tokens", f"data.texts={path}",
+                               f"data.tokenizer={tok_path}", "data.glove=none", f"train.max_train_examples={texts}",
+                               "pretrain.heldout_max=200",
+                               "train.epochs=1", "train.progress=false", "train.tensorboard=false"])
+    t0 = time.perf_counter()
+    metrics = train(cfg, os.path.join(work, "run"))
+    return {"pretrain_texts": metrics["pretrain_texts"], "pretrain_heldout_texts": metrics["heldout_texts"],
+            "pretrain_energy_increases": metrics["energy_increases"] + metrics["train_energy_increases"],
+            "pretrain_seconds": time.perf_counter() - t0, "rss_after_pretrain_mb": _rss_mb()}
+
+
+def measure(size_mb: float, tokenizer: str = "bpe:8000", batch_size: int = 256, seed: int = 0,
+            pretrain_texts: int = 0) -> dict:
     """The study (module docstring): the JSON document."""
     spec = parse_tokenizer_spec(tokenizer)
     if spec.kind not in ("bpe", "wordpiece"):
@@ -95,6 +121,9 @@ def measure(size_mb: float, tokenizer: str = "bpe:8000", batch_size: int = 256, 
         tokens += sum(map(len, tok.encode_texts(batch)))
         lines += len(batch)
         out["rss_peak_mb"], out["encode_seconds"] = _rss_mb(), time.perf_counter() - t0
+        if pretrain_texts:
+            out.update(pretrain(path, tok, pretrain_texts, tmp))
+            out["rss_peak_mb"] = out["rss_after_pretrain_mb"]
     out.update({"lines_read": lines, "tokens": tokens, "vocabulary": len(tok),
                 "file_mb": out["file_bytes"] / 2 ** 20,
                 "peak_over_file": out["rss_peak_mb"] / (out["file_bytes"] / 2 ** 20)})
@@ -108,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default="bpe:8000", help="the subword tokenizer trained on the stream (bpe:8000)")
     p.add_argument("--batch-size", type=int, default=256, help="lines encoded at a time (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic text (0)")
+    p.add_argument("--pretrain-texts", type=int, default=0, metavar="N",
+                   help="then pretrain the tiny model on the file's first N training texts (0: no pretraining)")
     p.add_argument("--out", help="also write the JSON document to this file")
     p.add_argument("--quick", action="store_true", help=f"a {QUICK_MB:g} MB file (tests)")
     p.add_argument("--json", action="store_true", help="print the JSON document as the last line")
@@ -121,6 +152,8 @@ def main(argv=None) -> int:
             raise ConfigError(f"--size-mb must be in (0, {2 ** 20}], got {size!r}")
         if args.batch_size < 1:
             raise ConfigError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
+        if args.pretrain_texts < 0:
+            raise ConfigError(f"--pretrain-texts must be an integer >= 0, got {args.pretrain_texts}")
         if args.seed < 0:
             raise ConfigError(f"--seed must be an integer >= 0, got {args.seed}")
         try:
@@ -133,7 +166,7 @@ def main(argv=None) -> int:
             folder = os.path.dirname(os.path.abspath(args.out))
             if not os.path.isdir(folder):
                 raise ConfigError(f"--out {args.out!r}: its folder {folder!r} does not exist")
-        doc = measure(size, args.tokenizer, args.batch_size, args.seed)
+        doc = measure(size, args.tokenizer, args.batch_size, args.seed, args.pretrain_texts)
         text = json_dumps(doc, indent=1)
         if args.out:
             with atomic_open(args.out, "w") as fh:
@@ -144,7 +177,10 @@ def main(argv=None) -> int:
             print(f"{doc['file_mb']:.1f} MB, {doc['lines_read']:,} lines, {doc['tokens']:,} tokens: peak RSS "
                   f"{doc['rss_peak_mb']:.0f} MB (after writing {doc['rss_after_write_mb']:.0f} MB, after training the "
                   f"tokenizer {doc['rss_after_train_mb']:.0f} MB); train {doc['train_seconds']:.1f} s, encode "
-                  f"{doc['encode_seconds']:.1f} s")
+                  f"{doc['encode_seconds']:.1f} s" + (f"; pretraining on {doc['pretrain_texts']:,} texts "
+                                                      f"{doc['pretrain_seconds']:.1f} s, peak after it "
+                                                      f"{doc['rss_after_pretrain_mb']:.0f} MB"
+                                                      if "pretrain_texts" in doc else ""))
         return 0
     return run_main(PROG, body, argv)
 

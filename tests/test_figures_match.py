@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import sys
 
 import pytest
 
@@ -147,6 +148,17 @@ def test_every_record_names_the_commit_it_was_measured_on(name):
         record = json.load(fh)
     commits = [record["commit"]] if "commit" in record else list(record["commits"].values())
     assert commits and all(re.fullmatch(r"[0-9a-f]{40}", commit) for commit in commits), commits
+
+
+def test_any_command_printing_a_json_line_is_recorded_with_its_commit(tmp_path, monkeypatch, capsys):
+    record = figures.measure_json([sys.executable, "-c", "print('log'); print('{\"acc\": 0.5}')"])
+    assert record["result"] == {"acc": 0.5} and record["wall_seconds"] > 0
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and record["command"].endswith("\"acc\": 0.5}')")
+    with pytest.raises(ConfigError, match="without a JSON object on its last line"):
+        figures.measure_json([sys.executable, "-c", "print('no json')"])
+    monkeypatch.setattr(figures, "ROOT", str(tmp_path))
+    assert figures.main(["measure", "../out.json", "--", sys.executable, "-c", "print('{}')"]) == 2
+    assert "inside the repository" in capsys.readouterr().err and not os.listdir(tmp_path)
 
 
 def test_a_pytest_summary_is_recorded_and_a_failing_suite_refused():

@@ -21,12 +21,15 @@ Command line:
     python -m experiments.studies.figures --write        # regenerate every marked figure and table of the pages
     python -m experiments.studies.figures measure-run    # time `unfold-train --config default`, record it
     python -m experiments.studies.figures measure-suite  # run the test suite, record its counts and seconds
+    python -m experiments.studies.figures measure OUT.json -- python -m experiments.studies.pyg_sbm --json
     python -m experiments.studies.figures record-run RUN --wall-seconds S --commit SHA
     python -m experiments.studies.figures record-suite LOG --commit SHA
 
 ``measure-*`` run the command on the checkout and record its commit (``dirty`` when tracked files differ from
-it); ``record-*`` record a run folder or a pytest log measured earlier, on the commit given. Both write
-`RUN_JSON` / `SUITE_JSON` atomically.
+it); ``record-*`` record a run folder or a pytest log measured earlier, on the commit given (on the machine that
+measured it). Both write `RUN_JSON` / `SUITE_JSON` atomically. ``measure OUT -- COMMAND`` runs any command whose
+last line of output is one JSON object (a study's ``--json``) and writes that object to OUT with the command,
+its wall time, the commit and the machine.
 """
 import argparse
 import json
@@ -351,6 +354,27 @@ def measure_suite(root: str = ROOT) -> Dict[str, Any]:
     return record_suite(done.stdout, commit, SUITE_COMMAND)
 
 
+def measure_json(command: Sequence[str], root: Optional[str] = None) -> Dict[str, Any]:
+    """Run `command` (its last line of output one JSON object) on the checkout; the object with the command, its
+    wall time, the commit and the machine."""
+    if not command:
+        raise ConfigError("measure: give the command after '--'")
+    commit = git_commit(root or ROOT)
+    start = time.perf_counter()
+    done = subprocess.run(list(command), cwd=root or ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    lines = done.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        raise ConfigError(f"measure: {' '.join(command)!r} exited {done.returncode} without a JSON object on its "
+                          f"last line ({(done.stderr.strip().splitlines() or ['no error output'])[-1]})")
+    return {"command": " ".join(command), **commit, "machine": machine(), "wall_seconds": seconds,
+            "result": result}
+
+
 def _given_commit(text: str) -> Dict[str, Any]:
     if not re.fullmatch(r"[0-9a-f]{40}", text or ""):
         raise ConfigError(f"--commit must be the 40-hex commit the figures were measured on, got {text!r}")
@@ -364,6 +388,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     sub.add_parser("measure-run", help="time `unfold-train --config default` and record it")
     sub.add_parser("measure-suite", help="run the test suite and record it")
+    any_json = sub.add_parser("measure", help="run a command printing a JSON line and record it")
+    any_json.add_argument("out", help="the JSON file to write, from the repository root")
+    any_json.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command")
     run = sub.add_parser("record-run", help="record a default run measured earlier")
     run.add_argument("run_dir")
     run.add_argument("--wall-seconds", type=float, required=True)
@@ -379,6 +406,11 @@ def _record(args: argparse.Namespace) -> int:
         path = write_json(measure_run(), RUN_JSON)
     elif args.command == "measure-suite":
         path = write_json(measure_suite(), SUITE_JSON)
+    elif args.command == "measure":
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not args.out.endswith(".json") or os.path.isabs(args.out) or ".." in args.out.split("/"):
+            raise ConfigError(f"measure: OUT must be a .json path inside the repository, got {args.out!r}")
+        path = write_json(measure_json(argv), args.out)
     elif args.command == "record-run":
         path = write_json(record_run(args.run_dir, args.wall_seconds, _given_commit(args.commit), RUN_COMMAND),
                           RUN_JSON)

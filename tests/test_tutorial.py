@@ -52,3 +52,46 @@ def test_a_failing_cell_fails_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "SOURCE", str(bad))
     with pytest.raises(CellExecutionError, match="tutorial cell failed"):
         runner.execute(str(tmp_path / "out"))
+
+
+#: a stand-in tutorial: writes a data file into its TUTORIAL_WORK and a figure into TUTORIAL_FIGURES, prints where
+_FAKE = ("# %%\nimport os\nwork = os.environ['TUTORIAL_WORK']\nopen(os.path.join(work, 'data.csv'), 'w').write('x')\n"
+         "open(os.path.join(os.environ['TUTORIAL_FIGURES'], 'fig.png'), 'wb').write(b'png')\nprint('WORK=' + work)\n")
+
+
+def _snapshot(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+def test_without_an_argument_it_writes_a_fresh_folder_and_removes_its_data(tmp_path, monkeypatch, capsys):
+    """No argument: a fresh temporary folder, never docs/tutorial (whose tracked files stay as they are); the data
+    folder the tutorial wrote in is gone once the run ends. Before: docs/tutorial was written over, and the CSV
+    and run folders stayed in the temporary directory."""
+    runner = _runner()
+    fake = tmp_path / "fake.py"
+    fake.write_text(_FAKE)
+    monkeypatch.setattr(runner, "SOURCE", str(fake))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))             # the fresh folders land in tmp_path
+    docs = _snapshot(runner.DOCS)
+    assert runner.main([]) == 0
+    out = capsys.readouterr().out.strip().rsplit(" ", 1)[1]
+    assert os.path.dirname(out) == str(tmp_path) and sorted(os.listdir(out)) == ["fig.png", "tutorial.ipynb"]
+    assert _snapshot(runner.DOCS) == docs
+    work = [t for c in runner.execute(str(tmp_path / "again")).cells for o in c.get("outputs", [])
+            for t in o.get("text", "").split() if t.startswith("WORK=")][0][5:]
+    assert os.path.dirname(work) == str(tmp_path) and not os.path.exists(work)
+
+
+def test_docs_tutorial_is_written_only_when_asked(tmp_path, monkeypatch, capsys):
+    """OUT_DIR = docs/tutorial without --update-docs is refused (exit 2, nothing written); --update-docs names
+    that folder (not run here: it would write over the tracked files)."""
+    runner = _runner()
+    ran = []
+    monkeypatch.setattr(runner, "execute", lambda out: ran.append(out))
+    docs = _snapshot(runner.DOCS)
+    assert runner.main([runner.DOCS]) == 2 and "--update-docs" in capsys.readouterr().err
+    assert runner.main([os.path.join(runner.DOCS, "..", "tutorial")]) == 2
+    assert runner.main([str(tmp_path / "out"), "--update-docs"]) == 2
+    assert ran == [] and _snapshot(runner.DOCS) == docs
+    assert runner.main(["--update-docs"]) == 0 and ran == [runner.DOCS]
+    assert runner.main([str(tmp_path / "out")]) == 0 and ran[-1] == str(tmp_path / "out")

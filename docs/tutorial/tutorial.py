@@ -19,13 +19,16 @@
 # trains the same model on a sparse token graph to compare, and predicts with the saved model.
 #
 # It runs offline on a CPU in about a minute. The test suite executes it (`tests/test_tutorial.py`), and
-# `python scripts/run_tutorial.py` writes the executed notebook and its figures into `docs/tutorial/`.
+# `python scripts/run_tutorial.py OUT_DIR` writes the executed notebook and its figures into OUT_DIR
+# (`--update-docs`: into `docs/tutorial/`).
 
 # %%
+import atexit
 import csv
 import json
 import os
 import random
+import shutil
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -36,7 +39,10 @@ from experiments.app.config import load_config
 from experiments.app.plot_energy import load_trace
 from experiments.app.train import train
 
-work = tempfile.mkdtemp(prefix="unfold-tutorial-")
+work = os.environ.get("TUTORIAL_WORK")                 # the data and run folders (the runner's temporary folder)
+if not work:                                           # run by hand: a temporary folder removed when the kernel exits
+    work = tempfile.mkdtemp(prefix="unfold-tutorial-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
 FIGURES = os.environ.get("TUTORIAL_FIGURES", work)     # where the figures are saved (docs/tutorial/ for the docs)
 os.makedirs(FIGURES, exist_ok=True)
 

@@ -13,7 +13,8 @@ from energies.errors import ConfigError
 from experiments.studies import figures
 
 ROOT = figures.ROOT
-MEASURED = ("docs/measured/default_run.json", "docs/measured/suite.json", "docs/gpu/h200.json")
+MEASURED = ("docs/measured/default_run.json", "docs/measured/suite.json", "docs/measured/pyg_sbm.json",
+            "docs/gpu/h200.json")
 
 
 def test_every_marked_figure_equals_its_json():

@@ -131,16 +131,41 @@ def test_the_readme_and_getting_started_give_the_same_figures_from_one_source():
     assert readme == started and len(readme) == 8, (readme, started)
 
 
-UNMARKED = re.compile(r"(?<![\w.,])\d[\d,.]*\s?(?:%|s\b|ms\b|min\b|x\b)|\d[\d,]* (?:passed|skipped)")
+#: a number with a unit of what is measured (percent, time, ratio, memory) or a test count, outside markers
+UNMARKED = re.compile(r"(?<![\w.,^-])\d[\d,.]*\s?(?:%|s\b|ms\b|us\b|µs\b|min\b|x\b|MiB\b|MB\b|GB\b|KB\b|k\b|M\b)"
+                      r"|\d[\d,]* (?:passed|skipped)")
+#: pages still holding figures typed by hand (or rates and sizes the pattern cannot tell from them), with how many:
+#: a count may only shrink, as their figures move into JSONs the command that measured them wrote; a page not
+#: listed holds none
+UNBACKED = {"docs/concepts.md": 6, "docs/config_reference.md": 3, "docs/convex.md": 9, "docs/failure-behaviour.md": 8,
+            "docs/kernels.md": 69, "docs/predict.md": 5, "docs/results.md": 49, "docs/training.md": 47,
+            "docs/guides/pretraining.md": 10, "docs/guides/tokenizers.md": 22}
+
+
+def _unmarked(page):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
+        text = fh.read()
+    prose = figures.TABLE.sub("", figures.FIG.sub("", text))
+    return UNMARKED.findall(re.sub(r"```.*?```", "", prose, flags=re.S))
+
+
+def test_the_pattern_finds_typed_figures_only():
+    assert UNMARKED.findall("in 877 s: 4,257 passed, 78.90 % and 1.7x, 44 MiB") == \
+        ["877 s", "4,257 passed", "78.90 %", "1.7x", "44 MiB"]
+    assert not UNMARKED.findall("<!-- fig a.json /b d -->0<!-- /fig --> runs; eq. 33; 2^-14; d = 64; 1e-12")
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/index.md"])
 def test_the_front_pages_hold_no_unmarked_measured_figure(page):
-    with open(os.path.join(ROOT, page), encoding="utf-8") as fh:
-        text = fh.read()
-    prose = re.sub(r"```.*?```", "", figures.FIG.sub("", text), flags=re.S)
-    assert not UNMARKED.findall(prose)
-    assert UNMARKED.findall("in 877 s: 4,257 passed, 78.90 % and 1.7x")           # the pattern's control
+    assert _unmarked(page) == []
+
+
+def test_typed_figures_only_shrink():
+    counts = {page: len(_unmarked(page)) for page in figures.pages()}
+    grown = {page: n for page, n in counts.items() if n > UNBACKED.get(page, 0)}
+    assert not grown, f"figures typed by hand (mark them: experiments/studies/figures.py): {grown}"
+    shrunk = {page: counts[page] for page, n in UNBACKED.items() if counts.get(page, 0) < n}
+    assert not shrunk, f"fewer typed figures now: lower UNBACKED in {__file__} to {shrunk}"
 
 
 @pytest.mark.parametrize("name", MEASURED)

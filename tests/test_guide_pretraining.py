@@ -38,6 +38,8 @@ def test_the_small_run_of_both_stages_runs_as_written(tmp_path):
     assert pre["task"] == "masked_tokens" and fine["init_from"] == "pre"
     assert fine["energy_increases"] == pre["energy_increases"] == 0
     assert fine["train_energy_increases"] == pre["train_energy_increases"] == 0
+    streamed = json.loads((tmp_path / "pre_file" / "metrics.json").read_text())
+    assert streamed["texts"] == "texts.txt" and streamed["pretrain_texts"] + streamed["heldout_texts"] == 160
 
 
 def _results():

@@ -119,6 +119,20 @@ def test_the_run_folder_is_a_safetensors_bundle_with_a_model_card(run):
     assert manifest["metrics"]["energy_verdict"] == metrics["energy_verdict"] == "descent"
 
 
+def test_the_card_and_the_log_name_the_checkpoint_the_test_figures_come_from(run):
+    """The test figures are of the best-validation epoch (best.pt, the bundle's weights): the card says which of
+    the run's 2 epochs with its validation accuracy, and so does the training log's last line."""
+    from test_bundle_card import names_its_checkpoint
+
+    metrics = json.load(open(os.path.join(run, "metrics.json")))
+    best, val = metrics["best_epoch"], metrics["val_accuracy"]
+    assert best in (1, 2)
+    assert torch.load(os.path.join(run, "best.pt"), weights_only=True)["epoch"] == best
+    assert names_its_checkpoint(open(os.path.join(run, "README.md"), encoding="utf-8").read(), best, 2, val)
+    last = open(os.path.join(run, "train.log"), encoding="utf-8").read().splitlines()[-1]
+    assert f"best-validation checkpoint: epoch {best} of 2" in last and f"validation accuracy {val:.4f}" in last
+
+
 def test_from_pretrained_reads_a_folder_without_any_pickle_offline(run, tmp_path, no_pickle_no_network):
     from huggingface_hub import ModelHubMixin
 

@@ -274,7 +274,7 @@ def as_older_card(folder):
     m = load_model(folder)
     manifest = json.load(open(os.path.join(folder, "bundle.json")))
     card = model_card(json.load(open(os.path.join(folder, "config.json"))), m.label_names, m.dataset,
-                      m.data_fingerprint, manifest["metrics"], manifest["command"])
+                      m.data_fingerprint, manifest["metrics"], manifest["command"], names_checkpoint=False)
     open(os.path.join(folder, "README.md"), "w", encoding="utf-8").write(card)
     rehash(folder, "README.md")
     return m

@@ -559,6 +559,9 @@ def _finish(run: Run, train_seconds: float) -> Dict[str, Any]:
         metrics.update(run.pretrained.record())
     _warn_unlearned(metrics, log)
     save_results(run, metrics, energies, floor, state, EXTRA_LAYERS)
+    from .bundle.card import checkpoint_sentence      # (the bundle, just written, has loaded it)
+
+    log.info(checkpoint_sentence(metrics, tc["epochs"]))      # the log's last line: which weights were tested
     distributed.teardown(run.dd)
     return metrics
 

@@ -15,8 +15,9 @@ is one) is the layout the Hugging Face ecosystem shares models in:
   copy, checked against its sha256, never with the file ``model.graph`` names, which may since have been edited,
   moved or deleted;
 * ``README.md``: the model card (Hugging Face front matter: library, tags, dataset, metrics; then the data
-  fingerprint, the test metrics, the descent verdict with its tolerance rule, the config and the command that
-  made the bundle), written from ``bundle.json``'s ``metrics`` and ``command`` (`model_card`);
+  fingerprint, the test metrics and the checkpoint they were measured on, the descent verdict with its tolerance
+  rule, the config and the command that made the bundle), written from ``bundle.json``'s ``metrics`` and
+  ``command`` (`model_card`);
 * ``bundle.json``: the format version, the label names (class id -> name), the data fingerprint of the training
   data (`experiments.runfolder.fingerprint`), the card's metrics and command, and the sha256 of every file above.
 

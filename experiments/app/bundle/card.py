@@ -57,13 +57,16 @@ def _front_matter(doc: Dict[str, Any]) -> str:
 
 def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Optional[str],
                fingerprint: Optional[Dict[str, Any]], metrics: Optional[Dict[str, Any]],
-               command: Optional[str], binding: Optional[Dict[str, Any]] = None) -> str:
+               command: Optional[str], binding: Optional[Dict[str, Any]] = None,
+               names_checkpoint: bool = True) -> str:
     """The bundle's ``README.md``: Hugging Face front matter (library_name, tags, datasets where the dataset is a
     name rather than a path, metrics, pipeline tag; ``binding``, where given: the digests of ``bundle.json``'s
     fields and of the other files, `card_binding`, under `CARD_KEY`), then what the model is, its test
-    metrics, the descent verdict and the tolerance rule it was decided by, the data fingerprint, the command that
-    made it, how to load it, and the config. Written from the bundle's own fields only, so the same bundle always
-    gets the same card."""
+    metrics and the checkpoint they were measured on (`checkpoint_sentence`), the descent verdict and the
+    tolerance rule it was decided by, the data fingerprint, the command that made it, how to load it, and the
+    config. Written from the bundle's own fields only, so the same bundle always gets the same card.
+    ``names_checkpoint=False``: the card as it was written before cards named that checkpoint (what a card
+    without `CARD_KEY`, older still, is checked against)."""
     m = dict(metrics or {})
     mode, task = config["model"]["mode"], task_name(config)
     pipeline = "text-classification" if task is None else "fill-mask"
@@ -89,8 +92,31 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
                       f"sha256 `{m.get('init_from_fingerprint_sha256')}`): its tokenizer, embedding and encoder, "
                       "with a new head.", ""]
     lines += _card_verdict(m, config, task)
+    sentence = checkpoint_sentence(m, config["train"]["epochs"]) if names_checkpoint else None
+    if sentence:
+        at = lines.index("## Test metrics") + 2
+        lines[at:at] = [sentence, ""]
     lines += _card_tail(config, dataset, fingerprint, command)
     return _front_matter(front) + "\n" + "\n".join(lines)
+
+
+def checkpoint_sentence(metrics: Optional[Dict[str, Any]], epochs: int) -> Optional[str]:
+    """The sentence naming the weights a run's test figures were measured with: the best-validation checkpoint
+    (``best.pt``, what the bundle holds), its epoch of the run's ``epochs`` (``train.epochs``) and validation
+    accuracy, and whether it is the last epoch's, read from ``metrics`` (``metrics.json``'s ``best_epoch`` and
+    ``val_accuracy``, or a card's); None where no ``best_epoch`` is recorded (a bundle not written at the end of a
+    run). The trainer logs it as its last line; the model card states it above its test metrics."""
+    m = metrics or {}
+    best, val = m.get("best_epoch"), m.get("val_accuracy")
+    if isinstance(best, bool) or not isinstance(best, int) or best < 1:
+        return None
+    score = (f"validation accuracy {val:.4f}" if isinstance(val, (int, float)) and not isinstance(val, bool)
+             else "validation accuracy not recorded")
+    if best >= epochs:
+        return (f"The test figures are those of the best-validation checkpoint: epoch {best} of {epochs}, the last "
+                f"({score}).")
+    return (f"The test figures are those of the best-validation checkpoint: epoch {best} of {epochs} ({score}), "
+            f"not the last epoch's weights: validation did not improve after epoch {best}.")
 
 
 def _card_verdict(m: Dict[str, Any], config: Dict[str, Any], task: Optional[str] = None) -> List[str]:

@@ -528,7 +528,8 @@ def _check_older_card(path: str, card_path: str, manifest: Dict[str, Any], confi
     the card's hash."""
     try:
         card = model_card(json_loads(config_bytes.decode("utf-8")), manifest["label_names"], manifest["dataset"],
-                          manifest["data_fingerprint"], manifest.get("metrics"), manifest.get("command"))
+                          manifest["data_fingerprint"], manifest.get("metrics"), manifest.get("command"),
+                          names_checkpoint=False)    # such cards were written before cards named their checkpoint
     except (KeyError, TypeError, AttributeError, ValueError):
         card = None
     if card is None or card.encode("utf-8") != card_bytes:

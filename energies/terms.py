@@ -36,6 +36,8 @@ __all__ = [
     "Rescaling",
     "ACCUM_DTYPE",
     "autocast_dtype",
+    "AUTOCAST",
+    "check_precision",
     "version_cached",
     "full_precision",
 ]
@@ -119,17 +121,39 @@ def autocast_dtype(device) -> Optional[torch.dtype]:
         return None
 
 
-def _kernel_call(Y: torch.Tensor, call):
-    """``call(Y)`` for a pairwise kernel pass, made well-defined under ``torch.autocast``: there the kernels get the
-    tokens in the autocast dtype (float64 tokens as they are: autocast leaves float64 alone) with autocast off
-    inside, so that a pass sees one dtype throughout (it decides its own arithmetic: today's CPU kernels upcast
-    half types to float32), instead of float32 tokens whose products come back in bfloat16 mid-pass. Without
-    autocast: ``call(Y)``."""
-    low = autocast_dtype(Y.device)
-    if low is None:
-        return call(Y)
+#: ``precision=AUTOCAST`` (a term's default): its kernel passes run in the dtype ``torch.autocast`` has on the tokens'
+#: device when the pass runs, read by the term, the outer boundary of a term used on its own
+AUTOCAST = "autocast"
+
+
+def check_precision(precision, error: type = EnergyError):
+    """The rule of a ``precision`` argument (the dtype of a term's kernel passes).
+
+    Args:
+        precision: None (the tokens' own dtype), a half dtype (``torch.bfloat16``, ``torch.float16``) or
+            `AUTOCAST`.
+        error: the typed error raised.
+
+    Returns:
+        ``precision``, unchanged.
+
+    Raises:
+        EnergyError: (or ``error``) anything else, naming the value.
+    """
+    if (precision is None or (isinstance(precision, str) and precision == AUTOCAST)
+            or (isinstance(precision, torch.dtype) and precision in (torch.bfloat16, torch.float16))):
+        return precision
+    raise error(f"precision must be None, torch.bfloat16, torch.float16 or {AUTOCAST!r}, got {precision!r}")
+
+
+def _kernel_call(Y: torch.Tensor, call, precision: Optional[torch.dtype]):
+    """``call(Y)`` for a pairwise kernel pass in the dtype ``precision``, passed by the caller (the kernel reads no
+    global state): with a dtype, the kernels get the tokens in it (float64 tokens as they are, as autocast leaves
+    float64 alone) with ``torch.autocast`` off inside, so that a pass sees one dtype throughout (it decides its own
+    arithmetic: today's CPU kernels upcast half types to float32), never float32 tokens whose products come back in
+    bfloat16 mid-pass. With None: ``call(Y)`` in the tokens' dtype, autocast (where a caller left it on) off inside."""
     with full_precision(Y.device):
-        return call(Y if Y.dtype == ACCUM_DTYPE else Y.to(low))
+        return call(Y if precision is None or Y.dtype == ACCUM_DTYPE else Y.to(precision))
 
 
 def full_precision(device):
@@ -463,12 +487,16 @@ class PairwiseAttention(EnergyTerm):
             explicit differences where the expansion cannot resolve z (`pairwise_pass`).
         validate: check the arguments here (curvature's name, tau, the kernel's name, the metric's shape and
             dtype); False for a model that builds this term per forward from arguments it checked itself.
+        precision: the dtype the kernel passes run in (`check_precision`): None for the tokens' own dtype, a half
+            dtype (an encoder's step under mixed precision passes the dtype it read once), or `AUTOCAST` (the
+            default: the dtype ``torch.autocast`` has on the tokens' device when a pass runs, the tokens' own
+            without autocast). float64 tokens always run as they are.
 
     Raises:
         EnergyError: (``validate=True``) an unknown curvature bound, ``constant`` with a non-finite rho'(0), tau not
             finite and > 0, an unknown kernel, a metric that is not a floating ``(d, d_h)`` tensor, or a
             ``metric_norm2`` without a metric, not one finite number >= 0, or below ``||W||_2^2``; and (always) an
-            invalid ``rho`` spec, ``guard`` or ``validate`` not a bool.
+            invalid ``rho`` spec, ``guard`` or ``validate`` not a bool, a ``precision`` `check_precision` refuses.
     """
 
     name = "attention"
@@ -477,9 +505,11 @@ class PairwiseAttention(EnergyTerm):
 
     def __init__(self, rho="exp", tau: float = 1.0, kernel: str = "auto", metric: Optional[torch.Tensor] = None,
                  curvature: str = "adaptive", metric_norm2: Optional[torch.Tensor] = None, guard: bool = True,
-                 validate: bool = True):
+                 validate: bool = True, precision=AUTOCAST):
         super().__init__()
         check_flag(guard, "guard", EnergyError), check_flag(validate, "validate", EnergyError)
+        #: the dtype of the kernel passes (None: the tokens'; `AUTOCAST`: autocast's at each pass)
+        self.precision = check_precision(precision)
         self.rho: Rho = get_rho(rho)
         self.curvature_kind = curvature
         if curvature == "constant":
@@ -544,18 +574,31 @@ class PairwiseAttention(EnergyTerm):
         ([`value`][energies.PairwiseAttention.value] maps every pair's difference by W in float64)."""
         return explicit_energy(Y, graph, self.rho, self.tau, self._metric(Y), validate=False)
 
+    def pass_precision(self, Y: torch.Tensor) -> Optional[torch.dtype]:
+        """The dtype this term's kernel passes on ``Y`` run in.
+
+        Args:
+            Y: the tokens of the pass.
+
+        Returns:
+            ``precision`` as given, or with `AUTOCAST` the dtype ``torch.autocast`` has on Y's device now (None
+            where it is off): the one place a term reads autocast.
+        """
+        return autocast_dtype(Y.device) if isinstance(self.precision, str) else self.precision
+
     def neighbour_sums(self, Y, graph):
-        """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; under autocast
-        in its dtype, `_kernel_call`)."""
+        """``(num, deg)``: ``sum_v gamma_uv z_v`` and ``sum_v gamma_uv`` in Y's dtype (z = W^T y; with a precision,
+        in that dtype, `_kernel_call`)."""
         return _kernel_call(Y, lambda Yk: weighted_neighbour_sums(self.features(Yk), graph, self.rho, self.tau,
-                                                                  self.kernel, validate=False))
+                                                                  self.kernel, validate=False), self.pass_precision(Y))
 
     def _pass(self, Y, graph, energy: bool = False, num: bool = True):
-        """The layers' kernel pass on the features W^T y (`pairwise_pass`); under
-        ``torch.autocast`` on the tokens in its dtype (`_kernel_call`)."""
+        """The layers' kernel pass on the features W^T y (`pairwise_pass`), on the tokens in the term's precision
+        (`pass_precision`, `_kernel_call`)."""
         W = self._metric(Y)
         return _kernel_call(Y, lambda Yk: pairwise_pass(Yk, graph, self.rho, self.tau, self.kernel, energy=energy,
-                                                        num=num, metric=W, guard=self.guard, validate=False))
+                                                        num=num, metric=W, guard=self.guard, validate=False),
+                            self.pass_precision(Y))
 
     def messages(self, Y, graph):
         """``(agg, deg)``: ``sum_v gamma_uv (z_v - z_u)`` (translation invariant: exactly 0 for a token
@@ -583,11 +626,13 @@ class PairwiseAttention(EnergyTerm):
         or None."""
         t0 = terms[0]
         if len(terms) < 2 or any(type(t) is not PairwiseAttention or t.metric is None or t.rho.spec() != t0.rho.spec()
-                                 or t.tau != t0.tau or t.kernel != t0.kernel or t.guard != t0.guard for t in terms):
+                                 or t.tau != t0.tau or t.kernel != t0.kernel or t.guard != t0.guard
+                                 or t.precision != t0.precision for t in terms):
             return None
         metrics = [t._metric(Y) for t in terms]
         return _kernel_call(Y, lambda Yk: pairwise_pass_heads(Yk, graph, t0.rho, t0.tau, t0.kernel, metrics,
-                                                              energy=energy, num=num, guard=t0.guard, validate=False))
+                                                              energy=energy, num=num, guard=t0.guard, validate=False),
+                            t0.pass_precision(Y))
 
     @staticmethod
     def joint_mm(terms, Y, graph, value: bool = True):

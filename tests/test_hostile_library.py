@@ -79,7 +79,7 @@ def test_meta_ids_into_a_cpu_embedding_are_named_not_read_as_garbage():
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 def test_an_example_with_no_real_token_is_a_token_error_on_the_cpu_and_fails_the_verdict_elsewhere(mode, monkeypatch):
     """Before: an all-False mask row gave logits and the verdict "descent" over its layer steps."""
-    from unfold import classifier as C, encoders as E
+    from unfold import classifier as C, inputs as I
 
     model = _model(mode, graph="complete" if mode == "baseline" else "window:2")
     ids, mask = _ids(3), torch.ones(3, 5, dtype=torch.bool)
@@ -88,7 +88,7 @@ def test_an_example_with_no_real_token_is_a_token_error_on_the_cpu_and_fails_the
         model(ids, mask)
     assert isinstance(info.value, ConfigError)            # callers that caught ConfigError keep working
     # where values are not read (an accelerator without validate=True), the trace fails the empty example
-    monkeypatch.setattr(E, "host_checks", lambda t, validate=False: False)
+    monkeypatch.setattr(I, "host_checks", lambda t, validate=False: False)
     monkeypatch.setattr(C, "host_checks", lambda t, validate=False: False)
     rep = model(ids, mask, trace=True).report()
     assert rep.verdict != "descent" and bool(rep.nonfinite[1].all()) and not bool(rep.nonfinite[[0, 2]].any())
@@ -321,6 +321,37 @@ def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(
         assert accepted <= 1
     if kernel == "streamed":
         assert accepted == len(RHOS)                      # the complete graph, every rho
+
+
+def test_where_a_kernel_runs_is_one_rule_that_the_encoder_and_the_build_check_ask():
+    """`energies.kernels.kernel_problem` decides; the encoder's constructor refuses exactly the kernels it says run
+    nowhere (with its sentence), the build check exactly those it says do not run on train.device."""
+    from energies.kernels import kernel_problem
+    from experiments.app.config import load_config
+    from unfold.encoders import GuaranteedEncoder
+
+    seen = set()
+    for kernel in _kernels():
+        for graph in ("complete", "window:2", "random:0.5"):
+            for rho in RHOS[:2]:
+                anywhere, here = kernel_problem(kernel, graph, rho), kernel_problem(kernel, graph, rho, "cpu")
+                seen.add(here is None)
+                assert anywhere is None or here is not None       # runs on the CPU: runs somewhere
+                build = lambda: GuaranteedEncoder(d=4, heads=1, layers=1, graph=graph, rho=rho, kernel=kernel)
+                if anywhere is None:
+                    build()
+                else:
+                    with pytest.raises(ConfigError) as info:
+                        build()
+                    assert anywhere in str(info.value), (kernel, graph, rho)
+                msg = _check(load_config("tiny", [f"model.kernel={kernel}", f"model.graph={graph}",
+                                                  f"model.rho={rho}", "model.layers=1", "model.d=8"]))
+                assert (msg is None) == (here is None), (kernel, graph, rho, msg)
+                assert here is None or here.split(";")[-1] in msg             # its sentence, keys renamed
+    assert seen == {True, False}                              # both answers were exercised
+    assert kernel_problem("auto", "window:2", RHOS[0], "cpu") is None
+    assert kernel_problem("softmax", "window:2", "exp", "cpu") is not None   # the negative control
+    assert kernel_problem("softmax", "complete", "exp", "cpu") is None
 
 
 def test_a_kernel_that_cannot_run_on_the_training_device_is_named_with_it(monkeypatch):

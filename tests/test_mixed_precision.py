@@ -23,9 +23,11 @@ import pytest
 import torch
 
 from clifuzz import expect_refusal, run_cli
+from energies.errors import EnergyError
 from energies.terms import FeedForward, PairwiseAttention, autocast_dtype, finite_f64, full_precision
 from experiments.app.config import choices, load_config
 from test_train import CONFIGS, synthetic_text_dir
+from unfold import encoders
 from unfold.encoders import GuaranteedEncoder, trace_dtype
 from unfold.prox import ProxMMStep
 
@@ -171,6 +173,53 @@ def test_autocast_helpers():
             assert autocast_dtype("cpu") is None
             assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_the_precision_is_passed_to_the_kernel_passes_not_read_by_them():
+    """A term's kernel passes run in the precision passed to it, whatever autocast says: bfloat16 outside autocast
+    when asked, the tokens' float32 under autocast with None, the same numbers inside and outside autocast."""
+    enc, X, mask = _encoder()
+    graph = enc.token_graph(mask)
+    X = graph.zero_padded(X)
+    low = enc.energy(X, precision=torch.bfloat16).terms["head0"]
+    full = enc.energy(X, precision=None).terms["head0"]
+    outside = low._pass(X, graph)
+    assert outside.agg.dtype == torch.bfloat16 and full._pass(X, graph).agg.dtype == torch.float32
+    with bf16():
+        assert full._pass(X, graph).agg.dtype == torch.float32          # autocast on, not read: float32
+        inside = low._pass(X, graph)
+        default = enc.energy(X).terms["head0"]._pass(X, graph)           # AUTOCAST: the term reads it itself
+    assert torch.equal(inside.agg, outside.agg) and torch.equal(inside.deg, outside.deg)
+    assert torch.equal(default.agg, outside.agg)
+    with pytest.raises(EnergyError, match="precision"):
+        PairwiseAttention(precision="fp8")
+    with pytest.raises(EnergyError, match="precision"):
+        PairwiseAttention(precision=torch.int8)
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_the_encoder_reads_autocast_once_and_passes_it(monkeypatch, trace):
+    """Under autocast the forward reads autocast's dtype once and hands it to the step's terms: no term of the
+    forward reads it (its precision is bfloat16 for the step, None for the trace), and the output equals the one of
+    the explicit bfloat16 step."""
+    enc, X, mask = _encoder()
+    reads, seen = [], []
+    real_read, real_pass = encoders.autocast_dtype, PairwiseAttention.pass_precision
+    monkeypatch.setattr(encoders, "autocast_dtype", lambda device: reads.append(device) or real_read(device))
+    monkeypatch.setattr(PairwiseAttention, "pass_precision", lambda self, Y: seen.append(self.precision) or
+                        real_pass(self, Y))
+    with bf16():
+        out = enc(X, mask, trace=trace)
+    assert len(reads) == 1 and torch.bfloat16 in seen and "autocast" not in seen, (reads, set(map(str, seen)))
+    assert set(seen) == ({torch.bfloat16, None} if trace else {torch.bfloat16})
+    graph = enc.token_graph(mask)
+    Xp = graph.zero_padded(X)
+    step = ProxMMStep(enc.energy(Xp, precision=torch.bfloat16))
+    Y = enc.nonneg.prox(Xp, graph)
+    with bf16():                                  # the products with S are autocast's; the kernels' are passed
+        for _ in range(enc.layers):
+            Y = step.update(Y, graph)
+    assert torch.equal(out.Y, Y)
 
 
 def test_float64_tokens_under_autocast_stay_float64():

@@ -47,13 +47,13 @@ from torch import nn
 from energies.checks import check_flag, check_int, check_number
 from energies.memory import check_memory
 from energies.energy import Energy
-from energies.errors import ConfigError, UnfoldError
-from energies.graphs import GraphCache, TokenGraph, check_graph_spec, check_tokens, graph_from_spec
-from energies.kernels import KERNELS, check_kernel
+from energies.errors import ConfigError
+from energies.graphs import GraphCache, TokenGraph, check_graph_spec, check_tokens
+from energies.kernels import check_kernel, kernel_problem
 from energies.registry import Registry
-from energies.rho import Rho, get_rho
-from energies.terms import (ACCUM_DTYPE, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention, Rescaling,
-                            Residual, autocast_dtype, full_precision, version_cached)
+from energies.rho import get_rho
+from energies.terms import (ACCUM_DTYPE, AUTOCAST, Centering, finite_f64, FeedForward, NonNegativity, PairwiseAttention,
+                            Rescaling, Residual, autocast_dtype, full_precision, version_cached)
 
 from .attention import Attention
 from .inputs import (MAX_INFERENCE_LAYERS, bool_mask, check_choice, check_empty_rows, check_inference_layers,
@@ -317,26 +317,6 @@ def trace_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def kernel_problem(kernel: str, graph: str, rho, device) -> Optional[str]:
-    """Why the pairwise ``kernel`` cannot run the graph spec ``graph`` with ``rho`` on tensors of ``device`` (worded
-    to follow "the KERNEL kernel ..."), or None: asked of the kernel's ``supports`` on a two-token probe graph of
-    that kind on that device. None for ``auto`` (it picks a kernel that runs) and for a CUDA device this machine
-    lacks (the device check's to say)."""
-    if kernel == "auto":
-        return None
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return None
-    with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
-        try:                           # shift-invariant (offsets) or not, as the spec builds it (the banded kernel)
-            shift = graph != "complete" and graph_from_spec(graph, 2).offsets is not None
-        except UnfoldError:
-            shift = False
-        probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long), name=graph,
-                           offsets=() if shift else None)
-    return KERNELS[kernel].supports(probe.to(torch.device(device.type)), rho if isinstance(rho, Rho) else get_rho(rho))
-
-
 @register_encoder("guaranteed")
 class GuaranteedEncoder(Encoder):
     """The shared MM step of the module docstring, T layers of it: every layer descends the one energy for any
@@ -357,7 +337,8 @@ class GuaranteedEncoder(Encoder):
 
     **Mixed precision** (a forward under ``torch.autocast(device, torch.bfloat16)``, ``train.precision=bfloat16``):
     the step may run in bfloat16, the energy a verdict judges may not. The step's products run in autocast's dtype
-    (the kernels get the tokens in bfloat16 with autocast off inside them, `_kernel_call`;
+    (the forward reads it once and passes it to the heads' kernel passes, which get the tokens in bfloat16 with
+    autocast off inside them: ``precision`` of [`PairwiseAttention`][energies.PairwiseAttention];
     the products with W and S are autocast's), while the tokens between layers stay float32 (the step adds its
     bfloat16 direction to float32 tokens) and the energy's own weights -- W, S = A A^T - (1 - eps) I, the bounds
     ||W_h||^2 and lambda_max(S) -- are float32/float64, never rounded by autocast. At **every** layer boundary Y_0 ..
@@ -408,11 +389,8 @@ class GuaranteedEncoder(Encoder):
         self.use_layernorm = check_flag(layernorm, "layernorm", ConfigError)
         self.curvature = check_choice(curvature, "curvature", CURVATURES)
         self.kernel = check_kernel(kernel, ConfigError)
-        if self.kernel != "auto":   # a kernel that cannot run on this graph and rho is refused now, not at a forward
-            why = kernel_problem(self.kernel, graph, self.rho, "cpu")
-            if why is not None:      # the kernel may be for another device (triton: a GPU): a probe there (meta)
-                why = why if kernel_problem(self.kernel, graph, self.rho, "meta") is not None else None
-            if why is not None:
+        why = kernel_problem(self.kernel, graph, self.rho)   # runs nowhere on this graph and rho: refused now
+        if why is not None:
                 raise ConfigError(f"kernel={self.kernel!r} does not apply to graph={graph!r}, rho={self.rho.spec()!r}: "
                                   f"the {self.kernel} kernel {why}")
         self.check_weights(self.heads * self.d * self.d_head + (self.d * self.d if self.use_ffn else 0),
@@ -423,9 +401,10 @@ class GuaranteedEncoder(Encoder):
         self.reset_parameters()
 
     def kernel_problem(self, device) -> Optional[str]:
-        """Why this encoder's ``kernel`` cannot run on ``device`` (`kernel_problem`), or None. The constructor
-        accepts a kernel that runs on some device (the triton kernel on a GPU, the fused one on the CPU); a caller
-        that knows where the model will run (the trainer's build check, ``train.device``) asks here."""
+        """Why this encoder's ``kernel`` cannot run on ``device``, or None: the kernels' own rule,
+        `energies.kernels.kernel_problem`, for this encoder's graph and rho. The constructor accepts a kernel that
+        runs on some device (the triton kernel on a GPU, the fused one on the CPU); a caller that knows where the
+        model will run (the trainer's build check, ``train.device``) asks here."""
         return kernel_problem(self.kernel, self.graph_spec, self.rho, device)
 
     def reset_parameters(self) -> None:
@@ -461,12 +440,14 @@ class GuaranteedEncoder(Encoder):
                              lambda A: torch.linalg.eigvalsh(finite_f64(self.ffn_weight())).max().clamp_min(0.0))
         return n2, lam
 
-    def energy(self, B: torch.Tensor, guard: bool = True) -> Energy:
-        """The energy every layer descends, anchored at B; ``guard``: the kernels' precision guard."""
+    def energy(self, B: torch.Tensor, guard: bool = True, precision=AUTOCAST) -> Energy:
+        """The energy every layer descends, anchored at B; ``guard``: the kernels' precision guard; ``precision``:
+        the dtype of the heads' kernel passes ([`PairwiseAttention`][energies.PairwiseAttention]; a forward passes
+        the dtype it read once, None for the trace's)."""
         norm2, lam = self.spectral_bounds()
         terms = [(f"head{h}", PairwiseAttention(self.rho, self.tau, kernel=self.kernel, metric=self.W[h],
                                                 curvature=self.curvature, metric_norm2=norm2[h], guard=guard,
-                                                validate=False))   # (checked once, by the constructor)
+                                                validate=False, precision=precision))   # (checked by the constructor)
                  for h in range(self.heads)]
         terms.append(("residual", Residual(B, validate=False)))
         if self.A is not None:
@@ -479,15 +460,20 @@ class GuaranteedEncoder(Encoder):
         return Energy(terms)
 
     def run(self, X, mask, graph, trace, keep_states, layers):
-        energy = self.energy(X, guard=trace or self.validate or X.device.type == "cpu")
-        # mixed precision (autocast, which leaves float64 alone, or half tokens): the step's pass runs in bfloat16,
-        # so its energy is not what a verdict may judge; the values come from a float32 energy-only pass at each Y_t
-        # instead (trace_values): every layer, not a sample. Nothing is then read off the step's pass, so off the CPU
-        # it runs without the precision guard, as with the trace off (bfloat16 features reach the kernels' own
-        # half-precision path: the fused kernel's flash op), while the trace's passes keep it
-        narrow = trace_dtype(X.dtype) != X.dtype or (X.dtype != ACCUM_DTYPE and autocast_dtype(X.device) is not None)
+        # the one read of torch.autocast in a forward: the dtype of the step's kernel passes, passed to its terms
+        # (autocast leaves float64 alone, and so does the step); the trace's energy runs in the tokens' own dtype
+        low = autocast_dtype(X.device) if X.dtype != ACCUM_DTYPE else None
+        guard = trace or self.validate or X.device.type == "cpu"
+        energy = self.energy(X, guard=guard, precision=None)
+        # mixed precision (autocast or half tokens): the step's pass runs in bfloat16, so its energy is not what a
+        # verdict may judge; the values come from a float32 energy-only pass at each Y_t instead (trace_values):
+        # every layer, not a sample. Nothing is then read off the step's pass, so off the CPU it runs without the
+        # precision guard, as with the trace off (bfloat16 features reach the kernels' own half-precision path: the
+        # fused kernel's flash op), while the trace's passes keep it
+        narrow = trace_dtype(X.dtype) != X.dtype or low is not None
         unguarded = narrow and trace and not self.validate and X.device.type != "cpu"
-        step = ProxMMStep(self.energy(X, guard=False) if unguarded else energy, self.alpha)   # the shared layer
+        step = ProxMMStep(energy if low is None and not unguarded else      # the shared layer
+                          self.energy(X, guard=guard and not unguarded, precision=low), self.alpha)
         Y = self.nonneg.prox(X, graph) if self.nonneg is not None else X
         T = self.layers if layers is None else check_int(layers, "layers", 0, error=ConfigError)
         eps = check_stop_rel(self.stop_rel)       # an attribute a study may set: checked where it is used

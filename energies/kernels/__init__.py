@@ -54,7 +54,8 @@ Where things are:
   of `fused_ops`, whose plain-torch reference op stands beside them), `streamed`, `dense`,
   `edges`, `banded`; the exact passes the dispatcher falls back to are public in their kernels' modules
   (`edges.edges_pass`, `streamed.streamed_pass`, `triton.triton_heads`);
-* `dispatch`: `pick_kernel`, `pairwise_pass` and the passes built on it.
+* `dispatch`: `pick_kernel`, `kernel_problem` (where a named kernel runs), `pairwise_pass` and the passes built
+  on it.
 
 May import: the rest of [`energies`][energies] below the terms (errors, graph, graphs, rho), nothing else of the
 project. What a kernel may use is public and listed in the `__all__` of `registry`, `guard` and `lse`
@@ -62,8 +63,8 @@ project. What a kernel may use is public and listed in the `__all__` of `registr
 that imports `registry` and calls ``register_kernel``.
 """
 from . import triton, softmax, fused, streamed, dense, edges, banded  # noqa: F401  (registers them, in this order)
-from .dispatch import (explicit_energy, pairwise_energy, pairwise_pass, pairwise_pass_heads, pick_kernel,
-                       weighted_neighbour_sums)
+from .dispatch import (explicit_energy, kernel_problem, pairwise_energy, pairwise_pass, pairwise_pass_heads,
+                       pick_kernel, weighted_neighbour_sums)
 from .guard import EXPANSION_Z_ERROR, dense_z, edge_z, expansion_dtype, expansion_ok, explicit_z
 from .registry import (AUTO_RULES, HEADS_PASSES, KERNELS, Kernel, PairwisePass, apply_metric, check_kernel,
                        kernel_names, register_kernel)
@@ -74,5 +75,5 @@ from .triton import triton_unavailable
 #: private helpers are imported from their homes (energies.kernels.softmax, ...)
 __all__ = ["AUTO_RULES", "EXPANSION_Z_ERROR", "HEADS_PASSES", "KERNELS", "Kernel", "PairwisePass", "STREAM_MIN_N",
            "apply_metric", "check_kernel", "dense_z", "edge_z", "expansion_dtype", "expansion_ok", "explicit_energy",
-           "explicit_z", "kernel_names", "pairwise_energy", "pairwise_pass", "pairwise_pass_heads", "pick_kernel",
+           "explicit_z", "kernel_names", "kernel_problem", "pairwise_energy", "pairwise_pass", "pairwise_pass_heads", "pick_kernel",
            "register_kernel", "triton_unavailable", "weighted_neighbour_sums"]

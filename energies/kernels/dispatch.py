@@ -1,6 +1,7 @@
-"""The pass over a graph: `pick_kernel` (``auto`` and the checks of a named kernel), `pairwise_pass`
-(centring, the precision guard, the fallback to explicit differences), `pairwise_pass_heads` (one call for
-several heads), and the independent energy every check uses (`pairwise_energy`). Reaches the kernels through
+"""The pass over a graph: `pick_kernel` (``auto`` and the checks of a named kernel), `kernel_problem` (whether a
+named kernel runs a graph spec and rho on a device: the one rule every constructor and build check asks),
+`pairwise_pass` (centring, the precision guard, the fallback to explicit differences), `pairwise_pass_heads` (one
+call for several heads), and the independent energy every check uses (`pairwise_energy`). Reaches the kernels through
 the registry ([`KERNELS`][energies.KERNELS] and its auto and heads rules) and the exact passes it falls
 back to (`edges`, `streamed`) directly."""
 from __future__ import annotations
@@ -10,10 +11,10 @@ from typing import Optional
 import torch
 
 from ..checks import check_number
-from ..errors import EnergyError, TokenError
+from ..errors import EnergyError, TokenError, UnfoldError
 from .fused_ops import fused_available
-from ..graphs import TokenGraph
-from ..rho import ExpRho, Rho, kernel_sensitivity
+from ..graphs import TokenGraph, graph_from_spec
+from ..rho import ExpRho, Rho, get_rho, kernel_sensitivity
 from .edges import edges_pass
 from .guard import (EXPANSION_Z_ERROR, centred, expansion_dtype, expansion_ok, explicit_tile, explicit_z, own_dtype,
                     scale_dtype, to_float64)
@@ -83,6 +84,43 @@ def pick_kernel(graph: TokenGraph, rho: Rho, kernel: str = "auto", validate: boo
     if why is not None:
         raise EnergyError(f"the {kernel} kernel {why}")
     return kernel
+
+
+def kernel_problem(kernel: str, graph: str, rho, device=None) -> Optional[str]:
+    """Why the pairwise ``kernel`` cannot run the graph spec ``graph`` with ``rho`` on tensors of ``device``, or None.
+
+    Asked of the kernel's ``supports`` on a two-token probe graph of that kind (shift-invariant or not, as the spec
+    builds it) on that device: no tokens, no memory. The one rule of where a kernel runs: an encoder's constructor
+    asks it without a device (does the kernel run anywhere?), a build check asks it for the device a run trains on.
+
+    Args:
+        kernel: a registered kernel name or ``auto`` (checked by the caller, `check_kernel`).
+        graph: a graph spec (``complete``, ``window:8``, ...).
+        rho: a [`Rho`][energies.Rho] or its spec.
+        device: the device the kernel would run on; None: any device this library runs on (the CPU, or a GPU,
+            probed on ``meta``), the reason given being the CPU's.
+
+    Returns:
+        None where the kernel runs (always for ``auto``, which picks one that does, and for a CUDA device this
+        machine lacks, which the device check reports), else why not, worded to follow "the KERNEL kernel ...".
+    """
+    if kernel == "auto":
+        return None
+    rho = rho if isinstance(rho, Rho) else get_rho(rho)
+    if device is None:
+        why = kernel_problem(kernel, graph, rho, "cpu")
+        return None if why is None or kernel_problem(kernel, graph, rho, "meta") is None else why
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
+    with torch.device("cpu"):          # a probe of the graph's kind (also when built under a device context)
+        try:                           # shift-invariant (offsets) or not, as the spec builds it (the banded kernel)
+            shift = graph != "complete" and graph_from_spec(graph, 2).offsets is not None
+        except UnfoldError:
+            shift = False
+        probe = TokenGraph(1, 2, None, None if graph == "complete" else torch.zeros(2, 0, dtype=torch.long), name=graph,
+                           offsets=() if shift else None)
+    return KERNELS[kernel].supports(probe.to(torch.device(device.type)), rho)
 
 
 def pairwise_pass(Y: torch.Tensor, graph: TokenGraph, rho: Rho, tau: float, kernel: str = "auto",

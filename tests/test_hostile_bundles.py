@@ -217,7 +217,7 @@ def test_deeply_nested_documents_are_one_line_refusals_naming_the_file(tmp_path)
     with pytest.raises(ValueError, match="NaN"):
         strict_json.loads('{"a": NaN}')
     assert strict_json.loads('{"a": ["[[[[", {"b": []}]}') == {"a": ["[[[[", {"b": []}]}
-    from unfold.cli import read_document
+    from unfold.documents import read_document
 
     (tmp_path / "deep.json").write_text(deep())
     with pytest.raises(ConfigError, match="deep.json is not valid JSON .nested too deeply"):

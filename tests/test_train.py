@@ -279,10 +279,26 @@ def test_two_process_ddp_matches_single_process_training(tmp_path):
 
 def test_auto_device_is_the_gpu_where_torch_sees_one_else_the_cpu():
     from experiments.app.build import check_buildable
-    from unfold.cli import check_device, resolve_device
+    from unfold.devices import check_device, resolve_device
     want = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto") == want and check_device("auto").type == want
     assert resolve_device("cpu") == "cpu"
     assert check_buildable(load_config("tiny", ["train.device=auto"])) > 0
     with pytest.raises(ConfigError, match="train.device"):
         load_config("tiny", ["train.device=automatic"])
+
+
+def test_a_device_spec_has_one_rule_for_configs_and_flags():
+    """`unfold.devices.parse_device` is the syntax both the config key and every --device flag obey: a config names
+    a GPU it may lack (read anywhere), never a device kind the model cannot run on, nor a second CPU."""
+    from unfold.devices import check_device, parse_device
+    assert load_config("tiny", ["train.device=cuda:3"])["train"]["device"] == "cuda:3"     # read on any machine
+    for spec in ("mps", "meta", "cpu:3", "gpu"):
+        with pytest.raises(ConfigError, match=rf"train.device.*{spec}"):
+            load_config("tiny", [f"train.device={spec}"])
+        with pytest.raises(ConfigError, match=rf"--device must be cpu, cuda, cuda:K or auto, got '{spec}'"):
+            check_device(spec, "--device", ConfigError)
+    assert parse_device("cuda:3").index == 3 and parse_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():           # the syntax holds, the machine lacks it: refused when a run starts
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            check_device("cuda:3", "train.device", ConfigError)

@@ -27,7 +27,8 @@ from energies.graphs import graph_from_spec
 from energies.memory import check_memory
 from energies.rho import get_rho
 
-from .cli import any_float, any_int, check_device, finite_float, positive_float, positive_int, run_main
+from .cli import any_float, any_int, finite_float, positive_float, positive_int, run_main
+from .devices import check_device
 from .plugins import add_import_arg, plugin_output
 from .steps import UPDATES, AttentionStep, ReLUProxStep, Sequence
 from .strict_json import dumps as json_dumps, json_safe

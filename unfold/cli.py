@@ -11,7 +11,8 @@
 
 argparse ``type=`` converters for the checks every CLI repeats (`positive_int`, `finite_float`,
 ...) raise `argparse.ArgumentTypeError`, which argparse reports as
-``PROG: error: argument --FLAG: ...`` with exit 2.
+``PROG: error: argument --FLAG: ...`` with exit 2. A ``--device`` flag is checked by `unfold.devices.check_device`,
+a document file read by `unfold.documents.read_document`.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from energies.errors import UnfoldError
 
 from .plugins import add_import_arg, load_plugins
 
-__all__ = ["run_main", "check_device", "add_import_arg", "one_line", "read_document", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
+__all__ = ["run_main", "add_import_arg", "one_line", "folder_problem", "folder_arg", "output_folder_arg", "positive_int", "nonnegative_int", "seed_int", "finite_float",
            "positive_float", "nonnegative_float", "probability"]
 
 DEBUG_ENV = "UNFOLD_DEBUG"
@@ -156,55 +157,3 @@ def output_folder_arg(text: str) -> str:
     if why:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
-
-
-def resolve_device(spec):
-    """``auto``: ``cuda`` where torch sees a CUDA device, else ``cpu``; any other spec as it is."""
-    if spec == "auto":
-        import torch
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return spec
-
-
-def check_device(spec: str, what: str = "--device", error: type = UnfoldError):
-    """``spec`` as a device this machine runs the model on, before any work: ``cpu``, ``auto``
-    (`resolve_device`), or ``cuda[:K]`` with CUDA present and ``K`` in range; anything else raises ``error``
-    naming ``what`` (the flag or config key)."""
-    import torch
-
-    spec = resolve_device(spec)
-    rule = f"{what} must be cpu, cuda, cuda:K or auto, got {spec!r}"
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, ValueError, TypeError):
-        raise error(rule) from None
-    if device.type not in ("cpu", "cuda"):
-        raise error(rule)
-    if device.type == "cpu" and device.index not in (None, 0):
-        raise error(f"{rule} (there is one cpu device)")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise error(f"{what} {spec}: CUDA is not available on this machine")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise error(f"{what} {spec}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    return device
-
-
-def read_document(path: str, parse: Callable, error: type, label: str, fmt: str, parse_errors: tuple = (ValueError,)):
-    """``parse(open file)`` of the UTF-8 text file ``path``; a missing file (or a folder), text that is not UTF-8,
-    a document nested so deeply that the parser exhausts Python's recursion limit (``[[[[...`` 5,000 deep: YAML
-    and JSON parsers recurse per level), or a ``parse_errors`` exception becomes ``error`` naming ``label`` (e.g.
-    "config file 'x.yaml'") and why: every document reader of the project gets the same one-line refusal."""
-    if not os.path.isfile(path):
-        raise error(f"{label} is missing" + (" (it is a folder)" if os.path.isdir(path) else " (no such file)"))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return parse(fh)
-    except UnicodeDecodeError as exc:
-        raise error(f"{label} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except RecursionError:
-        raise error(f"{label} is not valid {fmt} (nested too deeply: it exhausts the parser's recursion "
-                    "limit)") from None
-    except parse_errors as exc:
-        raise error(f"{label} is not valid {fmt} ({one_line(exc, 200)})") from None

@@ -21,7 +21,7 @@ import torch
 
 from energies.errors import ConfigError
 from unfold.classifier import TokenEmbedding
-from unfold.cli import resolve_device
+from unfold.devices import resolve_device
 from unfold.encoders import ENCODERS
 
 from .config import DEFAULTS

@@ -24,7 +24,7 @@ import yaml
 
 from energies.checks import parse_float
 from energies.errors import ConfigError, UnfoldError
-from unfold.cli import read_document
+from unfold.documents import read_document
 
 from ..runfolder.strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
 
@@ -168,17 +168,12 @@ def _check_positional(value) -> None:
 
 
 def _check_device(spec: str) -> None:
-    import torch
+    """The library's one device rule (`unfold.devices.parse_device`), its syntax only: a config written for a GPU
+    is read anywhere; whether this machine has the device is checked when a run starts."""
+    from unfold.devices import parse_device
 
-    if spec == "auto":       # the GPU where torch sees one, else the CPU (unfold.cli.resolve_device)
-        return
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"config key 'train.device' must be auto or a torch device such as cpu, cuda or cuda:1, "
-                          f"got {spec!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"config key 'train.device' must be auto, cpu or cuda[:K], got {spec!r}")
+    if spec != "auto":       # the GPU where torch sees one, else the CPU (unfold.devices.resolve_device)
+        parse_device(spec, "config key 'train.device'", ConfigError)
 
 
 

@@ -25,7 +25,8 @@ import warnings
 import torch
 
 from energies.errors import UnfoldError
-from unfold.cli import read_document, run_main
+from unfold.cli import run_main
+from unfold.documents import read_document
 from unfold.plugins import add_import_arg
 from unfold.plot import pyplot, save_figure
 

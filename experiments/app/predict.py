@@ -58,7 +58,8 @@ import time
 from typing import Iterable, Iterator, List, Optional, Sequence
 
 from energies.errors import CheckpointError, ConfigError
-from unfold.cli import check_device, folder_arg, folder_problem, positive_int, run_main
+from unfold.cli import folder_arg, folder_problem, positive_int, run_main
+from unfold.devices import check_device
 from unfold.inputs import check_batch_size, check_inference_layers
 from unfold.plugins import add_import_arg, plugin_output
 from unfold.strict_json import dumps as json_dumps

@@ -29,7 +29,8 @@ from energies.errors import CheckpointError, ConfigError, EnergyError, StepError
 from energies.memory import memory_available  # the one memory rule's reading (energies.memory)
 from unfold.classifier import upgrade_state_dict
 from unfold.monitor import DescentMonitor
-from unfold.cli import check_device as _check_device, run_main
+from unfold.cli import run_main
+from unfold.devices import check_device as _check_device
 from unfold.plugins import add_import_arg
 
 from .build import build_data, build_model, check_buildable, fingerprint
@@ -71,7 +72,7 @@ def training_precision(precision: str, device: torch.device):
 
 
 def check_device(spec: str) -> torch.device:
-    """``train.device`` as a device this machine has, before any work (`unfold.cli.check_device`)."""
+    """``train.device`` as a device this machine has, before any work (`unfold.devices.check_device`)."""
     return _check_device(spec, "train.device", ConfigError)
 
 

@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from energies.errors import ConfigError, InputError
-from unfold.cli import check_device, folder_arg, folder_problem, run_main
+from unfold.cli import folder_arg, folder_problem, run_main
+from unfold.devices import check_device
 from unfold.inputs import MAX_INFERENCE_LAYERS, check_batch_size, check_inference_layers, check_stop_rel
 from unfold.plugins import add_import_arg
 from unfold.strict_json import dumps as json_dumps

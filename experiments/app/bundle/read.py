@@ -60,7 +60,7 @@ import torch
 from safetensors import SafetensorError
 
 from energies.errors import CheckpointError
-from unfold.cli import read_document
+from unfold.documents import read_document
 from unfold.strict_json import load as json_load, loads as json_loads
 
 from ..checkpoint import DIGEST, LAST, PREV, check_fingerprint, nonfinite_tensor, safe_load, show
@@ -121,7 +121,7 @@ def _key_error(path: str, key: str, value: Any, rule: str) -> CheckpointError:
 
 def _read_json(path: str) -> Any:
     """The JSON document at ``path`` (strict, depth-limited: `unfold.strict_json.loads`), through
-    `unfold.cli.read_document`: any problem is one `CheckpointError` naming the file."""
+    `unfold.documents.read_document`: any problem is one `CheckpointError` naming the file."""
     if os.path.lexists(path) and not os.path.isdir(path):
         _open_regular(path).close()           # a FIFO or a device is refused before it is read
     return read_document(path, json_load, CheckpointError, path, "JSON")

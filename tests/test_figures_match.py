@@ -84,6 +84,11 @@ def test_a_broken_marker_is_refused_naming_the_page_and_line(spec, error):
     assert str(caught.value).startswith("page.md:2: ")
 
 
+def test_a_marker_in_code_is_an_example():
+    text = "write `<!-- fig docs/measured/NAME.json /a %.2f -->1<!-- /fig -->` to mark a figure"
+    assert figures.regenerate(text, "page.md", figures.Sources(ROOT)) == (text, [])
+
+
 def test_ratios_and_differences_read_one_or_two_files():
     sources = figures.Sources(ROOT)
     suite = sources("docs/measured/suite.json", "x")

@@ -56,8 +56,9 @@ SUITE_JSON = "docs/measured/suite.json"
 RUN_COMMAND = ["unfold-train", "--config", "default"]
 SUITE_COMMAND = ["python", "-m", "pytest", "-q", "-n", "2"]
 
-FIG = re.compile(r"<!-- fig ([^>]*?) -->(.*?)<!-- /fig -->")
-TABLE = re.compile(r"<!-- table ([^>]*?) -->\n(.*?)<!-- /table -->", re.S)
+#: a marker right after a backquote is an example in code, not a figure
+FIG = re.compile(r"(?<!`)<!-- fig ([^>]*?) -->(.*?)<!-- /fig -->")
+TABLE = re.compile(r"(?<!`)<!-- table ([^>]*?) -->\n(.*?)<!-- /table -->", re.S)
 #: pytest's closing line: ``4257 passed, 99 skipped, 48 warnings in 877.48s (0:14:37)``
 PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in ([\d.]+)s\b", re.M)
 

@@ -256,3 +256,23 @@ def test_a_task_registered_by_a_plug_in_is_picked_up(tmp_path, counting_task):
     assert metrics["task"] == "counting_classify" and CountingClassify.batches_seen > before
     assert "test_accuracy" in metrics and TrainedModel.from_pretrained(str(tmp_path / "run")).task == \
         "counting_classify"
+
+
+def run_card_snippet(folder) -> str:
+    """The Python block of the "Use" section of ``folder``'s model card, run on ``folder``: what it prints."""
+    import contextlib
+    import io
+    import re
+
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    (code,) = re.findall(r"## Use\n\n```python\n(.*?)```", card, re.S)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code.replace("PATH_OR_HUB_ID", str(folder)), {})      # the card's own text, as a reader copies it
+    return out.getvalue()
+
+
+def test_the_cards_use_section_fills_a_mask(pretrained):
+    _, run, _ = pretrained
+    printed = run_card_snippet(run)
+    assert printed.startswith("[(") and "descent" in printed and printed.count("', 0.") == 5, printed

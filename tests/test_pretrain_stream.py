@@ -14,7 +14,7 @@ from experiments.app import train as T
 from experiments.app.config import load_config
 from experiments.data import DataError
 from experiments.data.stream import TextStream, held_out, shuffle_buffer
-from test_pretrain import GROUPS, write_topics
+from test_pretrain import GROUPS, run_card_snippet, write_topics
 
 import random
 
@@ -113,6 +113,11 @@ def test_a_run_pretrains_on_the_file_learns_and_fine_tunes(tmp_path):
                                         "train.epochs=1", "train.progress=false", "train.tensorboard=false"]),
                    str(tmp_path / "fine"))
     assert fine["task"] == "classify" and 0 <= fine["test_accuracy"] <= 1
+    card = open(tmp_path / "pre" / "README.md", encoding="utf-8").read()
+    assert f"Pretrained on the unlabelled texts of `{texts}`" in card and "Pretrained on" not in \
+        open(tmp_path / "fine" / "README.md", encoding="utf-8").read()
+    printed = run_card_snippet(tmp_path / "fine")                    # the classifier's card: its own "Use"
+    assert printed.split()[0] in ("0", "1", "neg", "pos", "negative", "positive") and "descent" in printed, printed
 
 
 def test_resume_mid_stream_pretraining_gives_the_uninterrupted_weights(tmp_path, monkeypatch):

@@ -96,7 +96,7 @@ def model_card(config: Dict[str, Any], label_names: Sequence[str], dataset: Opti
     if sentence:
         at = lines.index("## Test metrics") + 2
         lines[at:at] = [sentence, ""]
-    lines += _card_tail(config, dataset, fingerprint, command)
+    lines += _card_tail(config, dataset, fingerprint, command, task)
     return _front_matter(front) + "\n" + "\n".join(lines)
 
 
@@ -150,16 +150,28 @@ def _card_verdict(m: Dict[str, Any], config: Dict[str, Any], task: Optional[str]
     return lines
 
 
+#: the card's "Use" lines of each task: how to load the bundle and what to ask it
+_USE = {None: ['for p in model.predict(["a text to classify"]):', "    print(p.label, p.probabilities, p.verdict)",
+               "```", "", "or `unfold-predict PATH --text \"...\"`."],
+        "masked_tokens": ['for p in model.predict(["a [MASK] film"], top_k=5):      # fill-mask',
+                          "    print([(c.token_str, c.score) for c in p.masks[0]], p.verdict)", "```", "",
+                          "or `unfold-predict PATH --text \"a [MASK] film\" --top-k 5`; fine-tune it with "
+                          "`unfold-train --config CONFIG model.init_from=PATH`."]}
+
+
 def _card_tail(config: Dict[str, Any], dataset: Optional[str], fingerprint: Optional[Dict[str, Any]],
-               command: Optional[str]) -> List[str]:
-    """The card's lines from the data section to the end: data, command, use, config."""
+               command: Optional[str], task: Optional[str] = None) -> List[str]:
+    """The card's lines from the data section to the end: data (and the unlabelled texts pretrained on, where
+    ``data.texts`` names them), command, use (``task``'s: classify or fill-mask), config."""
+    texts = (config.get("data") or {}).get("texts") if task else None
     return ["", "## Data", "", f"Dataset: `{dataset}`" if dataset else "Dataset: not recorded", "",
+            *([f"Pretrained on the unlabelled texts of `{texts}` (one text a line, read as a stream).", ""]
+              if texts else []),
             "Data fingerprint (sha256 of the vocabulary, of each split and of the label names the model was "
             "trained on, with their sizes: `experiments.runfolder.fingerprint`):",
             "", "```json", json_dumps(fingerprint, indent=1, ensure_ascii=False), "```", "",
             "## The command that made it", "", f"```\n{command}\n```" if command else "Not recorded.", "",
             "## Use", "", "```python", "from experiments.app.bundle import TrainedModel", "",
             'model = TrainedModel.from_pretrained("PATH_OR_HUB_ID")   # no pickle, no code: safetensors + JSON',
-            'for p in model.predict(["a text to classify"]):', "    print(p.label, p.probabilities, p.verdict)",
-            "```", "", "or `unfold-predict PATH --text \"...\"`.", "", "## Config", "", "```json",
+            *_USE.get(task, _USE[None]), "", "## Config", "", "```json",
             json_dumps(config, indent=1, ensure_ascii=False), "```", ""]

@@ -1,24 +1,25 @@
-"""Training configuration: YAML files plus dotted ``key=value`` overrides, validated against defaults.
+"""Training configuration: YAML files plus dotted ``key=value`` overrides, validated against the schema.
 
-Every key is declared once in :data:`SCHEMA` (:class:`Key`: default, rule, types, a one-line meaning), from which
-:data:`DEFAULTS`, the rules :func:`validate` enforces and the reference page ``docs/config_reference.md``
-(:func:`reference`, ``python -m experiments.app.config --reference``) are derived. Every key must exist in
-:data:`DEFAULTS` (an unknown key is a :class:`ConfigError` listing the valid keys at that level) and every value
-must have the default's type (``None`` defaults accept the types listed in :data:`NULLABLE`).
+Every key is declared once in the schema, `experiments.app.config_schema` (`SCHEMA`: one `Key` per key, its
+default, rule, types and a one-line meaning; `DEFAULTS`, `RULES`, `NULLABLE`, `TYPES` and `choices` derived from
+it), whose names this module re-exports for its importers. Here: loading (`load_config`, `load_config_sources`: a
+shipped config's name or a file, its ``extends`` chain, ``section.key=value`` overrides), validation (`validate`:
+every key must exist in `DEFAULTS` -- an unknown key is a `ConfigError` listing the valid keys at that level --,
+every value must have the default's type, ``None`` defaults accepting the types in `NULLABLE`, and obey its rule;
+then the rules between keys, `CROSS_RULES`), writing (`dump_config`, `dump_config_sources`) and the reference page
+``docs/config_reference.md`` (`reference`, ``python -m experiments.app.config --reference``).
 
-Every YAML text the project reads goes through :func:`~experiments.runfolder.strict_yaml.load_yaml` (re-exported
-here), the strict safe loader of :mod:`experiments.runfolder.strict_yaml`.
+Every YAML text the project reads goes through `load_yaml` (re-exported here), the strict safe loader of
+`experiments.runfolder.strict_yaml`.
 """
 from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import pathlib
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
@@ -26,378 +27,19 @@ from energies.checks import parse_float
 from energies.errors import ConfigError, UnfoldError
 from unfold.documents import read_document
 
-from ..runfolder.strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, _show, load_yaml
+from ..runfolder.strict_yaml import MAX_YAML_DEPTH, StrictYAMLError, load_yaml, show
+from .config_schema import (CHOICE_KEYS, DEFAULTS, KEYS, NULLABLE, RULES, SCHEMA, TYPES, Checked, Choice, Key,
+                            Range, Text, choices, is_graph_file)
+
+__all__ = ["SCHEMA", "KEYS", "Key", "Choice", "Checked", "reference", "DEFAULTS", "RULES", "Range", "Text", "choices",
+           "load_config", "apply_overrides", "validate", "dump_config", "ConfigError", "load_yaml",
+           "load_config_sources", "dump_config_sources", "config_chain", "EXTENDS", "StrictYAMLError",
+           "MAX_YAML_DEPTH"]
 
-__all__ = ["SCHEMA", "KEYS", "Key", "Choice", "Checked", "reference", "DEFAULTS", "RULES", "Range", "Text", "choices", "load_config", "apply_overrides", "validate", "dump_config",
-           "ConfigError", "load_yaml", "load_config_sources", "dump_config_sources", "config_chain", "EXTENDS", "StrictYAMLError", "MAX_YAML_DEPTH"]
-
-#: largest sizes accepted (a guard against typos that would allocate terabytes, far above any CPU/GPU run)
-MAX_SIZE = 2 ** 16
-MAX_COUNT = 2 ** 31 - 1
-
-
-def _number(v: float, integer: bool) -> str:
-    """``v`` as written in a rule: an integer's digits; a float's shortest ``g`` form when it reads back exactly,
-    else its ``repr`` (so that a documented bound is the enforced one to the last bit)."""
-    if integer:
-        return str(int(v))
-    text = f"{v:g}"
-    return text if float(text) == v else repr(float(v))
-
-
-@dataclass(frozen=True)
-class Range:
-    """A numeric range ``lo <= v <= hi`` (``<`` on an open end); ints when ``integer``; always finite."""
-
-    lo: float
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-    integer: bool = False
-
-    def holds(self, v) -> bool:
-        if not isinstance(v, int) and not math.isfinite(v):   # an int of any size is compared exactly
-            return False
-        return (v > self.lo if self.lo_open else v >= self.lo) and (v < self.hi if self.hi_open else v <= self.hi)
-
-    def describe(self) -> str:
-        what = "an integer" if self.integer else "a finite number"
-        lo = f"{'(' if self.lo_open else '['}{_number(self.lo, self.integer)}"
-        hi = f"{_number(self.hi, self.integer)}{')' if self.hi_open else ']'}" if math.isfinite(self.hi) else "inf)"
-        return f"{what} in {lo}, {hi}"
-
-
-@dataclass(frozen=True)
-class Text:
-    """A non-empty string, optionally matching ``pattern`` (full match) or passing ``check`` (which raises
-    an :class:`~energies.errors.UnfoldError`); ``rule`` says in words what is accepted."""
-
-    rule: str = "a non-empty string"
-    pattern: Optional[str] = None
-    check: Optional[Callable[[str], Any]] = None
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A value of another kind (a mapping) accepted when ``check`` (the library's own check, raising an
-    :class:`~energies.errors.UnfoldError`) passes; ``rule`` says in words what is accepted."""
-
-    rule: str
-    check: Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One of a list of names: ``values`` is the tuple itself or a function returning the names a library registry
-    holds (read at each check, never retyped here, so that a plug-in's registration counts); ``source`` names
-    that registry."""
-
-    values: Any
-    source: str = ""
-
-    def names(self) -> tuple:
-        return tuple(self.values() if callable(self.values) else self.values)
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key, declared once: its ``default``, the ``rule`` its values obey (:class:`Range`, :class:`Text`,
-    :class:`Checked` or :class:`Choice`; ``None`` for a boolean), the ``types`` it takes where they are not just
-    the default's (a ``None`` default: the types it takes besides null), and its ``meaning`` in one line.
-    :data:`DEFAULTS`, :data:`RULES`, :data:`NULLABLE`, :data:`TYPES`, :data:`CHOICE_KEYS`, :func:`validate` and
-    the reference page (:func:`reference`) are all read from :data:`SCHEMA`."""
-
-    default: Any
-    meaning: str
-    rule: Any = None
-    types: Optional[tuple] = None
-
-    def allowed_types(self) -> tuple:
-        """The Python types a non-null value may have."""
-        return self.types or (type(self.default),)
-
-    @property
-    def nullable(self) -> bool:
-        return self.default is None
-
-
-def _check_rho(spec: str) -> None:
-    from energies.rho import get_rho
-
-    get_rho(spec)
-
-
-def _is_graph_file(spec: str) -> bool:
-    return spec.endswith(".npy") or os.path.sep in spec
-
-
-def _check_graph(spec: str) -> None:
-    """Parse a named spec and build it for a 4-token sequence (its arguments are checked; radii are clamped to
-    n). An edge-list file is checked by :func:`_check_cross` against ``data.max_len``."""
-    from energies.graphs import check_graph_spec
-
-    if not _is_graph_file(spec):
-        check_graph_spec(spec)
-
-
-def _check_tokenizer(spec: str) -> None:
-    from ..data.subword import parse_tokenizer_spec    # the data package's own rule, one definition
-
-    parse_tokenizer_spec(spec)
-
-
-def _subword_sizes() -> tuple:
-    from ..data.subword import MAX_SUBWORD_VOCAB, MIN_SUBWORD_VOCAB
-
-    return MIN_SUBWORD_VOCAB, MAX_SUBWORD_VOCAB
-
-
-_SUBWORD = _subword_sizes()
-
-
-def _check_splits(value) -> None:
-    from ..data.hf import check_split_map    # the loader's own rule, one definition
-
-    check_split_map(value)
-
-
-def _check_positional(value) -> None:
-    from unfold.classifier import positional_kind    # the embedding's own rule, one definition
-
-    positional_kind(value, "model.positional")
-
-
-def _check_device(spec: str) -> None:
-    """The library's one device rule (`unfold.devices.parse_device`), its syntax only: a config written for a GPU
-    is read anywhere; whether this machine has the device is checked when a run starts."""
-    from unfold.devices import parse_device
-
-    if spec != "auto":       # the GPU where torch sees one, else the CPU (unfold.devices.resolve_device)
-        parse_device(spec, "config key 'train.device'", ConfigError)
-
-
-
-
-def _encoders() -> tuple:
-    from unfold.encoders import ENCODERS
-
-    return tuple(ENCODERS)
-
-
-def _curvatures() -> tuple:
-    from unfold.encoders import CURVATURES
-
-    return tuple(CURVATURES)
-
-
-def _activations() -> tuple:
-    from unfold.attention import ACTIVATIONS
-
-    return tuple(sorted(ACTIVATIONS))
-
-
-def _norms() -> tuple:
-    from unfold.encoders import NORMS
-
-    return tuple(NORMS)
-
-
-def _kernels() -> tuple:
-    from energies.kernels import kernel_names
-
-    return tuple(kernel_names())
-
-
-def _tasks() -> tuple:
-    from .tasks import TASKS
-
-    return tuple(TASKS)
-
-
-def _listops(what: str, lra: str) -> str:
-    return f"data.dataset=listops only: {what} (null: {lra}, LRA's value)"
-
-
-_SIZE = Range(1, MAX_SIZE, integer=True)
-_LISTOPS_COUNT = Range(1, 10 ** 7, integer=True)
-
-#: every config key, declared once (:class:`Key`: default, rule, types, meaning), sections as nested mappings in
-#: the order a saved ``config.yaml`` lists them. Everything else -- :data:`DEFAULTS`, :data:`RULES`,
-#: :data:`NULLABLE`, :data:`TYPES`, :data:`CHOICE_KEYS`, :func:`choices`, :func:`validate`, the reference page
-#: ``docs/config_reference.md`` (:func:`reference`) -- is derived from this table.
-SCHEMA: Dict[str, Any] = {
-    "name": Key("default", "the run's name: runs/NAME is its default folder (null in a file: the file's stem)",
-                Text("1-128 characters of letters, digits, '.', '_', '-' (a folder name under runs/, no path)",
-                     pattern=r"(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}")),
-    "task": Key("classify", "what the run learns: classify (a label per text) | masked_tokens (masked-token "
-                "pretraining on the training split's texts, labels ignored)",
-                Choice(_tasks, "experiments.app.tasks.TASKS")),
-    "data": {
-        "dataset": Key("rotten_tomatoes", "the data: rotten_tomatoes | crowdflower | listops | path/to/file.csv|.jsonl"
-                       " or a folder of splits | hf:NAME[:CONFIG] (a Hugging Face dataset)", Text()),
-        "seed": Key(0, "seed of the train/val/test split", Range(0, 2 ** 32 - 1, integer=True)),
-        "max_len": Key(64, "tokens kept per text (longer texts are cut)", _SIZE),
-        "min_freq": Key(1, "vocabulary: a token is kept when it occurs at least this often in the training split",
-                        Range(1, MAX_COUNT, integer=True)),
-        "max_vocab": Key(None, "vocabulary: the most frequent tokens kept (null: all)",
-                         Range(1, MAX_COUNT, integer=True), (int,)),
-        "glove": Key("finetune", "word vectors: none (learned from scratch) | frozen | finetune (GloVe 6B 50d)",
-                     Choice(("none", "frozen", "finetune"))),
-        "tokenizer": Key("words", "how texts become tokens: words (the word vocabulary; GloVe applies) | bpe:N | "
-                         "wordpiece:N (a subword tokenizer of N entries learnt from the training texts) | a "
-                         "tokenizer.json file", Text(f"words | bpe:N | wordpiece:N (N an integer in [{_SUBWORD[0]}, "
-                                                     f"{_SUBWORD[1]}]) | path/to/tokenizer.json",
-                                                     check=_check_tokenizer)),
-        "texts": Key(None, "unlabelled text: a text file or a folder of *.txt files, one text a line, read as a "
-                     "stream; the vocabulary or tokenizer is learnt from it (null: from the training split), and "
-                     "task=masked_tokens pretrains on it",
-                     Text(), (str,)),
-        "data_dir": Key(None, "where data files are found and fetched to (null: $UNFOLD_DATA or "
-                        "~/.cache/unfolded-transformers)", Text(), (str,)),
-        "text_field": Key("text", "the column holding the text (CSV, JSONL, Hugging Face datasets)", Text()),
-        "label_field": Key("label", "the column holding the label", Text()),
-        "splits": Key(None, "hf: datasets: which split is train, val, test (null: train; validation | val | dev; "
-                      "test, a missing val/test carved from train 80/10/10)",
-                      Checked("a mapping of train/val/test to split names of the dataset, e.g. {val: validation}",
-                              check=_check_splits), (dict,)),
-        # data.dataset=listops only (experiments/data/listops.py; null: the LRA value shown): lengths in tokens
-        "listops_min_len": Key(None, _listops("shortest example, in tokens", "501"), _SIZE, (int,)),
-        "listops_max_len": Key(None, _listops("longest example, in tokens (at most data.max_len)", "1999"), _SIZE,
-                               (int,)),
-        "listops_max_depth": Key(None, _listops("deepest nesting of operators", "10"), Range(2, 64, integer=True),
-                                 (int,)),
-        "listops_max_args": Key(None, _listops("most arguments of one operator", "10"),
-                                Range(2, 1024, integer=True), (int,)),
-        "listops_train": Key(None, _listops("training examples generated", "96000"), _LISTOPS_COUNT, (int,)),
-        "listops_val": Key(None, _listops("validation examples generated", "2000"), _LISTOPS_COUNT, (int,)),
-        "listops_test": Key(None, _listops("test examples generated", "2000"), _LISTOPS_COUNT, (int,)),
-    },
-    "model": {
-        "mode": Key("guaranteed", "the encoder: guaranteed (every layer an MM step of one energy, descent proved) | "
-                    "free (untied post-LN transformer layers) | baseline (torch.nn.TransformerEncoder)",
-                    Choice(_encoders, "unfold.encoders.ENCODERS")),
-        "d": Key(64, "token width", _SIZE),
-        "heads": Key(2, "attention heads", Range(1, 1024, integer=True)),
-        "d_head": Key(None, "width of each head's projection (null: d / heads, at least 1)", _SIZE, (int,)),
-        "layers": Key(4, "layers (unfolded steps)", Range(1, 1024, integer=True)),
-        "rho": Key("exp", "the attention penalty rho of the energy (exp, alias softmax: softmax attention)",
-                   Text("a rho spec: exp | relu:C | softplus:C:T | cauchy | lp:P or a registered name",
-                        check=_check_rho)),
-        "tau": Key(None, "guaranteed: the attention energy's temperature tau (null: sqrt(d_head))",
-                   Range(0, 1e12, lo_open=True), (float, int)),
-        "graph": Key("complete", "the token graph: which pairs of tokens attend to each other",
-                     Text("a graph spec: complete | window:K | strided:K | dilated:K[:R] | star | random:P "
-                          "or a .npy edge list", check=_check_graph)),
-        "alpha": Key(1.0, "guaranteed: the step size alpha of each MM step (1: the full step)",
-                     Range(0, 1, lo_open=True)),
-        "ffn": Key(True, "guaranteed: the symmetric feed-forward term joins the energy"),
-        "relu": Key(True, "guaranteed: the ReLU term (tokens kept non-negative) joins the energy"),
-        "layernorm": Key(False, "guaranteed: the two LayerNorm terms (supplement F.3) join the energy"),
-        "positional": Key(True, "position embedding: learned (true) | sinusoidal | none (false)",
-                          Checked("learned | sinusoidal | none, or true (learned) | false (none)",
-                                  check=_check_positional), (bool, str)),
-        "ffn_mult": Key(2, "free/baseline: the feed-forward hidden width is ffn_mult x d",
-                        Range(1, 64, integer=True)),
-        "dropout": Key(0.1, "dropout probability", Range(0, 1, hi_open=True)),
-        "curvature": Key("adaptive", "guaranteed: adaptive (weighted degree) | constant (rho'(0) x degree)",
-                         Choice(_curvatures, "unfold.encoders.CURVATURES")),
-        "attention": Key(None, "free/baseline: the attention activation (null: softmax)",
-                         Choice(_activations, "unfold.attention.ACTIVATIONS"), (str,)),
-        "attention_temperature": Key(1.0, "softplus attention: t softplus(s / t)", Range(0, 1e6, lo_open=True)),
-        "norm": Key(None, "free: post (LayerNorm after each block) | none (add-only blocks) (null: post)",
-                    Choice(_norms, "unfold.encoders.NORMS"), (str,)),
-        "kernel": Key("auto", "guaranteed: the pairwise kernel computing attention (auto: chosen per graph and "
-                      "device)", Choice(_kernels, "energies.kernels.kernel_names()")),
-        # null or 0: off (every example runs model.layers layers); else EPS in (0, 1) (unfold.inputs.check_stop_rel)
-        "stop_rel": Key(None, "guaranteed: depth chosen by the energy: an example stops when its relative energy "
-                        "decrease at a layer is below this (null or 0: off)", Range(0, 1, hi_open=True),
-                        (float, int)),
-        "init_from": Key(None, "fine-tune: start the embedding and encoder from this pretrained run (a run folder, "
-                         "a bundle or a Hub id), with its tokenizer and a new head (null: from scratch)",
-                         Text("a run folder, a bundle folder or a Hub id"), (str,)),
-    },
-    "train": {
-        "epochs": Key(6, "passes over the training split", Range(1, 10 ** 6, integer=True)),
-        "batch_size": Key(32, "examples per optimiser step", Range(1, 2 ** 20, integer=True)),
-        "lr": Key(0.002, "AdamW learning rate", Range(0, math.inf, lo_open=True, hi_open=True)),
-        "weight_decay": Key(0.01, "AdamW weight decay", Range(0, math.inf, hi_open=True)),
-        "grad_clip": Key(1.0, "largest gradient norm (0: no clipping)", Range(0, math.inf, hi_open=True)),
-        "seed": Key(0, "seed of the weights, dropout and batch order", Range(0, 2 ** 63 - 1, integer=True)),
-        "device": Key("cpu", "where training runs: cpu | cuda | cuda:K | auto (the GPU where torch sees one, else "
-                      "the CPU)", Text("auto | cpu | cuda | cuda:K", check=_check_device)),
-        "threads": Key(None, "CPU threads torch uses (null: torch's default)", Range(1, 4096, integer=True), (int,)),
-        "trace": Key(True, "record the energy of every layer during training (model dtype)"),
-        "monitor": Key(None, "descent monitor on the training trace: off | warn | strict (null: warn with the trace "
-                       "on, off without it)", Choice(("off", "warn", "strict")), (str,)),
-        "check_dtype": Key("float64", "dtype of the descent check on the test set",
-                           Choice(("float32", "float64"))),
-        "precision": Key("float32", "training passes: float32 | bfloat16 (torch.autocast; the trace's energies stay "
-                         "float32, the test-set check train.check_dtype)", Choice(("float32", "bfloat16"))),
-        "max_train_examples": Key(None, "use only the first N training examples (smoke runs; null: all)",
-                                  Range(1, MAX_COUNT, integer=True), (int,)),
-        "progress": Key(True, "a progress bar per epoch"),
-        "compile": Key(False, "torch.compile the training forward (python -m experiments.studies.bench compile)"),
-        "tensorboard": Key(True, "scalars to RUN_DIR/tensorboard/ when the tensorboard package is installed"),
-        "freeze_encoder_epochs": Key(0, "fine-tune: train only the head for the first N epochs (the embedding and "
-                                     "encoder from model.init_from kept fixed)", Range(0, 10 ** 6, integer=True)),
-    },
-    "pretrain": {       # task=masked_tokens (experiments/app/tasks/masked_tokens.py)
-        "mask_rate": Key(0.15, "masked_tokens: the share of each text's real, non-special tokens chosen (of those "
-                         "80 % become the mask token, 10 % a random token, 10 % stay)", Range(0, 1, lo_open=True)),
-        "span_mean": Key(None, "masked_tokens: choose spans of geometric length with this mean (at most 10 "
-                         "tokens; SpanBERT) instead of single tokens (null: single tokens)", Range(1, 10),
-                         (float, int)),
-        "heldout": Key(0.05, "masked_tokens: the share of the training texts held out (validation, test metrics "
-                       "and the descent check; at least one text)", Range(0, 1, lo_open=True, hi_open=True)),
-        "heldout_max": Key(2000, "masked_tokens on data.texts: the most held-out texts kept (the first this many "
-                           "the held-out rule picks; later picks are trained on)", Range(1, 10 ** 6, integer=True)),
-        "shuffle_buffer": Key(10000, "masked_tokens on data.texts: texts held at once to shuffle the stream (a "
-                              "shuffle buffer: memory stays bounded whatever the file's size)",
-                              Range(1, 10 ** 7, integer=True)),
-    },
-}
-
-
-def _leaves(schema: Dict[str, Any], path: tuple = ()):
-    for key, node in schema.items():
-        if isinstance(node, dict):
-            yield from _leaves(node, path + (key,))
-        else:
-            yield path + (key,), node
-
-
-#: ``{("section", "key"): Key}`` for every leaf of :data:`SCHEMA`, in its order
-KEYS: Dict[tuple, Key] = dict(_leaves(SCHEMA))
-
-
-def _defaults(schema: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: _defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default) for k, v in schema.items()}
-
-
-#: every key's default, sections as mappings (from :data:`SCHEMA`)
-DEFAULTS: Dict[str, Any] = _defaults(SCHEMA)
-
-#: keys whose default is null and the types they take otherwise
-NULLABLE = {where: key.allowed_types() for where, key in KEYS.items() if key.nullable}
-
-#: keys that take more than their default's type (and no null): old configs hold booleans for model.positional
-TYPES = {where: key.types for where, key in KEYS.items() if not key.nullable and key.types}
-
-#: the keys whose values are names from a list (:func:`choices`)
-CHOICE_KEYS = tuple(where for where, key in KEYS.items() if isinstance(key.rule, Choice))
-
-#: the declared range of every numeric key and the rule of every free-text key (choice keys: :func:`choices`;
-#: booleans: true | false). ``validate`` checks each value against its rule, then the cross-key rules.
-RULES: Dict[tuple, Any] = {where: key.rule for where, key in KEYS.items() if isinstance(key.rule, (Range, Text, Checked))}
-
-
-def _choices(where: tuple) -> tuple:
-    """Valid values of a choice key, read from the library's registries (never retyped here)."""
-    return KEYS[where].rule.names()
 
 
 def with_defaults(cfg: Dict[str, Any], defaults: Dict[str, Any] = None) -> Dict[str, Any]:
-    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (:data:`DEFAULTS`), section by section: a
+    """A copy of ``cfg`` with every key it lacks taken from ``defaults`` (`DEFAULTS`), section by section: a
     config written before a key existed reads as it ran."""
     defaults = DEFAULTS if defaults is None else defaults
     out = copy.deepcopy(defaults)
@@ -411,11 +53,6 @@ def monitor_mode(cfg: Dict[str, Any]) -> str:
     """``train.monitor`` with its default resolved: warn when the training trace is on, off otherwise."""
     tc = cfg["train"]
     return tc["monitor"] or ("warn" if tc["trace"] else "off")
-
-
-def choices(where: tuple) -> tuple:
-    """The valid values of choice key ``where`` (a tuple such as ``("model", "mode")``)."""
-    return _choices(where)
 
 
 def _valid_keys(defaults: Dict[str, Any]) -> str:
@@ -434,7 +71,7 @@ def merge_config(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, 
     for key, value in new.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in defaults:
-            raise ConfigError(f"unknown config key {_show(where)}; valid keys{' in ' + path if path else ''}: "
+            raise ConfigError(f"unknown config key {show(where)}; valid keys{' in ' + path if path else ''}: "
                               f"{_valid_keys(defaults)}")
         if isinstance(defaults[key], dict):
             merge_config(base[key], value, defaults[key], where, sources, origin)
@@ -447,22 +84,22 @@ def merge_config(base: Dict[str, Any], new: Dict[str, Any], defaults: Dict[str, 
 def _check_rule(where: tuple, value) -> None:
     name = ".".join(where)
     if where in CHOICE_KEYS and value not in choices(where):
-        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {_show(value)}")
+        raise ConfigError(f"config key {name!r} must be one of {list(choices(where))}, got {show(value)}")
     rule = RULES.get(where)
     if isinstance(rule, Range):
         if rule.integer and isinstance(value, float):
-            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {show(value)}")
         if not rule.holds(value):
-            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {_show(value)}")
+            raise ConfigError(f"config key {name!r} must be {rule.describe()}, got {show(value)}")
     elif isinstance(rule, Text) and (not value.strip() or (rule.pattern and not re.fullmatch(rule.pattern, value))):
-        raise ConfigError(f"config key {name!r} must be {rule.rule}, got {_show(value)}")
+        raise ConfigError(f"config key {name!r} must be {rule.rule}, got {show(value)}")
     if isinstance(rule, (Text, Checked)) and rule.check is not None:
         try:
             rule.check(value)
         except ConfigError:
             raise
         except UnfoldError as exc:
-            raise ConfigError(f"config key {name!r}={_show(value)}: {exc}") from None
+            raise ConfigError(f"config key {name!r}={show(value)}: {exc}") from None
 
 
 def _takes(mode: str, param: str) -> bool:
@@ -478,7 +115,7 @@ def _check_cross(cfg: Dict[str, Any]) -> None:
     """Rules between keys: each names both keys and their values."""
     tc = cfg["train"]
     spec = cfg["model"]["graph"]
-    if _is_graph_file(spec):       # its node ids must fit the longest sequence
+    if is_graph_file(spec):       # its node ids must fit the longest sequence
         from energies.graphs import graph_from_spec
 
         try:
@@ -488,7 +125,7 @@ def _check_cross(cfg: Dict[str, Any]) -> None:
                               f"{exc}") from None
     stop_rel, mode = cfg["model"]["stop_rel"], cfg["model"]["mode"]
     if stop_rel not in (None, 0) and not _takes(mode, "stop_rel"):
-        raise ConfigError(f"config key 'model.stop_rel'={_show(stop_rel)} (the depth chosen by the energy) applies to "
+        raise ConfigError(f"config key 'model.stop_rel'={show(stop_rel)} (the depth chosen by the energy) applies to "
                           f"weight-shared encoders that take it (guaranteed), not to model.mode={mode!r}: set "
                           "model.stop_rel=null")
     _check_listops(cfg["data"])
@@ -505,12 +142,12 @@ def _check_subword(dc: Dict[str, Any]) -> None:
     if spec == "words":
         return
     if dc["glove"] != "none":
-        raise ConfigError(f"config key 'data.glove'={_show(dc['glove'])} gives GloVe vectors to words, and "
-                          f"data.tokenizer={_show(spec)} makes subword tokens: set data.glove=none (or "
+        raise ConfigError(f"config key 'data.glove'={show(dc['glove'])} gives GloVe vectors to words, and "
+                          f"data.tokenizer={show(spec)} makes subword tokens: set data.glove=none (or "
                           "data.tokenizer=words)")
     if dc["max_vocab"] is not None:
         raise ConfigError(f"config key 'data.max_vocab'={dc['max_vocab']} caps the word vocabulary; "
-                          f"data.tokenizer={_show(spec)} has its own size: set data.max_vocab=null")
+                          f"data.tokenizer={show(spec)} has its own size: set data.max_vocab=null")
 
 
 def check_config_files(cfg: Dict[str, Any]) -> None:
@@ -527,26 +164,26 @@ def check_config_files(cfg: Dict[str, Any]) -> None:
         try:
             check_text_source(dc["texts"])
         except UnfoldError as exc:
-            raise ConfigError(f"config key 'data.texts'={_show(dc['texts'])}: {exc}") from None
+            raise ConfigError(f"config key 'data.texts'={show(dc['texts'])}: {exc}") from None
     spec = parse_tokenizer_spec(dc["tokenizer"])
     if spec.kind == "file":
         try:
             SubwordTokenizer.load(spec.path)
         except DataError as exc:
-            raise DataError(f"config key 'data.tokenizer'={_show(spec.path)}: {exc}") from None
+            raise DataError(f"config key 'data.tokenizer'={show(spec.path)}: {exc}") from None
 
 
 def _check_listops(dc: Dict[str, Any]) -> None:
     """``data.listops_*`` apply to ``data.dataset=listops`` only (elsewhere refused, never silently ignored);
     there, ``min_len <= max_len <= data.max_len`` (a longer example would be truncated), null being the
-    generator's default (:data:`experiments.data.listops.DEFAULTS`)."""
+    generator's default (`experiments.data.listops.DEFAULTS`)."""
     from ..data.listops import CONFIG_KEYS, DEFAULTS as LISTOPS
 
     if dc["dataset"] != "listops":
         for k, key in CONFIG_KEYS.items():
             if dc.get(f"listops_{k}") is not None:
-                raise ConfigError(f"config key {key!r}={_show(dc[f'listops_{k}'])} applies to data.dataset=listops "
-                                  f"only, not to data.dataset={_show(dc['dataset'])}; leave it null")
+                raise ConfigError(f"config key {key!r}={show(dc[f'listops_{k}'])} applies to data.dataset=listops "
+                                  f"only, not to data.dataset={show(dc['dataset'])}; leave it null")
         return
     lo = dc["listops_min_len"] if dc["listops_min_len"] is not None else LISTOPS["min_len"]
     hi = dc["listops_max_len"] if dc["listops_max_len"] is not None else LISTOPS["max_len"]
@@ -559,7 +196,7 @@ def _check_listops(dc: Dict[str, Any]) -> None:
 
 
 def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tuple = ()) -> Dict[str, Any]:
-    """Check every value's type against the defaults and its declared rule (:data:`RULES`, :func:`choices`),
+    """Check every value's type against the defaults and its declared rule (`RULES`, `choices`),
     then (at the top level) the rules between keys; returns ``cfg``, numbers normalised (int -> float keys)."""
     for key, default in defaults.items():
         where = path + (key,)
@@ -586,7 +223,7 @@ def validate(cfg: Dict[str, Any], defaults: Dict[str, Any] = DEFAULTS, path: tup
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, got bool {value!r}")
         if not isinstance(value, allowed):
             raise ConfigError(f"config key {name!r} must be {'/'.join(t.__name__ for t in allowed)}, "
-                              f"got {type(value).__name__} {_show(value)}")
+                              f"got {type(value).__name__} {show(value)}")
         _check_rule(where, value)
     if not path:
         _check_cross(cfg)
@@ -618,19 +255,19 @@ def _too_deep(value, limit: int = MAX_YAML_DEPTH) -> bool:
 
 def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str],
                     sources: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-    """Apply ``section.key=value`` strings (values parsed as YAML by :func:`load_yaml`: 3, 0.5, true, null, text;
+    """Apply ``section.key=value`` strings (values parsed as YAML by `load_yaml`: 3, 0.5, true, null, text;
     a value that is not YAML is taken as text). A value with a repeated key or nested deeper than
-    :data:`MAX_YAML_DEPTH` levels (key path included) is a :class:`ConfigError` naming the override."""
+    `MAX_YAML_DEPTH` levels (key path included) is a `ConfigError` naming the override."""
     for item in overrides:
         if not isinstance(item, str) or "=" not in item:
-            raise ConfigError(f"override {_show(item)} must look like section.key=value")
+            raise ConfigError(f"override {show(item)} must look like section.key=value")
         dotted, raw = item.split("=", 1)
         keys = dotted.strip().split(".")
         try:
             value = load_yaml(raw)
         except StrictYAMLError as exc:
             if not _is_text_key(tuple(keys)):
-                raise ConfigError(f"override {_show(item)}: {exc}") from None
+                raise ConfigError(f"override {show(item)}: {exc}") from None
             value = raw        # a text key takes the text as typed (below), whatever YAML makes of it
         except (yaml.YAMLError, ValueError):   # ValueError: an integer beyond Python's digit limit
             value = raw
@@ -640,7 +277,7 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str],
         for k in reversed(keys):
             nested = {k: nested}
         if len(keys) > MAX_YAML_DEPTH or _too_deep(nested):
-            raise ConfigError(f"override {_show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
+            raise ConfigError(f"override {show(item)}: nested deeper than {MAX_YAML_DEPTH} levels (a config is "
                               "3 levels deep)")
         merge_config(cfg, nested, DEFAULTS, "", sources, "override")
     return cfg
@@ -707,7 +344,7 @@ def _parent_file(spec, child: str) -> str:
     absolute path, so that ``--print-config`` names the file read)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"config file {child!r}: '{EXTENDS}' must name a shipped config ({', '.join(config_names())}) "
-                          f"or a file relative to it, got {_show(spec)}")
+                          f"or a file relative to it, got {show(spec)}")
     relative = os.path.abspath(os.path.join(os.path.dirname(child), spec))
     if _is_path(spec):
         if os.path.isfile(relative):
@@ -736,7 +373,7 @@ def _read_file(path: str) -> Dict[str, Any]:
 
 def config_chain(path: str) -> list:
     """``[(file, mapping), ...]`` from the first ancestor to ``path`` itself, following ``extends`` (removed
-    from each mapping). A circular chain is a :class:`ConfigError` naming the files in order."""
+    from each mapping). A circular chain is a `ConfigError` naming the files in order."""
     chain: list = []
     seen: list = []
     current = path
@@ -765,10 +402,10 @@ def _is_section(dotted: str) -> bool:
 
 
 def load_config_sources(path: Optional[str] = None, overrides: Iterable[str] = ()) -> tuple:
-    """``(cfg, sources)``: the config :func:`load_config` returns and, for every leaf key (dotted), where its
+    """``(cfg, sources)``: the config `load_config` returns and, for every leaf key (dotted), where its
     value came from: ``default``, ``config FILE`` (the file of the chain that set it last) or ``override``.
-    ``path`` is a file or a shipped config's name (:func:`resolve_config`); each file may build on another with
-    ``extends: NAME|PATH`` (:func:`config_chain`; its keys override the parent's, section by section);
+    ``path`` is a file or a shipped config's name (`resolve_config`); each file may build on another with
+    ``extends: NAME|PATH`` (`config_chain`; its keys override the parent's, section by section);
     ``name`` is the file's own (a parent's is not inherited), else the file's stem."""
     cfg = copy.deepcopy(DEFAULTS)
     sources: Dict[str, str] = {}
@@ -801,8 +438,8 @@ def load_config_sources(path: Optional[str] = None, overrides: Iterable[str] = (
 
 def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
     """Defaults <- YAML file (after its ``extends`` chain) <- overrides, validated. ``path`` is a file or a
-    shipped config's name (:func:`resolve_config`); ``name`` defaults to the file's stem
-    (:func:`load_config_sources`)."""
+    shipped config's name (`resolve_config`); ``name`` defaults to the file's stem
+    (`load_config_sources`)."""
     return load_config_sources(path, overrides)[0]
 
 
@@ -822,7 +459,7 @@ def _flow(value) -> str:
 
 def dump_config_sources(cfg: Dict[str, Any], sources: Dict[str, str]) -> str:
     """``cfg`` as YAML, each key with a trailing comment saying where its value came from (``sources``, from
-    :func:`load_config_sources`); it reads back (:func:`load_yaml`) as ``cfg``."""
+    `load_config_sources`); it reads back (`load_yaml`) as ``cfg``."""
     lines = []
 
     def note(where):
@@ -838,7 +475,7 @@ def dump_config_sources(cfg: Dict[str, Any], sources: Dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: the rules between keys that :func:`_check_cross` enforces, in words (for the reference page)
+#: the rules between keys that `_check_cross` enforces, in words (for the reference page)
 CROSS_RULES = (
     "`model.graph` as a `.npy` edge list: its node ids must be below `data.max_len`.",
     "`model.stop_rel` (not null or 0) applies to encoders that take it (`model.mode=guaranteed`).",
@@ -881,11 +518,11 @@ def _type_name(key: Key) -> str:
 
 
 def reference() -> str:
-    """The config reference page (``docs/config_reference.md``): every key of :data:`SCHEMA` with its default,
-    type, the values it accepts (its rule's own words and numbers, as :func:`validate` enforces them) and its
+    """The config reference page (``docs/config_reference.md``): every key of `SCHEMA` with its default,
+    type, the values it accepts (its rule's own words and numbers, as `validate` enforces them) and its
     meaning, then the rules between keys. Choice keys list the names registered when it runs."""
     out = ["# Config reference", "",
-           "<!-- Generated from the schema (experiments/app/config.py, SCHEMA) by",
+           "<!-- Generated from the schema (experiments/app/config_schema.py, SCHEMA) by",
            "     python -m experiments.app.config --reference > docs/config_reference.md",
            "     Do not edit by hand: tests/test_config_reference.py fails when this page and the schema differ. -->",
            "",

@@ -48,10 +48,9 @@ from energies.errors import ConfigError
 from .config import load_config_sources
 from ..data.core import SPLIT_NAMES, DataError, split_overlap
 from ..data.corpora import DATASETS
-from ..data.glove import GLOVE_EMB, GLOVE_VOCAB, _read_glove
+from ..data.glove import read_glove
 from ..data.load import load_configured
 from ..data.store import data_dir as _data_dir
-from ..data.store import require_file
 from ..data.text import Vocab, tokenize
 
 #: the suffixes of the files a dataset may be, in words
@@ -98,10 +97,8 @@ def _lengths(token_lists: list, max_len: int) -> dict:
 
 def _glove_words(root: pathlib.Path) -> set:
     """The GloVe vocabulary in the data folder ``root``, read and checked as the trainer reads it
-    (`experiments.data.glove._read_glove`); a `DataError` when the files are absent or corrupt."""
-    emb_path = require_file(root, GLOVE_EMB, "glove")
-    vocab_path = require_file(root, GLOVE_VOCAB, "glove")
-    return set(_read_glove(root, emb_path, vocab_path)[1])
+    (`experiments.data.glove.read_glove`); a `DataError` when the files are absent or corrupt."""
+    return set(read_glove(root)[1])
 
 
 def _used_splits(cfg: dict, splits) -> dict:

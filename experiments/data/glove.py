@@ -34,12 +34,9 @@ def load_glove(vocab: Vocab, data_dir=None, seed: int = 0, std: float = 0.1):
     missing from GloVe get ``N(0, std**2)`` entries drawn from ``torch.Generator`` seeded with
     ``seed`` (std 0.1 by default, small next to the GloVe entries whose std is about 0.6, so
     unknown words start near the origin). ``coverage`` is the fraction of ordinary tokens
-    (specials excluded) found in GloVe. The files are checked by `_read_glove`.
+    (specials excluded) found in GloVe. The files are read and checked by `read_glove`.
     """
-    root = _data_dir(data_dir)
-    emb_path = require_file(root, GLOVE_EMB, "glove")
-    vocab_path = require_file(root, GLOVE_VOCAB, "glove")
-    emb, words = _read_glove(root, emb_path, vocab_path)
+    emb, words = read_glove(_data_dir(data_dir))
     row_of = {w: i for i, w in enumerate(words)}
     gen = torch.Generator().manual_seed(int(seed))
     weights = torch.randn(len(vocab), emb.shape[1], generator=gen, dtype=torch.float32) * float(std)
@@ -61,13 +58,29 @@ def load_glove(vocab: Vocab, data_dir=None, seed: int = 0, std: float = 0.1):
 _WHITESPACE = re.compile(r"\s")
 
 
-def _read_glove(root: pathlib.Path, emb_path: pathlib.Path, vocab_path: pathlib.Path) -> tuple[np.ndarray, list]:
-    """``(matrix, words)`` of the GloVe files, checked line by line: GloVe line ``k`` is the word on line
-    ``k`` of the vocabulary file (one column: a non-empty word without whitespace) and row ``k`` of the
-    matrix (``GLOVE_DIM`` finite numbers), so a line has 1 + 50 columns. A vocabulary line with more or
-    fewer columns (a GloVe text file put there by hand, spaces, an empty line), a matrix that is
-    not 2-D numbers of ``GLOVE_DIM`` columns, a row with NaN or Inf, or a count of words that differs
-    from the count of rows is a `DataError` naming the file and the line."""
+def read_glove(root: pathlib.Path) -> tuple[np.ndarray, list]:
+    """The GloVe files of a data folder, read and checked as the trainer reads them (`load_glove`, and
+    ``unfold-data inspect``'s coverage).
+
+    Both files must be there as fetched (`experiments.data.store.require_file`: present and as the manifest
+    recorded), then they are checked line by line: GloVe line ``k`` is the word on line ``k`` of the vocabulary file
+    (one column: a non-empty word without whitespace) and row ``k`` of the matrix (``GLOVE_DIM`` finite numbers),
+    so a line has 1 + 50 columns.
+
+    Args:
+        root: the data folder (`experiments.data.store.data_dir`).
+
+    Returns:
+        ``(matrix, words)``: the ``(400000, GLOVE_DIM)`` array and its words in row order.
+
+    Raises:
+        DataError: a file absent or not as fetched, a vocabulary line with more or fewer columns (a GloVe text file
+            put there by hand, spaces, an empty line), a matrix that is not 2-D numbers of ``GLOVE_DIM`` columns, a
+            row with NaN or Inf, or a count of words that differs from the count of rows, naming the file and the
+            line.
+    """
+    emb_path = require_file(root, GLOVE_EMB, "glove")
+    vocab_path = require_file(root, GLOVE_VOCAB, "glove")
     try:
         emb = np.load(emb_path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:

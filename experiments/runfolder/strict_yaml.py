@@ -17,14 +17,21 @@ import yaml
 
 from energies.checks import parse_float, parse_int
 
-__all__ = ["load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH"]
+__all__ = ["load_yaml", "StrictYAMLError", "MAX_YAML_DEPTH", "show"]
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 6, 6, 80, 80, 40
 
 
-def _show(value) -> str:
-    """A bounded repr for messages: a YAML alias bomb or a 5,000-digit number prints in a few dozen characters."""
+def show(value) -> str:
+    """A bounded repr for messages about YAML values and keys (the loader's and the config's).
+
+    Args:
+        value: any value read from YAML.
+
+    Returns:
+        Its repr, bounded: a YAML alias bomb or a 5,000-digit number prints in a few dozen characters.
+    """
     return _REPR.repr(value)
 
 
@@ -140,8 +147,8 @@ class _StrictLoader(yaml.SafeLoader):
                     except TypeError:          # unhashable: the constructor reports it
                         earlier = key_node
                     if earlier is not key_node:
-                        also = "" if earlier.value == key_node.value else f" (written {_show(earlier.value)} there)"
-                        raise StrictYAMLError(f"duplicate key {_show(where)} at {_at(key_node.start_mark)}, first "
+                        also = "" if earlier.value == key_node.value else f" (written {show(earlier.value)} there)"
+                        raise StrictYAMLError(f"duplicate key {show(where)} at {_at(key_node.start_mark)}, first "
                                               f"at {_at(earlier.start_mark)}{also}: a key may appear once in a "
                                               "mapping (the last one would silently win)")
                 stack.append((value_node, where))

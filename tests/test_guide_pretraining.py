@@ -73,3 +73,30 @@ def test_a_sweep_counts_a_finished_masked_token_run_and_still_asks_a_classifier_
     assert metrics_problem({"task": "classify", "val_accuracy": 0.7}) == "has no 'test_accuracy'"
     assert metrics_problem({"val_accuracy": 0.7}) == "has no 'test_accuracy'"      # configs before tasks
     assert "val_accuracy" in metrics_problem({"task": "masked_tokens"})
+
+
+def test_the_study_runs_in_parts_into_one_file(tmp_path, monkeypatch):
+    from experiments.studies import pretraining as S
+
+    rows = []
+
+    def fake_pair(root, dataset, mode, seeds, overrides=(), configs=None, say=print):
+        rows.append((dataset, mode, tuple(seeds)))
+        return {"seeds": list(seeds), "scratch": {"mean": 0.5, "std": None, "values": [0.5]},
+                "pretrained": {"mean": 0.6, "std": None, "values": [0.6]},
+                "pretrain_seconds": {"mean": 1.0, "std": None, "values": [1.0]},
+                "masked_accuracy": {"mean": 0.1, "std": None, "values": [0.1]},
+                "energy_increases": {"pretrain": 0, "scratch": 0, "pretrained": 0}}
+
+    monkeypatch.setattr(S, "run_pair", fake_pair)
+    out = str(tmp_path / "r.json")
+    assert S.main(["--datasets", "rotten_tomatoes", "--seeds", "3", "--out", out]) == 0
+    assert S.main(["--datasets", "listops", "--modes", "baseline", "--seeds", "1", "--out", out]) == 0
+    doc = json.loads(open(out).read())["results"]
+    assert {d: sorted(m) for d, m in doc.items()} == {"rotten_tomatoes": ["baseline", "guaranteed"],
+                                                      "listops": ["baseline"]}
+    assert doc["rotten_tomatoes"]["guaranteed"]["seeds"] == [0, 1, 2] and doc["listops"]["baseline"]["seeds"] == [0]
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    assert S.main(["--datasets", "listops", "--out", str(tmp_path / "bad.json")]) == 2       # not results: refused
+    assert rows == [("rotten_tomatoes", "guaranteed", (0, 1, 2)), ("rotten_tomatoes", "baseline", (0, 1, 2)),
+                    ("listops", "baseline", (0,))]

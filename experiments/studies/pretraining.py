@@ -13,11 +13,14 @@ For each dataset and each ``model.mode``, over the seeds ``0 .. K-1``:
 Every run is traced at every layer and ends with the float64 descent check; the study records, per dataset and mode,
 the test accuracy (fractions) of scratch and pretrained (mean, std, per seed), the pretraining time, the masked-token
 accuracy on the held-out training texts, and the energy increases counted over every traced step (training trace
-and final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically); the Markdown table
-of the documentation is generated from it (`markdown`, ``--table``), never typed by hand.
+and final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically after each row;
+the rows of other datasets and modes already in it are kept, so that a study can run in parts); the Markdown table
+of the documentation is generated from it (`markdown`, ``--table``), never typed by hand. Each row names its own
+seeds.
 
 Sweeps resume as [run_sweep][experiments.app.sweep.run_sweep] does: the same command again keeps finished runs.
-``--quick``: the ``tiny`` config on a synthetic text set, one seed (the test suite's smoke run).
+``--quick``: the ``tiny`` config on a synthetic text set, one seed (a smoke run; its JSON goes to
+``RUN_DIR/results.json`` unless ``--out`` names a file).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ from ..app.sweep import run_sweep, seed_dir
 from ..runfolder.atomic import atomic_open
 
 PROG = "python -m experiments.studies.pretraining"
+#: the committed results the documentation's table is generated from
+OUT = os.path.join("docs", "pretraining", "results.json")
 DATASETS = ("rotten_tomatoes", "listops")
 MODES = ("guaranteed", "baseline")
 #: the config pair of each dataset: (pretraining, fine-tuning)
@@ -131,6 +136,18 @@ def write_json(path: str, results: Dict[str, Any]) -> None:
         fh.write(json_dumps(results, indent=1) + "\n")
 
 
+def _previous(path: str) -> Dict[str, Any]:
+    """The results already in ``path`` (its rows of other datasets and modes are kept: a study run in parts, one
+    ``--datasets``/``--modes`` at a time, fills one file), or empty results where there is no such file."""
+    if not os.path.exists(path):
+        return {"results": {}}
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict):
+        raise ConfigError(f"--out {path!r} holds no study results (a JSON object with 'results'): name another file")
+    return {"results": doc["results"]}
+
+
 def _list(text: str, valid: Sequence[str], flag: str) -> List[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in valid]
@@ -145,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--run-dir", default=os.path.join("runs", "pretraining"))
-    p.add_argument("--out", default=os.path.join("docs", "pretraining", "results.json"))
+    p.add_argument("--out", help=f"the results JSON (default: {OUT}; with --quick: RUN_DIR/results.json)")
     p.add_argument("--table", metavar="JSON", help="print the Markdown table of a results file and stop")
     p.add_argument("--quick", action="store_true", help="tiny config on synthetic texts, one seed")
     return p
@@ -161,18 +178,20 @@ def _run(args: argparse.Namespace) -> int:
     datasets = _list(args.datasets, DATASETS, "--datasets")
     modes = _list(args.modes, MODES, "--modes")
     seeds = list(range(args.seeds))
-    results: Dict[str, Any] = {"seeds": seeds, "results": {}}
+    args.out = args.out or (os.path.join(args.run_dir, "results.json") if args.quick else OUT)
+    results = _previous(args.out)
     overrides, configs = [], None
     if args.quick:                                  # the test suite's smoke run: offline, seconds
         from .variants import write_toy_data
 
         toy = write_toy_data(os.path.join(args.run_dir, "toy-data"), 160, 40, 0)
         overrides, configs = [f"data.dataset={toy}", *QUICK_OVERRIDES], ("tiny", "tiny")
-        datasets, seeds, results["seeds"] = datasets[:1], seeds[:1], seeds[:1]
+        datasets, seeds = datasets[:1], seeds[:1]
     for dataset in datasets:
-        results["results"][dataset] = {m: run_pair(args.run_dir, dataset, m, seeds, overrides, configs)
-                                       for m in modes}
-        write_json(args.out, results)              # after each dataset: a long study keeps what it finished
+        for mode in modes:
+            results["results"].setdefault(dataset, {})[mode] = run_pair(args.run_dir, dataset, mode, seeds,
+                                                                        overrides, configs)
+            write_json(args.out, results)          # after each row: a long study keeps what it finished
     sys.stdout.write(markdown(results))
     return 0
 

@@ -75,6 +75,10 @@ def test_the_stream_splits_disjoint_training_and_held_out_texts(tmp_path):
     assert [t for b in s.batches(lambda b: b, 64, 100) for t in b] == train   # no generator: file order
     with pytest.raises(DataError, match="held-out"):
         TextStream(path, 1e-9, 0, heldout_max=10)
+    with open(path, "a") as fh:                          # the file changes under the stream: refused, not read
+        fh.write("g0w1 g0w2\n")
+    with pytest.raises(DataError, match="a.txt changed while the run read it"):
+        next(s.batches(lambda b: b, 64, 100))
 
 
 def test_memory_stays_flat_as_the_file_grows(tmp_path):

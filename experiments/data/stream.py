@@ -199,6 +199,7 @@ class TextStream:
 
     def __init__(self, path, heldout: float, seed: int, heldout_max: int, limit: Optional[int] = None):
         self.path, self.heldout, self.seed, self.heldout_max, self.limit = path, heldout, seed, heldout_max, limit
+        self.stamp = self._stamp()
         self.heldout_texts: list = []
         self.count = 0
         for train, text in self._split():
@@ -210,6 +211,22 @@ class TextStream:
             raise DataError(f"data.texts={path}: {self.count} training and {len(self.heldout_texts)} held-out texts "
                             f"(pretrain.heldout={heldout}); pretraining needs at least one of each: give more "
                             "lines or a larger pretrain.heldout")
+
+    def _stamp(self) -> list:
+        """Each file's path, size and modification time: what a later reading checks is unchanged."""
+        return [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in text_files(self.path)]
+
+    def check_unchanged(self) -> None:
+        """Refuse, with a `DataError` naming the file, a source whose files changed (added, removed, resized or
+        rewritten) since the stream was made: its training texts would no longer be the ones counted, held out
+        and fingerprinted."""
+        now = self._stamp()
+        if now != self.stamp:
+            changed = sorted({f for f, *_ in now} ^ {f for f, *_ in self.stamp} | {a[0] for a, b in zip(now, self.stamp)
+                                                                               if a != b})
+            raise DataError(f"data.texts={self.path}: {', '.join(changed)} changed while the run read it (size or "
+                            "modification time): the texts counted, held out and fingerprinted are no longer those "
+                            "of the file; restore it, or start a new run on the new texts")
 
     def _split(self) -> Iterator:
         """``(is_training, text)`` in file order, up to the last training text ``limit`` allows."""
@@ -240,7 +257,8 @@ class TextStream:
                 generator: Optional[torch.Generator] = None) -> Iterator:
         """The training texts in batches of ``batch_size`` (the last may be smaller), each ``encode(texts)``;
         shuffled through a buffer of ``buffer`` texts (`shuffle_buffer`) with ``generator``, in file order with
-        ``generator`` None."""
+        ``generator`` None. A source changed since the stream was made is refused first (`check_unchanged`)."""
+        self.check_unchanged()
         texts = (text for text, _ in self)
         if generator is not None:
             texts = shuffle_buffer(texts, buffer, generator)

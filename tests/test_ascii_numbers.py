@@ -1,4 +1,4 @@
-"""Numbers read from text are read one way (issue 33, cause 6): ASCII digits only, through
+"""Numbers read from text are read one way: ASCII digits only, through
 :func:`energies.checks.parse_int` / :func:`~energies.checks.parse_float`. Python's ``int()`` and ``float()`` also
 read other scripts' digits (Arabic-Indic ``٣`` as 3, fullwidth ``３``) and ``_`` between digits, and YAML 1.1 reads
 ``1_000``, ``0x10`` and ``10:30`` (= 630): other spellings of one number, which gave one graph two identities

@@ -1,4 +1,4 @@
-"""A model trained on an edge-list graph (``model.graph=FILE.npy``) holds that graph (issue 33, cause 1): the run
+"""A model trained on an edge-list graph (``model.graph=FILE.npy``) holds that graph: the run
 folder, and so its bundle, keeps a copy (``graph.npy``) under its sha256, and the bundle predicts with it whatever
 happens to the file afterwards (edited, moved with the bundle, deleted). A changed copy is refused; a bundle
 written before bundles held their graph loads when the file is there and is refused, naming the path to restore,

@@ -1,4 +1,4 @@
-"""Models people can share (issue 34, item 6): a bundle is ``config.json`` + ``model.safetensors`` + ``vocab.json``
+"""Models people can share: a bundle is ``config.json`` + ``model.safetensors`` + ``vocab.json``
 + a model card ``README.md`` + ``bundle.json`` (format 2, sha256 of every file), loaded with
 ``TrainedModel.from_pretrained`` (a ``huggingface_hub`` ``ModelHubMixin``) from a folder holding no pickle file,
 with no pickle reader called and no network; the trainer's run folder is such a bundle; format-1 bundles

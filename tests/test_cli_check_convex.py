@@ -1,4 +1,4 @@
-"""The boundaries of ``python -m unfold.check`` and ``python -m experiments.studies.convex_heads`` (issue 13): every
+"""The boundaries of ``python -m unfold.check`` and ``python -m experiments.studies.convex_heads``: every
 option is checked before any work, and no bad value reaches the user as a traceback.
 
 Table-driven: each row is one bad invocation run through :func:`clifuzz.expect_refusal` (exit 2, one last

@@ -1,5 +1,5 @@
 """The boundary of the data and analysis tools: every option has its range, every file it reads is checked,
-and no bad argument or bad file reaches the user as a traceback (issue 13).
+and no bad argument or bad file reaches the user as a traceback.
 
 Table-driven: each row of :data:`CASES` is one bad invocation of ``experiments.data``, ``tfidf``,
 ``plot_energy``, ``spline_probe``, ``descent``, ``activations``, ``pyg_sbm`` or ``bench``, run through

@@ -1,5 +1,5 @@
 """The trainer's boundary: every config key has a declared rule checked before anything is read or written,
-resources are checked before any work, and no failure reaches the user as a traceback (issue 13).
+resources are checked before any work, and no failure reaches the user as a traceback.
 
 Table-driven: each row is one bad invocation of ``unfold-train`` run through
 :func:`clifuzz.expect_refusal` (exit 2, one ``error:`` line naming the key / value / file, nothing written).

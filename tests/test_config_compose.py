@@ -1,4 +1,4 @@
-"""Configs that compose (issue 34, item 2): ``extends:`` chains, ``--print-config`` and overrides anywhere on
+"""Configs that compose: ``extends:`` chains, ``--print-config`` and overrides anywhere on
 the command line of ``unfold-train``."""
 import os
 

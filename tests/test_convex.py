@@ -211,7 +211,7 @@ def test_convex_heads_experiment_on_model_features(tmp_path):
     assert bad.returncode == 2 and "unknown head(s) ['sa_softmax']" in bad.stderr
 
 
-# ============================================================================ method="newton" (issue 16)
+# ============================================================================ method="newton"
 from convex.losses import Loss, LOSSES  # noqa: E402
 from convex.solver import _balanced, _steihaug  # noqa: E402
 

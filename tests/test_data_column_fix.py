@@ -1,4 +1,4 @@
-"""Issue 34: a data refusal for missing columns names the config keys that fix it (``data.text_field``,
+"""A data refusal for missing columns names the config keys that fix it (``data.text_field``,
 ``data.label_field``) with the columns found as candidates, and the fix it names loads the file."""
 import re
 

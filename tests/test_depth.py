@@ -1,4 +1,4 @@
-"""Depth chosen by the energy (issue 26, item 4): ``stop_rel`` on the guaranteed encoder, deeper inference, the verdict
+"""Depth chosen by the energy: ``stop_rel`` on the guaranteed encoder, deeper inference, the verdict
 over stopped runs, and ``python -m experiments.studies.depth``.
 
 The stopping rule (:class:`unfold.encoders.GuaranteedEncoder`): an example runs layer k+1 iff it ran layer k and

@@ -1,4 +1,4 @@
-"""The energy-descent figure reads without the README (issue 34, item 5): the total first, titled as the quantity
+"""The energy-descent figure reads without the README: the total first, titled as the quantity
 that must fall; every term marked as a part that may rise; a term unchanged at every layer left out and named,
 with its value, in the caption that says how to read the figure."""
 import torch

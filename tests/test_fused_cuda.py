@@ -1,4 +1,4 @@
-"""rho = exp through torch's own fused attention on CUDA (issue 32, item 1), verified on the CPU.
+"""rho = exp through torch's own fused attention on CUDA, verified on the CPU.
 
 The CUDA ops (memory-efficient for float32, flash for bfloat16) cannot run here, so each part is checked where it
 can be: their calling convention and shapes through their meta kernels (``tests/test_meta.py`` and below), their

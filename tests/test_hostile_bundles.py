@@ -1,4 +1,4 @@
-"""Hostile bundles and checkpoints (issue 25): what ``unfold-predict`` and ``unfold-train --resume`` read is
+"""Hostile bundles and checkpoints: what ``unfold-predict`` and ``unfold-train --resume`` read is
 validated at the boundary, refused in one line naming the file, the field and the value, with nothing written.
 
 * checkpoints carry a checksum (``sha256``) verified on load, every field is validated (epoch in
@@ -611,7 +611,7 @@ PREDICT_CASES = [
     ("plot-is-a-folder", lambda f: os.mkdir(os.path.join(os.path.dirname(f), "d.png")), ["--plot", "folder"],
      ["--plot", "d.png"]),
     ("plot-not-png", lambda f: None, ["--plot", "PNG"], ["--plot", "e.jpg"]),
-    # issue 33, cause 10: one reading rule for every source of text (stdin: test_stdin_reads_by_the_files_rule)
+    # One reading rule for every source of text (stdin: test_stdin_reads_by_the_files_rule)
     ("text-lone-surrogate", lambda f: None, ["--text number 2", "UTF-8", "\\udcff"], ["--text", "bad \udcff w1"]),
     ("text-lone-high-surrogate", lambda f: None, ["--text number 2", "UTF-8"], ["--text", "\ud800", "--json"]),
     ("file-not-utf8", lambda f: open(os.path.join(os.path.dirname(f), "bad.txt"), "wb").write(b"good\n\xff w1\n"),
@@ -668,7 +668,7 @@ def test_the_table_has_more_than_80_cases_and_every_control_passes(base, tmp_pat
     assert not math.isnan(json.load(open(os.path.join(run, "metrics.json")))["val_accuracy"])
 
 
-# ------------------------------------------------------------------ issue 33, cause 10: predict's input and output
+# ------------------------------------------------------------------ predict's input and output
 
 BAD_BYTES = b"good great\n\xff\xfe bad\nw1 fine\n"
 
@@ -724,7 +724,7 @@ def test_plain_output_is_one_line_a_text_and_six_fields(base, tmp_path):
     for row, text in zip(rows, HOSTILE_TEXTS):
         assert len(row.splitlines()) == 1
         fields = row.split("\t")
-        assert len(fields) == 6, row                                     # the tokens field (issue 34) before the text
+        assert len(fields) == 6, row                                     # the tokens field before the text
         assert fields[5] == escape_field(text)
         assert fields[5].encode("latin-1", "backslashreplace").decode("unicode_escape") == text
     assert escape_field("a\\tb") == "a\\\\tb" and escape_field("a\tb") == "a\\tb"   # a literal backslash-t stays apart

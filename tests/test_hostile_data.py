@@ -1,4 +1,4 @@
-"""Hostile data, configs and sweep files (issue 25): what a user can hand the trainer, ``experiments.data export``,
+"""Hostile data, configs and sweep files: what a user can hand the trainer, ``experiments.data export``,
 the TF-IDF baseline and ``unfold-sweep --table`` is checked where it is read, and refused in one line.
 
 * Colliding labels (one class written two ways: ``1`` and ``"1"``, ``1`` and ``true`` or ``1.0``, ``"1"`` and

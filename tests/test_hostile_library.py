@@ -1,4 +1,4 @@
-"""Hostile calls to the library's entry points (issue 25, root causes 8, 10, 15b, 17), and a table-driven fuzz.
+"""Hostile calls to the library's entry points, and a table-driven fuzz.
 
 Every bad input is refused with the framework's typed error naming the argument and the value -- never a raw
 torch error, never a verdict computed from nothing (an example with no real token, a probe ray that overflowed or
@@ -590,7 +590,7 @@ def test_the_hostile_table_is_large():
     assert len(LIBRARY_CASES) + len(CLI_CASES) + len(CONFIG_CASES) >= 60
 
 
-# --------------------------------------------------------------------- (issue 33, cause 2) a name is taken once
+# --------------------------------------------------------------------- a name is taken once
 def _taking(table, name, register):
     """``register()`` tries to take ``name`` of ``table``; whatever it did to the table is undone (on the old code it
     replaced the built-in silently, which must not leak into other tests)."""
@@ -707,7 +707,7 @@ def test_a_new_name_registers_and_the_same_object_again_is_a_no_op():
         RHOS.pop("fresh_test", None)
 
 
-# --------------------------------------------------------------------- (issue 33, cause 3) one depth rule, one batch rule
+# --------------------------------------------------------------------- one depth rule, one batch rule
 def _untied(mode="free", layers=4):
     torch.manual_seed(0)
     return U.UnfoldedTransformer(VOCAB, 2, d=8, heads=2, layers=layers, mode=mode,
@@ -829,7 +829,7 @@ def test_the_depths_and_batch_sizes_the_rules_accept_still_run():
     assert res["examples"] == 4 and res["accuracy"] == _evaluate_at(_tensors(), batch_size=4)["accuracy"]
 
 
-# --------------------------------------------------------------------- (issue 33, cause 8) a term's Y against its graph
+# --------------------------------------------------------------------- a term's Y against its graph
 def _terms():
     import energies as E
 

@@ -1,4 +1,4 @@
-"""Issue 25, the run folder and the trainer: ``--overwrite`` never loses the old run, no write follows a link, a
+"""The run folder and the trainer: ``--overwrite`` never loses the old run, no write follows a link, a
 folder of someone else's files is refused, NaN is never a metric, the descent monitor works in the trainer,
 resource limits are refused naming what and where, and a hostile table of run folders.
 

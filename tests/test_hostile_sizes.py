@@ -1,4 +1,4 @@
-"""Hostile sizes (issue 33, cause 7): one memory rule (:mod:`energies.memory`), applied before anything is
+"""Hostile sizes: one memory rule (:mod:`energies.memory`), applied before anything is
 allocated or written. Each request too large for the memory this process may allocate is refused with the typed
 error of its layer, naming its sizes (options or parameters and values), the estimate and what is available;
 before, these died in the allocator with an untyped ``RuntimeError`` (``complete(10**6).edges()``,

@@ -225,7 +225,7 @@ def test_a_type_checking_import_is_no_edge(tmp_path):
      kernels_outside, "energies.banded:1 registers a kernel outside energies/kernels/"),
 ])
 def test_a_planted_alias_private_export_or_stray_kernel_is_reported(tmp_path, files, check, expected):
-    """Negative controls of the three house rules (issue 35): what the planted file adds to the clean tree's report
+    """Negative controls of the three house rules: what the planted file adds to the clean tree's report
     (the planted tree's own modules are one-line stand-ins, import-only by design)."""
     plant(tmp_path / "clean", CLEAN)
     plant(tmp_path / "planted", {**CLEAN, **files})

@@ -1,4 +1,4 @@
-"""Issue 34: a result no better than the majority class is said plainly, in the log and in ``metrics.json``
+"""A result no better than the majority class is said plainly, in the log and in ``metrics.json``
 (``majority_class_accuracy``, ``no_better_than_majority``), with the exit code unchanged."""
 import json
 import os

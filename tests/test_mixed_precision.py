@@ -1,5 +1,4 @@
-"""Mixed precision training (``train.precision``) and the spectral bounds cached per weights version (issue 32, items
-3 and 4).
+"""Mixed precision training (``train.precision``) and the spectral bounds cached per weights version.
 
 * ``train.precision: float32 | bfloat16``: a bad value is refused at the boundary; a bfloat16 run trains its forward
   under ``torch.autocast`` (checked from inside the encoder), records the precision, and its trace -- float32

@@ -1,4 +1,4 @@
-"""Issue 34's acceptance, as a new user would go: the console commands only, in an empty folder.
+"""The newcomer's path, as a new user would go: the console commands only, in an empty folder.
 
 1. Their own CSV with other column names: the refusal names the keys that fix it (exit 2, nothing written), and the
    fix, pasted, trains.

@@ -1,4 +1,4 @@
-"""Issue 34, item 1, own data first class.
+"""Own data, first class.
 
 * Every refusal of a user's own data (missing columns in each format, a label column that is not one, one class,
   an empty split, a file of another kind, a path that is not there, a folder without split files, hf: splits and

@@ -245,9 +245,9 @@ TAKEN = {
 
 @pytest.mark.parametrize("case", sorted(TAKEN))
 def test_a_plugin_taking_a_registered_name_is_refused(inproc, tmp_path, case):
-    """Issue 33, cause 2. Before: a plug-in's ``exp`` replaced the built-in for the trace but not for the fused
-    forward (rc 0); a second ``edges`` ended in ``TypeError: 'Kernel' object is not callable``. Now the import is
-    refused naming the registry and the name, and the built-in is untouched."""
+    """A plug-in registering a taken name (``exp``, which would replace the built-in for the trace but not for the
+    fused forward; a second ``edges``) is refused at import, naming the registry and the name, and the built-in is
+    untouched."""
     from energies.kernels import KERNELS
     from unfold import ENCODERS
 
@@ -261,7 +261,7 @@ def test_a_plugin_taking_a_registered_name_is_refused(inproc, tmp_path, case):
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["verdict"] == "descent", err
 
 
-#: plug-ins whose import ends the process or interrupts it (issue 33, cause 4): (source, what the error line names)
+#: plug-ins whose import ends the process or interrupts it: (source, what the error line names)
 ENDING = {
     "exit0": ("import sys\nsys.exit(0)\n", ["sys.exit(0)", "SystemExit"]),
     "exit3": ("raise SystemExit(3)\n", ["sys.exit(3)", "SystemExit"]),

@@ -1,4 +1,4 @@
-"""``unfold-predict`` as a stream (issue 34): lines answered a batch at a time as they come (the first while the
+"""``unfold-predict`` as a stream: lines answered a batch at a time as they come (the first while the
 input is still open), memory bounded by the batch size whatever the input's length, unknown tokens counted per
 text and a text with no known token flagged and warned about, a run still training named with its owner (and a
 run whose owner died told how to resume), and the ``--plot`` figure one panel per text on its own scale."""

@@ -40,7 +40,7 @@ def test_the_readme_library_block_runs_verbatim_and_prints_its_claim():
 
 
 def test_the_readme_is_short():
-    """Issue 35: the README is the two commands, a tour and links (at most 300 lines); the rest is in docs/."""
+    """The README is the two commands, a tour and links (at most 300 lines); the rest is in docs/."""
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
 
 

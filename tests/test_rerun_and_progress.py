@@ -1,4 +1,4 @@
-"""Issue 34, items 3 and 4: a run says what it is doing within seconds of its start (data, vocabulary, the untrained
+"""A run says what it is doing within seconds of its start (data, vocabulary, the untrained
 descent check with a progress bar), and the same training command pasted again over its finished run says what is
 there and how to train again, exits 0 and leaves the run byte-identical; another config is refused naming keys."""
 import hashlib

@@ -1,4 +1,4 @@
-"""Issue 34: ``softmax`` (the README's name for the exp penalty) is accepted wherever a rho spec is, and builds the
+"""``softmax`` (the README's name for the exp penalty) is accepted wherever a rho spec is, and builds the
 registered ``exp`` penalty, whose canonical spec stays ``exp``."""
 import json
 

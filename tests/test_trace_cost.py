@@ -1,4 +1,4 @@
-"""The cheaper trace of issue 16: each shortcut checked against a high-precision or independent reference, each
+"""The cheaper trace: each shortcut checked against a high-precision or independent reference, each
 with a control showing that the check can fail.
 
 * ``_f64_sum``: one float32 cascade reduction per example instead of per-token sums and a float64 sweep; its error

@@ -1,4 +1,4 @@
-"""Issue 33: the in-model trace never reports an increase that exact arithmetic denies.
+"""The in-model trace never reports an increase that exact arithmetic denies.
 
 The trace reads each layer's energy off the kernels' own passes, whose expansion ``|a|^2 + |b|^2 - 2 a.b`` errs in z
 by up to the precision guard's bound (about ``eps max|y - mean|^2 / tau``): near the guard's switch that is far

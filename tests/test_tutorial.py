@@ -1,5 +1,5 @@
 """The tutorial (docs/tutorial/tutorial.py) runs, as a notebook, in a fresh kernel (nbclient): it trains, plots the
-energy per layer, compares two graphs and predicts, and what it prints is what it claims (issue 34, item 7)."""
+energy per layer, compares two graphs and predicts, and what it prints is what it claims."""
 import importlib.util
 import os
 

@@ -451,7 +451,7 @@ def test_a_sweep_never_resumes_a_seed_under_another_config(tmp_path):
     proc = run("experiments.app.sweep", *base, "train.lr=0.05")
     assert proc.returncode == 1 and "another config" in proc.stderr
     assert (root / "seed-0" / "config.yaml").read_text() == stamp
-    # the finished summary is never replaced by the all-failed one of this run (issue 33, cause 5)
+    # the finished summary is never replaced by the all-failed one of this run
     assert "kept as it was" in proc.stderr and "seeds 0" in proc.stderr
     summary = json.loads((root / "summary.json").read_text())
     assert summary["failed"] == [] and list(summary["runs"]) == ["0"]

@@ -1,4 +1,4 @@
-"""Every public constructor of the library checks its arguments when built (issue 13): a bad value raises the
+"""Every public constructor of the library checks its arguments when built: a bad value raises the
 typed error (:mod:`energies.errors`) naming the argument, a good one builds something that runs. And graph
 specs whose radius reaches far beyond n are clamped, in O(n + |E|): the same edges as radius n - 1."""
 import math

@@ -95,7 +95,7 @@ def test_second_run_trains_nothing(quick, capsys):
 
 
 def test_a_rerun_that_finishes_less_never_replaces_the_finished_results(quick, tmp_path, capsys):
-    """Issue 33, cause 5: the same folder re-run with changed overrides refuses every seed (another config) and
+    """The same folder re-run with changed overrides refuses every seed (another config) and
     must then keep the finished variants.json, variants.md, plots and each variant's summary.json as they are."""
     import shutil
 
@@ -117,7 +117,7 @@ def test_a_rerun_that_finishes_less_never_replaces_the_finished_results(quick, t
     (["--quick", "--graphs", "complete,window:x"], ["--graphs", "window:x"]),
     (["--quick", "--graphs", "star,,complete"], ["--graphs", "none empty"]),
     (["--quick", "--graphs", "star,star"], ["--graphs", "twice"]),
-    # one graph spelt twice (issue 33, cause 6): it would train twice
+    # one graph spelt twice: it would train twice
     (["--quick", "--graphs", "window:8,window:08"], ["--graphs", "one graph", "window:8"]),
     (["--quick", "--graphs", "random:0.05,random:.05"], ["--graphs", "one graph", "random:0.05"]),
     (["--quick", "--graphs", "star,window:+2,window:2"], ["--graphs", "one graph", "window:2"]),
@@ -128,7 +128,7 @@ def test_a_rerun_that_finishes_less_never_replaces_the_finished_results(quick, t
     (["--quick", "--seeds", "\uff12"], ["--seeds", ">= 1"]),
     (["--quick", "--jobs", "\u0663"], ["--jobs", ">= 1"]),
     (["--quick", "--jobs", "0"], ["--jobs", ">= 1"]),
-    # seed counts and ranges refused before anything is built or written (issue 33, cause 7)
+    # seed counts and ranges refused before anything is built or written
     (["--quick", "--seeds", "99999999999999999999"], ["--seeds", "at most 1000"]),
     (["--quick", "--seeds", "100000000"], ["--seeds", "at most 1000"]),
     (["--quick", "--first-seed", "4294967295", "--seeds", "2"], ["--first-seed", "4294967296", "data.seed"]),
@@ -166,7 +166,7 @@ def _v0(key, value, sub=None):
     return change
 
 
-#: variants.json edits --table must refuse (issue 33, cause 11): (id, change, the field the error names)
+#: variants.json edits --table must refuse: (id, change, the field the error names)
 VARIANT_TABLE_CASES = [
     ("accuracy-1e308", _v0("mean", 1e308, "test_accuracy"), "test_accuracy.mean"),
     ("accuracy-negative", _v0("mean", -0.5, "test_accuracy"), "test_accuracy.mean"),

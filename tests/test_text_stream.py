@@ -32,7 +32,7 @@ def test_lines_are_stripped_and_blank_lines_skipped(tmp_path):
 def test_a_folder_is_its_txt_files_in_sorted_order(tmp_path):
     (tmp_path / "b.txt").write_text("b1\nb2\n")
     (tmp_path / "a.txt").write_text("a1\n")
-    (tmp_path / "notes.md").write_text("not read\n")
+    (tmp_path / "other.md").write_text("not read\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.txt").write_text("not read either\n")
     assert [f.name for f in text_files(tmp_path)] == ["a.txt", "b.txt"]

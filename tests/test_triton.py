@@ -141,12 +141,13 @@ def test_strided_graphs_split_into_band_and_residue_classes(graph, n, dtype, mon
     float64 form, and its gradients pass gradcheck. Controls: the split is what ran (strided:5 at n = 13 is not
     cheaper split, and stays whole), and a split that forgets the band fails the comparison."""
     from energies.kernels import triton as TK
+    from energies.kernels.triton.plan import residue_split
 
     B, d, tau = 2, 3, 1.1
     Y, mask = _tokens(B, n, d, dtype, True, seed=n)
     g = E.graph_from_spec(graph, n, batch_size=B, mask=mask.cpu()).to(DEVICE)
     rho = get_rho("softplus:1.5:0.5")
-    split = TK.residue_split(g.offsets, n)
+    split = residue_split(g.offsets, n)
     assert (split is None) == (graph == "strided:5")
     calls = []
     real = TK._residue_heads

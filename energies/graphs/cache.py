@@ -12,6 +12,12 @@ from .edges import check_int, check_seed
 from .registry import MASK_FREE
 from .spec import edge_array_graph, graph_from_spec
 
+#: ``torch.compiler.disable`` made at a function's first call, not when this module is imported: the decorator
+#: imports ``torch._dynamo`` (seconds), which a command that never compiles (``unfold-data inspect``,
+#: ``unfold-train --print-config``) should not pay. torch's own lazy form, the one torch uses inside itself for this
+#: reason; ``torch.compiler.disable`` where a torch lacks it.
+_not_compiled = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+
 
 class GraphCache:
     """Token graphs of one spec for batches of masks, built on the mask's device and cached by shape.
@@ -50,7 +56,7 @@ class GraphCache:
             return TokenGraph(B, n, mask, None, name="complete")
         return self._sparse(mask)
 
-    @torch.compiler.disable
+    @_not_compiled
     def _sparse(self, mask: torch.Tensor) -> TokenGraph:
         """A sparse graph: built (on the host, outside any compiled region) and cached, then masked."""
         B, n = mask.shape

@@ -22,14 +22,15 @@ their meta kernels, their algebra through `REFERENCE_OPS`, a plain-torch op with
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 
 from ..errors import EnergyError
 
-__all__ = ["fused_attention", "fused_available", "fused_ops", "fused_ops_for_head", "fused_unavailable", "FusedOps",
-           "REFERENCE_OPS"]
+__all__ = ["constant_for_compile", "fused_attention", "fused_available", "fused_ops", "fused_ops_for_head",
+           "fused_unavailable", "FusedOps", "REFERENCE_OPS"]
 
 
 class FusedOps(NamedTuple):
@@ -140,7 +141,26 @@ def fused_unavailable(device_type: str, dtype: torch.dtype = torch.float32) -> O
     return _probe_once(device_type, dtype)[1]
 
 
-@torch.compiler.assume_constant_result
+def constant_for_compile(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` when this module is
+    imported (seconds that a command which never compiles, ``unfold-data inspect``, should not pay).
+
+    The decorator sets one mark on the function and returns it; where ``torch._dynamo`` is not imported yet, the
+    same mark is set here (`tests/test_import_time.py` checks that it is the decorator's, on the torch installed).
+
+    Args:
+        fn: a function whose result ``torch.compile`` may take as a constant.
+
+    Returns:
+        ``fn``, marked.
+    """
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True       # what torch._dynamo.assume_constant_result sets
+    return fn
+
+
+@constant_for_compile
 def fused_available(device_type: str = "cpu", dtype: torch.dtype = torch.float32) -> bool:
     """Whether a fused op serves ``(device_type, dtype)`` tensors (probed once per process; a constant to
     ``torch.compile``, which does not trace the probe)."""

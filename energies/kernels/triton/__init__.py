@@ -2,12 +2,12 @@
 or, on the CPU, in Triton's interpreter; `triton_unavailable` says why it cannot run on a device."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 
 from ...graphs import TokenGraph
-from ...graphs.bands import banded_plan, class_mask, from_classes, to_classes
+from ...graphs.bands import class_mask, from_classes, to_classes
 from ...rho import Rho, kernel_sensitivity
 from ..guard import centred, own_dtype
 from ..registry import PairwisePass, register_kernel
@@ -49,17 +49,6 @@ def _triton_kernel(Y, graph, rho, tau, energy, num, metric=None) -> PairwisePass
     """Triton kernels (`energies.kernels.triton.pairwise`): the complete graph and shift-invariant graphs tile by
     tile, any other graph by neighbour lists; every rho with Triton functions; the precision guard on the device."""
     return triton_heads(Y, graph, rho, tau, [metric], energy, num)[0]
-
-
-@torch.compiler.assume_constant_result
-def residue_split(offsets: Tuple[int, ...], n: int) -> Optional[Tuple[Tuple[int, ...], int]]:
-    """``(band offsets, stride k)`` when the graph of ``offsets`` on n tokens is cheaper as a band plus the complete
-    graph of each residue class mod k (`banded_plan`: fewer keys per query than n),
-    else None. The tiled kernel visits every key block a query block's offsets reach: every multiple of k is an
-    offset of ``strided:k``, so unsplit it visits every block (as slow as the complete graph), split
-    ``n / k + b + 2(k - 1)`` keys per query."""
-    keys, band, k = banded_plan(tuple(offsets), n)
-    return (band, k) if k is not None and keys < n else None
 
 
 def _residue_heads(Z, mask, band, k, rho, tau, num, energy, lowp=False):
@@ -110,6 +99,7 @@ def triton_heads(Y, graph, rho, tau, metrics, energy, num):
         H, dh = len(metrics), metrics[0].shape[1]
         W = torch.cat([w.to(device=Y.device, dtype=dt) for w in metrics], 1)
         Z = (Yc @ W).unflatten(-1, (H, dh)).transpose(1, 2)
+    from .plan import residue_split           # its constant mark imports torch._dynamo: not at import time
     split = residue_split(graph.offsets, graph.num_nodes) if graph.offsets is not None else None
     if split is None:
         agg, deg, e = pairwise_heads(Z, graph.mask, layout_for(graph, Z.shape[-1], dt), rho, tau, num, energy,

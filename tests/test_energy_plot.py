@@ -66,3 +66,29 @@ def test_nonfinite_term_is_not_called_constant(monkeypatch, tmp_path):
     e["relu"][0, 1] = float("nan")
     seen, _ = _draw(e, monkeypatch, tmp_path)
     assert any(t.startswith("term: relu") for t in seen["titles"])
+
+
+def test_every_text_is_readable_at_1280_px(monkeypatch, tmp_path):
+    """The figure is the README's first (shown at most 1280 px wide): every text of it -- the title, the panels'
+    titles, axis labels, tick labels, legends, the caption -- is at least 13 px high there (its size in points at
+    the figure's 100 dpi, scaled to 1280 px). Before: legends at 8 pt and the caption at 8.5 (10-11 px), the panels'
+    titles at 9 (12 px), in a 1380 px figure."""
+    from matplotlib.text import Text
+
+    seen = {}
+    real = plot_energy.save_figure
+
+    def keep(fig, path, *args, **kwargs):
+        out = real(fig, path, *args, **kwargs)          # the title is added there
+        seen["fig"], seen["dpi"] = fig, kwargs.get("dpi", args[1] if len(args) > 1 else 110)
+        return out
+
+    monkeypatch.setattr(plot_energy, "save_figure", keep)
+    plot_energy_descent(_energies(), str(tmp_path / "e.png"), "default (guaranteed): 0 increases")
+    fig, dpi = seen["fig"], seen["dpi"]
+    scale = min(1.0, 1280 / (fig.get_figwidth() * dpi))
+    texts = [t for t in fig.findobj(Text) if t.get_text().strip() and t.get_visible()]
+    assert len(texts) > 30                                              # ticks, labels, titles, legends, caption
+    small = {t.get_text(): round(t.get_fontsize() * dpi / 72 * scale, 1) for t in texts
+             if t.get_fontsize() * dpi / 72 * scale < 13}
+    assert not small, small

@@ -33,16 +33,22 @@ from unfold.plot import pyplot, save_figure
 from .checkpoint import safe_load
 
 
+#: the energy figure's text sizes (points; drawn at 100 dpi, 4.6 inches a panel): readable where the figure is shown
+#: at 1280 px wide (the README's first figure): every text at least 13 px high there (tests/test_energy_plot.py)
+FIGURE_FONTS = {"font.size": 12, "axes.titlesize": 12.5, "axes.labelsize": 12, "xtick.labelsize": 11.5,
+                "ytick.labelsize": 11.5, "legend.fontsize": 11, "figure.titlesize": 15}
+
+
 def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, extra_layers=None) -> str:
     """Box plots of ``E(Y^t) - E_min`` per layer and one panel per term (module docstring). Non-finite
     energies (a diverged run) are left out of every statistic, never drawn; a panel with nothing finite
-    says so instead of drawing an empty log axis."""
+    says so instead of drawing an empty log axis. Text at the sizes of `FIGURE_FONTS`."""
     import numpy as np
 
     plt = pyplot()
 
     names = list(energies)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
+    with np.errstate(all="ignore"), warnings.catch_warnings(), plt.rc_context(FIGURE_FONTS):
         warnings.simplefilter("ignore", RuntimeWarning)        # all-NaN columns of a diverged run
         total = _finite(sum(energies[k].double() for k in names).numpy())
         N, T1 = total.shape
@@ -64,15 +70,15 @@ def plot_energy_descent(energies, path: str, title: str = "", energy_min=None, e
         axes = axes.reshape(-1)
         for ax in axes[1 + len(drawn):]:
             ax.set_visible(False)
-        _draw_total(axes[0], gap_plot, f"{N} test examples; E_min: {how}")
+        _draw_total(axes[0], gap_plot, f"{N} test examples\nE_min: {how}")
         for j, name in enumerate(drawn, start=1):
             _draw_term(axes[j], values[name], name)
         import textwrap
 
+        caption = textwrap.fill(energy_caption(constant), 40 + 32 * ncols)
         height = 3.8 * nrows + 0.6
-        fig.text(0.5, 0.01, _plain(textwrap.fill(energy_caption(constant), 60 + 45 * ncols)), ha="center",
-                 va="bottom", fontsize=8.5)
-        return save_figure(fig, path, title, dpi=100, bottom=0.5 / height)
+        fig.text(0.5, 0.01, _plain(caption), ha="center", va="bottom", fontsize=11.5)
+        return save_figure(fig, path, title, dpi=100, bottom=(0.2 + 0.2 * (caption.count("\n") + 1)) / height)
 
 
 def _draw_total(ax, gap, subtitle: str) -> None:
@@ -84,7 +90,7 @@ def _draw_total(ax, gap, subtitle: str) -> None:
     ax.set_xlabel("layer t")
     ax.set_xticks(range(T1))
     ax.set_ylabel("E(Y^t) - E_min  (log scale)")
-    ax.set_title(f"TOTAL energy: must fall at every layer\n{subtitle}", fontsize=9, fontweight="bold")
+    ax.set_title(f"TOTAL energy: must fall at every layer\n{subtitle}", fontweight="bold")
     for side in ax.spines.values():
         side.set_linewidth(2.0)
     if not _drawable(gap):
@@ -94,7 +100,7 @@ def _draw_total(ax, gap, subtitle: str) -> None:
     ax.boxplot(cols, positions=list(range(T1)), widths=0.5, showfliers=True, flierprops={"markersize": 2, "alpha": 0.4})
     ax.plot(range(T1), np.nanmean(gap, 0), color="tab:red", marker="o", ms=3, label="mean")
     ax.set_yscale("log")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="best")
 
 
 def _draw_term(ax, v, name: str) -> None:
@@ -104,7 +110,7 @@ def _draw_term(ax, v, name: str) -> None:
     T1 = v.shape[1]
     ax.set_xlabel("layer t")
     ax.set_xticks(range(T1))
-    ax.set_title(_plain(f"term: {name}") + "\n(one part of the total: may rise)", fontsize=9)
+    ax.set_title(_plain(f"term: {name}") + "\n(one part of the total: may rise)")
     if not _drawable(v):
         _nothing_to_draw(ax)
         return
@@ -112,7 +118,7 @@ def _draw_term(ax, v, name: str) -> None:
     ax.fill_between(range(T1), q1, q3, alpha=0.3, label="25-75%")
     ax.plot(range(T1), np.nanmean(v, 0), marker="o", ms=3, label="mean")
     ax.plot(range(T1), med, ls="--", lw=1, label="median")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="best")
 
 
 def _constant(v) -> bool:

@@ -12,6 +12,15 @@ A page marks a figure with two HTML comments (invisible once rendered):
 * a Python format spec (``.2f``, ``,.0f``, ``,d``, ``.1f``), with ``%`` in front for a fraction written as a
   percentage (``%.2f``: 0.789 -> ``78.90``).
 
+A number that is set, not measured (a configuration default such as a masking rate, a limit, a rule's constant, a
+target), is marked as such, one number a marker, so that the count of figures typed by hand
+(``tests/test_figures_match.py``) does not take it for a measurement:
+
+    masks <!-- set -->15 %<!-- /set --> of the tokens
+
+Numbers in inline code (an expression, a command's argument) and products written ``16 x 16`` are not counted
+either; ratios are written ``1.7x``.
+
 A generated table spans lines: ``<!-- table NAME FILE [FILE ...] -->``, the table, ``<!-- /table -->``, where NAME
 is one of `TABLES` (the Markdown table of the JSONs, made by the code of the command that wrote them).
 
@@ -59,6 +68,8 @@ SUITE_COMMAND = ["python", "-m", "pytest", "-q", "-n", "2"]
 #: a marker right after a backquote is an example in code, not a figure
 FIG = re.compile(r"(?<!`)<!-- fig ([^>]*?) -->(.*?)<!-- /fig -->")
 TABLE = re.compile(r"(?<!`)<!-- table ([^>]*?) -->\n(.*?)<!-- /table -->", re.S)
+#: a number set by the code or a config (a default, a limit, a target), not a measurement
+SET = re.compile(r"(?<!`)<!-- set -->(.*?)<!-- /set -->")
 #: pytest's closing line: ``4257 passed, 99 skipped, 48 warnings in 877.48s (0:14:37)``
 PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in ([\d.]+)s\b", re.M)
 

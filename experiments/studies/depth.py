@@ -15,7 +15,7 @@ fingerprint), in float64 with the energy trace on, two ways:
 
 Writes ``depth.json``, ``depth.md`` and ``depth.png`` (two panels: accuracy and mean layers used against EPS;
 accuracy against inference depth), each atomically (`experiments.runfolder.atomic`), into ``--out`` (default
-``RUN_DIR/depth``); ``--json`` prints the JSON document, else the markdown. ``--quick``: the first
+``RUN_DIR/depth``); ``--json`` prints the JSON document on one line, else the markdown. ``--quick``: the first
 `QUICK_EXAMPLES` test examples only (the documents say so). Only for weight-shared encoders that take
 ``stop_rel`` (guaranteed): an untied free/baseline run is refused. Every error is one line, exit 2
 (`unfold.cli.run_main`), nothing written. The evaluation helper `evaluate_at` is the Python call.
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
         device = check_device(args.device, "--device", ConfigError)
         doc = study(args.run_dir, eps, depths, args.quick, device)
         write(doc, out)
-        print(json_dumps(doc, indent=1) if args.json else to_markdown(doc), end="" if not args.json else "\n")
+        print(json_dumps(doc) if args.json else to_markdown(doc), end="" if not args.json else "\n")
         return 0
 
     return run_main(PROG, body, argv)

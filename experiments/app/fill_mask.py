@@ -14,14 +14,16 @@ classifier's `experiments.app.bundle.Prediction`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List
+from dataclasses import dataclass
+from typing import List
 
 import torch
 
 from energies.checks import check_int
 from energies.errors import ConfigError
 from unfold.trace import report_from_values
+
+from .verdict import EnergyVerdict, unknown_words, verdict_fields
 
 #: how a text writes the mask token
 MASK_TEXT = "[MASK]"
@@ -48,24 +50,12 @@ class Candidate:
 
 
 @dataclass
-class FillMaskPrediction:
-    """One text's answer: for each ``[MASK]`` in order its top-k `Candidate`s, best first (``masks``), and the
-    energy verdict of the forward pass (the fields of `experiments.app.bundle.Prediction`: ``energies``,
-    ``energy_terms``, ``increases``, ``nonfinite``, ``descent``, ``verdict``, ``tokens``, ``truncated``,
-    ``unknown_tokens``, ``unknown_words``)."""
+class FillMaskPrediction(EnergyVerdict):
+    """One text's answer: for each ``[MASK]`` in order its top-k `Candidate`s, best first (``masks``), then the
+    energy verdict of the forward pass (`experiments.app.verdict.EnergyVerdict`)."""
 
     text: str
     masks: List[List[Candidate]]
-    energies: List[float]
-    energy_terms: Dict[str, List[float]]
-    increases: int
-    nonfinite: int
-    descent: bool
-    verdict: str
-    tokens: int
-    truncated: bool
-    unknown_tokens: int
-    unknown_words: List[str] = field(default_factory=list)
 
     @property
     def prior_only(self) -> bool:
@@ -76,10 +66,6 @@ class FillMaskPrediction:
     def finite(self) -> bool:
         """Whether every proposed probability is a finite number."""
         return all(math.isfinite(c.score) for cands in self.masks for c in cands)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The JSON object of ``unfold-predict --json`` (``masks``: a list per [MASK] of candidate objects)."""
-        return asdict(self)
 
 
 def _token_str(token: str) -> str:
@@ -136,15 +122,11 @@ def fill_mask_chunk(trained, chunk: List[str], checker, dtype: torch.dtype, tol_
     for i, text in enumerate(chunk):
         masks = _candidates(text, probs[start:start + counts[i]], vocab, top_k)
         start += counts[i]
-        n_inc, n_bad = int(inc[i]), int(bad[i]) + int(not torch.isfinite(probs[start - counts[i]:start]).all())
-        ok = n_inc == 0 and n_bad == 0
-        words = list(dict.fromkeys(w for j, w in enumerate(kept[i]) if unknown_at[i, j]))[:5]
+        n_bad = int(bad[i]) + int(not torch.isfinite(probs[start - counts[i]:start]).all())
         out.append(FillMaskPrediction(
-            text=text, masks=masks, energies=[float(v) for v in totals[i]],
-            energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
-            increases=n_inc, nonfinite=n_bad, descent=ok,
-            verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-            tokens=int(mask[i].sum()), truncated=bool(truncated[i]), unknown_tokens=int(unknown_at[i].sum()),
-            unknown_words=words))
+            text=text, masks=masks,
+            **verdict_fields(totals[i], {name: vals[i] for name, vals in terms.items()}, int(inc[i]), n_bad,
+                             int(mask[i].sum()), bool(truncated[i]), int(unknown_at[i].sum()),
+                             unknown_words(kept[i], unknown_at[i]))))
     return out
 

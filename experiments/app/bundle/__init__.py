@@ -41,8 +41,8 @@ from .conversion import CONVERT_CMD, CONVERT_SUFFIX, PROBES, convert
 from .format import (BUNDLE, BUNDLE_FILES, CARD, CARD_METRICS, CONFIG_JSON, CONFIG_YAML, FILES_V2, FORMAT,
                      MANIFEST_KEYS, META, OPTIONAL_KEYS, OPTIONAL_KEYS_V2, SAFETENSORS, VERSION, VERSIONS,
                      VOCAB_FILES, WEIGHTS, WEIGHTS_KEYS)
-from .model import (CHECK_DTYPES, HUB_ID, PRIOR_WARNINGS, UNKNOWN_WORDS_SHOWN, Prediction, TrainedModel,
-                    load_model, save_model)
+from .model import CHECK_DTYPES, HUB_ID, PRIOR_WARNINGS, Prediction, TrainedModel, load_model, save_model
+from ..verdict import UNKNOWN_WORDS_SHOWN
 from .write import trainer_command, write_bundle, write_bundle_manifest, write_run_bundle
 
 __all__ = ["TrainedModel", "Prediction", "load_model", "save_model", "write_bundle", "write_run_bundle",

@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
@@ -28,6 +28,7 @@ from unfold.trace import DEFAULT_TOL_FACTOR, report_from_values
 from ..checkpoint import nonfinite_tensor, show
 from ..fill_mask import fill_mask_chunk
 from ..graph_pin import is_graph_file, read_edges
+from ..verdict import EnergyVerdict, unknown_words, verdict_fields
 from .card import model_card
 from .format import BUNDLE, BUNDLE_FILES, SAFETENSORS, WEIGHTS
 from .read import read_bundle
@@ -38,42 +39,20 @@ CHECK_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass
-class Prediction:
-    """One text's prediction: label name and id, class probabilities, and the float64 energy at every layer
-    boundary (``energies[t]`` = E(Y_t), t = 0..T; ``energy_terms`` per term) with the descent check's count of
-    increases beyond tolerance, of non-finite steps, and its verdict (``non-finite`` as well when a probability
-    is not finite: a NaN weight never reads as descent); ``tokens`` counted after truncation to ``data.max_len``
-    (``truncated`` says whether the text was longer); ``unknown_tokens``: how many of those tokens are not in the
-    model's vocabulary (read as ``<unk>``; a text with no token at all is read as one ``<unk>``), and
-    ``unknown_words`` the first `UNKNOWN_WORDS_SHOWN` distinct ones, in order. When every token is
-    unknown (`prior_only`) the text tells the model nothing: the prediction is the model's prior."""
+class Prediction(EnergyVerdict):
+    """One text's prediction: label name and id, class probabilities, then the energy verdict of its forward pass
+    (`experiments.app.verdict.EnergyVerdict`). When every token is unknown (`prior_only`) the text tells the model
+    nothing: the prediction is the model's prior."""
 
     text: str
     label: str
     label_id: int
     probabilities: Dict[str, float]
-    energies: List[float]
-    energy_terms: Dict[str, List[float]]
-    increases: int
-    nonfinite: int
-    descent: bool
-    verdict: str
-    tokens: int
-    truncated: bool
-    unknown_tokens: int = 0
-    unknown_words: List[str] = field(default_factory=list)
 
     @property
     def prior_only(self) -> bool:
         """No token of the text is in the vocabulary: the prediction is the model's prior, not a reading."""
         return self.unknown_tokens >= self.tokens
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dict(self.__dict__)
-
-
-#: how many distinct unknown words a `Prediction` names (the count is always whole)
-UNKNOWN_WORDS_SHOWN = 5
 
 
 #: texts with no known token warned about one by one per predict call; the rest are counted in one last line
@@ -307,18 +286,13 @@ class TrainedModel(ModelHubMixin, library_name="unfolded-transformers", pipeline
         out: List[Prediction] = []
         for i, text in enumerate(chunk):
             k = int(probs[i].argmax())
-            n_inc, n_bad = int(inc[i]), int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
-            ok = n_inc == 0 and n_bad == 0
-            words = list(dict.fromkeys(w for j, w in enumerate(kept[i]) if unknown_at[i, j]))[:UNKNOWN_WORDS_SHOWN]
+            n_bad = int(nonfinite[i]) + int((~torch.isfinite(probs[i])).any())
             out.append(Prediction(
                 text=text, label=self.label_names[k], label_id=k,
                 probabilities={name: float(p) for name, p in zip(self.label_names, probs[i])},
-                energies=[float(v) for v in totals[i]],
-                energy_terms={name: [float(v) for v in vals[i]] for name, vals in terms.items()},
-                increases=n_inc, nonfinite=n_bad, descent=ok,
-                verdict="descent" if ok else ("non-finite" if n_bad else "increase"),
-                tokens=int(lengths[i]), truncated=bool(truncated[i]),
-                unknown_tokens=int(unknown[i]), unknown_words=words))
+                **verdict_fields(totals[i], {name: vals[i] for name, vals in terms.items()}, int(inc[i]), n_bad,
+                                 int(lengths[i]), bool(truncated[i]), int(unknown[i]),
+                                 unknown_words(kept[i], unknown_at[i]))))
         return out
 
 

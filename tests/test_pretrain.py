@@ -188,25 +188,34 @@ def test_span_masking_chooses_geometric_spans_at_the_rate():
     assert runs[None] < 1.4 and 2.2 < runs[3.0] < 4.5, runs
 
 
-def test_resume_mid_pretraining_gives_the_uninterrupted_weights(tmp_path, monkeypatch):
-    data = write_topics(tmp_path / "topics", n_train=120)
-    cfg = config(data, "train.epochs=3", "pretrain.span_mean=2")
-    T.train(cfg, str(tmp_path / "whole"))
+def interrupt_after(epoch_to_stop, cfg, folder, monkeypatch):
+    """Train ``cfg`` into ``folder``, interrupted (Ctrl-C) after epoch ``epoch_to_stop`` has been saved."""
     real = T._end_epoch
 
-    def stop_after_2(run, epoch, *args):
+    def stop(run, epoch, *args):
         real(run, epoch, *args)
-        if epoch == 2:
+        if epoch == epoch_to_stop:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(T, "_end_epoch", stop_after_2)
+    monkeypatch.setattr(T, "_end_epoch", stop)
     with pytest.raises(KeyboardInterrupt):
-        T.train(cfg, str(tmp_path / "cut"))
+        T.train(cfg, str(folder))
     monkeypatch.setattr(T, "_end_epoch", real)
+
+
+def assert_resume_is_uninterrupted(cfg, tmp_path, monkeypatch, stop_after=2):
+    """A run interrupted after epoch ``stop_after`` and resumed ends with the weights of an uninterrupted one."""
+    T.train(cfg, str(tmp_path / "whole"))
+    interrupt_after(stop_after, cfg, tmp_path / "cut", monkeypatch)
     T.train(cfg, str(tmp_path / "cut"), resume=True)
     a = safetensors.torch.load_file(str(tmp_path / "whole" / "model.safetensors"))
     b = safetensors.torch.load_file(str(tmp_path / "cut" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_mid_pretraining_gives_the_uninterrupted_weights(tmp_path, monkeypatch):
+    data = write_topics(tmp_path / "topics", n_train=120)
+    assert_resume_is_uninterrupted(config(data, "train.epochs=3", "pretrain.span_mean=2"), tmp_path, monkeypatch)
 
 
 def test_baseline_mode_pretrains_with_the_same_recipe(tmp_path, capsys):

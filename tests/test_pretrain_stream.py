@@ -4,19 +4,17 @@ disjoint training and held-out texts whatever its limits, its memory stays flat 
 pretrains on it, learns, resumes bit for bit and fine-tunes."""
 import json
 import os
+import random
 import tracemalloc
 
 import pytest
-import safetensors.torch
 import torch
 
 from experiments.app import train as T
 from experiments.app.config import load_config
 from experiments.data import DataError
 from experiments.data.stream import TextStream, held_out, shuffle_buffer
-from test_pretrain import GROUPS, run_card_snippet, write_topics
-
-import random
+from test_pretrain import GROUPS, assert_resume_is_uninterrupted, interrupt_after, run_card_snippet, write_topics
 
 
 def write_lines(path, n, seed=0):
@@ -127,38 +125,14 @@ def test_a_run_pretrains_on_the_file_learns_and_fine_tunes(tmp_path):
 def test_resume_mid_stream_pretraining_gives_the_uninterrupted_weights(tmp_path, monkeypatch):
     data = write_topics(tmp_path / "topics", n_train=40)
     cfg = _config(data, write_lines(tmp_path / "texts.txt", 150), "train.epochs=3")
-    T.train(cfg, str(tmp_path / "whole"))
-    real = T._end_epoch
-
-    def stop_after_2(run, epoch, *args):
-        real(run, epoch, *args)
-        if epoch == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(T, "_end_epoch", stop_after_2)
-    with pytest.raises(KeyboardInterrupt):
-        T.train(cfg, str(tmp_path / "cut"))
-    monkeypatch.setattr(T, "_end_epoch", real)
-    T.train(cfg, str(tmp_path / "cut"), resume=True)
-    a = safetensors.torch.load_file(str(tmp_path / "whole" / "model.safetensors"))
-    b = safetensors.torch.load_file(str(tmp_path / "cut" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_uninterrupted(cfg, tmp_path, monkeypatch)
 
 
 def test_a_changed_text_file_stops_a_resume(tmp_path, monkeypatch):
     data = write_topics(tmp_path / "topics", n_train=40)
     texts = write_lines(tmp_path / "texts.txt", 150)
     cfg = _config(data, texts, "train.epochs=2")
-    real = T._end_epoch
-
-    def stop_after_1(run, epoch, *args):
-        real(run, epoch, *args)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(T, "_end_epoch", stop_after_1)
-    with pytest.raises(KeyboardInterrupt):
-        T.train(cfg, str(tmp_path / "cut"))
-    monkeypatch.setattr(T, "_end_epoch", real)
+    interrupt_after(1, cfg, tmp_path / "cut", monkeypatch)
     with open(texts, "a") as fh:
         fh.write("g0w1 g0w2 g0w3 g0w4\n" * 3)
     code = T.main(["--config", "tiny", "--run-dir", str(tmp_path / "cut"), "--resume", *[

@@ -111,6 +111,13 @@ def test_a_table_reads_the_number_of_files_it_names():
             figures.regenerate(f"<!-- table {spec} -->\n<!-- /table -->", "page.md", figures.Sources(ROOT))
 
 
+def test_the_depth_table_is_the_studys_two_tables():
+    text = "<!-- table depth docs/measured/depth_tiny.json -->\n<!-- /table -->"
+    new, _ = figures.regenerate(text, "page.md", figures.Sources(ROOT))
+    tables = new.split("\n\n")
+    assert len(tables) == 2 and tables[0].split("\n")[1].startswith("| EPS |") and "| 4 (trained) | 1 |" in tables[1]
+
+
 def test_the_cli_checks_and_refuses_with_exit_2(tmp_path, capsys, monkeypatch):
     assert figures.main([]) == 0
     monkeypatch.setattr(figures, "ROOT", str(tmp_path))
@@ -145,7 +152,7 @@ GENERATED = {"docs/config_reference.md"}
 #: a count may only shrink, as their figures move into JSONs the command that measured them wrote; a page not
 #: listed holds none
 UNBACKED = {"docs/convex.md": 8, "docs/guides/pretraining.md": 10, "docs/guides/tokenizers.md": 22,
-            "docs/results.md": 47, "docs/training.md": 31}
+            "docs/training.md": 31}
 
 
 def _typed(text):

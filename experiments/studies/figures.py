@@ -12,9 +12,9 @@ A page marks a figure with two HTML comments (invisible once rendered):
 * a Python format spec (``.2f``, ``,.0f``, ``,d``, ``.1f``), with ``%`` in front for a fraction written as a
   percentage (``%.2f``: 0.789 -> ``78.90``).
 
-A number that is set, not measured (a configuration default such as a masking rate, a limit, a rule's constant, a
-target), is marked as such, one number a marker, so that the count of figures typed by hand
-(``tests/test_figures_match.py``) does not take it for a measurement:
+A number that is set, not measured here (a configuration default such as a masking rate, a limit, a rule's
+constant, a target, a figure quoted from a publication), is marked as such, one number a marker, so that the count
+of figures typed by hand (``tests/test_figures_match.py``) does not take it for a measurement:
 
     masks <!-- set -->15 %<!-- /set --> of the tokens
 
@@ -68,7 +68,7 @@ SUITE_COMMAND = ["python", "-m", "pytest", "-q", "-n", "2"]
 #: a marker right after a backquote is an example in code, not a figure
 FIG = re.compile(r"(?<!`)<!-- fig ([^>]*?) -->(.*?)<!-- /fig -->")
 TABLE = re.compile(r"(?<!`)<!-- table ([^>]*?) -->\n(.*?)<!-- /table -->", re.S)
-#: a number set by the code or a config (a default, a limit, a target), not a measurement
+#: a number set by the code or a config (a default, a limit, a target) or quoted from a publication, not measured
 SET = re.compile(r"(?<!`)<!-- set -->(.*?)<!-- /set -->")
 #: pytest's closing line: ``4257 passed, 99 skipped, 48 warnings in 877.48s (0:14:37)``
 PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in ([\d.]+)s\b", re.M)
@@ -126,11 +126,20 @@ def _sweeps_table(*summaries: Dict[str, Any]) -> str:
     return "\n".join(list(TABLE_HEADER) + rows) + "\n"
 
 
+def _depth_tables(record: Dict[str, Any]) -> str:
+    """The two tables of `experiments.studies.depth` (against EPS, against the inference depth) for a record of
+    ``measure`` around its ``--json``."""
+    from . import depth
+    blocks = depth.to_markdown(record["result"]).split("\n\n")
+    return "\n".join(b.strip() + "\n" for b in blocks if b.startswith("|"))
+
+
 #: the generated tables a page may hold: name -> the Markdown of its JSON files
 TABLES: Dict[str, Callable[..., str]] = {"variants": _variants_table, "gpu_layers": _gpu_layer_table,
-                                         "gpu_variants": _gpu_variants_table, "sweeps": _sweeps_table}
+                                         "gpu_variants": _gpu_variants_table, "sweeps": _sweeps_table,
+                                         "depth": _depth_tables}
 #: how many JSON files each table reads (None: one or more)
-TABLE_FILES = {"variants": 1, "gpu_layers": 1, "gpu_variants": 1, "sweeps": None}
+TABLE_FILES = {"variants": 1, "gpu_layers": 1, "gpu_variants": 1, "sweeps": None, "depth": 1}
 
 
 def pages(root: str = ROOT) -> Iterator[str]:

@@ -134,12 +134,25 @@ def _depth_tables(record: Dict[str, Any]) -> str:
     return "\n".join(b.strip() + "\n" for b in blocks if b.startswith("|"))
 
 
+def _convex_table(record: Dict[str, Any]) -> str:
+    """The heads of `experiments.studies.convex_heads` (its ``--json`` line, recorded by ``measure``): one row a
+    fit, without its seconds."""
+    lines = ["| features | head | test acc | objective | duality gap (rel) | rank | non-convex params | iterations "
+             "| A/A* calls | objective increases |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in record["result"].items():
+        features, head = key.split("/", 1)
+        lines.append(f"| {features} | {head} | {r['test_accuracy']:.4f} | {r['objective']:.5f} | "
+                     f"{r['duality_gap_rel']:.1e} | {r['rank']} | {r['nonconvex_params']} | {r['iterations']} | "
+                     f"{r['operator_calls']} | {r['objective_increases']} |")
+    return "\n".join(lines) + "\n"
+
+
 #: the generated tables a page may hold: name -> the Markdown of its JSON files
 TABLES: Dict[str, Callable[..., str]] = {"variants": _variants_table, "gpu_layers": _gpu_layer_table,
                                          "gpu_variants": _gpu_variants_table, "sweeps": _sweeps_table,
-                                         "depth": _depth_tables}
+                                         "depth": _depth_tables, "convex_heads": _convex_table}
 #: how many JSON files each table reads (None: one or more)
-TABLE_FILES = {"variants": 1, "gpu_layers": 1, "gpu_variants": 1, "sweeps": None, "depth": 1}
+TABLE_FILES = {"variants": 1, "gpu_layers": 1, "gpu_variants": 1, "sweeps": None, "depth": 1, "convex_heads": 1}
 
 
 def pages(root: str = ROOT) -> Iterator[str]:

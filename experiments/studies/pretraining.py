@@ -12,8 +12,8 @@ For each dataset and each ``model.mode``, over the seeds ``0 .. K-1``:
 
 Every run is traced at every layer and ends with the float64 descent check; the study records, per dataset and mode,
 the test accuracy (fractions) of scratch and pretrained (mean, std, per seed), the pretraining time, the masked-token
-accuracy on the held-out training texts, and the energy increases counted over every traced step (training trace
-and final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically after each row;
+accuracy on the held-out training texts (and that of always guessing the most frequent masked token), and the
+energy increases counted over every traced step (training trace and final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically after each row;
 the rows of other datasets and modes already in it are kept, so that a study can run in parts); the Markdown table
 of the documentation is generated from it (`markdown`, ``--table``), never typed by hand. Each row names its own
 seeds.
@@ -100,6 +100,8 @@ def run_pair(root: str, dataset: str, mode: str, seeds: Sequence[int], overrides
             "pretrained": _stat([tuned[s]["test_accuracy"] for s in seeds]),
             "pretrain_seconds": _stat([pre[s]["train_seconds"] for s in seeds]),
             "masked_accuracy": _stat([v for v in (_masked_accuracy(pre[s]) for s in seeds) if v is not None]),
+            "unigram_masked_accuracy": _stat([pre[s]["unigram_masked_accuracy"] for s in seeds
+                                              if isinstance(pre[s].get("unigram_masked_accuracy"), (int, float))]),
             "energy_increases": {"pretrain": sum(_increases(pre[s]) for s in seeds),
                                  "scratch": sum(_increases(scratch[s]) for s in seeds),
                                  "pretrained": sum(_increases(tuned[s]) for s in seeds)},

@@ -147,6 +147,7 @@ def test_the_memory_benchmark_pretrains_on_its_file(tmp_path):
     from experiments.studies.stream_memory import measure
 
     doc = measure(0.3, "bpe:300", 128, 0, pretrain_texts=64)
-    assert doc["pretrain_texts"] == 64 and doc["pretrain_heldout_texts"] == 200          # the cap: 200 held out
+    # about 200 held out (binomial over the file's lines, at most 200), spread over the file
+    assert doc["pretrain_texts"] == 64 and 150 <= doc["pretrain_heldout_texts"] <= 200
     assert doc["pretrain_energy_increases"] == 0 and doc["lines_read"] == doc["file_lines"]
     assert doc["rss_peak_mb"] == doc["rss_after_pretrain_mb"] >= doc["rss_after_train_mb"]

@@ -7,8 +7,8 @@ then streams it twice, as pretraining on unlabelled text does: once to train the
 ``train_from_iterator``), once more through `iter_text_lines` and the tokenizer's ``encode_texts`` in batches of
 ``--batch-size`` lines. With ``--pretrain-texts N`` it then pretrains on the file as ``unfold-train`` does with
 ``task=masked_tokens data.texts=FILE`` (the ``tiny`` model, that tokenizer, one epoch over the first N training
-texts, 200 held out; `experiments.data.stream.TextStream` still reads the whole file to hold texts out and to
-fingerprint it).
+texts; about 200 texts held out, spread over the whole file, so that `experiments.data.stream.TextStream`
+reads every line).
 It reports the process's peak resident memory (``resource.getrusage``'s ``ru_maxrss``) after writing the file,
 after training, after encoding and after pretraining, against the file's size: a bounded reader keeps the peak
 flat whatever the size. The temporary folder is removed at the end. ``--out``: the JSON document written
@@ -72,9 +72,11 @@ def write_text_file(path: str, size_bytes: int, seed: int = 0) -> dict:
     return {"bytes": written, "lines": lines}
 
 
-def pretrain(path: str, tok, texts: int, work: str) -> dict:
+def pretrain(path: str, tok, texts: int, work: str, lines: int) -> dict:
     """One epoch of masked-token pretraining of the ``tiny`` model on the first ``texts`` training texts of the
-    file at ``path`` (streamed; tokenizer ``tok``), run in this process in ``work``: its figures for the JSON."""
+    file at ``path`` (streamed; tokenizer ``tok``), run in this process in ``work``: its figures for the JSON.
+    About 200 of the file's ``lines`` texts are held out, spread over the whole file, so that the stream reads
+    every line to find them."""
     from ..app.config import load_config
     from ..app.train import train
     from .variants import write_toy_data
@@ -84,7 +86,7 @@ def pretrain(path: str, tok, texts: int, work: str) -> dict:
     toy = write_toy_data(os.path.join(work, "toy"), 40, 10, 0)       # the dataset a fine-tuning would use
     cfg = load_config("tiny", [f"data.dataset={toy}", "task=masked_tokens", f"data.texts={path}",
                                f"data.tokenizer={tok_path}", "data.glove=none", f"train.max_train_examples={texts}",
-                               "pretrain.heldout_max=200",
+                               f"pretrain.heldout={min(0.5, 200 / max(lines, 1))!r}", "pretrain.heldout_max=200",
                                "train.epochs=1", "train.progress=false", "train.tensorboard=false"])
     t0 = time.perf_counter()
     metrics = train(cfg, os.path.join(work, "run"))
@@ -122,7 +124,7 @@ def measure(size_mb: float, tokenizer: str = "bpe:8000", batch_size: int = 256, 
         lines += len(batch)
         out["rss_peak_mb"], out["encode_seconds"] = _rss_mb(), time.perf_counter() - t0
         if pretrain_texts:
-            out.update(pretrain(path, tok, pretrain_texts, tmp))
+            out.update(pretrain(path, tok, pretrain_texts, tmp, out["file_lines"]))
             out["rss_peak_mb"] = out["rss_after_pretrain_mb"]
     out.update({"lines_read": lines, "tokens": tokens, "vocabulary": len(tok),
                 "file_mb": out["file_bytes"] / 2 ** 20,

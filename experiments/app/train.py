@@ -367,8 +367,8 @@ def _restore(run: Run) -> None:
 
 def _epochs(run: Run) -> float:
     """Every remaining epoch (`_epoch`, then `_end_epoch` on rank 0); a failure mid-run becomes a
-    `TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time of
-    earlier sessions of a resumed run included."""
+    `TrainingError` saying where it stopped and what was kept. Returns the training seconds, the time trained
+    before each interruption of a resumed run included."""
     tc, dd = run.cfg["train"], run.dd
     net = _training_net(run)
     t_start = time.perf_counter() - run.elapsed

@@ -256,21 +256,19 @@ def regenerate(text: str, page: str, sources: Sources) -> Tuple[str, List[Tuple[
     generated)."""
     found: List[Tuple[int, str, str]] = []
 
-    def fig(match):
-        where = f"{page}:{_line(text, match.start())}"
-        new = figure(match.group(1), sources, where)
-        if new != match.group(2):
-            found.append((_line(text, match.start()), match.group(2), new))
-        return f"<!-- fig {match.group(1)} -->{new}<!-- /fig -->"
+    def replace(pattern, render, wrap, current: str) -> str:
+        """`current` with each `pattern` marker's content rendered anew (lines counted in `current` itself)."""
+        def sub(match):
+            line = _line(current, match.start())
+            new = render(match.group(1), sources, f"{page}:{line}")
+            if new != match.group(2):
+                found.append((line, match.group(2), new))
+            return wrap(match.group(1), new)
+        return pattern.sub(sub, current)
 
-    def tab(match):
-        where = f"{page}:{_line(text, match.start())}"
-        new = table(match.group(1), sources, where)
-        if new != match.group(2):
-            found.append((_line(text, match.start()), match.group(2), new))
-        return f"<!-- table {match.group(1)} -->\n{new}<!-- /table -->"
-
-    return TABLE.sub(tab, FIG.sub(fig, text)), found
+    text = replace(FIG, figure, lambda spec, new: f"<!-- fig {spec} -->{new}<!-- /fig -->", text)
+    text = replace(TABLE, table, lambda spec, new: f"<!-- table {spec} -->\n{new}<!-- /table -->", text)
+    return text, found
 
 
 def _first_difference(written: str, generated: str) -> str:

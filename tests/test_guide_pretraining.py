@@ -100,3 +100,34 @@ def test_the_study_runs_in_parts_into_one_file(tmp_path, monkeypatch):
     assert S.main(["--datasets", "listops", "--out", str(tmp_path / "bad.json")]) == 2       # not results: refused
     assert rows == [("rotten_tomatoes", "guaranteed", (0, 1, 2)), ("rotten_tomatoes", "baseline", (0, 1, 2)),
                     ("listops", "baseline", (0,))]
+
+
+def test_a_row_reads_each_runs_metrics_and_history(tmp_path, monkeypatch):
+    """run_pair's row from finished runs: accuracies, parameter count, the scratch runs' last-epoch training accuracy
+    (a run without history.json counts as none), and every increase; the table prints the parameter count."""
+    from experiments.app.sweep import seed_dir
+    from experiments.studies import pretraining as S
+
+    monkeypatch.setattr(S, "run_sweep", lambda *a, **k: None)
+    where = tmp_path / "listops" / "guaranteed"
+
+    def finished(kind, seed, metrics, train_accuracy=None):
+        folder = seed_dir(str(where / kind), seed)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "metrics.json"), "w") as fh:
+            json.dump(metrics, fh)
+        if train_accuracy is not None:
+            with open(os.path.join(folder, "history.json"), "w") as fh:
+                json.dump([{"epoch": 1, "train_accuracy": 0.1}, {"epoch": 2, "train_accuracy": train_accuracy}], fh)
+
+    for s in (0, 1):
+        finished("pretrain", s, {"task": "masked_tokens", "train_seconds": 10.0 + s, "masked_accuracy": 0.2,
+                                 "unigram_masked_accuracy": 0.1, "train_energy_increases": s})
+        finished("scratch", s, {"test_accuracy": 0.3 + s / 10, "params": 1234}, 0.5 if s == 0 else None)
+        finished(f"pretrained-s{s}", s, {"test_accuracy": 0.4, "params": 1234, "energy_increases": 2})
+    row = S.run_pair(str(tmp_path), "listops", "guaranteed", [0, 1], say=lambda *a: None)
+    assert row["params"] == 1234 and row["scratch_train_accuracy"]["values"] == [0.5]
+    assert row["scratch"]["values"] == [0.3, 0.4] and row["pretrain_seconds"]["mean"] == 10.5
+    assert row["energy_increases"] == {"pretrain": 1, "scratch": 0, "pretrained": 4}
+    table = S.markdown({"results": {"listops": {"guaranteed": row}}})
+    assert "| listops | guaranteed | 1,234 | 35.00 ± 7.07 | 40.00 ± 0.00 |" in table

@@ -12,8 +12,10 @@ For each dataset and each ``model.mode``, over the seeds ``0 .. K-1``:
 
 Every run is traced at every layer and ends with the float64 descent check; the study records, per dataset and mode,
 the test accuracy (fractions) of scratch and pretrained (mean, std, per seed), the pretraining time, the masked-token
-accuracy on the held-out training texts (and that of always guessing the most frequent masked token), and the
-energy increases counted over every traced step (training trace and final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically after each row;
+accuracy on the held-out training texts (and that of always guessing the most frequent masked token), the
+fine-tuned model's parameter count and the training accuracy of the scratch runs' last epoch (how much of the
+training split the recipe fits), and the energy increases counted over every traced step (training trace and
+final checks) of pretraining and fine-tuning. ``--out`` gets the JSON (written atomically after each row;
 the rows of other datasets and modes already in it are kept, so that a study can run in parts); the Markdown table
 of the documentation is generated from it (`markdown`, ``--table``), never typed by hand. Each row names its own
 seeds.
@@ -71,6 +73,17 @@ def _metrics(folder: str) -> Dict[str, Any]:
         return json.load(fh)
 
 
+def _last_train_accuracy(folder: str) -> Optional[float]:
+    """The training accuracy of a run's last epoch (``history.json``), or None where it records none."""
+    try:
+        with open(os.path.join(folder, "history.json"), encoding="utf-8") as fh:
+            history = json.load(fh)
+    except FileNotFoundError:
+        return None
+    value = history[-1].get("train_accuracy") if history else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _masked_accuracy(metrics: Dict[str, Any]) -> Optional[float]:
     """A pretraining run's masked-token accuracy on its held-out texts, or None where it records none."""
     value = metrics.get("masked_accuracy")
@@ -93,11 +106,15 @@ def run_pair(root: str, dataset: str, mode: str, seeds: Sequence[int], overrides
         run_sweep(os.path.join(where, f"pretrained-s{s}"), [s], fine_cfg,
                   [*base, f"model.init_from={seed_dir(pre_root, s)}"], seed_keys=SEED_KEYS, say=say)
     pre = {s: _metrics(seed_dir(pre_root, s)) for s in seeds}
-    scratch = {s: _metrics(seed_dir(os.path.join(where, "scratch"), s)) for s in seeds}
+    scratch_root = os.path.join(where, "scratch")
+    scratch = {s: _metrics(seed_dir(scratch_root, s)) for s in seeds}
     tuned = {s: _metrics(seed_dir(os.path.join(where, f"pretrained-s{s}"), s)) for s in seeds}
     return {"seeds": list(seeds),
             "scratch": _stat([scratch[s]["test_accuracy"] for s in seeds]),
             "pretrained": _stat([tuned[s]["test_accuracy"] for s in seeds]),
+            "params": int(scratch[seeds[0]]["params"]),
+            "scratch_train_accuracy": _stat([v for v in (_last_train_accuracy(seed_dir(scratch_root, s)) for s in seeds)
+                                             if v is not None]),
             "pretrain_seconds": _stat([pre[s]["train_seconds"] for s in seeds]),
             "masked_accuracy": _stat([v for v in (_masked_accuracy(pre[s]) for s in seeds) if v is not None]),
             "unigram_masked_accuracy": _stat([pre[s]["unigram_masked_accuracy"] for s in seeds
@@ -120,13 +137,14 @@ def _pct(stat: Dict[str, Any]) -> str:
 
 def markdown(results: Dict[str, Any]) -> str:
     """The documentation's table of ``results`` (test accuracy in %, mean ± std over the seeds)."""
-    lines = ["| dataset | mode | scratch (%) | pretrained (%) | masked-token acc. (%) | pretraining (s) | "
-             "energy increases | seeds |", "|---|---|---|---|---|---|---|---|"]     # mean ± std (one seed: mean)
+    lines = ["| dataset | mode | params | scratch (%) | pretrained (%) | masked-token acc. (%) | pretraining (s) | "
+             "energy increases | seeds |", "|---|---|---|---|---|---|---|---|---|"]     # mean ± std (one seed: mean)
     for dataset, modes in results["results"].items():
         for mode, row in modes.items():
             sec = row["pretrain_seconds"]
             inc = sum(row["energy_increases"].values())
-            lines.append(f"| {dataset} | {mode} | {_pct(row['scratch'])} | {_pct(row['pretrained'])} | "
+            params = f"{row['params']:,}" if isinstance(row.get("params"), int) else "-"
+            lines.append(f"| {dataset} | {mode} | {params} | {_pct(row['scratch'])} | {_pct(row['pretrained'])} | "
                          f"{_pct(row['masked_accuracy'])} | {sec['mean']:.0f} | {inc} | {len(row['seeds'])} |")
     return "\n".join(lines) + "\n"
 

@@ -1,9 +1,10 @@
 """``unfold-variants``: the quick run end to end, its resumability, its refusals, and the training
 throughput / peak memory figures the trainer records for its table (:mod:`experiments.app.throughput`)."""
+import contextlib
+import io
 import json
 import os
-import subprocess
-import sys
+import types
 
 import pytest
 import torch
@@ -15,21 +16,20 @@ from experiments.runfolder.checkpoint_fields import HISTORY_KEYS, THROUGHPUT_KEY
 from experiments.app.config import load_config
 from experiments.app.throughput import run_metrics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRAPHS = V.QUICK_GRAPHS.split(",")
-
-
-def run(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "experiments.studies.variants", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
+    """``--quick --json`` run by `V.main` in this process: ``(root, outcome)``, where ``outcome.stdout`` is what it
+    printed. Each seed still trains in its own ``python -m experiments.app.train`` process; the command's own
+    ``python -m experiments.studies.variants`` start is run by `tests/test_plugins.py`."""
     root = tmp_path_factory.mktemp("variants") / "v"
-    proc = run("--quick", "--run-dir", root, "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root, proc
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = V.main(["--quick", "--run-dir", str(root), "--json"])
+    assert code == 0, err.getvalue()[-3000:]
+    return root, types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_quick_run_writes_table_json_and_plots(quick):

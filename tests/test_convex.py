@@ -122,15 +122,20 @@ def _train_nonconvex(head, data, Y, beta, m, seed):
 
 @pytest.mark.parametrize("name", ["mlp_linear", "sa_linear"])
 def test_gradient_descent_on_enough_heads_reaches_the_convex_optimum(name):
+    """L-BFGS on as many non-convex heads as the convex optimum's rank reaches its objective, within 100 times
+    the solver's stopping rule (relative duality gap <= tol, which the solve must meet); one head does not
+    (at beta = 0.2 beta_max the optimum of sa_linear has rank 5)."""
     X, mask, Y = toy(n=60, d=6, c=4, seed=5)
     head = make_head(name, 6, S, 4)
     data = head.prepare(X, mask)
-    beta = 0.02 * beta_max(head, data, Y, "squared")
-    sol = solve(head, data, Y, beta, loss="squared", max_iter=5000, tol=1e-8)
+    beta = 0.2 * beta_max(head, data, Y, "squared")
+    tol = 1e-8
+    sol = solve(head, data, Y, beta, loss="squared", max_iter=5000, tol=tol)
+    assert sol.converged and sol.certificate["duality_gap_rel"] <= tol, sol.certificate
     opt, r = sol.certificate["objective"], sol.rank
     assert r >= 2
     enough = _train_nonconvex(head, data, Y, beta, r, seed=0)
-    assert abs(enough - opt) <= 1e-6 * opt, (enough, opt)
+    assert abs(enough - opt) <= 100 * tol * opt, (enough, opt)
     fewer = _train_nonconvex(head, data, Y, beta, 1, seed=0)
     assert fewer > opt * (1 + 1e-4), (fewer, opt)      # one head cannot represent the rank-r optimum
 
@@ -180,24 +185,29 @@ def test_solver_runs_on_device(device):
     assert rank(sol.Z) == sol.ranks
 
 
-def test_convex_heads_experiment_on_model_features(tmp_path):
-    """The experiment command end to end on a toy text set: a tiny trained model's features, three heads."""
+def test_convex_heads_experiment_on_model_features(tmp_path, capsys):
+    """The experiment command end to end on a toy text set: a tiny trained model's features, three heads, each
+    solved to the command's own stopping rule (``--tol``). The model is trained (one epoch) and the refused
+    head checked by calls of the commands' main in this process; the experiment runs as a process of its own."""
     import json
     import os
     import subprocess
     import sys
 
-    from tests.test_train import CONFIGS, ROOT, run_train, synthetic_text_dir
+    from experiments.app.train import main as train_main
+    from experiments.studies.convex_heads import main as convex_main
+    from tests.test_train import CONFIGS, ROOT, synthetic_text_dir
 
-    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+    data = synthetic_text_dir(tmp_path / "toy", n_train=120, n_eval=60)
     run = tmp_path / "run"
-    proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
-                      "data.glove=none", "train.progress=false", "model.d=8"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = tmp_path / "convex"
+    code = train_main(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
+                       "data.glove=none", "train.progress=false", "model.d=8", "train.epochs=1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    out, tol = tmp_path / "convex", 1e-7
     cmd = [sys.executable, "-m", "experiments.studies.convex_heads", "--quick", "--features", "model", "--checkpoint",
            str(run / "best.pt"), "--config", os.path.join(CONFIGS, "tiny.yaml"), "--heads", "mlp_linear", "sa_linear",
-           "bfno", "--dim", "4", "--out", str(out), "--json", "--set", f"data.dataset={data}", "data.glove=none"]
+           "bfno", "--dim", "4", "--tol", str(tol), "--out", str(out), "--json", "--set", f"data.dataset={data}",
+           "data.glove=none"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -205,10 +215,11 @@ def test_convex_heads_experiment_on_model_features(tmp_path):
     for r in res.values():
         assert r["objective_increases"] == 0 and r["rank"] >= 1 and 0 <= r["test_accuracy"] <= 1
         assert {"objective", "duality_gap_rel"} <= set(r)
-    assert res["model/mlp_linear"]["duality_gap_rel"] < 1e-6
+    assert res["model/mlp_linear"]["duality_gap_rel"] < 10 * tol
     assert (out / "objective.png").stat().st_size > 0 and (out / "table.md").read_text().count("| model |") == 3
-    bad = subprocess.run(cmd[:3] + ["--heads", "sa_softmax"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert bad.returncode == 2 and "unknown head(s) ['sa_softmax']" in bad.stderr
+    capsys.readouterr()
+    assert convex_main(["--heads", "sa_softmax"]) == 2
+    assert "unknown head(s) ['sa_softmax']" in capsys.readouterr().err
 
 
 # ============================================================================ method="newton"

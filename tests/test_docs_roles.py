@@ -1,8 +1,8 @@
 """Docstrings and comments are Markdown, as the documentation site renders them: no Sphinx role (``:class:`X```,
 ``:func:``, ``:meth:``, ...; mkdocstrings shows them as literal text) in the packages or the pages, and no
 development diary in the packages (an issue number, a link to ``../shared`` or ``NOTES.md`` outside the
-repository). A cross-reference is ``[`name`][package.name]`` to a name the API reference renders, plain code
-otherwise (CONTRIBUTING.md)."""
+repository, a "Before: ..." account of what the code did). A cross-reference is ``[`name`][package.name]`` to a
+name the API reference renders, plain code otherwise (CONTRIBUTING.md)."""
 import os
 import re
 
@@ -13,8 +13,11 @@ PACKAGES = ("energies", "unfold", "convex", "experiments")
 
 #: a Sphinx/reST role: ``:name:`` or ``:domain:name:`` followed by a backquote
 ROLE = re.compile(r"(?<![\w:`]):(?:[a-z]+:)?[a-z]+:`")
-#: what a development diary leaves in code: issue numbers, links outside the repository
-DIARY = re.compile(r"\bissues?\s+#?\d+|\.\./shared\b|\bNOTES\.md\b", re.IGNORECASE)
+#: what a development diary leaves in code: issue numbers, links outside the repository, and a "Before: <what the
+#: code did>" account (a "Before:" anywhere, a "(before:", a "before: " opening a sentence or a comment); a
+#: parameter named ``before`` (``f(before: Tensor)``, an Args entry ``before: ...``) is not one
+DIARY = re.compile(r"\bissues?\s+#?\d+|\.\./shared\b|\bNOTES\.md\b"
+                   r"|(?-i:\bBefore:)|(?<!\w)\(before:|(?:[.!?;]|#)\s+(?-i:before):\s", re.IGNORECASE)
 
 # converted next: application files written before the rule, still holding roles (or issue numbers); each is
 # checked again once converted, and an entry that is clean already fails below until it is removed from this list
@@ -55,10 +58,17 @@ def test_the_patterns_flag_roles_and_diary_and_pass_markdown():
     for text in (":class:`TokenGraph`", "see :func:`~energies.get_rho`", ":meth:`Rho.value`", ":mod:`unfold`",
                  ":data:`KERNELS`", ":attr:`offsets`", ":py:func:`solve`", ":math:`x^2`", ":exc:`TokenError`"):
         assert ROLE.search(text), text
-    for text in ("(issue 25)", "Issue #41", "issues 3", "../shared/NOTES.md", "see NOTES.md"):
+    for text in ("(issue 25)", "Issue #41", "issues 3", "../shared/NOTES.md", "see NOTES.md",
+                 "Before: a NaN model was written as last.pt.", "refused (before: a RecursionError).",
+                 "refused (Before: exit 0).", "refused (BEFORE: exit 0).", "is refused; before: it loaded.",
+                 "The folder is refused. before: it loaded.", "# before: the lock was truncated"):
         assert DIARY.search(text), text
     for text in ("[`TokenGraph`][energies.TokenGraph]", "`energies.kernels`", "``{a: 1}``", "name: the spec",
-                 "http://x:8080/`y`", "tissue 5", "key::`x`"):
+                 "http://x:8080/`y`", "tissue 5", "key::`x`", "saved before the first checkpoint",
+                 "refused (before the first checkpoint is written).", "Before the first step, the trace is empty.",
+                 "def relative_decrease(before: torch.Tensor, after: torch.Tensor):",
+                 "    before: ``(S, T)`` total energy of the layer before it.", "for name in set(table) - before:",
+                 "the energy before: E_0, then E_1"):
         assert not ROLE.search(text) and not DIARY.search(text), text
 
 

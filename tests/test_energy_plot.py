@@ -71,8 +71,8 @@ def test_nonfinite_term_is_not_called_constant(monkeypatch, tmp_path):
 def test_every_text_is_readable_at_1280_px(monkeypatch, tmp_path):
     """The figure is the README's first (shown at most 1280 px wide): every text of it -- the title, the panels'
     titles, axis labels, tick labels, legends, the caption -- is at least 13 px high there (its size in points at
-    the figure's 100 dpi, scaled to 1280 px). Before: legends at 8 pt and the caption at 8.5 (10-11 px), the panels'
-    titles at 9 (12 px), in a 1380 px figure."""
+    the figure's 100 dpi, scaled to 1280 px), so legends at 8 pt, a caption at 8.5 (10-11 px) or panel titles at
+    9 (12 px) in a 1380 px figure fail."""
     from matplotlib.text import Text
 
     seen = {}

@@ -109,8 +109,8 @@ def deep(n=5000):
 
 # ------------------------------------------------------------------------------------------- checkpoint faults
 def test_a_scaled_weight_in_last_pt_is_refused_and_resume_falls_back_to_prev_pt_to_the_same_result(base, tmp_path):
-    """Before: a weight scaled in last.pt resumed silently. Now the checksum refuses last.pt, prev.pt (epoch 1) is
-    used, and the resumed run retrains epoch 2 to the very weights of the uninterrupted run."""
+    """A weight scaled in last.pt is refused by its checksum (the reason is printed), prev.pt (epoch 1) is used, and
+    the resumed run retrains epoch 2 to the very weights of the uninterrupted run."""
     run = copy_folder(base[0], tmp_path / "run")
     ck = load_pt(os.path.join(run, C.LAST))
     ck["model"]["head.weight"] = ck["model"]["head.weight"] * 2
@@ -129,7 +129,8 @@ def test_a_scaled_weight_in_last_pt_is_refused_and_resume_falls_back_to_prev_pt_
 
 
 def test_save_checkpoint_refuses_nonfinite_weights_and_keeps_the_last_good_one(base, tmp_path):
-    """Before: a NaN model was written as last.pt and then named "the last good checkpoint"."""
+    """A NaN or infinite weight, or a NaN in the optimizer state, is refused naming it; last.pt keeps the last good
+    checkpoint byte for byte and no temporary file is left; the same state, finite, is written."""
     run = copy_folder(base[0], tmp_path / "run")
     good = open(os.path.join(run, C.LAST), "rb").read()
     ck = load_pt(os.path.join(run, C.LAST))
@@ -188,8 +189,9 @@ def _crafted_files(folder, obj):
 
 
 def test_a_crafted_pickle_is_reported_as_code_in_every_format_and_never_executed(tmp_path):
-    """Before: torch 2.13 words the refusal "unsupported GLOBAL posix.system" (and for protocols 0, 4, 5 stops at an
-    opcode first), which the case-sensitive match missed: the file was reported as truncated."""
+    """A pickle that calls ``posix.system`` is refused as code in every protocol, never as a truncated file (torch
+    2.13 words its refusal "unsupported GLOBAL posix.system" and for protocols 0, 4, 5 stops at an opcode first);
+    it is never executed, and a truly truncated file is still reported as unreadable."""
     for label, path in _crafted_files(str(tmp_path), Evil()).items():
         with pytest.raises(CheckpointError) as info:
             C.safe_load(path)
@@ -207,7 +209,8 @@ def test_a_crafted_pickle_is_reported_as_code_in_every_format_and_never_executed
 
 # ------------------------------------------------------------------------------------------- JSON and YAML bombs
 def test_deeply_nested_documents_are_one_line_refusals_naming_the_file(tmp_path):
-    """Before: 5,000 nested brackets escaped every reader as RecursionError (an internal error, exit 1)."""
+    """5,000 nested brackets (JSON or YAML) are a one-line refusal naming the file from every reader, never a
+    RecursionError; NaN is refused, brackets inside strings are text."""
     from experiments.app.config import load_config
     from energies.errors import ConfigError
     from unfold import strict_json
@@ -230,7 +233,7 @@ def test_deeply_nested_documents_are_one_line_refusals_naming_the_file(tmp_path)
 
 # ---------------------------------------------------------------------------------------------------- bundles
 def test_bundle_json_of_the_wrong_json_type_is_refused_naming_it(base, tmp_path):
-    """Before: bundle.json = [1, 2] raised AttributeError (an internal error)."""
+    """bundle.json holding an array, a string, null or a number is refused naming the JSON type it holds."""
     from experiments.app.bundle import load_model
 
     folder = copy_folder(base[0], tmp_path / "b")
@@ -241,9 +244,10 @@ def test_bundle_json_of_the_wrong_json_type_is_refused_naming_it(base, tmp_path)
 
 
 def test_a_folder_without_bundle_json_is_read_only_with_legacy_and_only_when_truly_legacy(base, tmp_path):
-    """Before: deleting bundle.json skipped every hash check, so swapped weights loaded. Now the folder is refused;
-    with legacy=True it is still refused while it holds what only the current format writes (a checksummed
-    checkpoint, a format-marked model.pt); a folder with neither loads with legacy=True, label names from its data."""
+    """A folder without bundle.json is refused, so no hash check can be skipped by deleting it; with legacy=True it
+    is still refused while it holds what only the current format writes (a checksummed checkpoint, a format-marked
+    model.pt); a folder with neither loads with legacy=True, label names from its data, and swapped weights with
+    another config are refused."""
     from experiments.app.bundle import load_model
 
     run = copy_folder(base[0], tmp_path / "run")
@@ -290,7 +294,8 @@ def test_bundle_weights_must_be_finite_and_save_model_refuses_a_nonfinite_model(
 
 
 def test_predict_with_an_unwritable_plot_prints_nothing_and_writes_nothing(base, tmp_path):
-    """Before: the predictions were printed, then the plot failed (exit 2 after half an answer)."""
+    """An unwritable ``--plot`` path (under a file, or a folder) is refused before any prediction is printed: exit
+    2, empty stdout; a plot in a new folder is written."""
     (tmp_path / "afile").write_text("x")
     for plot in ("afile/e.png", "adir.png"):
         os.makedirs(tmp_path / "adir.png", exist_ok=True)
@@ -682,8 +687,8 @@ def _predict_proc(folder, argv, stdin_bytes, cwd):
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
 def test_stdin_reads_by_the_files_rule(base, tmp_path, json_flag):
     """The same invalid bytes from stdin and from a file: both refused with the same reason; a file before anything
-    is printed, stdin after the lines before the bad one are answered (line 1 only).
-    Before: stdin was read surrogate-escaped (rc 0, and ``--json`` printed lone surrogates), the file refused."""
+    is printed, stdin after the lines before the bad one are answered (line 1 only), never surrogate-escaped; valid
+    UTF-8 on stdin is read."""
     path = tmp_path / "bad.txt"
     path.write_bytes(BAD_BYTES)
     lines = []
@@ -713,7 +718,7 @@ HOSTILE_TEXTS = ["good\tgreat", "bad\nawful w1", "w1\\tw2 \r fine", "x\x85y\u202
 def test_plain_output_is_one_line_a_text_and_six_fields(base, tmp_path):
     """A tab, newline or other separator in a text is escaped in the plain output (undone by Python's
     backslash escapes, as the help says), so each text stays one line of six tab-separated fields; ``--json``
-    keeps the text as it is. Before: the raw text split the line and added fields."""
+    keeps the text as it is."""
     from experiments.app.predict import escape_field
 
     argv = [str(base[0])] + [a for t in HOSTILE_TEXTS for a in ("--text", t)]

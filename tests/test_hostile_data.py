@@ -3,17 +3,17 @@ the TF-IDF baseline and ``unfold-sweep --table`` is checked where it is read, an
 
 * Colliding labels (one class written two ways: ``1`` and ``"1"``, ``1`` and ``true`` or ``1.0``, ``"1"`` and
   ``"01"``, NFC variants, ``true`` and ``"True"``; repeated names in ``labels.json`` or a ``ClassLabel``) are
-  refused by the dataset loader, in every format it reads, naming the file, the field and both values; before,
-  they trained a 3-class model for a binary set.
+  refused by the dataset loader, in every format it reads, naming the file, the field and both values, so a
+  binary set never trains a 3-class model.
 * An empty (or blank-only) split file, and an ``hf:`` split left empty once its unlabelled rows are dropped, is
-  refused naming the split and the file; before, an empty validation split reported ``val_accuracy 0.0``.
+  refused naming the split and the file (an empty validation split never reports ``val_accuracy 0.0``).
 * Every YAML reader (config files, overrides, dataset cards) refuses a repeated key at any level (naming the key
-  and the lines; before, the last one silently replaced a whole section) and nesting too deep for the parser
-  (before: a ``RecursionError``).
-* ``--table`` checks each ``summary.json``, and a sweep checks each seed's existing ``metrics.json`` (before: a
-  ``KeyError`` or ``AttributeError``).
+  and the lines, so the last one never silently replaces a whole section) and nesting too deep for the parser
+  (a one-line refusal, no ``RecursionError``).
+* ``--table`` checks each ``summary.json``, and a sweep checks each seed's existing ``metrics.json`` (a one-line
+  refusal, no ``KeyError`` or ``AttributeError``).
 
-The table :data:`CASES` runs each hostile invocation through :func:`clifuzz.expect_refusal`: exit 2, no traceback,
+The table `CASES` runs each hostile invocation through `clifuzz.expect_refusal`: exit 2, no traceback,
 one last ``error:`` line naming the file / key / field / values, nothing written (the workspace watched too).
 Unit tests with positive controls follow.
 """

@@ -43,8 +43,8 @@ def _values(S=2, T1=3, dtype=torch.float64, device="cpu"):
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.uint16, torch.uint32,
                                    torch.uint64])
 def test_valid_ids_of_every_integer_dtype_give_the_int64_logits(dtype):
-    """Before: uint8/int8/int16/uint16/uint32/uint64 ids raised torch's RuntimeError from nn.Embedding (or
-    NotImplementedError from the range check on uint64)."""
+    """Valid uint8/int8/int16/uint16/uint32/uint64 ids give the very logits of int64 ids (no RuntimeError from
+    nn.Embedding, no NotImplementedError from the range check on uint64)."""
     model = _model().eval()
     ids, mask = _ids(), torch.ones(2, 5, dtype=torch.bool)
     ref = model(ids, mask).logits
@@ -67,7 +67,8 @@ def test_an_out_of_vocabulary_id_is_named_by_its_true_value(dtype, bad):
 
 
 def test_meta_ids_into_a_cpu_embedding_are_named_not_read_as_garbage():
-    """Before: TokenEmbedding(meta ids) on a CPU table returned numbers read from nowhere (1e21 ...)."""
+    """TokenEmbedding(meta ids) on a CPU table is refused naming both devices, never numbers read from nowhere;
+    with the table on meta too it is a meta forward."""
     emb = U.TokenEmbedding(VOCAB, 8)
     with pytest.raises(TokenError, match="ids are on meta, the model on cpu"):
         emb(_ids().to("meta"))
@@ -78,7 +79,8 @@ def test_meta_ids_into_a_cpu_embedding_are_named_not_read_as_garbage():
 
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 def test_an_example_with_no_real_token_is_a_token_error_on_the_cpu_and_fails_the_verdict_elsewhere(mode, monkeypatch):
-    """Before: an all-False mask row gave logits and the verdict "descent" over its layer steps."""
+    """An all-False mask row is a TokenError (a ConfigError) naming the example; where values are not read, the
+    trace fails that example and the verdict is not "descent"; one real token suffices."""
     from unfold import classifier as C, inputs as I
 
     model = _model(mode, graph="complete" if mode == "baseline" else "window:2")
@@ -97,7 +99,8 @@ def test_an_example_with_no_real_token_is_a_token_error_on_the_cpu_and_fails_the
 
 
 def test_trace_descent_refuses_an_example_with_no_real_token():
-    """Before: trace_descent judged an example of padding only as "descent" (energy 0 at every layer)."""
+    """trace_descent refuses an example of padding only (energy 0 at every layer) naming it; one real token gives
+    "descent"."""
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[0] = False
     graph = window(6, 2, batch_size=2, mask=mask)
@@ -119,7 +122,8 @@ def test_an_energy_trace_of_an_empty_example_fails_every_step():
 
 @pytest.mark.parametrize("what", ["empty", "meta", "mixed"])
 def test_report_from_values_refuses_a_verdict_over_nothing(what):
-    """Before: S = 0 examples gave "descent" over 0 steps; meta values raised torch's RuntimeError."""
+    """S = 0 examples, meta values or a mix with meta are a StepError, never "descent" over 0 steps nor torch's
+    RuntimeError; real values give "descent"."""
     values = {"empty": lambda: _values(S=0), "meta": lambda: _values(device="meta"),
               "mixed": lambda: {**_values(), "b": _values(device="meta")["a"]}}[what]()
     with pytest.raises(StepError, match="no example|meta"):
@@ -128,7 +132,7 @@ def test_report_from_values_refuses_a_verdict_over_nothing(what):
 
 
 def test_an_encoder_validates_on_meta_without_reading_values():
-    """Before: validate=True on the meta device raised torch's RuntimeError (a bool() of a meta tensor)."""
+    """validate=True on the meta device runs a traced forward without a bool() of a meta tensor."""
     with torch.device("meta"):
         enc = U.GuaranteedEncoder(8, heads=2, layers=2, graph="window:2", validate=True)
         out = enc(torch.randn(2, 5, 8), torch.ones(2, 5, dtype=torch.long), trace=True)
@@ -137,7 +141,8 @@ def test_an_encoder_validates_on_meta_without_reading_values():
 
 @pytest.mark.parametrize("graph,kernel", [("star", "auto"), ("star", "dense"), ("complete", "edges")])
 def test_a_meta_forward_runs_with_mask_dependent_graphs_and_the_edge_kernel(graph, kernel, monkeypatch):
-    """Before: NotImplementedError ('Cannot copy out of meta tensor', nonzero on meta)."""
+    """A meta forward and backward with a mask-dependent graph or the edge kernel run (no nonzero on meta, no
+    'Cannot copy out of meta tensor'); on the CPU the same encoder gives "descent"."""
     from energies import kernels as P
     from energies.kernels import triton as TK
     monkeypatch.setitem(TK._TRITON, "meta", "disabled for this test")
@@ -184,7 +189,7 @@ def _edges(dtype, bad):
 
 @pytest.mark.parametrize("dtype,bad", INT_DTYPES, ids=[f"{d}-{b}".replace("torch.", "") for d, b in INT_DTYPES])
 def test_an_edge_id_is_reported_by_its_true_value_in_every_integer_dtype(dtype, bad):
-    """Before: a uint64 edge id of 2^64 - 1 was reported as -1."""
+    """An out-of-range edge id is named by its true value in every integer dtype (2^64 - 1 as uint64, not -1)."""
     with pytest.raises(GraphError, match=rf"edge 1 = \(1, {bad}\) is out of range"):
         from_edge_index(_edges(dtype, bad), 3)
     assert from_edge_index(_edges(dtype, 2), 3).num_nodes == 3          # negative control
@@ -193,7 +198,8 @@ def test_an_edge_id_is_reported_by_its_true_value_in_every_integer_dtype(dtype, 
 @pytest.mark.parametrize("np_dtype,bad", [(np.uint64, 2 ** 64 - 1), (np.uint64, 2 ** 63), (np.uint32, 2 ** 32 - 1),
                                           (np.int8, -1), (np.uint8, 200)])
 def test_an_edge_file_id_is_reported_by_its_true_value(tmp_path, np_dtype, bad):
-    """Before: a .npy edge list was cast with astype(int64), and a uint64 id of 2^64 - 1 was reported as -1."""
+    """An out-of-range id in a .npy edge list is named by its true value in its own dtype (a uint64 2^64 - 1, not
+    -1 after a cast to int64); an in-range file loads."""
     arr = np.array([[0, 1], [1, 2]], dtype=np_dtype)
     arr[1, 1] = bad
     np.save(tmp_path / "edges.npy", arr)
@@ -213,7 +219,7 @@ def test_the_check_cli_names_a_uint64_edge_id_of_a_file(tmp_path):
 # --------------------------------------------------------------------- (8) the spline probe
 
 class _HidesOverflow(nn.Module):
-    """ReLU attention as the attention module once computed it: an overflow of the scores reads as weight 0."""
+    """ReLU attention with ``nan_to_num`` on every row: an overflow of the scores reads as weight 0."""
 
     def __init__(self):
         super().__init__()
@@ -225,7 +231,8 @@ class _HidesOverflow(nn.Module):
 
 
 def test_the_probe_never_computes_a_verdict_from_an_overflow_the_module_hid():
-    """Before: the output was finite (0 far out), and the probe gave a verdict from it."""
+    """A module whose output stays finite (0 far out) while a ReLU input inside it overflows gives no verdict: the
+    probe refuses the sample naming t_max; a short ray gives a verdict."""
     from experiments.studies.spline_probe import NonFiniteSample, probe
 
     mod = _HidesOverflow().double()
@@ -238,7 +245,8 @@ def test_the_probe_never_computes_a_verdict_from_an_overflow_the_module_hid():
 
 
 def test_the_probe_refuses_a_ray_that_does_not_move():
-    """Before: --t-max 1e-300 sampled one point 1025 times and reported "spline, degree 0"."""
+    """A t_max too short for float64 to move the ray is refused (never one point sampled 1025 times and reported
+    "spline, degree 0"); a ray of length 1 gives a degree."""
     from experiments.studies.spline_probe import probe_attention
 
     with pytest.raises(ConfigError, match=r"t_max=1e-15 is too short for float64"):
@@ -246,7 +254,7 @@ def test_the_probe_refuses_a_ray_that_does_not_move():
     assert probe_attention("relu", n=3, t_max=1.0, grid=65)["degree"] is not None     # negative control
 
 
-def test_the_cli_refuses_t_max_1e300_which_once_gave_degree_0(tmp_path):
+def test_the_cli_refuses_t_max_1e300_naming_the_overflow(tmp_path):
     line = expect_refusal("experiments.studies.spline_probe", ["--attention", "relu", "--t-max", "1e300", "--n", "3", "--json"],
                           str(tmp_path), names=["--t-max", "1e300"])
     assert "float64" in line
@@ -284,9 +292,9 @@ def _check(cfg):
 def test_the_build_check_accepts_what_trains_and_names_keys_for_what_it_refuses(kernel, monkeypatch):
     """Every documented model.kernel x graphs x every documented rho, on train.device=cpu: accepted configs
     train a forward/backward on a tiny CPU batch and descend; refused ones are ConfigErrors naming model.* keys,
-    never 'meta', and the real build refuses them too (at build, or at its first forward on that device).
-    Before: model.kernel=triton was accepted on the CPU and failed at the first training step; the check, first in
-    a process, probed the fused op with meta tensors and refused model.kernel=fused although the op works."""
+    never 'meta', and the real build refuses them too (at build, or at its first forward on that device). So
+    model.kernel=triton on the CPU is refused by the check, not at the first training step, and the check, first in
+    a process, accepts model.kernel=fused wherever the op works (it never probes the fused op with meta tensors)."""
     from energies.kernels import fused_ops as F
     from experiments.app.config import load_config
     from experiments.app.build import build_model
@@ -667,8 +675,9 @@ REGISTRY_CASES = _registry_cases()
 
 @pytest.mark.parametrize("call,error,names", [c[1:] for c in REGISTRY_CASES], ids=[c[0] for c in REGISTRY_CASES])
 def test_a_name_already_registered_is_refused(call, error, names):
-    """Before: every registry replaced the entry silently (a plug-in's ``exp`` reached the trace but not the fused
-    forward; a second ``edges`` ended in ``TypeError: 'Kernel' object is not callable``)."""
+    """Every registry refuses a name it holds already, naming the registry and the name, and every table is left as
+    it was (a plug-in's ``exp`` cannot reach the trace but not the fused forward, a second ``edges`` cannot end in
+    ``TypeError: 'Kernel' object is not callable``)."""
     import energies as E
     from energies.rho import RHOS
 
@@ -797,9 +806,9 @@ DEPTH_CASES = [
 
 @pytest.mark.parametrize("call,error,names", [c[1:] for c in DEPTH_CASES], ids=[c[0] for c in DEPTH_CASES])
 def test_hostile_depth_and_batch_size(call, error, names):
-    """Before: ``layers=2`` on an untied 4-layer stack silently ran 2 layers, ``layers=4097`` ran past the cap and
-    ``layers=0`` ran no layer on the guaranteed model; ``predict(batch_size=-1)`` returned ``[]``, ``evaluate_at``
-    reported accuracy 0.0 having evaluated nothing; labels outside the classes counted as wrong."""
+    """Each hostile depth or batch size is refused naming what is wrong: ``layers=2`` on an untied 4-layer stack,
+    ``layers=4097`` past the cap, ``layers=0`` on the guaranteed model; ``predict(batch_size=-1)``; an
+    ``evaluate_at`` over no example; labels outside the classes (never counted as wrong)."""
     with pytest.raises(error) as info:
         call()
     msg = str(info.value)
@@ -895,9 +904,9 @@ def _call(term, method, Y, graph):
 
 @pytest.mark.parametrize("name,method,bad", TERM_CASES, ids=["-".join(c) for c in TERM_CASES])
 def test_a_term_method_checks_Y_against_its_graph(name, method, bad):
-    """Before: ``PairwiseAttention(...).value(Y, graph)`` with Y of another n or batch than the graph, or on another
-    device, raised torch's untyped RuntimeError (or ran on the wrong rows); now every public method of every term
-    refuses it with a TokenError naming the shapes or devices (metadata only: no host read)."""
+    """Y of another n or batch than the graph, or on another device (``PairwiseAttention(...).value(Y, graph)``
+    ...), is refused by every public method of every term with a TokenError naming the shapes or devices (metadata
+    only: no host read), never torch's untyped RuntimeError nor a run on the wrong rows."""
     term, graph = _terms()[name], window(5, 2, batch_size=2)
     Y, names = _BAD_Y[bad]
     with pytest.raises(TokenError) as info:

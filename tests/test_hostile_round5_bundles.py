@@ -111,8 +111,8 @@ def with_foreign_files(run):
 
 
 def test_save_pretrained_over_a_finished_run_replaces_only_the_bundles_files(made, tmp_path):
-    """Before: best.pt, last.pt, prev.pt, metrics.json, history.json, energy_trace.pt, train.log, tensorboard/ and
-    the plots were deleted. Now every file a bundle does not write is kept byte for byte, and the run still loads
+    """save_pretrained over a finished run keeps byte for byte every file a bundle does not write (best.pt, last.pt,
+    prev.pt, metrics.json, history.json, energy_trace.pt, train.log, tensorboard/, the plots), and the run still loads
     as the same model."""
     from experiments.app.bundle import TrainedModel
 
@@ -162,8 +162,8 @@ def test_a_bundle_save_killed_after_the_swap_is_recovered_without_losing_the_run
 # ------------------------------------------------------------------------------ a failed save leaves nothing
 def test_a_save_into_a_new_folder_that_fails_half_way_leaves_nothing_and_the_retry_works(made, tmp_path,
                                                                                           monkeypatch):
-    """Before: the weights, config and vocabulary stayed (only bundle.json was removed), and the retry was refused
-    because the folder held files."""
+    """A save into a new folder that fails half way leaves no weights, config, vocabulary or hidden sibling (at most an
+    empty folder or its .lock), and the retry writes the same model."""
     import experiments.app.bundle as B
     import experiments.app.bundle.write as W
 
@@ -205,7 +205,7 @@ def test_a_failed_overwrite_leaves_the_folder_as_it_was(made, tmp_path, monkeypa
 
 # ------------------------------------------------------------------------------- fingerprint and card bound
 def test_swapped_label_names_are_refused(made, tmp_path):
-    """Before: every prediction inverted, exit 0."""
+    """Swapped label_names are refused by load_model and by predict (never every prediction inverted, exit 0)."""
     from clifuzz import expect_refusal
     from experiments.app.bundle import load_model
 
@@ -251,8 +251,8 @@ def test_a_changed_vocabulary_with_recomputed_hashes_is_refused(made, tmp_path, 
 @pytest.mark.parametrize("key, value", [("metrics", "test_accuracy"), ("command", "rm -rf ~"),
                                         ("dataset", "imdb")])
 def test_an_edited_card_field_of_bundle_json_is_refused_naming_it(made, tmp_path, key, value):
-    """Before: an edited test_accuracy was reported by model.metrics, and save_pretrained wrote a card claiming
-    it."""
+    """An edited card field of bundle.json (e.g. test_accuracy) is refused naming the key and README.md, by
+    from_pretrained and by save_pretrained (no card claims it)."""
     from experiments.app.bundle import TrainedModel
 
     folder = copy(made[0], tmp_path / "m")
@@ -309,7 +309,8 @@ def test_a_hostile_card_front_matter_is_one_refusal(made, tmp_path):
 # ---------------------------------------------------------------------------------------------- weight dtypes
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.float64, torch.float16])
 def test_weights_of_another_dtype_are_refused_naming_the_tensor(made, tmp_path, dtype):
-    """Before: cast silently (an integer head predicts 0.5/0.5 with a 'descent' verdict)."""
+    """Weights of another dtype are refused naming the tensor and its dtype, never cast (an integer head would predict
+    0.5/0.5 with a 'descent' verdict)."""
     import safetensors.torch
 
     from experiments.app.bundle import load_model
@@ -337,10 +338,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_run_killed_between_metrics_and_bundle_is_resumed_not_called_finished(made, tmp_path):
-    """Before: the same command again said 'already holds a finished run ... use --overwrite' (which would throw
-    the training away). Now it advises --resume, which finishes the run into a loadable bundle."""
+def test_a_run_killed_between_metrics_and_bundle_is_resumed_not_called_finished(made, tmp_path, capsys):
+    """The same command again advises --resume instead of calling the run finished (--overwrite would throw the
+    training away); --resume finishes the run into a loadable bundle. The killed run is a process of its own;
+    the commands after it are calls of the trainer's main in this process."""
     from experiments.app.bundle import load_model
+    from experiments.app.train import main
+
+    def train(argv):
+        capsys.readouterr()
+        code = main(argv)
+        return code, capsys.readouterr().err
 
     run = tmp_path / "run"
     args = train_args(run, made[1])
@@ -348,14 +356,14 @@ def test_a_run_killed_between_metrics_and_bundle_is_resumed_not_called_finished(
                           text=True, timeout=300)
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert (run / "metrics.json").exists() and not (run / "bundle.json").exists()
-    again = run_train(args)
-    assert again.returncode == 2, again.stderr[-2000:]
-    assert f"--resume {run}" in again.stderr and "a finished run" not in again.stderr, again.stderr
-    resumed = run_train(["--resume", str(run)])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    code, err = train(args)
+    assert code == 2, err[-2000:]
+    assert f"--resume {run}" in err and "a finished run" not in err, err
+    code, err = train(["--resume", str(run)])
+    assert code == 0, err[-2000:]
     assert load_model(str(run)).metrics["test_accuracy"] == json.load(open(run / "metrics.json"))["test_accuracy"]
-    rerun = run_train(args)
-    assert rerun.returncode == 0 and "already holds this finished run" in rerun.stderr
+    code, err = train(args)
+    assert code == 0 and "already holds this finished run" in err
 
 
 def test_the_folder_check_calls_a_run_finished_only_with_its_bundle(tmp_path):
@@ -384,7 +392,8 @@ class BytesPath:
 
 @pytest.mark.parametrize("value", [b"/tmp/x", 5, None, BytesPath(), "a\x00b"])
 def test_from_pretrained_and_save_pretrained_refuse_a_non_path_naming_the_argument(made, value):
-    """Before: a raw TypeError (or ValueError for a NUL)."""
+    """A non-path is refused naming ``pretrained_model_name_or_path`` / ``save_directory``, not a raw TypeError (or
+    ValueError for a NUL)."""
     from experiments.app.bundle import TrainedModel, load_model
 
     with pytest.raises(CheckpointError, match="pretrained_model_name_or_path"):

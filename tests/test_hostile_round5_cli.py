@@ -1,9 +1,9 @@
-"""Hostile review of the command lines: a label printed from NaN, plug-in prints on stdout, endless input lines,
-aliases a plug-in can take, a stray file that shadows a shipped config, a file graph that cannot read a short text,
-stdin lines lost before a bad one, and a check that runs for hours in silence.
+"""Hostile inputs to the command lines: weights that give NaN logits (no label), plug-ins that print on stdout,
+endless input lines, a plug-in that reaches for an alias, a stray file named like a shipped config, a short text
+for a file graph, a bad byte on stdin after good lines, and a check sized to run for hours.
 
-Each test fails on the code before the fix it covers; the commands run in process (``main(argv)``, through
-``clifuzz.run_cli``) or as ``python -m`` with the tree under test on ``PYTHONPATH``."""
+The commands run in process (``main(argv)``, through ``clifuzz.run_cli``) or as ``python -m`` with the tree under
+test on ``PYTHONPATH``."""
 import io
 import json
 import os
@@ -95,8 +95,8 @@ def registries():
 
 # --------------------------------------------------------------------------------- a label from NaN
 def test_a_nonfinite_output_gets_no_label_and_a_nonzero_exit(tmp_path):
-    """Finite but huge weights (x 1e30) give NaN logits. Before: a label was printed with "probabilities":
-    {"rotten": "nan", ...}, exit 0. Now no line for that text, one error line naming it, exit 3."""
+    """Finite but huge weights (x 1e30) give NaN logits: no line (no label, no "nan" probabilities) for that text,
+    one error line naming it, exit 3, in the JSON and the plain output."""
     nan_bundle = _save(tmp_path / "nan", scale=1e30)
     code, out, err = run_cli(PREDICT, [nan_bundle, "--text", "good film", "--text", "bad", "--json"], str(tmp_path))
     assert code == 3, err
@@ -190,8 +190,8 @@ def test_entry_point_prints_go_to_stderr_and_unfold_no_plugins_keeps_them_out(tm
 
 # --------------------------------------------------------------------------------- endless lines
 def test_a_line_longer_than_the_bound_is_refused_naming_it(bundle, tmp_path):
-    """Before: a line was read whole, however long (``--file /dev/zero`` grew without end). Now a line over
-    MAX_LINE_BYTES is refused naming its number, before anything is predicted for a regular file."""
+    """A line over MAX_LINE_BYTES is refused naming its number, before anything is predicted for a regular file; no
+    line is read whole however long (``--file /dev/zero`` ends)."""
     MAX_LINE_BYTES = MAX_LINE
     path = tmp_path / "long.txt"
     path.write_bytes(b"good film\n" + b"a " * (MAX_LINE_BYTES // 2 + 1) + b"\nbad\n")
@@ -246,7 +246,9 @@ def test_a_text_argument_over_the_bound_is_refused(bundle, tmp_path):
 
 # --------------------------------------------------------------------------------- aliases
 def test_a_plugin_cannot_take_an_alias_or_an_unreachable_name(registries):
-    """Before: register_rho("softmax") replaced what the documented alias of exp builds."""
+    """A plug-in cannot take an alias (register_rho("softmax") or any door of the dict leaves the documented alias
+    of exp building ExpRho), a name with ':', or a graph name that a spec reads as a file; an alias cannot be
+    pointed at another registered part."""
     from energies.errors import EnergyError, GraphError
     from energies.graphs import register_graph, window
     from energies.rho import RHOS, ExpRho, get_rho, register_rho
@@ -275,9 +277,9 @@ def test_a_plugin_cannot_take_an_alias_or_an_unreachable_name(registries):
 
 # --------------------------------------------------------------------------------- a stray file shadows a config
 def test_a_stray_file_does_not_shadow_a_shipped_config(tmp_path, monkeypatch):
-    """An extension-less file ``tiny`` beside a config replaced the shipped ``tiny`` for ``extends: tiny`` (and
-    ``--print-config`` named it "config tiny"). Now a bare name is the shipped config; ``./tiny`` names the file,
-    and the sources name the file actually read."""
+    """An extension-less file ``tiny`` beside a config does not replace the shipped ``tiny`` for ``extends: tiny``
+    (nor does ``--print-config`` name it "config tiny"): a bare name is the shipped config; ``./tiny`` names the
+    file, and the sources name the file actually read."""
     from experiments.app.config import CONFIG_DIR, load_config, load_config_sources
 
     shipped = load_config("tiny")
@@ -318,9 +320,9 @@ def graph_bundle(tmp_path_factory):
 
 
 def test_a_file_graph_model_predicts_a_short_text(graph_bundle, tmp_path):
-    """Before: ``unfold-predict RUN --text "a fine film"`` said "edge 3 = (1, 3) is out of range". Now a short
-    text reads as it would padded to the graph's width: its prediction alone equals its prediction in a batch
-    with a full-length text."""
+    """``unfold-predict RUN --text "a fine film"`` on a file graph wider than the text predicts (no "edge 3 =
+    (1, 3) is out of range"): a short text reads as it would padded to the graph's width, its prediction alone
+    equal to its prediction in a batch with a full-length text."""
     code, out, err = run_cli(PREDICT, [graph_bundle, "--text", "a fine film", "--json"], str(tmp_path))
     assert code == 0, err
     alone = json.loads(out)
@@ -345,8 +347,8 @@ def test_within_keeps_only_the_edges_among_the_slots_held():
 
 # --------------------------------------------------------------------------------- stdin: nothing lost before a bad line
 def test_the_lines_before_a_bad_byte_on_stdin_are_answered(bundle, tmp_path, stdin):
-    """Before: line 1 and line 2 arrived in one batch; line 2's bad byte raised before the batch was predicted,
-    so line 1's answer was lost. Now line 1 is answered (and flushed), then line 2 refused by number."""
+    """A bad byte on line 2 loses no answer of the lines before it, even in one batch: line 1 is answered (and
+    flushed), then line 2 refused by number."""
     stdin(b"good film\n\xff bad\ngreat\n")
     code, out, err = run_cli(PREDICT, [bundle, "--file", "-", "--json"], str(tmp_path))
     assert code == 2
@@ -356,8 +358,8 @@ def test_the_lines_before_a_bad_byte_on_stdin_are_answered(bundle, tmp_path, std
 
 # --------------------------------------------------------------------------------- check: a bound instead of hours
 def test_check_refuses_a_run_of_hours_before_any_work(tmp_path, monkeypatch):
-    """Before: ``--n 100000`` unrolled 16 samples of the complete graph on 100,000 tokens, silently, for hours.
-    Now it is refused before any token is drawn (the trace is never reached)."""
+    """``--n 100000`` (16 samples of the complete graph on 100,000 tokens, hours of work) is refused before any
+    token is drawn (the trace is never reached), and so is a window graph sized past the bound."""
     import unfold.check as check
 
     def never(*args, **kwargs):

@@ -1,21 +1,21 @@
-"""Hostile data, fifth round: what the loaders and ``unfold-data`` did silently, now refused or reported.
+"""Hostile data for the loaders and ``unfold-data``: what would pass silently is refused or reported.
 
-* ``unfold-data export --out``: an existing folder that holds anything is refused (before: its ``train.jsonl``
-  was replaced); ``--overwrite`` replaces an earlier export and nothing else; the folder the dataset is read
-  from (or that holds its file) is refused whatever the path that names it (before: a folder of ``.csv`` splits
-  exported onto itself got ``.jsonl`` files beside them and could no longer be read); the new folder is staged,
-  read back, then swapped in.
+* ``unfold-data export --out``: an existing folder that holds anything is refused (its ``train.jsonl`` is never
+  replaced); ``--overwrite`` replaces an earlier export and nothing else; the folder the dataset is read from (or
+  that holds its file) is refused whatever the path that names it (a folder of ``.csv`` splits exported onto
+  itself would get ``.jsonl`` files beside them and could not be read); the new folder is staged, read back, then
+  swapped in.
 * A byte that is not UTF-8 is refused naming the file, the line, the byte offset and the byte, in every text
-  file the loader reads (CSV, JSON lines, JSON, ``labels.json``; before: a CSV was re-read as latin-1 whole,
+  file the loader reads (CSV, JSON lines, JSON, ``labels.json``; a CSV is never re-read as latin-1 whole,
   ``café`` turning into ``cafÃ©``).
 * A column named twice in a CSV header or a parquet schema, a key given twice in a JSON object, a CSV row with
-  more or fewer fields than the header: refused naming the file, the line and the column (before: the last copy
-  won, extra fields were dropped).
-* Missing labels: ``NA``, ``N/A``, ``null``, ``None``, ... are refused as ``nan`` was (before: ``NA`` became a
+  more or fewer fields than the header: refused naming the file, the line and the column (the last copy never
+  wins, extra fields are never dropped).
+* Missing labels: ``NA``, ``N/A``, ``null``, ``None``, ... are refused as ``nan`` is (``NA`` never becomes a
   class); ``unfold-data inspect`` reports the rows cleaning dropped, by reason, and the held-out texts that repeat
-  a training text, which :func:`experiments.data.load.load_dataset` also logs as a warning.
+  a training text, which `experiments.data.load.load_dataset` also logs as a warning.
 
-Every test fails on the code before these changes (names that the changes add are looked up inside the tests).
+Names of the checks are looked up inside the tests, so one that is missing fails its own tests only.
 """
 import json
 import logging

@@ -76,8 +76,8 @@ OVERWRITE_FAILURES = [
 
 @pytest.mark.parametrize("extra,names", OVERWRITE_FAILURES, ids=[e[0][0] for e in OVERWRITE_FAILURES])
 def test_a_refused_overwrite_leaves_the_old_run_untouched(tmp_path, toy, old_run, extra, names):
-    """Before: the old run's files were deleted before the data were loaded (``--overwrite`` with a bad dataset
-    lost best.pt, metrics.json and the bundle)."""
+    """A refused ``--overwrite`` (a bad dataset) leaves the old run as it was: best.pt, metrics.json and the bundle give
+    the same probabilities, no stage left."""
     before = probabilities(old_run)
     argv = args(old_run, toy, "--overwrite")
     argv = [a for a in argv if not (a.startswith("data.dataset=") and any(e.startswith("data.dataset=") for e in extra))]
@@ -161,7 +161,8 @@ def test_a_kill_at_any_stage_of_an_overwrite_leaves_a_loadable_run(tmp_path, toy
 
 
 def test_a_folder_of_someone_elses_files_is_refused_and_overwrite_keeps_them(tmp_path, toy):
-    """Before: ``mkdir U; echo mine > U/config.yaml; unfold-train --run-dir U`` replaced config.yaml, exit 0."""
+    """A folder holding someone else's files (config.yaml) is refused naming it and ``--overwrite``; with
+    ``--overwrite`` files that are not the run's are kept."""
     folder = tmp_path / "U"
     folder.mkdir()
     (folder / "config.yaml").write_text("mine\n")
@@ -175,7 +176,8 @@ def test_a_folder_of_someone_elses_files_is_refused_and_overwrite_keeps_them(tmp
 
 
 def test_save_model_refuses_someone_elses_folder_and_replaces_a_bundle_whole(tmp_path, trained):
-    """Before: ``save_model`` wrote model.pt, config.yaml, vocab.json into a folder holding someone's config.yaml."""
+    """``save_model`` refuses a folder holding files that are not a bundle (someone's config.yaml), naming them, and
+    replaces a bundle whole."""
     from experiments.app.bundle import save_model
 
     model = load_model(str(trained))
@@ -203,7 +205,8 @@ def test_save_model_refuses_someone_elses_folder_and_replaces_a_bundle_whole(tmp
 @pytest.mark.parametrize("name", [".lock", "train.log", "metrics.csv", "tensorboard", "config.yaml", "last.pt",
                                   "metrics.json", "vocab.json"])
 def test_resume_never_writes_through_a_link(tmp_path, trained, name):
-    """Before: ``ln -s /some/file R/.lock; unfold-train --resume R`` truncated the link's target."""
+    """``--resume`` never writes through a link (a ``.lock`` or another run file linked to /some/file leaves its target
+    as it was)."""
     run = tmp_path / "run"
     shutil.copytree(trained, run, symlinks=True)
     target = tmp_path / "victim"
@@ -247,8 +250,8 @@ def test_appending_and_locking_never_follow_links_or_open_fifos(tmp_path):
 
 
 def test_the_untraced_forward_is_guarded_on_the_cpu():
-    """Before: ``model.tau=1e-10`` gave NaN logits with the trace off (the expansion unguarded) and finite ones with
-    it on; the validation loss was NaN. On the CPU the guard's one read is of host memory: always on."""
+    """The untraced forward is guarded on the CPU: ``model.tau=1e-10`` gives the same finite logits with the trace off
+    as on (the guard's one read is of host memory: always on)."""
     from experiments.app.config import load_config
     from experiments.app.build import build_model
 
@@ -264,8 +267,8 @@ def test_the_untraced_forward_is_guarded_on_the_cpu():
 
 
 def test_non_finite_logits_are_a_failure_named_never_a_metric(tmp_path, toy, monkeypatch):
-    """Before: ``model.tau=1e-10`` (or ``train.lr=10``) wrote ``test_loss: "nan"``, an accuracy from NaN logits and
-    the verdict descent, exit 0."""
+    """Non-finite logits (``model.tau=1e-10``, ``train.lr=10``) are a failure named, exit non-zero, never ``test_loss:
+    "nan"``, an accuracy from NaN logits or a descent verdict."""
     from unfold.classifier import SequenceClassifier
 
     real = SequenceClassifier.forward
@@ -305,8 +308,8 @@ def test_evaluate_refuses_nan_logits_and_passes_finite_ones():
 
 
 def test_monitor_warn_and_strict_work_in_the_trainer(tmp_path, toy, faulty):
-    """Before: the monitor's re-check called ``token_graph`` on a SequenceClassifier and crashed on the first
-    flagged step (``train.lr=1e10`` exited 1 after writing files): warn and strict never worked in the trainer."""
+    """``train.monitor=warn`` confirms flagged steps and warns; ``strict`` refuses naming the violation and epoch 1,
+    batch 1 (the re-check reads a SequenceClassifier's graph without crashing)."""
     run = tmp_path / "warn"
     code, _, err = run_cli(TRAIN, args(run, toy, "train.monitor=warn"), str(tmp_path))
     assert code == 0, err[-2000:]
@@ -336,7 +339,8 @@ def _limited(limit, value, argv, cwd):
 
 
 def test_a_file_size_limit_is_refused_naming_the_file(tmp_path, toy):
-    """Before: under ``ulimit -f 10`` torch.save raised a raw RuntimeError."""
+    """Under a file-size limit (``ulimit -f``) the run exits 2 with one error line naming the file and 'File too large',
+    no traceback."""
     run = tmp_path / "run"
     proc = _limited(resource.RLIMIT_FSIZE, 20 * 1024, args(run, toy), str(tmp_path))
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -345,7 +349,8 @@ def test_a_file_size_limit_is_refused_naming_the_file(tmp_path, toy):
 
 
 def test_a_model_beyond_the_memory_limit_is_refused_before_any_work(tmp_path, toy):
-    """Before: an in-range ``model.d=16384`` under a memory limit raised the allocator's error."""
+    """An in-range ``model.d=16384`` past a memory limit is refused before any work, naming the key and the GiB needed;
+    nothing written."""
     run = tmp_path / "run"
     proc = _limited(resource.RLIMIT_AS, 6 * 2 ** 30, args(run, toy, "model.d=16384"), str(tmp_path))
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -455,7 +460,7 @@ def test_ctrl_c_at_random_instants_of_atomic_writes_leaves_nothing_behind(tmp_pa
 
 
 def test_convex_heads_default_config_resolves_outside_the_repository(tmp_path):
-    """Before: ``--config`` defaulted to the relative ``experiments/configs/default.yaml``."""
+    """convex_heads' default ``--config`` resolves outside the repository (not relative to the working directory)."""
     import experiments.studies.convex_heads as CH
     from experiments.app.config import load_config
 
@@ -509,11 +514,13 @@ def test_the_table_names_every_file_a_run_writes():
     assert sorted(WRITTEN) == sorted(RL.RUN_OUTPUTS)
 
 
-def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_path, toy):
-    """A seed killed before its first checkpoint leaves config.yaml and vocab.json (no run files): the trainer now
+def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_path, toy, capsys, monkeypatch):
+    """A seed killed before its first checkpoint leaves config.yaml and vocab.json (no run files): the trainer
     refuses such a folder without --overwrite, so the sweep passes it for a folder whose config.yaml is this
-    seed's own, and only then; a folder of someone else's files stays refused (the negative control)."""
+    seed's own, and only then; a folder of someone else's files stays refused (the negative control). The sweep
+    is a call of its main in this process, both seeds at once (each seed a process of its own, as always)."""
     from experiments.app.config import dump_config, load_config
+    from experiments.app.sweep import main
 
     root = tmp_path / "sweep"
     common = [f"data.dataset={toy}", "data.glove=none", "train.progress=false", "model.layers=1", "train.epochs=1",
@@ -526,10 +533,12 @@ def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_p
     other = root / "seed-1"
     other.mkdir()
     (other / "vocab.json").write_text("someone else's\n")
-    proc = subprocess.run([sys.executable, "-m", "experiments.app.sweep", "--config", TINY, "--seeds", "2", "--run-dir",
-                           str(root), *common], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert (own / "metrics.json").exists(), proc.stderr[-3000:]
-    assert proc.returncode == 1 and "seed 1: FAILED" in proc.stderr, proc.stderr[-3000:]
+    monkeypatch.chdir(ROOT)          # where the seeds' processes start
+    capsys.readouterr()
+    code = main(["--config", TINY, "--seeds", "2", "--jobs", "2", "--run-dir", str(root), *common])
+    err = capsys.readouterr().err
+    assert (own / "metrics.json").exists(), err[-3000:]
+    assert code == 1 and "seed 1: FAILED" in err, err[-3000:]
     assert (other / "vocab.json").read_text() == "someone else's\n" and not (other / "metrics.json").exists()
 
 
@@ -539,9 +548,8 @@ def test_a_sweep_finishes_its_own_seed_stopped_before_its_first_checkpoint(tmp_p
 @pytest.mark.parametrize("activation", ["relu", "softmax", "softplus"])
 @pytest.mark.parametrize("t_max", ["1e200", "1e300", "1.7e308"])
 def test_the_spline_probe_never_reads_an_overflow_as_a_verdict(tmp_path, activation, t_max):
-    """Before: ``--attention relu --t-max 1e300`` reported "spline, degree 0, max_residual 0.0": the scores
-    overflowed to NaN, which the attention's ``nan_to_num`` (meant for rows with no key) turned into weight 0,
-    so the output was a finite 0 everywhere far out. Now only rows with no key are zeroed; the NaN is seen."""
+    """An overflow of the scores (``--attention relu --t-max 1e300``) is refused naming 'not finite' and t_max, never
+    reported as 'spline, degree 0': only rows with no key are zeroed, so the NaN is seen."""
     expect_refusal("experiments.studies.spline_probe", ["--attention", activation, "--t-max", t_max, "--n", "3", "--json"],
                    str(tmp_path), names=["not finite", "t_max"])
 
@@ -578,7 +586,8 @@ HOSTILE_IDS = [
 @pytest.mark.parametrize("what,make,message", HOSTILE_IDS, ids=[h[0] for h in HOSTILE_IDS])
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 def test_hostile_token_ids_are_named_not_torch_errors(what, make, message, mode):
-    """Before: float ids, ids outside the vocabulary and meta inputs raised torch's RuntimeError / IndexError."""
+    """Float ids, ids outside the vocabulary and meta inputs are TokenErrors naming them, not torch's RuntimeError /
+    IndexError."""
     import unfold as U
     from energies.errors import TokenError
 
@@ -598,7 +607,8 @@ def re_escape(text):
 
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 def test_an_example_with_no_real_token_is_refused_on_the_cpu_and_fails_the_verdict_elsewhere(mode, monkeypatch):
-    """Before: an all-False padding mask gave logits and the verdict "descent" over its layer steps."""
+    """An all-False padding row is refused on the CPU naming the example and fails the verdict elsewhere (never
+    'descent' over its layer steps)."""
     import unfold as U
     from unfold import encoders as E
     from energies.errors import ConfigError
@@ -623,7 +633,8 @@ def test_an_example_with_no_real_token_is_refused_on_the_cpu_and_fails_the_verdi
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool])
 def test_report_from_values_refuses_integer_energies(dtype):
-    """Before: integer tensors were accepted (the README said refused) and judged with a float tolerance."""
+    """report_from_values refuses integer energies ('floating-point energies'); the same values as float64 give
+    'descent'."""
     from energies.errors import StepError
     from unfold.trace import report_from_values
 
@@ -641,7 +652,8 @@ def test_report_from_values_refuses_integer_energies(dtype):
                                        (torch.uint8, 255), (torch.int8, 127), (torch.int16, 2 ** 15 - 1),
                                        (torch.int32, 2 ** 31 - 1), (torch.int64, 2 ** 63 - 1)])
 def test_an_out_of_range_edge_id_is_named_with_its_true_value(dtype, big):
-    """Before: a uint64 edge id of 2^64 - 1 was reported as -1 (wrapped by the conversion to int64)."""
+    """An out-of-range edge id is named by its true value in every dtype (a uint64 2^64 - 1, not -1 after the conversion
+    to int64)."""
     from energies.errors import GraphError
     from energies.graphs import from_edge_index
 
@@ -664,9 +676,8 @@ RHO_SPECS = ["exp", "relu:1", "softplus:2:0.5", "cauchy", "lp:0.5"]
 
 
 def test_the_build_check_leaves_the_fused_op_available(tmp_path):
-    """Before: the build check (on the meta device) probed the fused op with meta tensors, the probe failed, and
-    the op was taken as missing for the rest of the process: ``model.kernel=fused`` was refused "not available on
-    'cpu'" and every training run fell back from it."""
+    """The build check leaves the fused op available in the process: after check_buildable(model.kernel=fused),
+    fused_available('cpu') is True (the check never probes with meta tensors)."""
     import subprocess as sp
     code = ("from experiments.app.config import load_config; from experiments.app.build import check_buildable; "
             "from energies.kernels.fused_ops import fused_available; "

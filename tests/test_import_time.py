@@ -1,8 +1,8 @@
 """Commands that never compile or plot import none of the heavy packages: ``unfold-data inspect`` and
 ``unfold-train --print-config`` (their modules, and the library they import) leave ``torch._dynamo`` (with
 ``sympy`` and ``triton`` behind it: seconds), matplotlib, tokenizers, pyarrow and tensorboard unimported until a
-command uses them. Before: ``torch.compiler.disable`` and ``assume_constant_result`` applied at import time in
-``energies`` pulled in ``torch._dynamo``: about 10 s of a 450-row ``inspect`` under load went to imports."""
+command uses them. ``torch.compiler.disable`` or ``assume_constant_result`` applied at import time in
+``energies`` would pull in ``torch._dynamo``, about 10 s of a 450-row ``inspect`` under load."""
 import os
 import subprocess
 import sys

@@ -175,7 +175,7 @@ def test_config_checks_plugin_names_like_builtin_ones(ws, inproc, tmp_path, over
 
 def test_config_accepts_plugin_names_in_process(ws, inproc):
     """``load_config`` reads the registries when it validates: once the plug-in is imported, its names
-    (with arguments) are accepted; before, they are refused naming the key."""
+    (with arguments) are accepted; before its import, they are refused naming the key."""
     from experiments.app.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="model.rho"):
@@ -275,9 +275,9 @@ ENDING = {
 @pytest.mark.parametrize("module", CLIS)
 @pytest.mark.parametrize("case", sorted(ENDING))
 def test_a_plugin_that_exits_on_import_is_refused_by_every_cli(inproc, tmp_path, module, case):
-    """Before: ``sys.exit(0)`` in a plug-in made ``unfold-variants`` exit 0 having done nothing, ``SystemExit(3)``
-    exited 3 silently (the import runs inside argument parsing). Now: exit 2, one line naming the module, nothing
-    written."""
+    """``sys.exit(0)`` or ``SystemExit(3)`` in a plug-in (the import runs inside argument parsing) is refused by
+    every command: exit 2, one line naming the module, nothing written; never an exit 0 having done nothing or a
+    silent exit 3."""
     source, names = ENDING[case]
     (tmp_path / f"ending_{case}.py").write_text(source)
     expect_refusal(module, ["--import", f"ending_{case}"], str(tmp_path), names=[f"--import ending_{case}", *names])
@@ -290,7 +290,8 @@ def test_a_plugin_that_exits_on_import_is_refused_by_every_cli(inproc, tmp_path,
     ("raise SystemExit(3)\n", ["sys.exit(3)"]),
 ])
 def test_a_plugin_that_exits_or_interrupts_in_a_subprocess_exits_2(tmp_path, module, source, names):
-    """Before: ``KeyboardInterrupt`` on import printed a traceback; sys.exit gave the plug-in's own exit code."""
+    """``KeyboardInterrupt`` or sys.exit on a plug-in's import, in a subprocess, exits 2 with one line naming the
+    module and what ended it (no traceback, not the plug-in's own exit code), nothing written."""
     (tmp_path / "ending.py").write_text(source)
     before = sorted(p.name for p in tmp_path.iterdir())
     line = one_error(run(module, ["--import", "ending", "--quick"] if module != "unfold.check" else

@@ -51,8 +51,8 @@ def _readline(stream, timeout: float) -> bytes:
 
 def test_the_first_line_is_answered_while_the_input_is_still_open(bundle, tmp_path):
     """Two lines written to stdin, the pipe left open: their answers come out (flushed) while the command still
-    waits for more, then the rest once more lines come and stdin closes. Before: nothing was printed until stdin
-    was closed (every prediction held to the end), so the first read timed out."""
+    waits for more, then the rest once more lines come and stdin closes; no prediction is held until stdin
+    closes (the first read would time out)."""
     proc = subprocess.Popen([sys.executable, "-m", PREDICT, bundle, "--file", "-", "--json"], cwd=str(tmp_path),
                             env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     try:
@@ -88,7 +88,7 @@ def _predict_proc(bundle, cwd, argv, stdin):
 def test_texts_piped_in_without_text_or_file_are_read_as_file_dash(bundle, tmp_path):
     """``printf ... | unfold-predict RUN`` (no --text, no --file) answers every piped line as ``--file -`` does,
     through the same bounded line reader: a line past MAX_LINE_BYTES is refused by its number as stdin's, after
-    the lines before it were answered. Before: "no text to classify", exit 2."""
+    the lines before it were answered (never "no text to classify", exit 2)."""
     from experiments.data.stream import MAX_LINE_BYTES
 
     data = tmp_path / "in.txt"
@@ -155,9 +155,9 @@ def test_peak_memory_does_not_grow_with_the_input(bundle, tmp_path):
     """2,000 lines of 8 KiB (16 MB of input) against 20: the peak RSS grows by less than 12 MiB. The design's
     bound: the reader holds at most a queue of ``--batch-size`` texts, the batch being predicted and one more,
     each as its bytes and its str (3 x 16 x 8 KiB x 2 = 0.75 MiB), plus the token list of one text; the 12 MiB
-    leave room for the allocator. Before: the whole input was held three times over (bytes, decoded str, the
-    list of lines) and every prediction until the end: +27.5 MiB here (measured), and 100,000 short lines took
-    +180 MiB."""
+    leave room for the allocator. A reader that held the whole input three times over (bytes, decoded str, the
+    list of lines) and every prediction until the end measures +27.5 MiB here, and +180 MiB on 100,000 short
+    lines."""
     small = _peak_rss_mib(bundle, str(tmp_path), 20)
     large = _peak_rss_mib(bundle, str(tmp_path), 2000)
     assert large - small < 12, (small, large)
@@ -187,7 +187,7 @@ def test_reading_line_by_line_gives_the_texts_and_refusals_of_reading_it_whole(d
 
 def test_unknown_tokens_are_counted_and_a_text_with_none_known_is_flagged(bundle, tmp_path, caplog):
     """``unknown_tokens`` / ``unknown_words`` per text (JSON and the plain output's tokens field), ``prior_only``
-    and a warning when no token is known. Before: the JSON line had no unknown count and nothing was said."""
+    and a warning when no token is known."""
     from experiments.app.bundle import load_model
 
     model = load_model(bundle)
@@ -225,7 +225,8 @@ def test_a_run_in_progress_is_named_with_its_owner_and_a_dead_owner_is_told_how_
     """A process holds the run folder's lock (a run training, its first checkpoint written, no bundle yet):
     predict says the run is in progress and names the owner (pid, user, host, start). Once that process is
     killed (the lock is free, its owner still recorded), predict says the run did not finish and how to resume
-    it. Before: both were told to "finish it with --resume" (or that the folder was not a bundle)."""
+    it; the run in progress is never told to "finish it with --resume", neither is told the folder is not a
+    bundle."""
     import socket
 
     run = tmp_path / "run"
@@ -259,8 +260,8 @@ def _prediction(text, energies):
 
 
 def test_the_plot_draws_each_text_on_its_own_scale():
-    """A text whose E(Y_0) is near 0 (the case that read -4,300 % and flattened the others when every curve was
-    divided by |E(Y_0)| on one axis) changes no other text's panel: each panel's y range is its own text's, and
+    """A text whose E(Y_0) is near 0 (which reads -4,300 % and flattens the others when every curve is divided by
+    |E(Y_0)| on one axis) changes no other text's panel: each panel's y range is its own text's, and
     its curve fills it; the total energy is what the panels and the title name."""
     import matplotlib.pyplot as plt
 

@@ -1,7 +1,7 @@
 """The PyG conv's hot path reads no node id on the host: with validation off, a compiled forward (and one whose ids
 are on a GPU or ``meta``) keeps the edges as a list of fixed shape (``TokenGraph.from_listed``), so
-``torch._dynamo.explain`` finds 0 graph breaks (25 before: ``int(ei.min())``, ``canonical_edges``' reads and
-data-dependent shapes) and the forward runs on ``meta``. The checks that read the ids stay where the data enters:
+``torch._dynamo.explain`` finds 0 graph breaks (no ``int(ei.min())``, no host read of the edges, no
+data-dependent shape) and the forward runs on ``meta``. The checks that read the ids stay where the data enters:
 ``validate=True``, ``torch_geometric.debug()``, ids on the CPU in eager code, ``cached=True`` (once), and
 ``TokenGraph``'s constructor, with the same messages."""
 import pytest

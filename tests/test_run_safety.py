@@ -66,8 +66,8 @@ C.save_checkpoint({run!r}, new)
 @pytest.mark.parametrize("corrupt_last", [False, True])
 @pytest.mark.parametrize("stage", ["writing", "written", "verified", "rotated", "done"])
 def test_a_kill_at_any_stage_of_a_save_leaves_a_loadable_checkpoint(tmp_path, stage, corrupt_last):
-    """Before: after a fall-back from a corrupt last.pt, the next save renamed it over the good prev.pt, and a
-    kill while the new last.pt was written left nothing loadable."""
+    """A kill at any stage of a save, after a fall-back from a corrupt last.pt or not, leaves a loadable checkpoint: the
+    good prev.pt is never renamed over."""
     run = str(tmp_path)
     C.save_checkpoint(run, state(1.0))
     C.save_checkpoint(run, state(2.0))                      # last = 2, prev = 1
@@ -114,12 +114,32 @@ def test_one_run_per_folder_and_no_silent_overwrite(tmp_path):
     assert (tmp_path / "r" / "metrics.json").exists()
 
 
-def test_concurrent_training_runs_into_one_folder(tmp_path):
-    """Before: two runs into one --run-dir both exited 0 and one reported the other's best.pt. The first run is given
-    far more epochs than the checks take, so that it still holds the folder while a second run and a resume are
-    refused (with 6 epochs it once finished first on a fast machine, and the resume then rightly ran); then Ctrl-C
-    stops it. A finished folder is refused, and replaced only with --overwrite."""
-    data = synthetic_text_dir(tmp_path / "toy", n_train=600)
+def in_process(capsys, argv, limit=120):
+    """``(exit code, stderr)`` of ``unfold-train argv`` run in this process; a run still going after ``limit``
+    seconds is stopped (SIGALRM) and ends as an internal error, so a lock that fails to refuse cannot hang."""
+    from experiments.app.train import main
+
+    def expire(signum, frame):
+        raise RuntimeError(f"unfold-train ran past {limit} s")
+
+    capsys.readouterr()
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(limit)
+    try:
+        code = main([str(a) for a in argv])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return code, capsys.readouterr().err
+
+
+def test_concurrent_training_runs_into_one_folder(tmp_path, capsys):
+    """Two runs into one --run-dir: the second one and a resume are refused while the first holds the folder. The
+    first run is a process of its own, given far more epochs than the checks take, so that it still holds the
+    folder while they are refused (from its first saved epoch on); then Ctrl-C stops it mid-training. A finished
+    folder is refused, and replaced only with --overwrite. The other runs are calls of the trainer's main in
+    this process (a process other than the first's)."""
+    data = synthetic_text_dir(tmp_path / "toy", n_train=80, n_eval=24)
 
     def args(run, *extra):
         return ["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
@@ -131,14 +151,14 @@ def test_concurrent_training_runs_into_one_folder(tmp_path):
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
-        while not (run / "config.yaml").exists() and time.time() < deadline and first.poll() is None:
-            time.sleep(0.1)
+        while not (run / "last.pt").exists() and time.time() < deadline and first.poll() is None:
+            time.sleep(0.05)          # its first epoch saved: the run holds the folder and is training
         assert first.poll() is None, "the first run ended before the second could start"
-        second = run_train(args(run, "train.epochs=100000"))
-        assert second.returncode == 2 and "is in use by another run" in second.stderr, second.stderr[-2000:]
-        assert "Traceback" not in second.stderr
-        resume = run_train(["--resume", str(run)])
-        assert resume.returncode == 2 and "is in use by another run" in resume.stderr, resume.stderr[-2000:]
+        code, err = in_process(capsys, args(run, "train.epochs=100000"))
+        assert code == 2 and "is in use by another run" in err, err[-2000:]
+        assert "Traceback" not in err
+        code, err = in_process(capsys, ["--resume", run])
+        assert code == 2 and "is in use by another run" in err, err[-2000:]
         assert first.poll() is None, "the first run must still hold the folder after the checks"
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=120)
@@ -147,17 +167,17 @@ def test_concurrent_training_runs_into_one_folder(tmp_path):
             first.kill()
     assert first.returncode == 130, err[-2000:]
     done = tmp_path / "done"
-    proc = run_train(args(done, "train.epochs=2"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, err = in_process(capsys, args(done, "train.epochs=2"))
+    assert code == 0, err[-2000:]
     metrics = json.loads((done / "metrics.json").read_text())
     assert metrics["name"] == "tiny" and len(json.loads((done / "history.json").read_text())) == 2
-    again = run_train(args(done, "train.epochs=2"))     # the same command again: said, nothing trained or changed
-    assert again.returncode == 0 and "already holds this finished run" in again.stderr, again.stderr[-2000:]
-    other = run_train(args(done, "train.epochs=3"))     # another config: refused, naming the key
-    assert other.returncode == 2 and "finished run of another config: train.epochs (2 there, 3 now)" in other.stderr
+    code, err = in_process(capsys, args(done, "train.epochs=2"))     # the same command again: said, nothing changed
+    assert code == 0 and "already holds this finished run" in err, err[-2000:]
+    code, err = in_process(capsys, args(done, "train.epochs=3"))     # another config: refused, naming the key
+    assert code == 2 and "finished run of another config: train.epochs (2 there, 3 now)" in err
     assert json.loads((done / "metrics.json").read_text()) == metrics
-    replaced = run_train(args(done, "train.epochs=1", "--overwrite"))
-    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    code, err = in_process(capsys, args(done, "train.epochs=1", "--overwrite"))
+    assert code == 0, err[-2000:]
     assert len(json.loads((done / "history.json").read_text())) == 1
 
 

@@ -125,8 +125,8 @@ def test_settled_traces_join_and_keep_their_counts():
 @pytest.mark.parametrize("graph", ["dilated:2:3", "complete", "strided:2"])
 def test_an_example_with_no_edge_has_an_energy_of_exactly_zero(kernel, graph):
     """Lengths [5, 2] (dilated:2:3: the second example's two tokens are no edge) or [5, 1]: degrees,
-    neighbour sums and energy exactly 0 for that example, at every scale (the residue classes' flash op used to
-    give -2.3e-13: its lone query's own logit, 0 only up to rounding)."""
+    neighbour sums and energy exactly 0 for that example, at every scale (the residue classes' flash op included:
+    its lone query's own logit must not leave a rounding residue such as -2.3e-13)."""
     mask = E.mask_from_lengths([5, 2 if graph == "dilated:2:3" else 1], 5)
     g = E.graph_from_spec(graph, 5, batch_size=2, mask=mask)
     assert int(g.pair_mask()[1].sum()) == 0

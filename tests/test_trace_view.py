@@ -1,7 +1,7 @@
 """The energy trace read by layer as well as by term: ``trace[t]`` (a boundary), ``trace[a:b]`` (an EnergyTrace of
 consecutive boundaries, judged as the whole trace judges those steps), ``layers``, ``num_layers``, ``totals`` and a
-repr that shows the values. Before: ``out.energies[:2]`` was a TypeError (a slice is no dict key), and the totals
-were only in ``out.report().totals``. Reading by term is unchanged (the dict)."""
+repr that shows the values. ``out.energies[:2]`` is a slice, not a TypeError (a slice is no dict key), and the
+totals are read from the trace, not only from ``out.report().totals``. Reading by term is the dict's."""
 import pytest
 import torch
 

@@ -65,8 +65,8 @@ def _snapshot(folder):
 
 def test_without_an_argument_it_writes_a_fresh_folder_and_removes_its_data(tmp_path, monkeypatch, capsys):
     """No argument: a fresh temporary folder, never docs/tutorial (whose tracked files stay as they are); the data
-    folder the tutorial wrote in is gone once the run ends. Before: docs/tutorial was written over, and the CSV
-    and run folders stayed in the temporary directory."""
+    folder the tutorial wrote in is gone once the run ends: neither the CSV nor the run folders stay in the
+    temporary directory."""
     runner = _runner()
     fake = tmp_path / "fake.py"
     fake.write_text(_FAKE)

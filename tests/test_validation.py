@@ -179,7 +179,7 @@ def test_random_graph_above_the_pairwise_regime_has_the_right_density(p):
 
 
 def test_random_graph_below_the_regime_keeps_its_realisations():
-    """Up to RANDOM_PAIRWISE_MAX pairs the graph for a seed is the one drawn pair by pair (as before)."""
+    """Up to RANDOM_PAIRWISE_MAX pairs the graph for a seed is the one drawn pair by pair."""
     n, p = 30, 0.3
     gen = torch.Generator().manual_seed(5)
     iu = torch.triu_indices(n, n, offset=1)
@@ -275,7 +275,8 @@ def test_step_arguments(call, names):
     (lambda X, g: U.mm_direction(ENERGY, X, g, "jacobian"), ["preconditioner", "jacobian"]),
 ])
 def test_the_functional_mm_step_checks_its_arguments(call, names):
-    """mm_step / mm_direction are entries: an unknown preconditioner was taken for 'jacobi'."""
+    """mm_step / mm_direction are entries: an unknown preconditioner is refused naming it, never taken for
+    'jacobi'."""
     X = torch.randn(2, 4, 3, dtype=torch.float64)
     raises(StepError, lambda: call(X, E.complete(4, 2)), *names)
 
@@ -521,7 +522,7 @@ def test_labels_and_one_hot_targets_give_the_same_solution():
     (lambda: E.Energy([("", E.Centering())]), ["name"]),
 ])
 def test_energy_refuses_malformed_terms(call, names):
-    """torch's TypeError / KeyError (ModuleDict names) before."""
+    """A malformed term is an EnergyError naming it, not torch's TypeError / KeyError (ModuleDict names)."""
     raises(EnergyError, call, *names)
 
 
@@ -543,8 +544,8 @@ def test_energy_takes_pairs_as_lists_and_dicts():
     (lambda: E.PairwiseAttention(metric_norm2=torch.tensor(1.0)), ["metric_norm2", "no metric"]),
 ])
 def test_energy_term_flags_and_given_bounds(call, names):
-    """Truthy strings / NaN turned a switch on, and a caller's curvature or ||W||^2 bound below the true one (which
-    makes the MM step too long while the step claims its guarantee) was taken unread, before."""
+    """A truthy string or NaN for a switch, and a caller's curvature or ||W||^2 bound below the true one (which
+    makes the MM step too long while the step claims its guarantee), are refused naming them."""
     raises(EnergyError, call, *names)
 
 
@@ -578,8 +579,8 @@ def test_given_bounds_at_or_above_the_true_one_are_taken_and_used():
     (lambda: U.UnfoldedTransformer(10, 2, d=4, heads=1, pad_idx=None), ["pad_idx", "none"]),
 ])
 def test_model_scalars_refused_by_name(call, names):
-    """Raw int()/comparison/IndexError before, or silently accepted (NaN temperature with a softmax attention,
-    num_classes 2.5 truncated to 2, a truthy string for a switch)."""
+    """Each bad scalar is a ConfigError naming it, never a raw int()/comparison/IndexError nor taken silently (a NaN
+    temperature with a softmax attention, num_classes 2.5 truncated to 2, a truthy string for a switch)."""
     raises(ConfigError, call, *names)
 
 
@@ -592,9 +593,9 @@ def test_model_scalars_refused_by_name(call, names):
     (lambda: E.TokenGraph(1, 4, edge_index=torch.tensor([[0], [1]]), offsets=[0, 1]), ["offset", "0"]),
 ])
 def test_token_graph_offsets_must_describe_its_edges(call, names):
-    """Offsets that are not the edge list's pattern were kept: the banded kernel's MM pass then ran over another graph
-    than ``value`` (E = -0.0978 vs -0.1456 on the first case), so a step descended one energy and the trace judged
-    another."""
+    """Offsets that are not the edge list's pattern are refused: kept, the banded kernel's MM pass would run over
+    another graph than ``value`` (E = -0.0978 vs -0.1456 on the first case), so a step would descend one energy
+    and the trace judge another."""
     raises(GraphError, call, *names)
 
 
@@ -628,8 +629,8 @@ class _Shrinks(_NaNStep):
 
 
 def test_a_step_that_keeps_diverging_is_reported_not_raised():
-    """The trace zeroed a dead example's tokens only at the layer that killed it: the next layer's NaN reached the
-    energy's token check, and trace_descent raised TokenError instead of reporting the non-finite steps."""
+    """A step that keeps giving NaN is reported, not raised: a dead example's tokens are zeroed at every later
+    layer too, so no NaN reaches the energy's token check, and the verdict is "nonfinite" for every step."""
     g, Y = E.complete(4, batch_size=2), torch.randn(2, 4, 3, dtype=torch.float64)
     _, rep = U.trace_descent(_NaNStep(), Y, g, layers=3)
     assert rep.verdict == "nonfinite" and rep.num_nonfinite == rep.num_increases == 6
@@ -647,8 +648,8 @@ def test_a_step_changing_the_shape_is_named():
 
 @pytest.mark.parametrize("ran", [[[False]], [[False, True]], [[True, False, True]]], ids=str)
 def test_ran_must_be_a_prefix_of_layers(ran):
-    """A ``ran`` skipping layer 1 or resuming after a stop left layers that ran unjudged: all False gave "descent"
-    over no step for a NaN or a rise."""
+    """A ``ran`` that skips layer 1 or resumes after a stop (layers that ran would go unjudged; all False would give
+    "descent" over no step for a NaN or a rise) is refused naming layer 1."""
     ran = torch.tensor(ran)
     vals = torch.tensor([[1.0] + [NAN] * ran.shape[1]], dtype=torch.float64)
     raises(StepError, lambda: U.report_from_values({"e": vals}, torch.float64, ran=ran), "ran", "layer 1")
@@ -656,7 +657,7 @@ def test_ran_must_be_a_prefix_of_layers(ran):
 
 @pytest.mark.parametrize("bad", ["no", NAN, 1, None], ids=repr)
 def test_report_guaranteed_is_a_bool(bad):
-    """A truthy non-bool was stored and the summary said ``guaranteed: true``."""
+    """A truthy non-bool for ``guaranteed`` is refused, never stored as a summary's ``guaranteed: true``."""
     vals = {"e": torch.tensor([[1.0, 0.5]], dtype=torch.float64)}
     raises(StepError, lambda: U.report_from_values(vals, torch.float64, guaranteed=bad), "guaranteed")
 
@@ -680,7 +681,7 @@ def test_check_tokens_names_a_graph_that_is_not_one():
 
 def test_a_gradient_step_on_an_energy_with_an_indicator_claims_no_guarantee():
     """Prop. A.1 is about a smooth E: with the ReLU indicator in E the gradient step leaves the feasible set and E
-    goes to +inf (the trace saw the increase), yet guaranteed() said True for step_size * L <= 1."""
+    goes to +inf (the trace sees the increase), so guaranteed() is False even for step_size * L <= 1."""
     energy = E.attention_energy(B=-torch.ones(4, 3, dtype=torch.float64)) + E.nonnegativity_energy()
     step = U.GradientStep(energy, 0.5, lipschitz=1.0)
     assert not step.guaranteed()
@@ -699,7 +700,8 @@ def test_a_gradient_step_on_an_energy_with_an_indicator_claims_no_guarantee():
     (lambda Y, g: U.mm_step(E.attention_energy(), Y[:, :, :0], g), ["no features"]),
 ])
 def test_the_functional_mm_step_checks_its_tokens(call, names):
-    """Raw AttributeError / TypeError / matmul RuntimeError before, or NaN tokens stepped unread."""
+    """Bad tokens are a TokenError naming them: no raw AttributeError / TypeError / matmul RuntimeError, no NaN
+    tokens stepped unread."""
     raises(TokenError, lambda: call(torch.randn(2, 4, 4, dtype=torch.float64), E.complete(4, 2)), *names)
 
 
@@ -719,8 +721,8 @@ def test_the_functional_mm_step_checks_its_energy():
     (lambda: U.masked_mean(torch.randn(4, 3), torch.ones(4, dtype=torch.bool)), TokenError, ["(b, n, d)"]),
 ])
 def test_masked_mean_checks_its_metadata(call, error, names):
-    """torch's RuntimeError / TypeError before; a float mask (torch's are additive) is refused as the encoders
-    refuse it (InputError, a TokenError)."""
+    """Bad metadata is refused by name, not by torch's RuntimeError / TypeError; a float mask (torch's are additive)
+    is refused as the encoders refuse it (InputError, a TokenError)."""
     raises(error, call, *names)
 
 
@@ -732,8 +734,8 @@ def test_every_mask_the_encoder_takes_pools_graphs_and_solves_alike(dtype):
     """A 0/1 integer attention mask (Hugging Face's) is read as ``mask != 0`` wherever a padding mask is taken, as
     the encoder reads it: the pooling (`masked_mean`), the token graphs (`TokenGraph`, a mask-dependent builder,
     `with_mask`), attention's key padding mask and a convex head's `prepare` give what the bool mask gives: one
-    dtype rule, `energies.checks.as_bool_mask`. Before: each of them refused an
-    integer mask the encoder had just accepted (the docs' own example broke on ``mask.long()``)."""
+    dtype rule, `energies.checks.as_bool_mask`. None of them refuses an integer mask the encoder accepts (the
+    docs' own example passes ``mask.long()``)."""
     torch.manual_seed(0)
     ref = torch.tensor([[True, True, True, False, False], [True, True, False, False, False]])
     mask = ref.to(dtype)
@@ -777,16 +779,16 @@ def test_rho_arguments_are_not_bools_or_classes(call, names):
 @pytest.mark.parametrize("mode", ["guaranteed", "free", "baseline"])
 @pytest.mark.parametrize("kw, name", [({"trace": "no"}, "trace"), ({"keep_states": NAN}, "keep_states")], ids=str)
 def test_forward_switches_are_bools(mode, kw, name):
-    """A truthy 'no' traced the free and baseline encoders (and was named 'guard' by the guaranteed one), a NaN
-    keep_states kept the states."""
+    """A truthy 'no' for trace and a NaN keep_states are refused naming the switch, by every encoder (the guaranteed
+    one names it ``trace``, not 'guard')."""
     model = U.UnfoldedTransformer(10, 3, d=4, heads=1, layers=2, mode=mode)
     raises(ConfigError, lambda: model(torch.randint(1, 10, (2, 5)), **kw), name)
     raises(ConfigError, lambda: model.encoder(torch.randn(2, 5, 4), **kw), name)
 
 
 def test_theorem41_refuses_energies_with_an_indicator():
-    """Thm 4.1 is about smooth f and g: with the ReLU indicator in f it said holds=True (delta 0.99 <= bound 2) for a
-    layer whose energy the trace saw go to +inf."""
+    """Thm 4.1 is about smooth f and g: theorem41 refuses an f with the ReLU indicator naming it (its bound would
+    say holds, delta 0.99 <= bound 2, for a layer whose energy the trace sees go to +inf); a smooth f is judged."""
     B = -torch.ones(4, 3, dtype=torch.float64)
     f = U.GradientStep(E.attention_energy(B=B) + E.nonnegativity_energy(), 0.25, lipschitz=1.0)
     g = U.GradientStep(E.feedforward_energy(torch.eye(3, dtype=torch.float64)), 0.25, lipschitz=2.0)
@@ -798,7 +800,8 @@ def test_theorem41_refuses_energies_with_an_indicator():
 
 @pytest.mark.parametrize("kind", ["guaranteed", "free", "baseline"])
 def test_encoder_depth_is_bounded_at_construction(kind):
-    """10**30 shared layers were taken (an unroll that never ends); the inference rule's bound applies."""
+    """10**30 shared layers (an unroll that never ends) are refused at construction; the inference rule's bound
+    applies, and the bound itself is built."""
     from unfold.inputs import MAX_INFERENCE_LAYERS
 
     raises(ConfigError, lambda: U.build_encoder(kind, d=4, heads=1, layers=10 ** 30), "layers", str(10 ** 30))
@@ -816,8 +819,9 @@ def test_encoder_depth_is_bounded_at_construction(kind):
     (lambda: U.UnfoldedTransformer(10, 2, d=4, heads=1, attention_temperature=True), ["attention_temperature=true"]),
 ])
 def test_sizes_beyond_memory_and_odd_inapplicable_values_are_named(call, names):
-    """torch's TypeError ('Overflow when unpacking long long') for sizes past int64, the ambiguous-truth RuntimeError
-    for a tensor left where an argument does not apply; True passed for the default 1.0 (True == 1.0)."""
+    """Sizes past int64, a tensor left where an argument does not apply and True passed for the default 1.0
+    (True == 1.0) are ConfigErrors naming them, not torch's TypeError ('Overflow when unpacking long long') or the
+    ambiguous-truth RuntimeError."""
     raises(ConfigError, call, *names)
 
 
@@ -828,7 +832,8 @@ def test_sizes_beyond_memory_and_odd_inapplicable_values_are_named(call, names):
     (lambda: E.mask_from_lengths(torch.tensor([1], device="meta"), 4), ["lengths", "meta"]),
 ])
 def test_mask_from_lengths_edges(call, names):
-    """OverflowError / torch's meta RuntimeError before, and an empty batch's (0, n) mask was returned."""
+    """Bad lengths are a GraphError naming them: no OverflowError or torch's meta RuntimeError, and no (0, n) mask
+    for an empty batch."""
     raises(GraphError, call, *names)
 
 
@@ -839,7 +844,8 @@ def test_mask_from_lengths_edges(call, names):
 ])
 @pytest.mark.parametrize("name", ["pairwise_pass", "pairwise_energy", "weighted_neighbour_sums", "explicit_energy"])
 def test_public_kernel_passes_check_their_entry(name, Y, names):
-    """torch's RuntimeError / AttributeError from inside a kernel before (metadata checks: no host read)."""
+    """A bad Y is a TokenError at the kernel's entry, not torch's RuntimeError / AttributeError from inside it
+    (metadata checks: no host read)."""
     import energies.kernels as K
 
     raises(TokenError, lambda: getattr(K, name)(Y(), E.complete(5, 2), E.get_rho("exp"), 1.0), *names)

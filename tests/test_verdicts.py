@@ -48,8 +48,8 @@ ZS = [0.0, 1e-300, 1e-16, 1e-14, 1e-10, 1e-6, 1e-3, 0.01, 0.3, 0.999999999, 1.0,
 
 @pytest.mark.parametrize("spec", PRECISION_RHOS)
 def test_every_rho_value_keeps_full_relative_precision(spec):
-    """rho(z) against 50-digit mpmath for z = 0 .. 1e12 (softplus was off by ~1e-2 relative at z = 1e-14 and lp
-    by cancellation below its floor): measured worst 3e-16; bound 4e-15 (about 16 ulp)."""
+    """rho(z) against 50-digit mpmath for z = 0 .. 1e12 (including softplus at z = 1e-14 and lp below its floor,
+    where a naive formula loses ~1e-2 relative or cancels): measured worst 3e-16; bound 4e-15 (about 16 ulp)."""
     rho = get_rho(spec)
     z = torch.tensor(ZS, dtype=torch.float64)
     got = rho.value(z)
@@ -166,8 +166,8 @@ def test_nan_energy_is_a_failed_check_counted_per_example_layer_and_term():
 
 
 def test_a_negative_control_with_nan_is_still_flagged_not_cleared():
-    """Before: tol_factor=nan turned the printed update's increases into 0. Now NaN can enter neither the
-    tolerance (refused) nor the values (a failed check)."""
+    """A NaN negative control (the printed update) is flagged at every step, never cleared: NaN can enter neither
+    the tolerance (tol_factor=nan is refused) nor the values (a failed check)."""
     Y = torch.randn(4, 8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     step = nan_attention_step()
     step.update_rule = "printed"
@@ -315,8 +315,9 @@ def test_checker_reports_a_non_finite_energy_as_a_failed_check_in_strict_json(ca
 @pytest.mark.parametrize("kernel", ["edges", "dense", "softmax", "fused", "streamed"])
 @pytest.mark.parametrize("alpha", [0.3, 1.0])
 def test_zero_energy_fixed_point_stays_exactly_fixed_and_is_not_flagged(kernel, alpha, device):
-    """B = Y0 with far-apart tokens: E(Y0) = 0 exactly; the step (1 - a) y + a b used to move tokens by a few ulp
-    (E -> 1e-26) against a tolerance of 0, flagged on every kernel with max_rel_increase 1."""
+    """B = Y0 with far-apart tokens: E(Y0) = 0 exactly; the step (1 - a) y + a b leaves the tokens bitwise where
+    they are on every kernel (a move of a few ulp, E -> 1e-26, against a tolerance of 0 would be flagged with
+    max_rel_increase 1): zero totals, no increase."""
     if kernel == "fused" and device != "cpu":
         pytest.skip("the fused kernel wraps the CPU flash-attention op")
     gen = torch.Generator().manual_seed(3)
@@ -361,7 +362,8 @@ def test_the_tolerance_covers_the_resolution_of_y_and_no_more(dtype):
 
 
 def test_small_tokens_with_softplus_and_lp_are_not_false_alarms(capsys):
-    """Item 2: exact guaranteed steps on small tokens, flagged before because rho lost its relative precision."""
+    """Exact guaranteed steps on small tokens with softplus and lp are not flagged: rho keeps its relative
+    precision there."""
     for rho, scale in (("softplus", "1e-6"), ("softplus:1.5:0.5", "1e-4"), ("lp:1", "1e-3"), ("lp:0.5:0.01", "1e-3")):
         rc, out, _ = run_check(capsys, ["--rho", rho, "--scale", scale, "--residual", "input", "--tau", "1"])
         assert rc == 0 and out["increases"] == 0 and out["verdict"] == "descent", (rho, out["violations"][:1])
@@ -377,9 +379,9 @@ def e1_change_mp(Y0, Y1, graph, tau, B):
 
 @pytest.mark.parametrize("with_b", [False, True])
 def test_softmax_kernels_far_from_the_origin_take_the_exact_step(with_b):
-    """Item 4: tokens of norm 1e3 and spread 1e-7, tau 1e-13: the softmax kernel rounded the self logit apart from
-    the softmax's and raised E1 (NaN or 18 % off the edge kernel). Now every kernel takes the edge kernel's step
-    and E1 goes down in 50-digit arithmetic."""
+    """Tokens of norm 1e3 and spread 1e-7, tau 1e-13 (where a self logit rounded apart from the softmax's gives NaN
+    or a step 18 % off the edge kernel that raises E1): every kernel takes the edge kernel's step, finite, and E1
+    goes down in 50-digit arithmetic."""
     gen = torch.Generator().manual_seed(0)
     Y = 1e3 * torch.randn(1, 1, 3, dtype=torch.float64, generator=gen) + 1e-7 * torch.randn(
         1, 6, 3, dtype=torch.float64, generator=gen)
@@ -397,8 +399,8 @@ def test_softmax_kernels_far_from_the_origin_take_the_exact_step(with_b):
 @pytest.mark.parametrize("dtype, scale, tau", [(torch.float32, 1e5, 4.0), (torch.float64, 1e10, 4.0),
                                                (torch.float64, 1.0, 1e-300), (torch.float32, 1.0, 1e-30)])
 def test_fused_kernel_is_finite_where_its_key_bias_overflows(dtype, scale, tau):
-    """Item 5: the fused kernel returned NaN on finite inputs at these scales (and the next layer blamed the input).
-    The scale guard now switches it to float64 or to explicit differences."""
+    """At these scales the fused kernel's key bias overflows; its scale guard switches it to float64 or to explicit
+    differences, so the step is finite, agrees with the edge kernel and descends (no NaN on finite inputs)."""
     gen = torch.Generator().manual_seed(5)
     Y = (scale * torch.randn(2, 16, 4, dtype=torch.float64, generator=gen)).to(dtype)
     Y[:, 1] = Y[:, 0] * (1 + 1e-6)       # a near-duplicate pair, so that some weights are not zero
@@ -516,8 +518,8 @@ def test_nan_in_a_padded_slot_is_neither_blamed_nor_spread():
 
 
 def test_a_total_or_tolerance_that_overflows_fails_even_when_every_term_is_finite():
-    """Three finite terms near 8e307 sum to inf (before: inf -> inf was 'no change'); a finite total whose
-    tolerance scale sum_k |E_k| overflows (before: tol = inf accepted any rise). mpmath: both steps rise."""
+    """Three finite terms near 8e307 sum to inf (inf -> inf is not 'no change'); a finite total whose tolerance
+    scale sum_k |E_k| overflows (tol = inf accepts no rise). mpmath: both steps rise, and both fail."""
     g = E.complete(2, 1)
     energy = E.Energy(a=E.Residual(), b=E.Residual(), c=E.Residual())
     Y = torch.tensor([[[0.9e154], [-0.9e154]]], dtype=torch.float64)
@@ -567,9 +569,9 @@ def neardup_tokens(n=6, d=4, scale=30.0, near=1e-4, seed=0):
 
 @pytest.mark.parametrize("kernel", ["auto", "dense", "softmax", "fused", "streamed", "edges"])
 def test_forty_layers_near_convergence_are_not_false_alarms(kernel):
-    """The trace's independent evaluation used the dense expansion on the complete graph: with B = Y0 and a
-    near-duplicate cluster, its error (~eps |y|^2 per pair) exceeded the tolerance in 11 of 40 converged steps
-    that 50-digit arithmetic shows did not rise. Now it uses explicit differences on every graph."""
+    """With B = Y0 and a near-duplicate cluster, 40 converged steps (50-digit arithmetic shows none rises) pass on
+    every kernel: the trace's independent evaluation takes explicit differences on every graph (the dense
+    expansion's error, ~eps |y|^2 per pair, exceeds the tolerance in 11 of the 40 on the complete graph)."""
     Y = neardup_tokens()
     g = E.complete(6, 1)
     _, rep = U.trace_descent(U.AttentionStep("exp", tau=1.0, B=Y[0].clone(), kernel=kernel), Y, g, layers=40)
@@ -578,7 +580,7 @@ def test_forty_layers_near_convergence_are_not_false_alarms(kernel):
 
 def test_a_metric_takes_differences_before_the_map():
     """ProxMMStep with a metric W on tokens of scale 1e3 (B = Y0): features Y W formed before differencing lost
-    the near-duplicates' distances and flagged steps that decrease E (mpmath); differences come first now."""
+    the near-duplicates' distances and flagged steps that decrease E (mpmath); differences come first."""
     gen = torch.Generator().manual_seed(0)
     n, d = 6, 4
     Y = 1e3 * torch.randn(2, n, d, dtype=torch.float64, generator=gen)
@@ -617,7 +619,7 @@ def test_the_resolution_uses_the_curvature_at_y_not_a_worst_case():
 
 def test_a_non_finite_sub_step_fails_its_layer():
     """A Sequence whose first sub-step overflows a smooth term and whose second brings it back: the layer ends
-    finite, but it went through inf, so it fails (it was 'descent' with nonfinite 0)."""
+    finite, but it went through inf, so it fails (not 'descent' with nonfinite 0)."""
     energy = E.Energy(r=E.Residual())
 
     class Scale(U.Step):
@@ -652,7 +654,8 @@ def test_a_non_finite_sub_step_fails_its_layer():
      "tol_factor must be a number"),
 ])
 def test_reports_without_a_step_or_with_malformed_values_are_refused(call, msg):
-    """A report of 0 steps said 'descent'; malformed values raised StopIteration or TypeError."""
+    """A report of 0 steps (never 'descent') and malformed values (never StopIteration or TypeError) are StepErrors
+    naming what is wrong."""
     with pytest.raises(StepError, match=re.escape(msg)):
         call()
 

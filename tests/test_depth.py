@@ -264,14 +264,19 @@ def test_depth_study_quick_writes_json_md_png(run, tmp_path):
 def test_a_generated_dataset_is_read_back_with_its_options(tmp_path):
     """A run on ListOps with its own generator options (lengths, counts) is read again by every consumer of its
     config (here the depth study, which checks the test split's fingerprint) through one function,
-    ``experiments.data.load_configured``; before, the study regenerated the LRA defaults and refused the run."""
+    ``experiments.data.load_configured``. The run is a call of the trainer's main in this process (its thread
+    count restored after)."""
     out = tmp_path / "lo"
-    proc = subprocess.run([sys.executable, "-m", "experiments.app.train", "--config", "listops", "--run-dir", str(out),
-                           "data.max_len=24", "data.listops_min_len=8", "data.listops_max_len=24",
-                           "data.listops_train=120", "data.listops_val=40", "data.listops_test=40", "model.d=16",
-                           "model.layers=2", "train.epochs=1", "train.progress=false", "train.tensorboard=false"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    threads = torch.get_num_threads()
+    try:
+        code, _, err = run_cli("experiments.app.train", [
+            "--config", "listops", "--run-dir", str(out), "data.max_len=24", "data.listops_min_len=8",
+            "data.listops_max_len=24", "data.listops_train=120", "data.listops_val=40", "data.listops_test=40",
+            "model.d=16", "model.layers=2", "train.epochs=1", "train.progress=false", "train.tensorboard=false",
+            "train.threads=1"], ROOT)
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err[-2000:]
     code, out_json, err = run_cli("experiments.studies.depth", [str(out), "--quick", "--json", "--eps", "0.1,0",
                                                         "--depths", "1,2"], str(tmp_path))
     assert code == 0, err

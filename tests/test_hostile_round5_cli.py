@@ -172,20 +172,36 @@ def _site(root, source):
     return root
 
 
-def test_entry_point_prints_go_to_stderr_and_unfold_no_plugins_keeps_them_out(tmp_path):
+def test_entry_point_prints_go_to_stderr_and_unfold_no_plugins_keeps_them_out(tmp_path, monkeypatch, registries):
+    """In a ``python -m unfold.check`` process an entry point's prints go to stderr, and a broken one is loaded
+    (exit 2, named) unless ``UNFOLD_NO_PLUGINS=1``. The other spellings run the same command in process, the entry
+    point found on ``sys.path``: ``true`` and ``YES`` keep it out, ``0`` loads it, a typo is refused before any
+    output."""
+    import unfold.plugins as plugins
+
     noisy = _site(tmp_path / "noisy", FORGED)
     proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[noisy])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert b"forged" not in proc.stdout and b"forged" in proc.stderr
     broken = _site(tmp_path / "broken", 'raise RuntimeError("entry point broken on purpose")\n')
-    assert _run(CHECK, SMALL_CHECK, tmp_path, path=[broken]).returncode == 2       # loaded: it fails
-    for value in ("1", "true", "YES"):
-        proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[broken], UNFOLD_NO_PLUGINS=value)
-        assert proc.returncode == 0, proc.stderr[-2000:]                            # not loaded
-    proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[broken], UNFOLD_NO_PLUGINS="0")
-    assert proc.returncode == 2 and b"broken on purpose" in proc.stderr
-    proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[broken], UNFOLD_NO_PLUGINS="ture")   # a typo: refused
-    assert proc.returncode == 2 and b"UNFOLD_NO_PLUGINS" in proc.stderr and proc.stdout == b""
+    proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[broken])                       # loaded: it fails
+    assert proc.returncode == 2 and b"broken on purpose" in proc.stderr, proc.stderr[-2000:]
+    proc = _run(CHECK, SMALL_CHECK, tmp_path, path=[broken], UNFOLD_NO_PLUGINS="1")
+    assert proc.returncode == 0, proc.stderr[-2000:]                                # not loaded
+    monkeypatch.syspath_prepend(str(broken))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    for value, loaded in (("true", False), ("YES", False), ("0", True)):
+        monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+        monkeypatch.setenv("UNFOLD_NO_PLUGINS", value)
+        code, out, err = run_cli(CHECK, SMALL_CHECK, str(tmp_path))
+        if loaded:
+            assert code == 2 and "broken on purpose" in err and out == "", (value, err)
+        else:
+            assert code == 0 and json.loads(out.splitlines()[-1]), (value, err)
+    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+    monkeypatch.setenv("UNFOLD_NO_PLUGINS", "ture")                                 # a typo: refused
+    code, out, err = run_cli(CHECK, SMALL_CHECK, str(tmp_path))
+    assert code == 2 and "UNFOLD_NO_PLUGINS" in err and out == "", err
 
 
 # --------------------------------------------------------------------------------- endless lines
@@ -368,6 +384,6 @@ def test_check_refuses_a_run_of_hours_before_any_work(tmp_path, monkeypatch):
     code, out, err = run_cli(CHECK, ["--n", "100000"], str(tmp_path))
     assert code == 2 and out == "", err
     assert "too large" in err and "--n" in err and f"{check.MAX_WORK:,}" in err
-    code, out, err = run_cli(CHECK, ["--graph", "window:2", "--n", "3000000", "--samples", "4", "--d", "2",
-                                     "--layers", "1000"], str(tmp_path))
+    code, out, err = run_cli(CHECK, ["--graph", "window:2", "--n", "30000", "--samples", "4", "--d", "2",
+                                     "--layers", "100000"], str(tmp_path))
     assert code == 2 and "too large" in err, err

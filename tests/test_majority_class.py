@@ -3,7 +3,9 @@
 import json
 import os
 
-from test_train import CONFIGS, run_train, synthetic_text_dir
+import torch
+from clifuzz import run_cli
+from test_train import CONFIGS, ROOT, synthetic_text_dir
 
 from experiments.app.tasks.classify import majority_class_accuracy
 
@@ -16,12 +18,19 @@ def test_majority_class_accuracy():
 
 
 def _train(tmp_path, data, *extra):
+    """``(metrics, log)`` of a tiny run of the trainer's main, called in this process (its thread count
+    restored after)."""
     run = tmp_path / "run"
-    proc = run_train(["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
-                      "data.glove=none", "train.batch_size=32", "train.progress=false", "model.layers=2",
-                      "train.device=cpu", *extra])
-    assert proc.returncode == 0, proc.stderr[-3000:]                     # exit code unchanged either way
-    return json.loads((run / "metrics.json").read_text()), proc.stderr
+    threads = torch.get_num_threads()
+    try:
+        code, _, log = run_cli("experiments.app.train", [
+            "--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
+            "data.glove=none", "train.batch_size=32", "train.progress=false", "model.layers=2", "train.device=cpu",
+            *extra], ROOT)
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, log[-3000:]                                        # exit code unchanged either way
+    return json.loads((run / "metrics.json").read_text()), log
 
 
 def test_a_model_no_better_than_the_majority_class_is_flagged(tmp_path):

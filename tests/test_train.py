@@ -212,24 +212,38 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
-def test_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path):
-    data = synthetic_text_dir(tmp_path / "toy", n_train=200, n_eval=60)
+def test_corrupt_last_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    """A resume whose last.pt cannot be loaded resumes from prev.pt (after epoch 2) and ends with the metrics of the
+    run it resumes; with neither loadable it is refused, and so is a resume given a config override. The runs are
+    calls of the trainer's main in this process."""
+    from experiments.app.train import main
+
+    def train(argv):
+        capsys.readouterr()
+        threads = torch.get_num_threads()
+        try:
+            code = main(argv)
+        finally:
+            torch.set_num_threads(threads)
+        return code, capsys.readouterr().err
+
+    data = synthetic_text_dir(tmp_path / "toy", n_train=80, n_eval=24)
     run = tmp_path / "run"
     args = ["--config", os.path.join(CONFIGS, "tiny.yaml"), "--run-dir", str(run), f"data.dataset={data}",
             "data.glove=none", "train.epochs=3", "train.progress=false", "train.threads=1"]
-    assert run_train(args).returncode == 0
+    assert train(args)[0] == 0
     want = json.loads((run / "metrics.json").read_text())
     (run / "last.pt").write_bytes(b"not a checkpoint")
-    proc = run_train(["--resume", str(run)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "last.pt cannot be loaded" in proc.stderr and "resuming" in proc.stderr and "after epoch 2" in proc.stderr
+    code, err = train(["--resume", str(run)])
+    assert code == 0, err[-2000:]
+    assert "last.pt cannot be loaded" in err and "resuming" in err and "after epoch 2" in err
     assert _strip_timing(json.loads((run / "metrics.json").read_text())) == _strip_timing(want)
     (run / "last.pt").write_bytes(b"x")
     (run / "prev.pt").write_bytes(b"y")
-    proc = run_train(["--resume", str(run)])
-    assert proc.returncode == 2 and "no loadable checkpoint in" in proc.stderr
-    proc = run_train(["--resume", str(run), "train.epochs=9"])
-    assert proc.returncode == 2 and "--resume RUN_DIR takes the run's own config.yaml" in proc.stderr
+    code, err = train(["--resume", str(run)])
+    assert code == 2 and "no loadable checkpoint in" in err
+    code, err = train(["--resume", str(run), "train.epochs=9"])
+    assert code == 2 and "--resume RUN_DIR takes the run's own config.yaml" in err
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_checkpoints(tmp_path):

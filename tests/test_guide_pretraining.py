@@ -118,7 +118,8 @@ def test_a_row_reads_each_runs_metrics_and_history(tmp_path, monkeypatch):
             json.dump(metrics, fh)
         if train_accuracy is not None:
             with open(os.path.join(folder, "history.json"), "w") as fh:
-                json.dump([{"epoch": 1, "train_accuracy": 0.1}, {"epoch": 2, "train_accuracy": train_accuracy}], fh)
+                json.dump([{"epoch": e, "train_loss": 1.0, "val_loss": 1.0, "train_accuracy": a, "val_accuracy": 0.1}
+                       for e, a in ((1, 0.1), (2, train_accuracy))], fh)
 
     for s in (0, 1):
         finished("pretrain", s, {"task": "masked_tokens", "train_seconds": 10.0 + s, "masked_accuracy": 0.2,

@@ -37,6 +37,7 @@ from energies.errors import ConfigError
 from unfold.cli import run_main
 from unfold.strict_json import dumps as json_dumps
 
+from ..app.plot_energy import load_history
 from ..app.sweep import run_sweep, seed_dir
 from ..runfolder.atomic import atomic_open
 
@@ -74,14 +75,10 @@ def _metrics(folder: str) -> Dict[str, Any]:
 
 
 def _last_train_accuracy(folder: str) -> Optional[float]:
-    """The training accuracy of a run's last epoch (``history.json``), or None where it records none."""
-    try:
-        with open(os.path.join(folder, "history.json"), encoding="utf-8") as fh:
-            history = json.load(fh)
-    except FileNotFoundError:
-        return None
-    value = history[-1].get("train_accuracy") if history else None
-    return float(value) if isinstance(value, (int, float)) else None
+    """The training accuracy of a run's last epoch (its ``history.json``, read by
+    [load_history][experiments.app.plot_energy.load_history]), or None for a run without one."""
+    path = os.path.join(folder, "history.json")
+    return load_history(path)[-1]["train_accuracy"] if os.path.exists(path) else None
 
 
 def _masked_accuracy(metrics: Dict[str, Any]) -> Optional[float]:
